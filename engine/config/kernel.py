@@ -1,0 +1,260 @@
+"""Kernel config YAML (Magpie's ``kernel:`` / ``kernels:`` format) as pydantic models.
+
+Every field of Magpie's kernel entry is accepted with its string / list /
+list-of-lists command forms; unknown fields are errors (with the field's line),
+never silently dropped.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine.config.yamlfile import ConfigError, LocatedYaml, expand_env_vars, format_loc, load_located_yaml
+
+KERNEL_TYPES = ("hip", "cuda", "triton", "pytorch")
+TYPE_ALIASES = {"torch": "pytorch", "py": "pytorch", "python": "pytorch"}
+
+# One command: a shell command line (str) or an argv (list of str).
+Command = Union[str, list[str]]
+
+
+def normalize_commands(value: Any) -> list[Command]:
+    """Magpie's three command forms -> a list of commands run in order.
+
+    - "cmd --flag && other"   one shell command line
+    - ["prog", "arg 1", ...]   one argv (no shell)
+    - [["prog", "a"], [...]]   several argv commands, in order
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("empty command")
+        return [value]
+    if isinstance(value, list):
+        if not value:
+            return []
+        if all(isinstance(v, list) for v in value):
+            out: list[Command] = []
+            for i, argv in enumerate(value):
+                if not argv or not all(isinstance(a, (str, int, float)) for a in argv):
+                    raise ValueError(f"command {i + 1} must be a non-empty list of strings")
+                out.append([str(a) for a in argv])
+            return out
+        if all(isinstance(v, (str, int, float)) for v in value):
+            argv = [str(v) for v in value]
+            if " " in argv[0].strip():
+                raise ValueError(
+                    f"a list of strings is ONE command's argv, but its program {argv[0]!r} contains spaces; "
+                    "for several commands use a list of lists, or one string joined with &&")
+            return [argv]
+    raise ValueError("expected a string (shell command line), a list of strings (one argv) "
+                     "or a list of lists (several commands)")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class NcuSettings(_Strict):
+    args: list[str] = Field(default_factory=list)
+    metrics: list[str] = Field(default_factory=list)
+    kernel_name: Optional[str] = None
+
+
+class RocprofSettings(_Strict):
+    args: list[str] = Field(default_factory=list)
+
+
+class PerformanceSettings(_Strict):
+    backend: Literal["auto", "harness", "ncu", "rocprofv3", "timing_json", "prof_command", "none"] = "auto"
+    timeout_seconds: Optional[float] = Field(default=None, gt=0)
+    repeats: Optional[int] = Field(default=None, ge=3)
+    warmup: Optional[int] = Field(default=None, ge=0)
+    l2_flush: bool = True
+    cuda_graph: bool = False
+    ncu: NcuSettings = Field(default_factory=NcuSettings)
+    rocprofv3: RocprofSettings = Field(default_factory=RocprofSettings)
+    # Magpie's counter-based backends; named so the error can say what to use instead.
+    rocprof_compute: Optional[dict] = None
+    metrix: Optional[dict] = None
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _known_backend(cls, v: Any) -> Any:
+        if v in ("rocprof_compute", "metrix"):
+            raise ValueError(f"backend {v!r} (Magpie's counter-weighted score) is not provided: use 'rocprofv3' "
+                             "(per-dispatch kernel timing on AMD), 'ncu' on NVIDIA, or 'auto'")
+        return v
+
+    @model_validator(mode="after")
+    def _no_counter_blocks(self) -> "PerformanceSettings":
+        for name in ("rocprof_compute", "metrix"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"the '{name}' block is not used by this tool (no counter-weighted score); "
+                                 "remove it, and use backend 'rocprofv3' or 'ncu' for kernel timing")
+        return self
+
+
+class CorrectnessSettings(_Strict):
+    backend: Literal["auto", "testcase", "harness"] = "auto"
+    rtol: Optional[float] = Field(default=None, ge=0)
+    atol: Optional[float] = Field(default=None, ge=0)
+    seeds: Optional[int] = Field(default=None, ge=1, description="number of random input sets")
+    iteration_count: int = Field(default=1, ge=1, description="times each testcase command is run")
+    timeout_seconds: Optional[float] = Field(default=None, gt=0)
+    accordo: Optional[dict] = None
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _known_backend(cls, v: Any) -> Any:
+        if v == "accordo":
+            raise ValueError("backend 'accordo' (IntelliKit) is not provided: use 'harness' (output comparison "
+                             "against the baseline/reference with rtol/atol) or 'testcase' (exit code)")
+        return v
+
+    @model_validator(mode="after")
+    def _no_accordo(self) -> "CorrectnessSettings":
+        if self.accordo is not None:
+            raise ValueError("the 'accordo' block is not used: set correctness.rtol / correctness.atol "
+                             "for the harness comparison instead")
+        return self
+
+
+class SchedulerSettings(_Strict):
+    environment: Literal["local", "container", "ray"] = "local"
+    max_workers: Optional[int] = Field(default=None, ge=1)
+    docker_image: Optional[str] = None
+
+
+class KernelEntry(_Strict):
+    id: str = "kernel"
+    type: Literal["hip", "cuda", "triton", "pytorch"] = "hip"
+    source_files: list[str] = Field(default_factory=list)
+    working_dir: Optional[str] = None
+    env: dict[str, str] = Field(default_factory=dict)
+    compile_command: Any = None
+    testcase_command: Any = None
+    prof_command: Any = None
+    get_inputs_func: str = "get_inputs"
+    get_init_inputs_func: str = "get_init_inputs"
+    # Ours:
+    baseline: bool = False
+    reference_file: Optional[str] = Field(
+        default=None, description="Python module (Model/get_inputs) whose outputs this kernel must match")
+    model_class: Optional[str] = Field(
+        default=None, description="class to instantiate; default ModelNew if defined, else Model")
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _type_alias(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip().lower()
+            return TYPE_ALIASES.get(v, v)
+        return v
+
+    @field_validator("source_files", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {str(k): ("" if val is None else str(val)) for k, val in v.items()}
+        return v
+
+    @field_validator("compile_command", "testcase_command", "prof_command")
+    @classmethod
+    def _commands(cls, v: Any) -> Any:
+        normalize_commands(v)  # validate the form; kept as written for config.yaml
+        return v
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("id must not be empty")
+        return v
+
+
+class KernelConfigFile(_Strict):
+    kernel: Optional[KernelEntry] = None
+    kernels: Optional[list[KernelEntry]] = None
+    performance: PerformanceSettings = Field(default_factory=PerformanceSettings)
+    correctness: CorrectnessSettings = Field(default_factory=CorrectnessSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    ray_config: Optional[dict] = None
+
+    @model_validator(mode="after")
+    def _has_kernels(self) -> "KernelConfigFile":
+        if self.kernel is None and not self.kernels:
+            raise ValueError("no kernel: add a 'kernel:' mapping or a 'kernels:' list")
+        return self
+
+    def entries(self) -> list[KernelEntry]:
+        """Magpie merges ``kernel`` and ``kernels`` when both exist: kernel first."""
+        return ([self.kernel] if self.kernel else []) + list(self.kernels or [])
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+_MODEL_AT = {
+    (): KernelConfigFile, ("kernel",): KernelEntry, ("kernels", int): KernelEntry,
+    ("performance",): PerformanceSettings, ("correctness",): CorrectnessSettings,
+    ("scheduler",): SchedulerSettings, ("performance", "ncu"): NcuSettings,
+    ("performance", "rocprofv3"): RocprofSettings,
+}
+
+
+def _model_for(parent: tuple) -> type[BaseModel] | None:
+    shape = tuple(int if isinstance(p, int) else p for p in parent)
+    return _MODEL_AT.get(shape)
+
+
+def _describe_error(err: dict, doc: LocatedYaml) -> str:
+    loc = tuple(err["loc"])
+    where = doc.where(loc)
+    field = format_loc(loc)
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        model = _model_for(loc[:-1])
+        hint = ""
+        if model is not None:
+            close = difflib.get_close_matches(str(loc[-1]), _field_names(model), n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            hint += f" Known fields: {', '.join(_field_names(model))}."
+        return f"{where}: {field}: unknown field.{hint}"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    got = err.get("input")
+    got_text = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    return f"{where}: {field}: {msg}{got_text}"
+
+
+def parse_kernel_config(doc: LocatedYaml, warnings: list[str] | None = None) -> KernelConfigFile:
+    if not isinstance(doc.data, dict):
+        raise ConfigError([f"{doc.path}:1: expected a mapping with 'kernel:' or 'kernels:' at the top level"])
+    undefined: list[tuple[tuple, str]] = []
+    data = expand_env_vars(doc.data, (), undefined)
+    if warnings is not None:
+        for loc, name in undefined:
+            warnings.append(f"{doc.where(loc)}: {format_loc(loc)}: ${name} is not set in the environment; "
+                            "left as written (a shell command may still define it)")
+    try:
+        return KernelConfigFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([_describe_error(e, doc) for e in exc.errors()]) from None
+
+
+def load_kernel_config(path: Path | str, warnings: list[str] | None = None) -> tuple[KernelConfigFile, LocatedYaml]:
+    doc = load_located_yaml(path)
+    return parse_kernel_config(doc, warnings), doc

@@ -1,0 +1,104 @@
+"""YAML loading that remembers where every value came from, so errors can name file and line."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased for the user: file:line, field, what is expected."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass
+class LocatedYaml:
+    path: Path
+    data: Any
+    _lines: dict[tuple, int]
+
+    def line_of(self, loc: Iterable[Any]) -> int | None:
+        """Line (1-based) of the deepest existing node on ``loc``."""
+        key = tuple(loc)
+        while True:
+            if key in self._lines:
+                return self._lines[key]
+            if not key:
+                return None
+            key = key[:-1]
+
+    def where(self, loc: Iterable[Any]) -> str:
+        line = self.line_of(loc)
+        return f"{self.path}:{line}" if line else str(self.path)
+
+
+def _index_nodes(node: yaml.Node, prefix: tuple, out: dict[tuple, int]) -> None:
+    out.setdefault(prefix, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            out[prefix + (key,)] = key_node.start_mark.line + 1
+            _index_nodes(value_node, prefix + (key,), out)
+            out[prefix + (key,)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_nodes(item, prefix + (i,), out)
+
+
+def load_located_yaml(path: Path | str) -> LocatedYaml:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: file not found"]) from None
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read ({exc})"]) from None
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{where}: invalid YAML: {problem}"]) from None
+    lines: dict[tuple, int] = {}
+    if root is not None:
+        _index_nodes(root, (), lines)
+    return LocatedYaml(path=path, data=data, _lines=lines)
+
+
+_VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def expand_env_vars(value: Any, loc: tuple = (), undefined: list[tuple[tuple, str]] | None = None) -> Any:
+    """Expand ``$VAR``/``${VAR}`` in every string, recursively. Undefined variables stay as
+    written (a shell command may define them) and are reported through ``undefined``."""
+    if isinstance(value, str):
+        def repl(m: re.Match) -> str:
+            name = m.group(1) or m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if undefined is not None:
+                undefined.append((loc, name))
+            return m.group(0)
+        return _VAR.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: expand_env_vars(v, loc + (k,), undefined) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env_vars(v, loc + (i,), undefined) for i, v in enumerate(value)]
+    return value
+
+
+def format_loc(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"

@@ -1,0 +1,436 @@
+"""Compile -> correctness -> performance, for every kernel of a plan.
+
+Compile and testcase runs may go in parallel (``--workers``); the harness and every
+timing run go one at a time, baseline first, so that measurements never share the
+machine with each other and candidates can be checked against the baseline's outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from engine.kernels.plan import KernelSpec, Plan
+from engine.kernels.stats import summarize
+from engine.runs.process import CancelToken, ProcessResult, command_text, run_process
+from engine.runs.workspace import Workspace
+
+SUCCESS, FAILED, SKIPPED = "SUCCESS", "FAILED", "SKIPPED"
+TIMING_MARKER = "MAGPIE_TIMING_JSON:"
+_TIMING_LINE = re.compile(r"^\s*MAGPIE_TIMING_JSON:\s*(\{.*\})\s*$", re.MULTILINE)
+
+
+@dataclass
+class StageResult:
+    state: str = SKIPPED
+    errors: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class KernelOutcome:
+    spec: KernelSpec
+    compile: StageResult = field(default_factory=StageResult)
+    correctness: StageResult = field(default_factory=StageResult)
+    performance: StageResult = field(default_factory=StageResult)
+    timing: Optional[dict] = None  # summarize() of the samples
+    samples_ms: list[float] = field(default_factory=list)
+    testcase_stdout: str = ""
+    reference_path: Optional[Path] = None  # the baseline's saved inputs/outputs (compare)
+
+    @property
+    def correct(self) -> bool:
+        return self.correctness.state == SUCCESS
+
+    @property
+    def errors(self) -> list[str]:
+        return self.compile.errors + self.correctness.errors + self.performance.errors
+
+
+@dataclass
+class Machine:
+    """What the evaluation can use on this host (from engine.hw detection)."""
+    vendor: Optional[str] = None  # "nvidia" | "amd" | None
+    ncu: Optional[str] = None
+    rocprofv3: Optional[str] = None
+    bandwidth_tbs: Optional[float] = None
+    python: str = sys.executable
+
+    @classmethod
+    def from_gpu_info(cls, info: Any) -> "Machine":
+        """``info`` is engine.hw.detect.GpuInfo or None (no GPU)."""
+        m = cls()
+        if info is not None:
+            m.vendor = info.vendor
+            for tool in info.profilers:
+                if tool.name == "ncu":
+                    m.ncu = tool.path
+                elif tool.name == "rocprofv3":
+                    m.rocprofv3 = tool.path
+            if info.spec is not None:
+                m.bandwidth_tbs = info.spec.memory_bw_tbs
+        return m
+
+
+class Evaluator:
+    def __init__(self, plan: Plan, ws: Workspace, machine: Machine, cancel: CancelToken) -> None:
+        self.plan, self.ws, self.machine, self.cancel = plan, ws, machine, cancel
+        self.s = plan.settings
+        self.outcomes = [KernelOutcome(spec=k) for k in plan.kernels]
+
+    # ------------------------------------------------------------------ helpers
+    def _event(self, kernel: KernelSpec, stage: str, state: str, **extra: Any) -> None:
+        self.ws.events.emit("stage", kernel=kernel.id, index=kernel.index, stage=stage, state=state, **extra)
+
+    def _env(self, k: KernelSpec) -> dict[str, str]:
+        env = dict(k.env)
+        # Make `import engine` work in the harness wherever the kernel's working dir is.
+        root = str(Path(__file__).resolve().parents[2])
+        rest = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = root + (os.pathsep + rest if rest else "")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _run(self, k: KernelSpec, cmd, log_name: str, timeout: float) -> ProcessResult:
+        return run_process(cmd, cwd=k.working_dir, env=self._env(k), timeout_s=timeout,
+                           cancel=self.cancel, log_stem=self.ws.log_stem(k.id, log_name))
+
+    # ------------------------------------------------------------------ stages
+    def compile(self, o: KernelOutcome) -> None:
+        k = o.spec
+        if not k.compile:
+            o.compile = StageResult(SKIPPED, details={"reason": "no compile_command"})
+            return
+        self._event(k, "compile", "running")
+        runs = []
+        for i, cmd in enumerate(k.compile, 1):
+            r = self._run(k, cmd, f"compile_{i}", self.s.compile_timeout_s)
+            runs.append(r.to_dict())
+            if not r.ok:
+                tail = r.stderr_tail(2000)
+                o.compile = StageResult(FAILED, [f"compile command {i}/{len(k.compile)} failed: {r.describe_failure()}"
+                                                 + (f"\n{tail}" if tail else "")], {"commands": runs})
+                self._event(k, "compile", FAILED)
+                return
+        o.compile = StageResult(SUCCESS, details={"commands": runs})
+        self._event(k, "compile", SUCCESS)
+
+    def testcase(self, o: KernelOutcome) -> None:
+        """Exit-code correctness: every testcase command, ``iteration_count`` times, must exit 0."""
+        k = o.spec
+        if not k.testcase or self.s.correctness_backend == "harness":
+            return
+        self._event(k, "testcase", "running")
+        runs, errors, stdout = [], [], []
+        for it in range(self.s.iteration_count):
+            for i, cmd in enumerate(k.testcase, 1):
+                suffix = f"_{it + 1}" if self.s.iteration_count > 1 else ""
+                r = self._run(k, cmd, f"testcase_{i}{suffix}", self.s.correctness_timeout_s)
+                runs.append(r.to_dict())
+                stdout.append(r.stdout)
+                if not r.ok:
+                    tail = r.stderr_tail(1500)
+                    errors.append(f"testcase failed: {r.describe_failure()}" + (f"\n{tail}" if tail else ""))
+                    break
+            if errors or self.cancel.cancelled:
+                break
+        o.testcase_stdout = "\n".join(stdout)
+        o.correctness.details["testcase"] = {"commands": runs, "passed": not errors}
+        o.correctness.errors.extend(errors)
+        self._event(k, "testcase", FAILED if errors else SUCCESS)
+
+    def harness(self, o: KernelOutcome, baseline: Optional[KernelOutcome]) -> None:
+        """Output comparison (and, when performance uses it, timing) through engine.kernels.harness."""
+        k = o.spec
+        s = self.s
+        if not k.harness or s.correctness_backend == "testcase":
+            return
+        spec: dict[str, Any] = {
+            "module": str(k.source_files[0]), "model_class": k.model_class,
+            "get_inputs_func": k.get_inputs_func, "get_init_inputs_func": k.get_init_inputs_func,
+            "seeds": s.seeds, "rtol": s.rtol, "atol": s.atol,
+            "result": str(self.ws.path("harness", f"{k.id}.result.json")),
+            "timing": {"enabled": self._backend(o) == "harness", "repeats": s.repeats, "warmup": s.warmup,
+                       "l2_flush": s.l2_flush, "cuda_graph": s.cuda_graph},
+        }
+        self.ws.path("harness").mkdir(exist_ok=True)
+        if self.plan.mode == "compare" and k.baseline:
+            o.reference_path = self.ws.path("harness", f"{k.id}.reference.pt")
+            spec["save_reference"] = str(o.reference_path)
+        if self.plan.mode == "compare" and not k.baseline:
+            if baseline is None or baseline.reference_path is None or not baseline.reference_path.exists():
+                o.correctness.errors.append("cannot compare outputs with the baseline: the baseline did not pass "
+                                            "its own checks, so it produced no reference outputs")
+                o.correctness.details["harness"] = {"checked": False}
+                return
+            spec["reference_data"] = str(baseline.reference_path)
+        elif k.reference_file is not None:
+            spec["reference"] = {"module": str(k.reference_file), "model_class": None,
+                                 "get_inputs_func": k.get_inputs_func, "get_init_inputs_func": k.get_init_inputs_func}
+            from engine.kernels.harness import follows_convention
+            if follows_convention(k.reference_file, k.get_inputs_func, "Model"):
+                spec["reference"]["model_class"] = "Model"
+        spec_path = self.ws.path("harness", f"{k.id}.spec.json")
+        spec_path.write_text(json.dumps(spec, indent=1))
+        self._event(k, "harness", "running")
+        timeout = s.correctness_timeout_s + (s.perf_timeout_s if spec["timing"]["enabled"] else 0)
+        r = self._run(k, [self.machine.python, "-m", "engine.kernels.harness", str(spec_path)], "harness", timeout)
+        result_path = Path(spec["result"])
+        result = json.loads(result_path.read_text()) if result_path.exists() else None
+        if result is None or not r.ok:
+            why = r.describe_failure()
+            if result and result.get("errors"):
+                why += ": " + "; ".join(result["errors"])
+            elif r.stderr_tail(800):
+                why += "\n" + r.stderr_tail(800)
+            o.correctness.errors.append(f"harness failed: {why}")
+            o.correctness.details["harness"] = {"checked": False, "run": r.to_dict(),
+                                                "errors": (result or {}).get("errors", [])}
+            self._event(k, "harness", FAILED)
+            return
+        corr = result.get("correctness", {})
+        o.correctness.details["harness"] = {**corr, "device": result.get("device"), "versions": result.get("versions")}
+        o.correctness.details["harness_run"] = r.to_dict()
+        if not corr.get("passed"):
+            bad = next((e for e in corr.get("seeds", []) if not e.get("passed")), {})
+            o.correctness.errors.append(f"outputs differ from the {corr.get('reference') or 'expected result'} "
+                                        f"(seed {bad.get('seed')}): {bad.get('reason', 'mismatch')}")
+        if result.get("timing"):
+            o.performance.details["harness_timing"] = result["timing"]
+        self._event(k, "harness", SUCCESS if corr.get("passed") else FAILED)
+
+    def finish_correctness(self, o: KernelOutcome) -> None:
+        checked = bool(o.correctness.details.get("testcase") or
+                       o.correctness.details.get("harness", {}).get("checked"))
+        if o.correctness.errors:
+            o.correctness.state = FAILED
+        elif checked:
+            o.correctness.state = SUCCESS
+        else:
+            o.correctness.state = FAILED
+            o.correctness.errors.append("correctness was not checked (no testcase ran and the harness did not run)")
+
+    # ------------------------------------------------------------------ performance
+    def _backend(self, o: KernelOutcome) -> str:
+        k, chosen = o.spec, self.s.perf_backend
+        if not self.s.perf_enabled:
+            return "none"
+        if chosen != "auto":
+            return chosen
+        if k.prof:
+            return "prof_command"
+        if k.harness and self.s.correctness_backend != "testcase":
+            return "harness"
+        if TIMING_MARKER in o.testcase_stdout:
+            return "timing_json"
+        if k.testcase and self.machine.vendor == "nvidia" and self.machine.ncu:
+            return "ncu"
+        if k.testcase and self.machine.vendor == "amd" and self.machine.rocprofv3:
+            return "rocprofv3"
+        return "unavailable"
+
+    def performance(self, o: KernelOutcome) -> None:
+        k = o.spec
+        backend = self._backend(o)
+        p = o.performance
+        p.details["backend"] = backend
+        if backend == "none":
+            p.state, p.details["reason"] = SKIPPED, "performance disabled (--no-perf)"
+            return
+        if not o.correct:
+            p.state, p.details["reason"] = SKIPPED, "not measured: the kernel failed correctness"
+            return
+        self._event(k, "performance", "running", backend=backend)
+        try:
+            samples, extra = self._measure(o, backend)
+        except MeasurementError as exc:
+            p.state = FAILED
+            p.errors.append(str(exc))
+            self._event(k, "performance", FAILED, backend=backend)
+            return
+        p.details.update(extra)
+        if samples:
+            o.samples_ms = samples
+            o.timing = summarize(samples)
+            p.details["timing"] = o.timing
+        p.state = SUCCESS
+        self._event(k, "performance", SUCCESS, backend=backend,
+                    median_ms=o.timing["median"] if o.timing else None)
+
+    def _measure(self, o: KernelOutcome, backend: str) -> tuple[list[float], dict]:
+        k = o.spec
+        if backend == "unavailable":
+            raise MeasurementError(
+                "no timing backend for this kernel: no GPU profiler found (ncu on NVIDIA, rocprofv3 on AMD) "
+                f"and the testcase printed no '{TIMING_MARKER} {{\"samples_ms\": [...]}}' line")
+        if backend == "harness":
+            t = o.performance.details.pop("harness_timing", None)
+            if not t:
+                raise MeasurementError("the harness did not time the kernel (it needs a module with Model and "
+                                       f"{k.get_inputs_func}(); see the harness log)")
+            samples = t.pop("samples_ms")
+            return samples, {"backend": t.pop("backend"), "method": t}
+        if backend == "timing_json":
+            stdout = o.testcase_stdout
+            if not stdout or self.s.workers > 1:
+                # Time in the serial phase, never while other kernels' testcases run.
+                if not k.testcase:
+                    raise MeasurementError("backend timing_json needs a testcase_command that prints "
+                                           f"'{TIMING_MARKER} {{...}}'")
+                r = self._run(k, k.testcase[0], "timing", self.s.perf_timeout_s)
+                if not r.ok:
+                    raise MeasurementError(f"timing run failed: {r.describe_failure()}")
+                stdout = r.stdout
+            return parse_timing_json(stdout), {"command": command_text(k.testcase[0]) if k.testcase else None}
+        if backend == "prof_command":
+            if not k.prof:
+                raise MeasurementError("performance.backend is prof_command but the entry has no prof_command")
+            out, runs = [], []
+            for i, cmd in enumerate(k.prof, 1):
+                r = self._run(k, cmd, f"prof_{i}", self.s.perf_timeout_s)
+                runs.append(r.to_dict())
+                if not r.ok:
+                    raise MeasurementError(f"prof_command {i}/{len(k.prof)} failed: {r.describe_failure()}\n"
+                                           f"{r.stderr_tail(1000)}")
+                out.append(r.stdout)
+            text = "\n".join(out)
+            extra = {"commands": runs, "custom_profiling_complete": True}
+            if TIMING_MARKER in text:
+                return parse_timing_json(text), extra
+            extra["note"] = f"prof_command ran; it printed no {TIMING_MARKER} line, so there is no timing to rank on"
+            return [], extra
+        if backend == "ncu":
+            return self._ncu(o)
+        if backend == "rocprofv3":
+            return self._rocprofv3(o)
+        raise MeasurementError(f"unknown performance backend {backend!r}")
+
+    def _profiled_argv(self, k: KernelSpec) -> list[str]:
+        if not k.testcase:
+            raise MeasurementError("profiling needs a testcase_command to run under the profiler")
+        cmd = k.testcase[0]
+        return [shutil.which("bash") or "/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+
+    def _ncu(self, o: KernelOutcome) -> tuple[list[float], dict]:
+        from engine.kernels.profilers.common import aggregate_launches, iteration_samples_ns
+        from engine.kernels.profilers.ncu import build_ncu_command, ncu_summary, parse_ncu_csv
+        k = o.spec
+        ncu = self.machine.ncu or shutil.which("ncu")
+        if not ncu:
+            raise MeasurementError("backend ncu: ncu not found on PATH")
+        log = self.ws.path("performance", f"{k.id}.ncu.csv")
+        log.parent.mkdir(exist_ok=True)
+        argv = build_ncu_command(ncu, self._profiled_argv(k), log, extra_args=self.s.ncu_args,
+                                 metrics=self.s.ncu_metrics or None, kernel_name=self.s.ncu_kernel_name)
+        r = self._run(k, argv, "ncu", self.s.perf_timeout_s)
+        if not r.ok:
+            raise MeasurementError(f"ncu run failed: {r.describe_failure()}\n{r.stderr_tail(1500)}")
+        launches = parse_ncu_csv(log.read_text(errors="replace")) if log.exists() else []
+        if not launches:
+            raise MeasurementError(f"ncu recorded no kernel launches (see {log} and the ncu log)")
+        samples_ns, note = iteration_samples_ns(launches)
+        extra = {"backend": "ncu", "command": command_text(argv), "raw": str(log), "samples_note": note,
+                 "kernels": aggregate_launches(launches),
+                 "summary": ncu_summary(launches, self.machine.bandwidth_tbs)}
+        return [v / 1e6 for v in samples_ns], extra
+
+    def _rocprofv3(self, o: KernelOutcome) -> tuple[list[float], dict]:
+        from engine.kernels.profilers.common import aggregate_launches, iteration_samples_ns
+        from engine.kernels.profilers.rocprof import (
+            build_rocprofv3_command, find_kernel_trace_files, parse_rocprofv3_kernel_trace,
+        )
+        k = o.spec
+        tool = self.machine.rocprofv3 or shutil.which("rocprofv3")
+        if not tool:
+            raise MeasurementError("backend rocprofv3: rocprofv3 not found on PATH")
+        out_dir = self.ws.path("performance", f"{k.id}_rocprofv3")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        argv = build_rocprofv3_command(tool, self._profiled_argv(k), out_dir, extra_args=self.s.rocprof_args)
+        r = self._run(k, argv, "rocprofv3", self.s.perf_timeout_s)
+        if not r.ok:
+            raise MeasurementError(f"rocprofv3 run failed: {r.describe_failure()}\n{r.stderr_tail(1500)}")
+        launches = []
+        for f in find_kernel_trace_files(out_dir):
+            launches.extend(parse_rocprofv3_kernel_trace(f.read_text(errors="replace")))
+        if not [x for x in launches if not x.helper]:
+            raise MeasurementError(f"rocprofv3 recorded no kernel dispatches under {out_dir}")
+        samples_ns, note = iteration_samples_ns(launches)
+        extra = {"backend": "rocprofv3", "command": command_text(argv), "raw": str(out_dir),
+                 "samples_note": note, "kernels": aggregate_launches(launches)}
+        return [v / 1e6 for v in samples_ns], extra
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> list[KernelOutcome]:
+        order = list(self.outcomes)
+        base = None
+        if self.plan.baseline_index is not None:
+            base = self.outcomes[self.plan.baseline_index]
+            order = [base] + [o for o in self.outcomes if o is not base]
+
+        def phase_a(o: KernelOutcome) -> None:
+            if self.cancel.cancelled:
+                return
+            self.compile(o)
+            if o.compile.state != FAILED and not self.cancel.cancelled:
+                self.testcase(o)
+
+        if self.s.workers > 1:
+            with ThreadPoolExecutor(max_workers=self.s.workers) as pool:
+                list(pool.map(phase_a, order))
+        else:
+            for o in order:
+                phase_a(o)
+
+        for o in order:  # serial: harness (needs the baseline's outputs) and every timing run
+            if self.cancel.cancelled:
+                break
+            if o.compile.state == FAILED:
+                o.correctness = StageResult(SKIPPED, details={"reason": "compile failed"})
+                o.performance = StageResult(SKIPPED, details={"reason": "compile failed"})
+                continue
+            self.harness(o, base)
+            self.finish_correctness(o)
+            if self.cancel.cancelled:
+                break
+            self.performance(o)
+        if self.cancel.cancelled:
+            for o in self.outcomes:
+                for stage in (o.compile, o.correctness, o.performance):
+                    if stage.state == SKIPPED and not stage.details.get("reason"):
+                        stage.details["reason"] = f"not reached: run {self.cancel.reason}"
+        return self.outcomes
+
+
+class MeasurementError(Exception):
+    pass
+
+
+def parse_timing_json(text: str) -> list[float]:
+    """The testcase's own timing: one ``MAGPIE_TIMING_JSON: {"samples_ms": [...]}`` line (or
+    samples_us / samples_ns). The last such line wins. Fewer than 2 samples is an error:
+    a single number has no spread and cannot support a verdict."""
+    matches = _TIMING_LINE.findall(text)
+    if not matches:
+        raise MeasurementError(f"no '{TIMING_MARKER} {{...}}' line in the testcase output")
+    try:
+        data = json.loads(matches[-1])
+    except json.JSONDecodeError as exc:
+        raise MeasurementError(f"{TIMING_MARKER} line is not valid JSON: {exc}") from None
+    for key, scale in (("samples_ms", 1.0), ("samples_us", 1e-3), ("samples_ns", 1e-6)):
+        if key in data:
+            vals = data[key]
+            if not isinstance(vals, list) or not all(isinstance(v, (int, float)) for v in vals):
+                raise MeasurementError(f"{TIMING_MARKER} {key} must be a list of numbers")
+            if len(vals) < 2:
+                raise MeasurementError(f"{TIMING_MARKER} {key} has {len(vals)} sample(s); print at least 2 "
+                                       "(repeats of the timed region) so the spread can be reported")
+            return [float(v) * scale for v in vals]
+    raise MeasurementError(f"{TIMING_MARKER} needs a samples_ms, samples_us or samples_ns list (got keys "
+                           f"{sorted(data)})")

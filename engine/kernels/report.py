@@ -1,0 +1,261 @@
+"""analyze_report.json / compare_report.json (Magpie's keys, plus ours) and the human summary."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import platform
+import socket
+import sys
+from datetime import datetime
+from io import StringIO
+from typing import Any, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+import engine
+from engine.kernels.pipeline import FAILED, SKIPPED, SUCCESS, KernelOutcome
+from engine.kernels.plan import Plan
+from engine.kernels.stats import bootstrap_speedup, verdict
+
+
+def _score(o: KernelOutcome) -> float:
+    """Magpie's per-kernel score, kept with its meaning (it says nothing about speed):
+    0 if compile failed; +0.5 correct; +0.5 performance measured; correct and perf skipped -> 1.0."""
+    if o.compile.state == FAILED:
+        return 0.0
+    score = 0.0
+    if o.correctness.state == SUCCESS:
+        score += 0.5
+        if o.performance.state in (SUCCESS, SKIPPED):
+            score += 0.5
+    return score
+
+
+def kernel_state(o: KernelOutcome) -> dict:
+    k = o.spec
+    perf = o.performance.details
+    return {
+        "kernel_id": k.id,
+        "compiling_state": o.compile.state,
+        "correctness_state": o.correctness.state,
+        "performance_state": o.performance.state,
+        "errors": o.errors,
+        "score": _score(o),
+        "compiling_result": {"success": o.compile.state == SUCCESS, "errors": o.compile.errors, **o.compile.details},
+        "correctness_result": {"success": o.correctness.state == SUCCESS, "errors": o.correctness.errors,
+                               **o.correctness.details},
+        "performance_result": {
+            "success": o.performance.state == SUCCESS, "errors": o.performance.errors,
+            "command": perf.get("command"), "summary": perf.get("summary", {}), "kernels": perf.get("kernels", []),
+            **{key: v for key, v in perf.items() if key not in ("command", "summary", "kernels")},
+        },
+        "timing": o.timing,
+        "extra": {"kernel_id": k.id, "kernel_type": k.type, "index": k.index, "baseline": k.baseline,
+                  "origin": k.origin},
+    }
+
+
+def environment_fingerprint(plan: Plan, gpu: Optional[dict]) -> dict:
+    def version(pkg: str) -> Optional[str]:
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    sources = {}
+    for k in plan.kernels:
+        for f in k.source_files + ([k.reference_file] if k.reference_file else []):
+            try:
+                sources[str(f)] = "sha256:" + hashlib.sha256(f.read_bytes()).hexdigest()
+            except OSError:
+                sources[str(f)] = None
+    return {
+        "magpie_workbench": engine.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "gpu": gpu,
+        "driver": (gpu or {}).get("driver"),
+        "torch": version("torch"),
+        "triton": version("triton"),
+        "numpy": version("numpy"),
+        "source_hashes": sources,
+        "compile_commands": {k.id: k.to_config()["compile_command"] for k in plan.kernels},
+        "testcase_commands": {k.id: k.to_config()["testcase_command"] for k in plan.kernels},
+    }
+
+
+def _fmt_ms(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    if v < 0.01:
+        return f"{v * 1e3:.2f} us"
+    if v < 1000:
+        return f"{v:.4g} ms"
+    return f"{v / 1e3:.3g} s"
+
+
+_STATE = {SUCCESS: "ok", FAILED: "FAIL", SKIPPED: "-"}
+_BACKEND = {"harness-cpu-perf_counter": "cpu timer", "harness-cuda-events": "cuda events",
+            "harness-cuda-events+graph": "cuda graph", "harness-hip-events": "hip events",
+            "harness-hip-events+graph": "hip graph", "timing_json": "testcase json", "prof_command": "prof cmd"}
+
+
+def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, dict]) -> Table:
+    table = Table(title=f"magpie {plan.mode}", show_lines=False, pad_edge=False)
+    for col in ("#", "kernel", "build", "correct", "timing", "median", "IQR", "CV", "n"):
+        table.add_column(col, justify="right" if col in ("#", "median", "IQR", "CV", "n") else "left")
+    if plan.mode == "compare":
+        table.add_column("speedup", justify="right")
+        table.add_column("95% CI", justify="right")
+        table.add_column("verdict")
+    for o in outcomes:
+        k, t = o.spec, o.timing
+        name = k.id + (" *" if plan.mode == "compare" and k.baseline else "")
+        backend = str(o.performance.details.get("backend", "-")) if o.performance.state == SUCCESS else "-"
+        row = [str(k.index), name, _STATE[o.compile.state], _STATE[o.correctness.state], _BACKEND.get(backend, backend),
+               _fmt_ms(t["median"]) if t else "-", _fmt_ms(t["iqr"]) if t else "-",
+               f"{t['cv'] * 100:.1f}%" if t else "-", str(t["n"]) if t else "-"]
+        if plan.mode == "compare":
+            sp = speed.get(k.index)
+            if sp and not k.baseline:
+                row += [f"{sp['speedup']:.2f}x", f"{sp['speedup_ci'][0]:.2f}-{sp['speedup_ci'][1]:.2f}", sp["verdict"]]
+            else:
+                row += ["1.00x" if sp else "-", "-", "baseline" if k.baseline else
+                        ("incorrect" if not o.correct else "-")]
+        table.add_row(*row)
+    if plan.mode == "compare":
+        table.caption = "* baseline"
+    return table
+
+
+def _render(renderables: list[Any], width: int = 140) -> str:
+    buf = StringIO()
+    console = Console(file=buf, width=width, no_color=True, color_system=None, highlight=False)
+    for r in renderables:
+        console.print(r)
+    return buf.getvalue()
+
+
+def _problem_lines(outcomes: list[KernelOutcome]) -> list[str]:
+    lines = []
+    for o in outcomes:
+        for e in o.errors:
+            first = e.strip().splitlines()[0] if e.strip() else e
+            lines.append(f"{o.spec.id}: {first}")
+        reason = o.performance.details.get("reason")
+        if o.performance.state == SKIPPED and reason and o.correct:
+            lines.append(f"{o.spec.id}: performance {reason}")
+        note = o.performance.details.get("note")
+        if note:
+            lines.append(f"{o.spec.id}: {note}")
+    return lines
+
+
+def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, ws_dir: str,
+                         gpu: Optional[dict]) -> tuple[dict, list[Any]]:
+    results = [kernel_state(o) for o in outcomes]
+    incorrect = [o.spec.id for o in outcomes if not o.correct]
+    report = {
+        "mode": "analyze",
+        "timestamp": datetime.now().isoformat(timespec="seconds"),
+        "state": state,
+        "results": results,
+        "all_correct": not incorrect,
+        "workspace_dir": ws_dir,
+        "overrides": plan.overrides,
+        "warnings": plan.warnings,
+        "settings": plan.settings.to_dict(),
+        "environment": environment_fingerprint(plan, gpu),
+    }
+    renderables: list[Any] = [_summary_table(plan, outcomes, {})]
+    renderables += _problem_lines(outcomes)
+    renderables.append(f"state: {state}; all correct: {not incorrect}" +
+                       (f" (incorrect: {', '.join(incorrect)})" if incorrect else ""))
+    return report, renderables
+
+
+def compare_results(plan: Plan, outcomes: list[KernelOutcome]) -> dict:
+    """Speedups against the named baseline, with bootstrap intervals, verdicts, ranking and winner."""
+    b = plan.baseline_index
+    base = outcomes[b]
+    speed: dict[int, dict] = {}
+    if base.correct and len(base.samples_ms) >= 2:
+        for o in outcomes:
+            if not o.correct or len(o.samples_ms) < 2:
+                continue
+            if o is base:
+                speed[o.spec.index] = {"speedup": 1.0, "speedup_ci": [1.0, 1.0], "verdict": "baseline"}
+                continue
+            sp, lo, hi = bootstrap_speedup(base.samples_ms, o.samples_ms, seed=plan.settings.seed)
+            speed[o.spec.index] = {"speedup": sp, "speedup_ci": [lo, hi], "verdict": verdict(lo, hi)}
+    correctness = [o.correct for o in outcomes]
+    perf_scores = [speed[o.spec.index]["speedup"] if o.spec.index in speed else None for o in outcomes]
+    ranked = sorted(speed.items(), key=lambda kv: -kv[1]["speedup"])
+    rankings = [[idx, v["speedup"]] for idx, v in ranked]
+    faster = [(idx, v) for idx, v in ranked if v["verdict"] == "faster"]
+    if faster:
+        winner, why = faster[0][0], "fastest correct candidate whose speedup interval lies above 1.0"
+    elif base.correct and speed:
+        winner, why = b, "no correct candidate is faster beyond the noise; the baseline stands"
+    else:
+        winner, why = None, ("the baseline is incorrect" if not base.correct else "nothing could be measured")
+    return {"speed": speed, "correctness": correctness, "perf_scores": perf_scores, "rankings": rankings,
+            "winner": winner, "winner_reason": why}
+
+
+def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, ws_dir: str,
+                         gpu: Optional[dict]) -> tuple[dict, list[Any]]:
+    cmp = compare_results(plan, outcomes)
+    speed = cmp["speed"]
+    kernel_results = []
+    for o in outcomes:
+        st = kernel_state(o)
+        sp = speed.get(o.spec.index)
+        st["speedup"] = sp["speedup"] if sp else None
+        st["speedup_ci"] = sp["speedup_ci"] if sp else None
+        st["verdict"] = sp["verdict"] if sp else ("incorrect" if not o.correct else "not measured")
+        kernel_results.append(st)
+    ids = [o.spec.id for o in outcomes]
+    winner = cmp["winner"]
+    lines = [f"Baseline: {ids[plan.baseline_index]} (index {plan.baseline_index}, chosen by {plan.baseline_source})"]
+    for o, st in zip(outcomes, kernel_results):
+        t = o.timing
+        lines.append(f"  [{o.spec.index}] {o.spec.id}: correct={o.correct}"
+                     + (f", median {_fmt_ms(t['median'])} (CV {t['cv'] * 100:.1f}%, n={t['n']})" if t else "")
+                     + (f", speedup {st['speedup']:.3f}x [{st['speedup_ci'][0]:.3f}, {st['speedup_ci'][1]:.3f}]"
+                        f" {st['verdict']}" if st["speedup"] is not None and not o.spec.baseline else ""))
+    lines.append(f"Winner: {ids[winner] if winner is not None else 'none'} ({cmp['winner_reason']})")
+    summary = "\n".join(lines)
+    report = {
+        "mode": "compare",
+        "timestamp": datetime.now().isoformat(timespec="seconds"),
+        "state": state,
+        "results": {
+            "kernel_results": kernel_results,
+            "comparison_metrics": {"correctness": cmp["correctness"], "all_correct": all(cmp["correctness"]),
+                                   "perf_scores": cmp["perf_scores"], "perf_score_definition":
+                                   "speedup of the median time vs the baseline (higher is better)"},
+            "winner": winner,
+            "rankings": cmp["rankings"],
+            "summary": summary,
+        },
+        "baseline": {"index": plan.baseline_index, "id": ids[plan.baseline_index], "chosen_by": plan.baseline_source},
+        "winner_id": ids[winner] if winner is not None else None,
+        "winner_reason": cmp["winner_reason"],
+        "workspace_dir": ws_dir,
+        "overrides": plan.overrides,
+        "warnings": plan.warnings,
+        "settings": plan.settings.to_dict(),
+        "environment": environment_fingerprint(plan, gpu),
+    }
+    renderables: list[Any] = [_summary_table(plan, outcomes, speed)]
+    renderables += _problem_lines(outcomes)
+    renderables.append(f"Winner: {ids[winner] if winner is not None else 'none'} — {cmp['winner_reason']}")
+    return report, renderables
+
+
+def render_text(renderables: list[Any], width: int = 140) -> str:
+    return _render(renderables, width)

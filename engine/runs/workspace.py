@@ -1,0 +1,112 @@
+"""The run folder: ``<output-dir>/<mode>_<label>_<YYYYmmdd_HHMMSS>_<unique>/``.
+
+It holds ``config.yaml`` (effective config), ``events.jsonl`` (one JSON object a
+line, flushed as written so a watcher sees it live), ``logs/`` and the report,
+which is always written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def sanitize_label(label: str, max_len: int = 40) -> str:
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-._")
+    return (clean or "run")[:max_len]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
+
+
+class EventLog:
+    """Append-only ``events.jsonl``; safe to call from worker threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._fh = open(path, "a", encoding="utf-8", buffering=1)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        record = {"ts": round(time.time(), 6), "event": event, **fields}
+        line = json.dumps(record, default=str)
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.write(line + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
+class Workspace:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.logs_dir = root / "logs"
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(root / "events.jsonl")
+
+    @classmethod
+    def create(cls, output_dir: Path | str, mode: str, label: str) -> "Workspace":
+        """Make a new, never-reused folder: the random suffix keeps two runs in one second apart."""
+        base = Path(output_dir).expanduser().resolve()
+        base.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now().strftime("%Y%m%d_%H%M%S")
+        while True:
+            name = f"{mode}_{sanitize_label(label)}_{stamp}_{secrets.token_hex(3)}"
+            try:
+                (base / name).mkdir()  # fails if it exists: no two runs share a folder
+            except FileExistsError:
+                continue
+            return cls(base / name)
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    def log_stem(self, *parts: str) -> Path:
+        stem = self.logs_dir.joinpath(*(sanitize_label(p, 80) for p in parts))
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        return stem
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        target = self.root / name
+        atomic_write_json(target, obj)
+        return target
+
+    def write_text(self, name: str, text: str) -> Path:
+        target = self.root / name
+        atomic_write_text(target, text)
+        return target
+
+    def write_yaml(self, name: str, obj: Any) -> Path:
+        target = self.root / name
+        atomic_write_text(target, yaml.safe_dump(obj, sort_keys=False, default_flow_style=False))
+        return target
