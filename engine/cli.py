@@ -88,7 +88,7 @@ def _install_signal_handlers(cancel) -> None:
         signal.signal(signal.SIGHUP, handler)
 
 
-def _run_kernels(args: argparse.Namespace, console: Console, err: Console) -> int:
+def _run_kernels(args: argparse.Namespace, console: Console) -> int:
     from engine.kernels.plan import CliOptions, build_plan
     from engine.kernels.runner import run_plan
     from engine.runs.process import CancelToken
@@ -104,10 +104,11 @@ def _run_kernels(args: argparse.Namespace, console: Console, err: Console) -> in
         raise ConfigError([f"--repeats {args.repeats}: at least 3 repeats are needed for a median and its spread"])
     plan = build_plan(args.command, opts, framework)
     plan.warnings = fw_warnings + plan.warnings
+    # Plain prints: messages that name files and lines must not be re-wrapped.
     for w in plan.warnings:
-        err.print(f"[yellow]warning:[/] {w}", highlight=False)
+        print(f"warning: {w}", file=sys.stderr)
     for o in plan.overrides:
-        err.print(f"[cyan]override:[/] {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})", highlight=False)
+        print(f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})", file=sys.stderr)
     cancel = CancelToken()
     _install_signal_handlers(cancel)
 
@@ -124,7 +125,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
     console = Console()
-    err = Console(stderr=True)
     if args.gpu_info:
         from engine.hw.detect import detect_gpu, format_gpu_info
         console.print(format_gpu_info(detect_gpu()), highlight=False, markup=False)
@@ -133,12 +133,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     try:
-        return _run_kernels(args, console, err)
+        return _run_kernels(args, console)
     except ConfigError as exc:
-        err.print("[red]error:[/] configuration problem" + ("s" if len(exc.problems) > 1 else "") +
-                  "; nothing was run", highlight=False)
+        print("error: configuration problem" + ("s" if len(exc.problems) > 1 else "") + "; nothing was run",
+              file=sys.stderr)
         for p in exc.problems:
-            err.print(f"  {p}", highlight=False, markup=False)
+            print(f"  {p}", file=sys.stderr)
         return EXIT_CONFIG
 
 
