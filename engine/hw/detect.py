@@ -137,12 +137,17 @@ def run_tool(argv: Sequence[str], timeout_s: float | None = None) -> tuple[int, 
     return proc.returncode, out if out.strip() else err
 
 
-def _run_ok(runner: Runner, argv: Sequence[str]) -> str | None:
-    """Output of a successful run, or None; an injected runner's errors count as failure too."""
+def _run(runner: Runner, argv: Sequence[str]) -> tuple[int, str]:
+    """An injected runner's errors count as a failed run, like a missing tool."""
     try:
-        code, out = runner(argv)
+        return runner(argv)
     except (OSError, subprocess.SubprocessError, ValueError):
-        return None
+        return -1, ""
+
+
+def _run_ok(runner: Runner, argv: Sequence[str]) -> str | None:
+    """Output of a successful run, or None."""
+    code, out = _run(runner, argv)
     return out if code == 0 else None
 
 
@@ -243,11 +248,16 @@ def _to_mb(value: Any) -> int | None:
             return None
         value, unit = m.group(1), m.group(2) or "MB"
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)
     except (TypeError, ValueError):
         return None
     scale = {"B": 2**-20, "KB": 2**-10, "MB": 1, "GB": 2**10, "TB": 2**20}.get(unit.upper().replace("I", ""))
     return int(number * scale) if scale else None
+
+
+def _section(entry: dict[str, Any], key: str) -> dict[str, Any]:
+    value = entry.get(key)
+    return value if isinstance(value, dict) else {}
 
 
 def parse_amd_smi_static_json(text: str) -> list[GpuDevice]:
@@ -264,10 +274,7 @@ def parse_amd_smi_static_json(text: str) -> list[GpuDevice]:
     for entry in data:
         if not isinstance(entry, dict) or not isinstance(entry.get("asic"), dict):
             continue
-        asic = entry["asic"]
-        vram = entry.get("vram") if isinstance(entry.get("vram"), dict) else {}
-        driver = entry.get("driver") if isinstance(entry.get("driver"), dict) else {}
-        bus = entry.get("bus") if isinstance(entry.get("bus"), dict) else {}
+        asic, vram, driver, bus = (_section(entry, k) for k in ("asic", "vram", "driver", "bus"))
         name = _na(asic.get("market_name")) or ""
         gfx = _na(asic.get("target_graphics_version")) or _na(asic.get("gfx_version")) or ""
         devices.append(
@@ -291,25 +298,25 @@ def _amd_smi_version_field(text: str, label: str) -> str | None:
 
 
 def parse_nvcc_version(text: str) -> str | None:
-    """"Cuda compilation tools, release 13.0, V13.0.88" -> "13.0"."""
+    """nvcc's "Cuda compilation tools, release 13.0, V13.0.88" -> "13.0"."""
     m = re.search(r"release (\d+\.\d+)", text)
     return m.group(1) if m else None
 
 
 def parse_hipcc_version(text: str) -> str | None:
-    """"HIP version: 6.3.42131-fa1d09cbd" -> "6.3.42131"."""
+    """hipcc's "HIP version: 6.3.42131-fa1d09cbd" -> "6.3.42131"."""
     m = re.search(r"HIP version:\s*(\d+(?:\.\d+)*)", text)
     return m.group(1) if m else None
 
 
 def parse_ncu_version(text: str) -> str | None:
-    """"Version 2025.3.1.0 (build 36398880) (public-release)" -> "2025.3.1.0" (compute-sanitizer too)."""
+    """ncu's (and compute-sanitizer's) "Version 2025.3.1.0 (build 36398880) ..." -> "2025.3.1.0"."""
     m = re.search(r"^\s*Version\s+(\d+(?:\.\d+)+)", text, flags=re.M)
     return m.group(1) if m else None
 
 
 def parse_rocprofv3_version(text: str) -> str | None:
-    """rocprofv3 prints "key: value" lines; its "version:" line -> "1.0.0"."""
+    """rocprofv3 prints "key: value" lines; its "version: 1.0.0" line -> "1.0.0"."""
     m = re.search(r"^\s*version:\s*(\S+)", text, flags=re.M)
     return m.group(1) if m else None
 
@@ -356,11 +363,11 @@ def _detect_nvidia(runner: Runner, which: Which) -> _Found | None:
     if smi is None:
         return None
     fmt = "--format=csv,noheader,nounits"
-    out = _run_ok(runner, [smi, f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", fmt])
-    if out is None:  # drivers before R510 reject the compute_cap field
+    code, out = _run(runner, [smi, f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", fmt])
+    if code != 0 and "compute_cap" in out:  # drivers before R510 reject that field by name
         no_cc = [f for f in NVIDIA_SMI_FIELDS if f != "compute_cap"]
-        out = _run_ok(runner, [smi, f"--query-gpu={','.join(no_cc)}", fmt])
-    devices = parse_nvidia_smi_csv(out or "")
+        code, out = _run(runner, [smi, f"--query-gpu={','.join(no_cc)}", fmt])
+    devices = parse_nvidia_smi_csv(out) if code == 0 else []
     if not devices:
         return None
     cuda = parse_nvidia_smi_cuda_version(_run_ok(runner, [smi]) or "")
@@ -370,11 +377,12 @@ def _detect_nvidia(runner: Runner, which: Which) -> _Found | None:
 def _detect_amd(runner: Runner, which: Which) -> _Found | None:
     smi = which("amd-smi")
     devices = parse_amd_smi_static_json(_run_ok(runner, [smi, "static", "--json"]) or "") if smi else []
+    # Ask amd-smi for versions only when it works: a hung one would cost another timeout.
+    version = (_run_ok(runner, [smi, "version"]) or "") if smi and devices else ""
     if not devices and (rocminfo := which("rocminfo")):
         devices = parse_rocminfo(_run_ok(runner, [rocminfo]) or "")
     if not devices:
         return None
-    version = (_run_ok(runner, [smi, "version"]) or "") if smi else ""
     rocm = _amd_smi_version_field(version, "ROCm version")
     driver = devices[0].driver or _amd_smi_version_field(version, "amdgpu version")
     return _Found(devices, f"ROCm {rocm}" if rocm else None, driver)
@@ -513,7 +521,7 @@ def format_gpu_info(
         looked = ", ".join(
             f"{t} ({p}: no GPU reported)" if (p := which(t)) else f"{t} (not found)" for t in GPU_TOOLS
         )
-        lines = ["No GPU detected", f"Looked for: {looked}; on PATH and in {', '.join(_tool_dirs())}"]
+        lines = ["No GPU detected", f"Looked for: {looked}", f"Searched: PATH, {', '.join(_tool_dirs())}"]
         lines += [f"Note: {v}={os.environ[v]!r} is set" for v in VISIBILITY_VARS if v in os.environ]
         found = list(detect_tools(which=which) if tools is None else tools)
         compilers = [t for t in found if t.name in COMPILERS.values()]

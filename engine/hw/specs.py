@@ -124,7 +124,9 @@ _SPECS: tuple[ArchSpec, ...] = (
         memory_gb=80,
         memory_bw_tbs=2.039,
         l2_cache_mb=40,
-        peak_tflops={"fp64": 9.7, "fp64_tensor": 19.5, "fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312, "int8": 624},
+        peak_tflops={
+            "fp64": 9.7, "fp64_tensor": 19.5, "fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312, "int8": 624,
+        },
         sources={
             "peak_tflops": "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB; dense, sparse figures not used)",
             "memory_bw_tbs": "NVIDIA A100 datasheet, A100 80GB SXM: 2,039 GB/s",
@@ -421,10 +423,10 @@ def load_arch_spec_file(path: str | Path) -> ArchSpec:
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise bad("aliases", "a list of strings", aliases)
 
-    key = data.get("key", p.stem)
+    key = str(data.get("key", p.stem))
     return ArchSpec(
         key=key,
-        name=data.get("name", key),
+        name=str(data.get("name", key)),
         vendor=data.get("vendor", ""),
         arch=data.get("arch", ""),
         memory_bw_tbs=float(data["memory_bw_tbs"]),

@@ -220,24 +220,28 @@ def test_load_minimal_spec_file(tmp_path: Path) -> None:
     assert spec.l2_cache_mb is None and spec.measured == {}
 
 
+VALID = {"memory_bw_tbs": 3.0, "peak_tflops": {"bf16": 1.0}}
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
         ({"memory_bw_tbs": 3.0}, ["field 'peak_tflops'", "required"]),
         ({"peak_tflops": {"bf16": 1.0}}, ["field 'memory_bw_tbs'", "required"]),
-        ({"memory_bw_tbs": "fast", "peak_tflops": {"bf16": 1.0}}, ["field 'memory_bw_tbs'", "positive number", "'fast'"]),
-        ({"memory_bw_tbs": -1, "peak_tflops": {"bf16": 1.0}}, ["field 'memory_bw_tbs'", "positive number"]),
-        ({"memory_bw_tbs": True, "peak_tflops": {"bf16": 1.0}}, ["field 'memory_bw_tbs'", "positive number"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {}}, ["field 'peak_tflops'", "non-empty"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": [1.0]}, ["field 'peak_tflops'", "object"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {"bf17": 1.0}}, ["field 'peak_tflops.bf17'", "dtype", "bf16"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {"bf16": "lots"}}, ["field 'peak_tflops.bf16'", "positive number"]),
+        ({**VALID, "memory_bw_tbs": "fast"}, ["field 'memory_bw_tbs'", "positive number", "'fast'"]),
+        ({**VALID, "memory_bw_tbs": -1}, ["field 'memory_bw_tbs'", "positive number"]),
+        ({**VALID, "memory_bw_tbs": True}, ["field 'memory_bw_tbs'", "positive number"]),
+        ({**VALID, "peak_tflops": {}}, ["field 'peak_tflops'", "non-empty"]),
+        ({**VALID, "peak_tflops": [1.0]}, ["field 'peak_tflops'", "object"]),
+        ({**VALID, "peak_tflops": {"bf17": 1.0}}, ["field 'peak_tflops.bf17'", "dtype", "bf16"]),
+        ({**VALID, "peak_tflops": {"bf16": "lots"}}, ["field 'peak_tflops.bf16'", "positive number"]),
         ({"memroy_bw_tbs": 3.0, "peak_tflops": {"bf16": 1.0}}, ["field 'memroy_bw_tbs'", "unknown field"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {"bf16": 1.0}, "vendor": "intel"}, ["field 'vendor'", '"nvidia" or "amd"']),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {"bf16": 1.0}, "arch": 90}, ["field 'arch'", "a string"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {"bf16": 1.0}, "l2_cache_mb": 0}, ["field 'l2_cache_mb'", "positive"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {"bf16": 1.0}, "measured": {"copy": 2.0}}, ["field 'measured.copy'", "memory_bw_tbs"]),
-        ({"memory_bw_tbs": 3.0, "peak_tflops": {"bf16": 1.0}, "aliases": "H9"}, ["field 'aliases'", "list of strings"]),
+        ({**VALID, "vendor": "intel"}, ["field 'vendor'", '"nvidia" or "amd"']),
+        ({**VALID, "arch": 90}, ["field 'arch'", "a string"]),
+        ({**VALID, "l2_cache_mb": 0}, ["field 'l2_cache_mb'", "positive"]),
+        ({**VALID, "measured": {"copy": 2.0}}, ["field 'measured.copy'", "memory_bw_tbs"]),
+        ({**VALID, "measured_sources": {"bf16": 7}}, ["field 'measured_sources'", "object of strings"]),
+        ({**VALID, "aliases": "H9"}, ["field 'aliases'", "list of strings"]),
         ([1, 2], ["expected a JSON object"]),
     ],
 )
@@ -254,11 +258,11 @@ def test_load_spec_file_errors_name_file_and_field(content: object, expected: li
 
 def test_load_spec_file_unreadable_or_not_json(tmp_path: Path) -> None:
     missing = tmp_path / "missing.json"
-    with pytest.raises(ValueError, match="missing.json: cannot read"):
+    with pytest.raises(ValueError, match=r"missing\.json: cannot read"):
         load_arch_spec_file(missing)
     broken = tmp_path / "broken.json"
     broken.write_text("{memory_bw_tbs: 3")
-    with pytest.raises(ValueError, match="broken.json: not valid JSON"):
+    with pytest.raises(ValueError, match=r"broken\.json: not valid JSON"):
         load_arch_spec_file(broken)
 
 
@@ -361,7 +365,8 @@ def test_version_parsers() -> None:
     assert parse_tool_version("compute-sanitizer", read("compute_sanitizer_version.txt")) == "2025.3.1.0"
     assert parse_tool_version("nsys", read("nsys_version.txt")) == "2025.3.2.474-253236389321v0"
     assert parse_tool_version("rocprof-compute", "rocprofiler-compute version: 3.1.0\n") == "3.1.0"
-    assert parse_tool_version("mystery", "\nCopyright (c) 2025 X\n-----\nMystery Tool build 7\n") == "Mystery Tool build 7"
+    banner = "\nCopyright (c) 2025 X\n-----\nMystery Tool build 7\n"
+    assert parse_tool_version("mystery", banner) == "Mystery Tool build 7"
     assert first_meaningful_line("\n \n") is None
     assert parse_nvcc_version("") is None and parse_hipcc_version("") is None
 
@@ -486,12 +491,12 @@ def test_detect_amd_with_amd_smi() -> None:
 def test_detect_amd_falls_back_to_rocminfo() -> None:
     outputs = amd_outputs()
     outputs[("amd-smi", "static", "--json")] = (1, "ERROR:root:Unable to detect any GPU devices")
-    outputs[("amd-smi", "version")] = (1, "")
     info, fake = detect_with(outputs)
     assert info is not None
     assert [d.uuid for d in info.devices] == ["GPU-07386a321fa45d1e", "GPU-c14abb436c69353f"]
     assert (info.driver, info.runtime) == ("6.8.5", "HIP 6.2.41133")  # runtime from hipcc
     assert ("rocminfo",) in fake.calls
+    assert ("amd-smi", "version") not in fake.calls  # a failing amd-smi is not asked again
 
 
 def test_detect_amd_gpu_data_form_takes_driver_from_amd_smi_version() -> None:
@@ -500,7 +505,16 @@ def test_detect_amd_gpu_data_form_takes_driver_from_amd_smi_version() -> None:
     outputs[("amd-smi", "version")] = (0, read("amd_smi_version_rocm7.txt"))
     info, _ = detect_with(outputs)
     assert info is not None
-    assert (info.name, info.arch, info.driver, info.runtime) == ("AMD Instinct MI355X", "gfx950", "6.16.13", "ROCm 7.2.1")
+    assert (info.name, info.arch, info.driver, info.runtime) == (
+        "AMD Instinct MI355X", "gfx950", "6.16.13", "ROCm 7.2.1",
+    )
+    assert info.spec is ARCH_SPECS["MI355X"]
+
+
+def test_detect_amd_without_marketing_name_uses_the_arch_spec() -> None:
+    rocminfo = "ROCk module is loaded\n*******\nAgent 1\n*******\n  Name:  gfx950\n  Device Type:  GPU\n"
+    info, _ = detect_with({("rocminfo",): (0, rocminfo)})
+    assert info is not None and info.name == "gfx950"
     assert info.spec is ARCH_SPECS["MI355X"]
 
 
@@ -521,10 +535,11 @@ def test_detect_none_when_no_tool_or_no_gpu() -> None:
 def test_detect_survives_a_tool_that_times_out_or_cannot_start() -> None:
     outputs = amd_outputs()
     outputs[("nvidia-smi", NV_QUERY, CSV_FMT)] = subprocess.TimeoutExpired("nvidia-smi", 10)
-    outputs[("nvidia-smi", NV_QUERY_OLD, CSV_FMT)] = subprocess.TimeoutExpired("nvidia-smi", 10)
     outputs[("rocprofv3", "--version")] = PermissionError("not executable")
-    info, _ = detect_with(outputs)
+    info, fake = detect_with(outputs)
     assert info is not None and info.vendor == "amd"
+    # A hung nvidia-smi is not asked again (the no-compute_cap retry is for its error message only).
+    assert [c for c in fake.calls if c[0] == "nvidia-smi"] == [("nvidia-smi", NV_QUERY, CSV_FMT)]
     assert info.profilers == [ToolInfo("rocprofv3", f"{FAKE_BIN}/rocprofv3", None)]
     assert f"Profiler: rocprofv3 (version unknown) ({FAKE_BIN}/rocprofv3)" in format_gpu_info(info)
 
@@ -618,8 +633,9 @@ def test_format_no_gpu() -> None:
     tools = [ToolInfo("nvcc", "/usr/local/cuda/bin/nvcc", "13.0")]
     lines = format_gpu_info(None, tools=tools, which=lambda name: None).splitlines()
     assert lines[0] == "No GPU detected"
-    assert lines[1].startswith("Looked for: nvidia-smi (not found), amd-smi (not found), rocminfo (not found); on PATH")
-    assert lines[2:] == ["Compiler: nvcc 13.0 (/usr/local/cuda/bin/nvcc)", "Profiler: not found"]
+    assert lines[1] == "Looked for: nvidia-smi (not found), amd-smi (not found), rocminfo (not found)"
+    assert lines[2].startswith("Searched: PATH, ") and "/usr/local/cuda/bin" in lines[2]
+    assert lines[3:] == ["Compiler: nvcc 13.0 (/usr/local/cuda/bin/nvcc)", "Profiler: not found"]
 
 
 def test_format_no_gpu_with_a_gpu_tool_that_found_nothing() -> None:
@@ -628,7 +644,7 @@ def test_format_no_gpu_with_a_gpu_tool_that_found_nothing() -> None:
     lines = format_gpu_info(None, tools=tools, which=which).splitlines()
     assert lines[0] == "No GPU detected"
     assert "nvidia-smi (/usr/bin/nvidia-smi: no GPU reported)" in lines[1]
-    assert lines[2:] == ["Compiler: not found", "Profiler: ncu 2025.3.1.0 (/usr/local/cuda/bin/ncu)"]
+    assert lines[3:] == ["Compiler: not found", "Profiler: ncu 2025.3.1.0 (/usr/local/cuda/bin/ncu)"]
 
 
 def test_detect_gpu_for_real_on_this_machine() -> None:
