@@ -103,6 +103,9 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
     if args.repeats is not None and args.repeats < 3:
         raise ConfigError([f"--repeats {args.repeats}: at least 3 repeats are needed for a median and its spread"])
     plan = build_plan(args.command, opts, framework)
+    if args.docker_image and plan.environment != "container":
+        fw_warnings.append(f"--docker-image {args.docker_image} is not used: kernels run in the "
+                           f"{plan.environment!r} environment")
     plan.warnings = fw_warnings + plan.warnings
     # Plain prints: messages that name files and lines must not be re-wrapped.
     for w in plan.warnings:
@@ -124,7 +127,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
-    console = Console()
+    # A pipe or a file gets a wide table instead of rich's 80-column default.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     if args.gpu_info:
         from engine.hw.detect import detect_gpu, format_gpu_info
         console.print(format_gpu_info(detect_gpu()), highlight=False, markup=False)
