@@ -119,7 +119,16 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
         for r in renderables:
             console.print(r, highlight=False)
 
-    code, _ws, _report = run_plan(plan, args.output_dir, cancel, show=show)
+    def progress(event: dict) -> None:
+        # One line per stage transition on stderr, so a long run is never silent.
+        if event["event"] == "run_started":
+            print(f"magpie {plan.mode}: {len(plan.kernels)} kernel(s), workspace {event['workspace']}",
+                  file=sys.stderr, flush=True)
+        elif event["event"] == "stage" and (args.verbose or event["state"] != "running"):
+            extra = f" ({event['backend']})" if event.get("backend") else ""
+            print(f"  [{event['kernel']}] {event['stage']}{extra}: {event['state']}", file=sys.stderr, flush=True)
+
+    code, _ws, _report = run_plan(plan, args.output_dir, cancel, show=show, on_event=progress)
     return code
 
 

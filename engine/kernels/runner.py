@@ -39,13 +39,16 @@ def exit_code(plan: Plan, outcomes: list[KernelOutcome], report: dict, cancelled
 
 def run_plan(plan: Plan, output_dir: Path | str, cancel: CancelToken, *,
              detect_gpu: Optional[Callable[[], Any]] = None,
-             show: Optional[Callable[[list[Any]], None]] = None) -> tuple[int, Workspace, dict]:
+             show: Optional[Callable[[list[Any]], None]] = None,
+             on_event: Optional[Callable[[dict], None]] = None) -> tuple[int, Workspace, dict]:
     """Create the workspace, evaluate, write report + summary.txt. Returns (exit code, workspace, report)."""
     if detect_gpu is None:
         from engine.hw.detect import detect_gpu
     gpu_info = detect_gpu()
     machine = Machine.from_gpu_info(gpu_info)
     ws = Workspace.create(output_dir, plan.mode, workspace_label(plan))
+    if on_event is not None:
+        ws.events.listeners.append(on_event)
     ws.write_yaml("config.yaml", plan.effective_config())
     ws.events.emit("run_started", mode=plan.mode, pid=os.getpid(), workspace=str(ws.root),
                    kernels=[k.id for k in plan.kernels], label=workspace_label(plan))

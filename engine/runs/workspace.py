@@ -16,7 +16,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -54,6 +54,8 @@ class EventLog:
         self.path = path
         self._lock = threading.Lock()
         self._fh = open(path, "a", encoding="utf-8", buffering=1)
+        # In-process observers (the CLI's progress lines); the file is the contract for others.
+        self.listeners: list[Callable[[dict], None]] = []
 
     def emit(self, event: str, **fields: Any) -> None:
         record = {"ts": round(time.time(), 6), "event": event, **fields}
@@ -61,6 +63,8 @@ class EventLog:
         with self._lock:
             if not self._fh.closed:
                 self._fh.write(line + "\n")
+            for listener in self.listeners:
+                listener(record)
 
     def close(self) -> None:
         with self._lock:

@@ -217,3 +217,21 @@ def test_gpu_info_without_gpu(tmp_path):
     proc = run_magpie("--gpu-info")
     assert proc.returncode == 0
     assert proc.stdout.splitlines()[0].startswith("No GPU detected")
+
+
+def test_workers_and_framework_config(tmp_path, write_yaml):
+    kernels = "".join(_timing_kernel(n, [float(i + 1) + 0.01 * j for j in range(10)])
+                      for i, n in enumerate(["a", "b", "c"]))
+    cfg = write_yaml("kernels:\n" + kernels)
+    fw = tmp_path / "framework.yaml"
+    fw.write_text("scheduler:\n  max_workers: 3\ngpu:\n  hardware:\n    enabled: true\n")
+    proc = run_magpie("-c", fw, "compare", "-k", cfg, "-o", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    report = read_report(tmp_path / "out")
+    assert report["settings"]["workers"] == 3
+    assert any("framework config gpu: hardware not used" in w for w in report["warnings"])
+    # Timing reran serially (the parallel testcase runs are never used as measurements).
+    ws = only_workspace(tmp_path / "out")
+    assert all((ws / "logs" / k / "timing.stdout.log").exists() for k in "abc")
+    assert [k["verdict"] for k in report["results"]["kernel_results"]] == ["baseline", "slower", "slower"]
+    assert "[a] performance (timing_json): SUCCESS" in proc.stderr
