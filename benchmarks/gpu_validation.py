@@ -8,7 +8,8 @@
    same harness spec under ncu;
 5. the softmax compare run three times: same verdicts? CV of each median?
 
-Usage (from the repository root):  python benchmarks/gpu_validation.py OUT_DIR
+Usage (from the repository root):  python benchmarks/gpu_validation.py OUT_DIR [--graph]
+(--graph: only the CUDA-graph replay checks)
 Prints a short table last and writes OUT_DIR/validation.json; the workspaces stay in OUT_DIR/results.
 """
 
@@ -64,7 +65,7 @@ def brief(report: dict | None) -> list[dict]:
     return out
 
 
-def harness_vs_ncu(work: Path) -> dict:
+def harness_vs_ncu(work: Path, cuda_graph: bool = False) -> dict:
     """Same spec, two runs: plain (CUDA events) and under ncu (gpu__time_duration per launch)."""
     from engine.kernels.profilers.ncu import build_ncu_command, parse_ncu_csv
     work.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def harness_vs_ncu(work: Path) -> dict:
             "get_init_inputs_func": "get_init_inputs", "seeds": [0], "rtol": None, "atol": None,
             "reference": {"module": str(folder / "reference.py"), "model_class": "Model",
                           "get_inputs_func": "get_inputs", "get_init_inputs_func": "get_init_inputs"},
-            "timing": {"enabled": True, "repeats": 200, "warmup": 20, "l2_flush": True, "cuda_graph": False}}
+            "timing": {"enabled": True, "repeats": 200, "warmup": 20, "l2_flush": True, "cuda_graph": cuda_graph}}
     env = dict(os.environ, PYTHONPATH=f"{REPO}:{folder}:{os.environ.get('PYTHONPATH', '')}")
     results = {}
     for name in ("plain", "ncu"):
@@ -98,8 +99,29 @@ def harness_vs_ncu(work: Path) -> dict:
             "ncu_median_ms": ncu_median, "ncu_launches": len(durations), "relative_difference": diff}
 
 
+def graph_checks(out: Path) -> int:
+    """CUDA-graph replay: the softmax compare with performance.cuda_graph, and harness vs ncu."""
+    cfg = out / "softmax_compare_graph.yaml"
+    out.mkdir(parents=True, exist_ok=True)
+    folder = EX / "softmax_triton"
+    cfg.write_text((folder / "compare.yaml").read_text().replace("source_files: [", f"source_files: [{folder}/")
+                   + "performance:\n  cuda_graph: true\n")
+    rc, report, _ = magpie("compare", "-k", str(cfg), out=out / "results" / "softmax_compare_graph")
+    print("\n=== table ===")
+    for k in brief(report):
+        ci = k["ci"] or [None, None]
+        print(f"graph compare rc={rc} {k['id']:12} {k['correct']:8} {k['backend']:28} "
+              f"median={k['median_ms']} cv={k['cv']} n={k['n']} speedup={k['speedup']} ci={ci} {k['verdict']}")
+    h = harness_vs_ncu(out / "harness_vs_ncu_graph", cuda_graph=True)
+    print(json.dumps(h))
+    (out / "graph.json").write_text(json.dumps({"compare": brief(report), "harness_vs_ncu": h}, indent=1))
+    return 0
+
+
 def main() -> int:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "gpu_validation_out").resolve()
+    if len(sys.argv) > 2 and sys.argv[2] == "--graph":
+        return graph_checks(out)
     res_dir = out / "results"
     summary: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": {}}
     p = subprocess.run([sys.executable, "-m", "engine.cli", "--gpu-info"], cwd=REPO, capture_output=True, text=True)
