@@ -90,8 +90,8 @@ def environment_fingerprint(plan: Plan, gpu: Optional[dict]) -> dict:
 def _fmt_ms(v: Optional[float]) -> str:
     if v is None:
         return "-"
-    if v < 0.01:
-        return f"{v * 1e3:.2f} us"
+    if v < 1.0:
+        return f"{v * 1e3:.4g} us"
     if v < 1000:
         return f"{v:.4g} ms"
     return f"{v / 1e3:.3g} s"
