@@ -1,0 +1,275 @@
+"""Streaming loader for torch-profiler (Kineto) Chrome traces: ``.json`` or ``.json.gz``, a
+``{"traceEvents": [...]}`` object or a bare list.
+
+The file is decoded in chunks and each event is turned into a slotted ``Event`` as soon as it
+is parsed, so memory holds the compact events, never the whole JSON text plus its dicts.
+A truncated or malformed file raises ``TraceError`` naming the file, the character offset and
+the index of the event where it broke.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gc
+import gzip
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator
+
+_CHUNK = 1 << 22  # characters decoded per read
+_WS = re.compile(r"[\s,]*")
+_SPACE = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
+
+# args kept per category: the rest of an event's args are dropped at load time.
+_KEEP_ALL_ARGS = {"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotation", "python_function",
+                  "cuda_runtime", "cuda_driver", "gpu_user_annotation"}
+
+
+class TraceError(Exception):
+    pass
+
+
+class Event:
+    """One trace event. ``uid`` is its index in ``traceEvents`` (metadata included), as in TraceLens."""
+
+    __slots__ = ("uid", "ph", "cat", "name", "pid", "tid", "ts", "dur", "args", "corr", "ext_id", "flow_id",
+                 "parent", "children", "gpu_events", "linked")
+
+    def __init__(self, uid: int, ph: str, cat: str, name: str, pid: Any, tid: Any, ts: float, dur: float,
+                 args: dict | None, corr: int | None, ext_id: int | None, flow_id: Any) -> None:
+        self.uid = uid
+        self.ph = ph
+        self.cat = cat
+        self.name = name
+        self.pid = pid
+        self.tid = tid
+        self.ts = ts
+        self.dur = dur
+        self.args = args
+        self.corr = corr
+        self.ext_id = ext_id
+        self.flow_id = flow_id
+        self.parent: Event | None = None
+        self.children: list[Event] | None = None
+        self.gpu_events: list[Event] | None = None  # GPU events linked under this node
+        self.linked = False  # GPU event reached from a launch (TraceLens "tree" flag)
+
+    @property
+    def t_end(self) -> float:
+        return self.ts + self.dur
+
+    def to_json(self) -> dict:
+        """The event as a Chrome-trace object again (for split traces that Perfetto can open)."""
+        out: dict = {"ph": self.ph, "name": self.name, "pid": self.pid, "tid": self.tid}
+        if self.cat:
+            out["cat"] = self.cat
+        if self.ph != "M":
+            out["ts"] = self.ts
+        if self.ph == "X":
+            out["dur"] = self.dur
+        if self.ph in ("s", "f"):
+            out["id"] = self.flow_id
+            if self.ph == "f":
+                out["bp"] = "e"
+        if self.args is not None:
+            out["args"] = self.args
+        elif self.corr is not None or self.ext_id is not None:
+            out["args"] = {k: v for k, v in (("correlation", self.corr), ("External id", self.ext_id)) if v is not None}
+        return out
+
+    def __repr__(self) -> str:
+        return f"Event(uid={self.uid}, cat={self.cat!r}, name={self.name[:60]!r}, ts={self.ts}, dur={self.dur})"
+
+
+class Trace:
+    def __init__(self, path: Path, events: list[Event], metadata: dict) -> None:
+        self.path = path
+        self.events = events
+        self.metadata = metadata
+        self.process_names: dict[Any, str] = {}
+        self.process_labels: dict[Any, str] = {}
+        self.thread_names: dict[tuple, str] = {}
+        for e in events:
+            if e.ph == "M" and e.args:
+                if e.name == "process_name":
+                    self.process_names[e.pid] = str(e.args.get("name", ""))
+                elif e.name == "process_labels":
+                    self.process_labels[e.pid] = str(e.args.get("labels", ""))
+                elif e.name == "thread_name":
+                    self.thread_names[(e.pid, e.tid)] = str(e.args.get("name", ""))
+
+    def device_properties(self) -> list[dict]:
+        props = self.metadata.get("deviceProperties") or []
+        return props if isinstance(props, list) else []
+
+
+def _open_text(path: Path) -> tuple[BinaryIO, Any]:
+    fh = open(path, "rb")
+    magic = fh.read(2)
+    fh.seek(0)
+    if magic == b"\x1f\x8b":
+        fh = gzip.GzipFile(fileobj=fh)  # type: ignore[assignment]
+    return fh, codecs.getincrementaldecoder("utf-8")(errors="strict")
+
+
+class _Reader:
+    """A growing text window over the (decompressed) file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fh, self.decoder = _open_text(path)
+        self.buf = ""
+        self.pos = 0  # position in buf
+        self.offset = 0  # characters dropped before buf[0]
+        self.eof = False
+
+    def fill(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            raw = self.fh.read(_CHUNK)
+        except (OSError, EOFError) as exc:  # bad gzip stream
+            raise TraceError(f"{self.path}: cannot read after character {self.offset + len(self.buf)}: {exc}") from None
+        try:
+            text = self.decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{self.path}: not UTF-8 text near character {self.offset + len(self.buf)}: {exc}") from None
+        if not raw:
+            self.eof = True
+        # Drop what was consumed so the window stays one chunk or so long.
+        self.buf = self.buf[self.pos:] + text
+        self.offset += self.pos
+        self.pos = 0
+        return bool(text) or not self.eof
+
+    def skip_ws(self, extra: str = "") -> str:
+        """Skip whitespace (and commas when ``extra`` == ','); return the next char or '' at EOF."""
+        while True:
+            m = (_WS if extra else _SPACE).match(self.buf, self.pos)
+            self.pos = m.end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.fill():
+                return ""
+
+    def value(self, what: str) -> Any:
+        self.skip_ws()
+        while True:
+            try:
+                obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if not self.eof:  # most likely the value runs past the window: read more, retry
+                    self.fill()
+                    continue
+                truncated = exc.pos >= len(self.buf.rstrip()) - 1 or exc.msg.startswith("Unterminated")
+                raise TraceError(f"{self.path}: {'truncated' if truncated else 'malformed'} JSON in {what} "
+                                 f"at character {self.offset + exc.pos}: {exc.msg}") from None
+            self.pos = end
+            return obj
+
+
+def _num(v: Any) -> float:
+    return float(v) if v is not None else 0.0
+
+
+def _make_event(uid: int, raw: Any, intern: dict) -> Event:
+    if not isinstance(raw, dict):
+        raise TypeError(f"expected an object, got {type(raw).__name__}")
+    cat = raw.get("cat") or ""
+    cat = intern.setdefault(cat, cat)
+    name = raw.get("name")
+    name = "" if name is None else str(name)
+    name = intern.setdefault(name, name) if len(name) < 256 else name
+    args = raw.get("args")
+    corr = ext = None
+    if isinstance(args, dict):
+        corr = args.get("correlation")
+        ext = args.get("External id")
+        if cat not in _KEEP_ALL_ARGS and raw.get("ph") != "M":
+            args = None
+    else:
+        args = None
+    pid, tid = raw.get("pid"), raw.get("tid")
+    return Event(uid, raw.get("ph") or "", cat, name, pid, tid, _num(raw.get("ts")), _num(raw.get("dur")),
+                 args, corr, ext, raw.get("id"))
+
+
+def _events(reader: _Reader, intern: dict, start_uid: int = 0) -> Iterator[Event]:
+    uid = start_uid
+    while True:
+        c = reader.skip_ws(",")
+        if c == "":
+            raise TraceError(f"{reader.path}: truncated: the traceEvents list ends without ']' after event {uid - 1}")
+        if c == "]":
+            reader.pos += 1
+            return
+        raw = reader.value(f"event {uid}")
+        try:
+            yield _make_event(uid, raw, intern)
+        except (TypeError, ValueError) as exc:
+            raise TraceError(f"{reader.path}: event {uid} (character {reader.offset + reader.pos}): {exc}") from None
+        uid += 1
+
+
+def load_trace(path: Path | str) -> Trace:
+    """Load a trace. The cyclic GC is paused while loading: millions of small objects that
+    never form cycles would otherwise trigger repeated full collections (2-3x slower)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load(Path(path))
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load(path: Path) -> Trace:
+    if not path.is_file():
+        raise TraceError(f"{path}: trace file not found")
+    reader = _Reader(path)
+    intern: dict[str, str] = {}
+    events: list[Event] = []
+    metadata: dict = {}
+    c = reader.skip_ws()
+    if c == "[":
+        reader.pos += 1
+        events.extend(_events(reader, intern))
+    elif c == "{":
+        reader.pos += 1
+        seen_events = False
+        while True:
+            c = reader.skip_ws(",")
+            if c == "}":
+                break
+            if c == "":
+                raise TraceError(f"{path}: truncated: the top-level object is not closed")
+            key = reader.value("a top-level key")
+            if not isinstance(key, str) or reader.skip_ws() != ":":
+                raise TraceError(f"{path}: malformed top level at character {reader.offset + reader.pos}")
+            reader.pos += 1
+            if key == "traceEvents":
+                if reader.skip_ws() != "[":
+                    raise TraceError(f"{path}: traceEvents is not a list")
+                reader.pos += 1
+                events.extend(_events(reader, intern))
+                seen_events = True
+            else:
+                metadata[key] = reader.value(f"top-level key {key!r}")
+        if not seen_events:
+            raise TraceError(f"{path}: no traceEvents list (is this a torch-profiler trace?)")
+    elif c == "":
+        raise TraceError(f"{path}: empty file")
+    else:
+        raise TraceError(f"{path}: not a JSON trace (starts with {c!r})")
+    reader.fh.close()
+    return Trace(path, events, metadata)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MiB (Linux ru_maxrss is KiB)."""
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 1024.0 if sys.platform != "darwin" else rss / (1024.0 * 1024.0)

@@ -1,0 +1,71 @@
+"""GPU timeline (TraceLens ``gpu_timeline``): computation, exposed communication, exposed memcpy,
+busy and idle time from the union of GPU-event intervals."""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+from engine.trace.load import Event
+
+COMM_RE = re.compile(r"nccl|rccl|cross_device_reduce", re.IGNORECASE)
+_ROCM_COPY = ("MEMORY_COPY_", "__amd_rocclr_copyBuffer")
+
+
+def is_comm(e: Event) -> bool:
+    return e.cat in ("kernel", "gpu_memset") and COMM_RE.search(e.name) is not None
+
+
+def is_memcpy(e: Event) -> bool:
+    return e.cat == "gpu_memcpy" or (e.cat == "kernel" and e.name.startswith(_ROCM_COPY))
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in merge_intervals(intervals))
+
+
+def busy_time(events: Iterable[Event]) -> float:
+    return union_length((e.ts, e.ts + e.dur) for e in events)
+
+
+def gpu_timeline(gpu_events: Sequence[Event]) -> list[tuple[str, float, float]]:
+    """Rows (type, time ms, percent of total) in TraceLens's order."""
+    comp, comm, mem = [], [], []
+    for e in gpu_events:
+        iv = (e.ts, e.ts + e.dur)
+        if is_memcpy(e):
+            mem.append(iv)
+        elif is_comm(e):
+            comm.append(iv)
+        else:
+            comp.append(iv)
+    if not gpu_events:
+        raise ValueError("No GPU events found in the trace")
+    comp_t = union_length(comp)
+    comp_comm = union_length(comp + comm)
+    busy = union_length(comp + comm + mem)
+    start = min(e.ts for e in gpu_events)
+    end = max(e.ts + e.dur for e in gpu_events)
+    total = end - start
+    values = [
+        ("computation_time", comp_t),
+        ("exposed_comm_time", comp_comm - comp_t),
+        ("exposed_memcpy_time", busy - comp_comm),
+        ("busy_time", busy),
+        ("idle_time", total - busy),
+        ("total_time", total),
+        ("total_comm_time", union_length(comm)),
+        ("total_memcpy_time", union_length(mem)),
+    ]
+    return [(name, v / 1000.0, (v / total * 100.0) if total else 0.0) for name, v in values]
