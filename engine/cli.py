@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -57,7 +58,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     _add_kernel_flags(sub.add_parser("analyze", help="evaluate kernels: compile, correctness, performance"), False)
     _add_kernel_flags(sub.add_parser("compare", help="rank kernels against a baseline, correctness-gated"), True)
+    _add_benchmark_flags(sub.add_parser("benchmark", help="analyse torch-profiler traces (--trace-dir)"))
     return parser
+
+
+def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("trace analysis (gap analysis, GPU idle, TraceLens-compatible reports)")
+    g.add_argument("--trace-dir", help="a trace file, a folder of traces (ranks from names), or a benchmark workspace")
+    g.add_argument("--top-k", type=int, default=20, help="kernels kept in the gap-analysis tables (default 20)")
+    g.add_argument("--start-pct", type=float, default=0.0, help="window start, %% of the trace span (default 0)")
+    g.add_argument("--end-pct", type=float, default=100.0, help="window end, %% of the trace span (default 100)")
+    g.add_argument("--min-duration-us", type=float, default=0.0, help="drop GPU events shorter than this")
+    g.add_argument("--categories", nargs="*", help="event categories to count (substring; default kernel gpu)")
+    g.add_argument("--ignore-categories", nargs="*",
+                   help="categories to leave out, applied first (default gpu_user_annotation user_annotation)")
+    g.add_argument("--no-rank-csv", action="store_true", help="skip the per-rank gap-analysis CSVs")
+    g.add_argument("--find-kernel-sources", action="store_true", help="map kernel names to source files")
+    g.add_argument("--kernel-source-repos", nargs="*", default=[],
+                   help="local repositories to search (nothing is ever cloned)")
+    g.add_argument("--gpu-arch", help="arch for the roofline: a name (H200, MI300X, ...) or a TraceLens-style "
+                                      "JSON file; default: from the trace's deviceProperties")
+    g.add_argument("--stages", default="all",
+                   help="inference stages: all, or a comma list of prefilldecode, decode_only, prefill_only")
+    g.add_argument("-o", "--output-dir", default=None,
+                   help="results root for a new workspace (default: the benchmark workspace that holds the "
+                        "trace, else ./results)")
 
 
 def _load_framework_config(path: Optional[str], warnings: list[str]) -> dict:
@@ -132,6 +157,83 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
     return code
 
 
+def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from engine.runs.workspace import Workspace
+    from engine.trace.analyze import STAGES, TraceAnalysisOptions, run_trace_analysis
+    from engine.trace.discover import workspace_of
+    from engine.trace.gaps import DEFAULT_CATEGORIES, DEFAULT_IGNORE
+
+    target = Path(args.trace_dir).expanduser().resolve()
+    if not target.exists():
+        raise ConfigError([f"--trace-dir {args.trace_dir}: no such file or folder"])
+    stages = list(STAGES) if args.stages.strip() == "all" else [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ConfigError([f"--stages: unknown stage(s) {', '.join(unknown)}; use all or a comma list of "
+                           f"{', '.join(STAGES)}"])
+    if not 0.0 <= args.start_pct < args.end_pct <= 100.0:
+        raise ConfigError([f"--start-pct {args.start_pct} / --end-pct {args.end_pct}: need 0 <= start < end <= 100"])
+    if args.top_k < 1:
+        raise ConfigError([f"--top-k {args.top_k}: must be at least 1"])
+    if args.kernel_source_repos and not args.find_kernel_sources:
+        raise ConfigError(["--kernel-source-repos is only used with --find-kernel-sources; add that flag"])
+    if args.find_kernel_sources and not args.kernel_source_repos:
+        raise ConfigError(["--find-kernel-sources needs --kernel-source-repos PATH ... (local checkouts; "
+                           "this tool never clones repositories)"])
+    repos = [Path(r).expanduser().resolve() for r in args.kernel_source_repos]
+    missing = [str(r) for r in repos if not r.is_dir()]
+    if missing:
+        raise ConfigError([f"--kernel-source-repos: not a folder: {m}" for m in missing])
+    opts = TraceAnalysisOptions(
+        top_k=args.top_k, start_pct=args.start_pct, end_pct=args.end_pct, min_duration_us=args.min_duration_us,
+        categories=tuple(args.categories) if args.categories is not None else DEFAULT_CATEGORIES,
+        ignore_categories=tuple(args.ignore_categories) if args.ignore_categories is not None else DEFAULT_IGNORE,
+        rank_csv=not args.no_rank_csv, find_kernel_sources=args.find_kernel_sources, kernel_source_repos=repos,
+        gpu_arch=args.gpu_arch, stages=stages)
+    existing = workspace_of(target) if args.output_dir is None else None
+    if existing is not None:
+        ws = Workspace(existing)  # output goes into the workspace of the run that recorded the trace
+        config_name = "trace_analysis_config.yaml"
+    else:
+        ws = Workspace.create(args.output_dir or "./results", "trace", target.stem.split(".")[0])
+        config_name = "config.yaml"
+    ws.write_yaml(config_name, {"mode": "trace_analysis", "trace_dir": str(target), "options": opts.to_dict()})
+    ws.events.emit("run_started", mode="trace_analysis", pid=os.getpid(), workspace=str(ws.root), target=str(target))
+    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        result = run_trace_analysis(target, opts, ws, log)
+    except (FileNotFoundError, ValueError) as exc:
+        ws.events.emit("run_finished", state="failed", exit_code=1, error=str(exc))
+        ws.write_json("trace_analysis_report.json", {"mode": "trace_analysis", "target": str(target),
+                                                     "state": "failed", "error": str(exc)})
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    result.report["workspace_dir"] = str(ws.root)
+    result.report["state"] = "completed" if result.exit_code == 0 else "failed"
+    ws.write_json("trace_analysis_report.json", result.report)
+    ws.events.emit("run_finished", state=result.report["state"], exit_code=result.exit_code,
+                   report="trace_analysis_report.json")
+    ws.events.close()
+    table = Table(title=f"GPU kernel time, top {opts.top_k} ({opts.start_pct:g}-{opts.end_pct:g}% of the trace)")
+    for col in ("Name", "Calls", "Self CUDA (us)", "Avg (us)", "% Total"):
+        table.add_column(col, justify="left" if col == "Name" else "right", overflow="fold")
+    for r in result.top_rows:
+        table.add_row(r[0][:90], str(r[1]), f"{r[2]:.1f}", f"{r[3]:.2f}", f"{r[4]:.2f}")
+    console.print(table)
+    for rank, idle in result.idle.items():
+        console.print(f"rank {rank}: GPU idle {idle['total_idle_us'] / 1e3:.3f} ms between busy periods, "
+                      f"{idle['host_bound_idle_pct']:.1f}% of it waiting for a launch from the host", highlight=False)
+    tl = result.report.get("tracelens_analysis", {})
+    for e in tl.get("errors", []) if isinstance(tl, dict) else []:
+        console.print(f"tracelens: {e}", highlight=False, markup=False)
+    if result.exit_code:
+        print("error: no kernel events found in the trace window", file=sys.stderr)
+    console.print(f"workspace: {ws.root} ({result.report['elapsed_s']:.2f} s)", highlight=False)
+    return result.exit_code
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -146,6 +248,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     try:
+        if args.command == "benchmark":
+            if not args.trace_dir:
+                raise ConfigError(["magpie benchmark: give --trace-dir DIR to analyse torch-profiler traces"])
+            return _run_trace_analysis(args, console)
         return _run_kernels(args, console)
     except ConfigError as exc:
         print("error: configuration problem" + ("s" if len(exc.problems) > 1 else "") + "; nothing was run",

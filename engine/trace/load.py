@@ -198,19 +198,33 @@ def _make_event(uid: int, raw: Any, intern: dict) -> Event:
 
 
 def _events(reader: _Reader, intern: dict, start_uid: int = 0) -> Iterator[Event]:
+    """The hot loop: one regex skip and one raw_decode per event; refills only at window ends."""
     uid = start_uid
+    ws_match = _WS.match
+    decode = _DECODER.raw_decode
     while True:
-        c = reader.skip_ws(",")
-        if c == "":
-            raise TraceError(f"{reader.path}: truncated: the traceEvents list ends without ']' after event {uid - 1}")
-        if c == "]":
-            reader.pos += 1
+        buf, pos = reader.buf, reader.pos
+        pos = ws_match(buf, pos).end()
+        if pos >= len(buf):
+            reader.pos = pos
+            if not reader.fill():
+                raise TraceError(f"{reader.path}: truncated: the traceEvents list ends without ']' "
+                                 f"after event {uid - 1}")
+            continue
+        if buf[pos] == "]":
+            reader.pos = pos + 1
             return
-        raw = reader.value(f"event {uid}")
+        try:
+            raw, end = decode(buf, pos)
+        except json.JSONDecodeError:
+            reader.pos = pos
+            raw = reader.value(f"event {uid}")  # refills, or raises with the offset
+            end = reader.pos
+        reader.pos = end
         try:
             yield _make_event(uid, raw, intern)
         except (TypeError, ValueError) as exc:
-            raise TraceError(f"{reader.path}: event {uid} (character {reader.offset + reader.pos}): {exc}") from None
+            raise TraceError(f"{reader.path}: event {uid} (character {reader.offset + pos}): {exc}") from None
         uid += 1
 
 
@@ -220,7 +234,11 @@ def load_trace(path: Path | str) -> Trace:
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load(Path(path))
+        trace = _load(Path(path))
+        # The events never form reference cycles: move them out of the collector's sight, so
+        # later collections do not walk millions of objects again and again.
+        gc.freeze()
+        return trace
     finally:
         if was_enabled:
             gc.enable()

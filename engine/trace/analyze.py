@@ -1,0 +1,261 @@
+"""``magpie benchmark --trace-dir``: gap analysis, GPU idle analysis, GPU timeline and the
+TraceLens-compatible reports (pytorch mode, or per inference stage when the trace carries step
+annotations), written into the run's workspace, with the report sections the benchmark report
+reuses (``gap_analysis``, ``tracelens_analysis``)."""
+
+from __future__ import annotations
+
+import csv
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from engine.runs.workspace import Workspace
+from engine.trace.discover import discover_traces
+from engine.trace.gaps import (
+    DEFAULT_CATEGORIES, DEFAULT_IGNORE, GAP_COLUMNS, GAP_EXTRA_COLUMNS, aggregate_kernels, gap_rows, idle_analysis,
+    merge_ranks, step_launch_analysis, trace_window,
+)
+from engine.trace.load import Trace, load_trace
+from engine.trace.timeline import gpu_timeline
+from engine.trace.tree import EventTree, build_tree
+
+STAGES = ("prefilldecode", "decode_only", "prefill_only")
+
+
+@dataclass
+class TraceAnalysisOptions:
+    top_k: int = 20
+    start_pct: float = 0.0
+    end_pct: float = 100.0
+    min_duration_us: float = 0.0
+    categories: Sequence[str] = DEFAULT_CATEGORIES
+    ignore_categories: Sequence[str] = DEFAULT_IGNORE
+    rank_csv: bool = True
+    find_kernel_sources: bool = False
+    kernel_source_repos: Sequence[Path] = ()
+    gpu_arch: Optional[str] = None
+    stages: Sequence[str] = STAGES
+    tracelens: bool = True
+    isl: Optional[int] = None
+    osl: Optional[int] = None
+    conc: Optional[int] = None
+    random_range_ratio: Optional[float] = None
+    num_steps: int = 32
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["kernel_source_repos"] = [str(p) for p in self.kernel_source_repos]
+        d["categories"], d["ignore_categories"], d["stages"] = list(self.categories), list(self.ignore_categories), list(self.stages)
+        return d
+
+
+@dataclass
+class AnalysisResult:
+    report: dict
+    top_rows: list[list]
+    idle: dict = field(default_factory=dict)
+    steps: list[dict] = field(default_factory=list)
+    exit_code: int = 0
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list], comments: Sequence[str] = ()) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        for c in comments:
+            fh.write(f"# {c}\n")
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def _source_columns(rows: list[list], repos: Sequence[Path]) -> tuple[list[str], list[list], list[str]]:
+    from engine.sources.finder import find_kernel_sources, to_columns
+    matches = find_kernel_sources([r[0] for r in rows], [Path(p) for p in repos])
+    cols: list[str] = []
+    extra = []
+    for r in rows:
+        c = to_columns(matches[r[0]])
+        cols = list(c)
+        extra.append([c[k] for k in cols])
+    comments = ["Repository Path Mappings: " + "; ".join(f"$REPO_DIR={p}" for p in repos),
+                "Source columns come from a static index of the repositories above (nothing cloned); "
+                "check 'confidence' and 'confidence_reason' before trusting a mapping."]
+    return cols, [r + e for r, e in zip(rows, extra)], comments
+
+
+def _gap_section(per_rank_aggs: dict[int, dict], traces: list[tuple[int, Path]], opts: TraceAnalysisOptions,
+                 out_dir: Path, windows: dict) -> tuple[dict, list[list]]:
+    merged = merge_ranks(per_rank_aggs)
+    grand = sum(a.total for aggs in per_rank_aggs.values() for a in aggs.values())
+    rows = gap_rows(merged, opts.top_k, grand)
+    header = GAP_COLUMNS + GAP_EXTRA_COLUMNS
+    comments: list[str] = []
+    out_rows = rows
+    if opts.find_kernel_sources:
+        src_cols, out_rows, comments = _source_columns(rows, opts.kernel_source_repos)
+        header = header + src_cols
+    files = [str(_write_csv(out_dir / "gap_analysis.csv", header, out_rows, comments))]
+    if opts.rank_csv:
+        for rank, aggs in per_rank_aggs.items():
+            rrows = gap_rows(aggs, opts.top_k)
+            files.append(str(_write_csv(out_dir / f"gap_analysis_rank{rank}.csv", GAP_COLUMNS + GAP_EXTRA_COLUMNS, rrows)))
+    section = {
+        "enabled": True, "output_dir": str(out_dir), "output_files": files,
+        "traces": {str(r): str(p) for r, p in traces}, "ranks": [r for r, _ in traces],
+        "window": windows, "top_k": opts.top_k, "min_duration_us": opts.min_duration_us,
+        "categories": list(opts.categories), "ignore_categories": list(opts.ignore_categories),
+        "total_kernel_time_us": grand,
+        "top_kernels": [dict(zip(GAP_COLUMNS + GAP_EXTRA_COLUMNS, r)) for r in rows],
+    }
+    return section, rows
+
+
+def _idle_files(rank: int, idle: dict, steps: list[dict], out_dir: Path) -> list[str]:
+    files = [_write_csv(out_dir / f"gpu_idle_streams_rank{rank}.csv",
+                        ["device", "stream", "events", "span_us", "busy_us", "idle_us", "idle_pct", "gaps", "largest_gap_us"],
+                        [[s[k] for k in ("device", "stream", "events", "span_us", "busy_us", "idle_us", "idle_pct", "gaps",
+                                         "largest_gap_us")] for s in idle["streams"]]),
+             _write_csv(out_dir / f"gpu_idle_gaps_rank{rank}.csv",
+                        ["where", "start_us", "end_us", "duration_us", "before", "after", "gpu_waited_on_host",
+                         "launch_delay_us", "cpu_ops_during_gap"],
+                        [[g.stream, g.start, g.end, g.duration, g.before, g.after, g.host_bound, g.launch_delay_us,
+                          "; ".join(g.cpu_ops)] for g in idle["largest_gaps"]])]
+    if steps:
+        keys = list(steps[0])
+        files.append(_write_csv(out_dir / f"gpu_idle_steps_rank{rank}.csv", keys, [[s[k] for k in keys] for s in steps]))
+    return [str(f) for f in files]
+
+
+def _steps_for(trace: Trace, window) -> list[tuple[str, float, float]]:
+    from engine.trace.steps import find_steps
+    steps = [s for s in find_steps(trace) if s.ts + s.dur >= window.lo and s.ts <= window.hi]
+    return [(s.name, s.ts, s.ts + s.dur) for s in steps]
+
+
+def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: Path, opts: TraceAnalysisOptions,
+                       log: Callable[[str], None]) -> dict:
+    from engine.trace.arch import resolve_arch
+    from engine.trace.csvout import write_csvs
+    from engine.trace.report import pytorch_report
+    from engine.trace.steps import find_steps
+    section: dict[str, Any] = {"enabled": True, "rank0_trace": str(trace.path), "errors": [], "warnings": [],
+                               "output_dir": str(ws_root / "tracelens"), "stage_results": {}, "phase_picks": {},
+                               "output_files": []}
+    arch = resolve_arch(opts.gpu_arch, trace)
+    section["gpu_arch"] = (arch or {}).get("name")
+    if arch is None:
+        section["warnings"].append("no GPU arch (give --gpu-arch NAME|FILE.json, or record deviceProperties): "
+                                   "the roofline columns are left out")
+    steps = find_steps(trace)
+    if not steps:
+        section["analysis_mode"] = "pytorch"
+        out = ws_root / "tracelens_rank0_csvs"
+        tables = pytorch_report(tree, arch)
+        section["output_files"] = [str(p) for p in write_csvs(tables, out)]
+        section["output_dir"] = str(out)
+        log(f"tracelens (pytorch mode): {len(tables)} tables -> {out}")
+        return section
+    from engine.trace.roofline_simple import simple_csv_name, write_roofline_simple
+    from engine.trace.split import pick_stage_steps, split_trace
+    section["analysis_mode"] = "inference"
+    section["analysis_stages"] = list(opts.stages)
+    section["split_dir"] = str(split_dir)
+    split = split_trace(trace, split_dir, num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl,
+                        ratio=opts.random_range_ratio, output_path_base=ws_root)
+    picks = pick_stage_steps(split.rows, opts.conc)
+    for stage in opts.stages:
+        row = picks.get(stage)
+        result: dict[str, Any] = {"stage": stage, "trace_path": None, "output_dir": None, "files": [],
+                                  "simple_summary_file": None, "error": None, "phase_pick": row}
+        if row is None:
+            result["error"] = f"no single step of stage {stage} with GPU work in the trace"
+            section["stage_results"][stage] = result
+            continue
+        step_path = Path(row["output_path"])
+        step_path = step_path if step_path.is_absolute() else ws_root / step_path
+        result["trace_path"] = str(step_path)
+        out = ws_root / "tracelens" / stage
+        step_trace = load_trace(step_path)
+        tables = pytorch_report(build_tree(step_trace), arch, inference=True, group_by_num_kernels=True,
+                                group_by_parent_module=True)
+        result["files"] = [str(p) for p in write_csvs(tables, out)]
+        result["output_dir"] = str(out)
+        simple = ws_root / "tracelens" / simple_csv_name(stage, opts.isl, opts.osl, opts.conc)
+        result["simple_summary_file"] = str(write_roofline_simple(out, simple))
+        section["stage_results"][stage] = result
+        section["phase_picks"][stage] = row
+        section["output_files"] += result["files"] + [result["simple_summary_file"]]
+        log(f"tracelens stage {stage}: step {row.get('idx')} -> {out}")
+    return section
+
+
+def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
+                       log: Callable[[str], None] = lambda s: None) -> AnalysisResult:
+    t0 = time.perf_counter()
+    traces = discover_traces(target)
+    ws.events.emit("stage", stage="discover", state="SUCCESS", traces=[str(p) for _, p in traces])
+    gap_dir = ws.path("gap_analysis")
+    per_rank: dict[int, dict] = {}
+    windows: dict = {}
+    idle_by_rank: dict = {}
+    steps_by_rank: dict = {}
+    timeline_rows = None
+    idle_files: list[str] = []
+    rank0_trace = rank0_tree = None
+    for rank, path in traces:
+        ws.events.emit("stage", stage=f"load rank {rank}", state="running", trace=str(path))
+        trace = load_trace(path)
+        window = trace_window(trace, opts.start_pct, opts.end_pct)
+        windows[str(rank)] = window.to_dict()
+        per_rank[rank] = aggregate_kernels(trace, window, categories=opts.categories,
+                                           ignore_categories=opts.ignore_categories,
+                                           min_duration_us=opts.min_duration_us)
+        gc.disable()
+        try:
+            tree = build_tree(trace)
+        finally:
+            gc.enable()
+        idle = idle_analysis(tree, window)
+        steps = step_launch_analysis(tree, _steps_for(trace, window), idle["gaps"])
+        idle_by_rank[rank], steps_by_rank[rank] = idle, steps
+        idle_files += _idle_files(rank, idle, steps, gap_dir)
+        if rank0_trace is None:
+            rank0_trace, rank0_tree = trace, tree
+            linked = tree.linked_gpu_events
+            if linked:
+                timeline_rows = gpu_timeline(linked)
+        ws.events.emit("stage", stage=f"load rank {rank}", state="SUCCESS", events=len(trace.events))
+        log(f"rank {rank}: {len(trace.events)} events, {len(tree.gpu_events)} GPU events ({path})")
+    n_kernels = sum(len(a.durations) for aggs in per_rank.values() for a in aggs.values())
+    gap, rows = _gap_section(per_rank, traces, opts, gap_dir, windows)
+    gap["idle"] = {str(r): {"total_idle_us": i["total_idle_us"], "host_bound_idle_us": i["host_bound_idle_us"],
+                            "host_bound_idle_pct": i["host_bound_idle_pct"],
+                            "launch_bound_steps": sum(1 for s in steps_by_rank[r] if s["launch_bound"]),
+                            "steps": len(steps_by_rank[r])} for r, i in idle_by_rank.items()}
+    gap["output_files"] += idle_files
+    if timeline_rows:
+        gap["gpu_timeline"] = {name: {"time_ms": ms, "percent": pct} for name, ms, pct in timeline_rows}
+    report: dict[str, Any] = {"mode": "trace_analysis", "target": str(target), "gap_analysis": gap,
+                              "options": opts.to_dict()}
+    tl: dict[str, Any] = {"enabled": False}
+    if opts.tracelens and rank0_trace is not None and rank0_tree is not None:
+        if not rank0_tree.linked_gpu_events:
+            tl = {"enabled": True, "errors": ["No GPU events found in the trace: no launch links to a GPU event "
+                                              "(a CPU-only trace, or one recorded without ac2g flow events)"]}
+        else:
+            try:
+                split_dir = (ws.root / "torch_trace" / "trace_split") if (ws.root / "torch_trace").is_dir() \
+                    else ws.path("trace_split")
+                tl = _tracelens_section(rank0_trace, rank0_tree, ws.root, split_dir, opts, log)
+            except Exception as exc:  # the gap analysis above is still worth its files
+                import traceback
+                (ws.logs_dir / "tracelens_error.log").write_text(traceback.format_exc())
+                tl = {"enabled": True, "errors": [f"{type(exc).__name__}: {exc}"]}
+    report["tracelens_analysis"] = tl
+    report["elapsed_s"] = round(time.perf_counter() - t0, 3)
+    return AnalysisResult(report=report, top_rows=rows, idle=idle_by_rank, steps=steps_by_rank.get(traces[0][0], []),
+                          exit_code=0 if n_kernels else 1)

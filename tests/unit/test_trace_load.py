@@ -1,0 +1,73 @@
+"""The streaming loader: formats, chunk boundaries, and errors that name file, offset and event."""
+
+import gzip
+import json
+
+import pytest
+
+import engine.trace.load as load_mod
+from engine.trace.load import TraceError, load_trace
+
+
+def _events(n):
+    return [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 2, "ts": 10.0 * i, "dur": 5.5,
+             "args": {"External id": i, "Input Dims": [[i, 2], []], "Concrete Inputs": ["", "1"]}} for i in range(n)]
+
+
+def test_object_and_bare_list_forms(tmp_path):
+    evs = _events(5)
+    obj = tmp_path / "a.json"
+    obj.write_text(json.dumps({"schemaVersion": 1, "traceEvents": evs, "deviceProperties": [{"name": "NVIDIA H200"}]}))
+    bare = tmp_path / "b.json.gz"
+    with gzip.open(bare, "wt") as fh:
+        json.dump(evs, fh)
+    for path in (obj, bare):
+        t = load_trace(path)
+        assert [e.uid for e in t.events] == list(range(5))
+        assert t.events[3].name == "aten::op3" and t.events[3].ext_id == 3 and t.events[3].ts == 30.0
+        assert t.events[3].args["Input Dims"] == [[3, 2], []]
+    assert load_trace(obj).device_properties() == [{"name": "NVIDIA H200"}]
+
+
+def test_chunk_boundaries_do_not_change_the_result(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": _events(300), "after": {"k": "v" * 50}}, indent=2))
+    whole = load_trace(path)
+    monkeypatch.setattr(load_mod, "_CHUNK", 97)  # many refills, values split across windows
+    pieces = load_trace(path)
+    assert [(e.name, e.ts, e.args) for e in pieces.events] == [(e.name, e.ts, e.args) for e in whole.events]
+    assert pieces.metadata == {"after": {"k": "v" * 50}}
+
+
+def test_truncated_file_names_file_and_event(tmp_path):
+    text = json.dumps({"traceEvents": _events(50)})
+    path = tmp_path / "cut.json.gz"
+    with gzip.open(path, "wt") as fh:
+        fh.write(text[: len(text) // 2])
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    msg = str(info.value)
+    assert str(path) in msg and "truncated" in msg and "character" in msg
+
+
+def test_malformed_event_names_its_index(tmp_path):
+    text = json.dumps({"traceEvents": _events(10)})
+    bad = text.replace('"name": "aten::op6"', '"name": aten::op6', 1)
+    path = tmp_path / "bad.json"
+    path.write_text(bad)
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    msg = str(info.value)
+    assert "malformed JSON in event 6" in msg and str(path) in msg
+
+
+def test_not_a_trace(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"foo": 1}')
+    with pytest.raises(TraceError, match="no traceEvents"):
+        load_trace(p)
+    p.write_text("")
+    with pytest.raises(TraceError, match="empty file"):
+        load_trace(p)
+    with pytest.raises(TraceError, match="not found"):
+        load_trace(tmp_path / "missing.json")
