@@ -202,9 +202,10 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     ws.write_yaml(config_name, {"mode": "trace_analysis", "trace_dir": str(target), "options": opts.to_dict()})
     ws.events.emit("run_started", mode="trace_analysis", pid=os.getpid(), workspace=str(ws.root), target=str(target))
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    from engine.trace.load import TraceError
     try:
         result = run_trace_analysis(target, opts, ws, log)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, TraceError) as exc:
         ws.events.emit("run_finished", state="failed", exit_code=1, error=str(exc))
         ws.write_json("trace_analysis_report.json", {"mode": "trace_analysis", "target": str(target),
                                                      "state": "failed", "error": str(exc)})

@@ -53,7 +53,7 @@ class Window:
 def trace_window(trace: Trace, start_pct: float = 0.0, end_pct: float = 100.0) -> Window:
     if not 0.0 <= start_pct < end_pct <= 100.0:
         raise ValueError(f"window {start_pct}%..{end_pct}%: need 0 <= start < end <= 100")
-    timed = [e for e in trace.events if e.ph not in ("M",) and e.ts]
+    timed = [e for e in trace.events if e.ph != "M"]
     if not timed:
         raise ValueError(f"{trace.path}: no timed events")
     return Window(start_pct, end_pct, min(e.ts for e in timed), max(e.ts + e.dur for e in timed))
