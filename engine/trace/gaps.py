@@ -81,12 +81,18 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
                       ) -> dict[str, KernelAgg]:
     """Kernel time by name over the window. Events overlapping the window are kept whole
     (Magpie's rule); the window itself is clamped to the trace."""
-    shapes_by_ext: dict = {}
+    dims_by_ext: dict = {}
     for e in trace.events:
         if e.cat == "cpu_op" and e.ext_id is not None and e.args:
-            text = _shape_text(e.args.get("Input Dims"))
-            if text:
-                shapes_by_ext[e.ext_id] = text
+            dims_by_ext[e.ext_id] = e.args.get("Input Dims")
+    shape_cache: dict = {}  # formatted once per External id, and only for counted events
+
+    def shape_of(ext: object) -> str:
+        text = shape_cache.get(ext)
+        if text is None:
+            text = shape_cache[ext] = _shape_text(dims_by_ext.get(ext))
+        return text
+
     lo, hi = window.lo, window.hi
     out: dict[str, KernelAgg] = {}
     for e in trace.events:
@@ -98,7 +104,7 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
         if agg is None:
             agg = out[e.name] = KernelAgg(e.name)
         agg.durations.append(e.dur)
-        shape = shapes_by_ext.get(e.ext_id) if e.ext_id is not None else None
+        shape = shape_of(e.ext_id) if e.ext_id is not None else None
         if shape:
             agg.shapes[shape] = None
     return out
@@ -176,27 +182,25 @@ def _launch_of(ev: Event) -> Event | None:
     return p if p is not None and p.cat in RUNTIME_CATS else None
 
 
-class HostIndex:
-    """Top-level CPU ops sorted by start, for 'what was the host doing during this gap'."""
-
-    def __init__(self, tree: EventTree) -> None:
-        roots = sorted(tree.cpu_roots, key=lambda e: e.ts)
-        self.roots = roots
-        self.starts = [e.ts for e in roots]
-        self.max_dur = max((e.dur for e in roots), default=0.0)
-
-    def during(self, lo: float, hi: float, limit: int = 5) -> list[str]:
-        import bisect
-        i = bisect.bisect_left(self.starts, lo - self.max_dur)
-        out: list[str] = []
-        while i < len(self.roots) and self.roots[i].ts < hi:
-            r = self.roots[i]
-            if r.ts + r.dur > lo:
-                out.append(r.name)
-                if len(out) >= limit:
-                    break
+def _host_activity(tree: EventTree, gaps: list[tuple[float, float]], limit: int = 5) -> list[list[str]]:
+    """For each (lo, hi) gap, the names of top-level CPU ops overlapping it, in start order.
+    One sweep: gaps and roots sorted by start, a heap of started roots keyed by their end."""
+    import heapq
+    roots = sorted(tree.cpu_roots, key=lambda e: e.ts)
+    order = sorted(range(len(gaps)), key=lambda i: gaps[i][0])
+    out: list[list[str]] = [[] for _ in gaps]
+    active: list[tuple[float, float, int, str]] = []  # (end, start, uid, name)
+    i = 0
+    for gi in order:
+        lo, hi = gaps[gi]
+        while i < len(roots) and roots[i].ts < hi:
+            r = roots[i]
+            heapq.heappush(active, (r.ts + r.dur, r.ts, r.uid, r.name))
             i += 1
-        return out
+        while active and active[0][0] <= lo:  # ended before this gap, so before every later one
+            heapq.heappop(active)
+        out[gi] = [name for _, _, _, name in sorted(active, key=lambda a: a[1])[:limit]]
+    return out
 
 
 def idle_analysis(tree: EventTree, window: Window, *, top_n: int = 20, min_gap_us: float = 0.0) -> dict:
@@ -209,7 +213,6 @@ def idle_analysis(tree: EventTree, window: Window, *, top_n: int = 20, min_gap_u
     for e in gpu:
         by_stream.setdefault((e.pid, e.tid), []).append(e)
         by_device.setdefault(e.pid, []).append(e)
-    host = HostIndex(tree)
     streams = []
     for (pid, tid), evs in sorted(by_stream.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
         busy = sum(e - s for s, e in merge_intervals((x.ts, x.ts + x.dur) for x in evs))
@@ -226,8 +229,9 @@ def idle_analysis(tree: EventTree, window: Window, *, top_n: int = 20, min_gap_u
             launch = _launch_of(after)
             host_bound = launch is not None and launch.ts > s
             device_gaps.append(IdleGap(f"device {pid} (all streams)", s, e, before.name, after.name, host_bound,
-                                       (launch.ts - s) if host_bound and launch is not None else None,
-                                       host.during(s, e)))
+                                       (launch.ts - s) if host_bound and launch is not None else None, []))
+    for gap, names in zip(device_gaps, _host_activity(tree, [(g.start, g.end) for g in device_gaps])):
+        gap.cpu_ops = names
     total_idle = math.fsum(g.duration for g in device_gaps)
     host_idle = math.fsum(g.duration for g in device_gaps if g.host_bound)
     largest = sorted(device_gaps, key=lambda g: -g.duration)[:top_n]
