@@ -172,6 +172,9 @@ class _Reader:
 
 
 def _num(v: Any) -> float:
+    # Numbers stay as the JSON wrote them (an integral dur prints as `50`, as TraceLens's does).
+    if type(v) is float or type(v) is int:
+        return v
     return float(v) if v is not None else 0.0
 
 
