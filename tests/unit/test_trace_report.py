@@ -130,19 +130,12 @@ def test_matches_tracelens_golden_csvs(case: str, tmp_path: Path) -> None:
 
 
 @needs_golden
-def test_most_golden_files_are_byte_identical(tmp_path: Path) -> None:
-    """Beyond the 1e-6 tolerance: the CSV text itself, except the unified tables of the synthetic
-    trace, whose CPU-op durations are JSON ints that pandas prints as "600" (the loader keeps
-    durations as floats, so we print "600.0")."""
-    not_bytes = {"synthetic_vllm/pytorch/unified_perf_summary.csv",
-                 "synthetic_vllm/tracelens/prefilldecode/unified_perf_summary.csv",
-                 "synthetic_vllm/tracelens/decode_only/unified_perf_summary.csv"}
+def test_golden_files_are_byte_identical(tmp_path: Path) -> None:
+    """Beyond the 1e-6 tolerance: the CSV text itself, for every golden file."""
     for case, (trace_rel, kwargs) in CASES.items():
         out = tmp_path / case
         write_csvs(pytorch_report(build_tree(load_trace(GOLDEN / trace_rel)), load_arch_json(ARCH), **kwargs), out)
         for p in sorted((GOLDEN / case).glob("*.csv")):
-            if f"{case}/{p.name}" in not_bytes:
-                continue
             assert (out / p.name).read_bytes() == p.read_bytes(), f"{case}/{p.name} is not byte-identical"
 
 
