@@ -81,22 +81,30 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
                       ) -> dict[str, KernelAgg]:
     """Kernel time by name over the window. Events overlapping the window are kept whole
     (Magpie's rule); the window itself is clamped to the trace."""
-    dims_by_ext: dict = {}
+    op_by_ext: dict = {}
     for e in trace.events:
-        if e.cat == "cpu_op" and e.ext_id is not None and e.args:
-            dims_by_ext[e.ext_id] = e.args.get("Input Dims")
+        if e.cat == "cpu_op" and e.ext_id is not None:
+            op_by_ext[e.ext_id] = e
     shape_cache: dict = {}  # formatted once per External id, and only for counted events
 
     def shape_of(ext: object) -> str:
         text = shape_cache.get(ext)
         if text is None:
-            text = shape_cache[ext] = _shape_text(dims_by_ext.get(ext))
+            op = op_by_ext.get(ext)
+            args = op.args if op is not None else None  # decoded here, only for ops that launched kernels
+            text = shape_cache[ext] = _shape_text(args.get("Input Dims") if args else None)
         return text
 
     lo, hi = window.lo, window.hi
     out: dict[str, KernelAgg] = {}
+    wanted: dict[str, bool] = {}  # per category: a handful of categories, many events
     for e in trace.events:
-        if e.ph != "X" or not _matches(e.cat, categories, ignore_categories):
+        if e.ph != "X":
+            continue
+        keep = wanted.get(e.cat)
+        if keep is None:
+            keep = wanted[e.cat] = _matches(e.cat, categories, ignore_categories)
+        if not keep:
             continue
         if e.ts + e.dur < lo or e.ts > hi or e.dur < min_duration_us:
             continue

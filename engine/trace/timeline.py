@@ -12,8 +12,16 @@ COMM_RE = re.compile(r"nccl|rccl|cross_device_reduce", re.IGNORECASE)
 _ROCM_COPY = ("MEMORY_COPY_", "__amd_rocclr_copyBuffer")
 
 
+_COMM_NAMES: dict[str, bool] = {}
+
+
 def is_comm(e: Event) -> bool:
-    return e.cat in ("kernel", "gpu_memset") and COMM_RE.search(e.name) is not None
+    if e.cat not in ("kernel", "gpu_memset"):
+        return False
+    hit = _COMM_NAMES.get(e.name)
+    if hit is None:  # kernel names repeat thousands of times: search each once
+        hit = _COMM_NAMES[e.name] = COMM_RE.search(e.name) is not None
+    return hit
 
 
 def is_memcpy(e: Event) -> bool:

@@ -65,6 +65,7 @@ def build_tree(trace: Trace) -> EventTree:
     host = [e for e in events if e.ph == "X" and e.cat in HOST_CATS]
     host.sort(key=lambda e: (e.ts, -e.dur, e.uid))
     stacks: dict[tuple, list[Event]] = {}
+    under_cpu_op: set[int] = set()  # uids of kept events that are or sit below a cpu_op
     kept: list[Event] = []
     for ev in host:
         stack = stacks.setdefault((ev.pid, ev.tid), [])
@@ -92,8 +93,13 @@ def build_tree(trace: Trace) -> EventTree:
             if parent.children is None:
                 parent.children = []
             parent.children.append(ev)
-        if ev.cat == "cpu_op" and not any(a.cat == "cpu_op" for a in stack):
-            tree.cpu_roots.append(ev)
+        parent_under = parent is not None and parent.uid in under_cpu_op
+        if ev.cat == "cpu_op":
+            if not parent_under:
+                tree.cpu_roots.append(ev)
+            under_cpu_op.add(ev.uid)
+        elif parent_under:
+            under_cpu_op.add(ev.uid)
         stack.append(ev)
         kept.append(ev)
     tree.host_events = kept

@@ -71,3 +71,26 @@ def test_not_a_trace(tmp_path):
         load_trace(p)
     with pytest.raises(TraceError, match="not found"):
         load_trace(tmp_path / "missing.json")
+
+
+def test_fast_chunked_path_equals_event_by_event(tmp_path, monkeypatch):
+    """msgspec decodes many events per call; the json fallback one at a time: same events."""
+    from trace_builder import TraceBuilder
+    b = TraceBuilder()
+    for i in range(3000):
+        ext = b.op(f"aten::op{i % 7}", i * 10.0, 5, dims=[[i % 5, 3], []])
+        b.launch(i * 10.0 + 1, f"kernel_{i % 3}", 1e6 + i * 20.0, 4, ext=ext)
+    b.events.append({"ph": "X", "cat": "cpu_op", "name": "odd }, { name", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1,
+                     "args": {"Concrete Inputs": ["}, {"]}})
+    path = b.write(tmp_path / "t.json.gz")
+    fast = load_trace(path)
+    monkeypatch.setattr(load_mod, "_FAST", None)
+    slow = load_trace(path)
+    assert len(fast.events) == len(slow.events) > 12000
+
+    def key(e):
+        return (e.uid, e.ph, e.cat, e.name, e.pid, e.tid, e.ts, e.dur, e.corr, e.ext_id, e.flow_id, e.args)
+    assert [key(e) for e in fast.events] == [key(e) for e in slow.events]
+    kernel = next(e for e in fast.events if e.cat == "kernel")
+    assert kernel.corr == 1 and kernel.args == {"stream": 7, "device": 0}
+    assert fast.events[-1].args == {"Concrete Inputs": ["}, {"]}
