@@ -1,10 +1,12 @@
 """Streaming loader for torch-profiler (Kineto) Chrome traces: ``.json`` or ``.json.gz``, a
 ``{"traceEvents": [...]}`` object or a bare list.
 
-The file is decoded in chunks and each event is turned into a slotted ``Event`` as soon as it
-is parsed, so memory holds the compact events, never the whole JSON text plus its dicts.
-A truncated or malformed file raises ``TraceError`` naming the file, the character offset and
-the index of the event where it broke.
+The file is decompressed and decoded in windows of a few MB. Inside a window msgspec decodes
+thousands of events per call into slotted ``Event``s; an event's args stay as their JSON text
+(pooled: the same op signature every step is one copy) and are decoded on first use. Whatever
+msgspec cannot take (a window boundary inside a string, a bad event) goes through
+``json.raw_decode`` one event at a time, which also pins down errors: a truncated or malformed
+file raises ``TraceError`` naming the file, the character offset and the index of the event.
 """
 
 from __future__ import annotations
