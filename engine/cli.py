@@ -182,6 +182,14 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     if args.find_kernel_sources and not args.kernel_source_repos:
         raise ConfigError(["--find-kernel-sources needs --kernel-source-repos PATH ... (local checkouts; "
                            "this tool never clones repositories)"])
+    if args.gpu_arch:
+        from engine.hw.specs import ARCH_SPECS
+        from engine.trace.arch import resolve_arch
+        try:
+            resolve_arch(args.gpu_arch)
+        except (ValueError, OSError) as exc:
+            raise ConfigError([f"{exc} (known names: {', '.join(sorted(ARCH_SPECS))}; or a TraceLens-style "
+                               "arch JSON file with mem_bw_gbps and max_achievable_tflops)"]) from None
     repos = [Path(r).expanduser().resolve() for r in args.kernel_source_repos]
     missing = [str(r) for r in repos if not r.is_dir()]
     if missing:

@@ -84,3 +84,12 @@ def test_errors(tmp_path):
     assert proc.returncode == 2 and "unknown stage(s) warmup" in proc.stderr
     proc = run_magpie("benchmark", "--trace-dir", SYNTHETIC, "--find-kernel-sources")
     assert proc.returncode == 2 and "never clones" in proc.stderr
+
+
+def test_bad_gpu_arch_fails_before_anything_runs(tmp_path):
+    bad = tmp_path / "arch.json"
+    bad.write_text('{"name": "X", "mem_bw_gbps": "fast"}')
+    for value, text in ((bad, "field 'mem_bw_gbps'"), ("Z9000", "unknown GPU name")):
+        proc = run_magpie("benchmark", "--trace-dir", SYNTHETIC, "-o", tmp_path / "out", "--gpu-arch", value)
+        assert proc.returncode == 2 and text in proc.stderr and "known names: " in proc.stderr
+    assert not (tmp_path / "out").exists()
