@@ -1,0 +1,371 @@
+"""Benchmark config YAML (Magpie's ``benchmark:`` format, magpie-reference §5) as pydantic models.
+
+Differences from Magpie, on purpose: ``framework`` is required (Magpie silently picks SGLang);
+the torch profiler is off unless asked for (Magpie turns it on when ``profiler`` is omitted);
+keys this tool does not act on are errors or listed warnings, never silently dropped; command-line
+flags override the YAML and every override is recorded (``apply_cli_overrides``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine.config.yamlfile import ConfigError, LocatedYaml, expand_env_vars, format_loc, load_located_yaml
+
+FRAMEWORKS = ("vllm", "sglang", "atom", "builtin")
+STAGES = ("prefilldecode", "decode_only", "prefill_only")
+_STAGE_ALIASES = {"pd": "prefilldecode", "mixed": "prefilldecode", "prefill_decode": "prefilldecode",
+                  "decode": "decode_only", "prefill": "prefill_only"}
+# Magpie's defaults when `envs` is empty, plus NUM_PROMPTS = CONC x 10 when absent.
+DEFAULT_ENVS = {"TP": "1", "CONC": "32", "ISL": "1024", "OSL": "512", "RANDOM_RANGE_RATIO": "0.5"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TorchProfiler(_Strict):
+    enabled: bool = False
+    num_steps: Optional[int] = Field(default=None, ge=1)
+    num_profiles: int = Field(default=1, ge=1)
+    start_seconds: float = Field(default=0.0, ge=0)
+    interval_seconds: float = Field(default=0.0, ge=0)
+    detailed_annotations: bool = True
+    record_shapes: bool = True
+    with_stack: bool = False
+    capture_timeout_seconds: float = Field(default=600.0, gt=0)
+    flush_timeout_seconds: float = Field(default=600.0, gt=0)
+
+
+class SystemProfiler(_Strict):
+    enabled: bool = False
+    profile_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_provided(self) -> "SystemProfiler":
+        if self.enabled:
+            raise ValueError("the system profiler (nsys / rocprof around the server) is not provided; "
+                             "use profiler.torch_profiler for traces")
+        return self
+
+
+class TraceLensSettings(_Strict):
+    enabled: bool = False
+    analysis_mode: Literal["inference", "pytorch"] = "inference"
+    analysis_stages: list[str] = Field(default_factory=lambda: list(STAGES))
+    num_steps: int = Field(default=32, ge=1)
+    export_format: Literal["csv"] = "csv"
+    gpu_arch_config: Optional[str] = None
+    perf_report_enabled: bool = True
+    # Magpie's TraceLens-runtime knobs: accepted, they have no meaning here (no TraceLens install,
+    # no runtime patching), and the report lists them as ignored.
+    cli_timeout_seconds: Optional[float] = None
+    auto_patch_runtime: Optional[bool] = None
+    tracelens_repo_path: Optional[str] = None
+    extension_wheel_path: Optional[str] = None
+    runtime_patch_image_tag: Optional[str] = None
+    runtime_patch_force_rebuild: Optional[bool] = None
+    restore_patches: Optional[bool] = None
+    multi_rank_report_enabled: Optional[bool] = None
+    export_csv: Optional[bool] = None
+    export_excel: Optional[bool] = None
+
+    @field_validator("analysis_mode", mode="before")
+    @classmethod
+    def _classic(cls, v: Any) -> Any:
+        return "pytorch" if v == "classic" else v
+
+    @field_validator("analysis_stages", mode="before")
+    @classmethod
+    def _stages(cls, v: Any) -> Any:
+        if v is None or v == "all":
+            return list(STAGES)
+        items = [s.strip() for s in v.split(",")] if isinstance(v, str) else v
+        if not isinstance(items, list):
+            raise ValueError("expected 'all', a comma list or a list of stages")
+        out = []
+        for s in items:
+            s = _STAGE_ALIASES.get(str(s).strip().lower(), str(s).strip().lower())
+            if s not in STAGES:
+                raise ValueError(f"unknown stage {s!r}; expected {', '.join(STAGES)} (or all)")
+            out.append(s)
+        return out
+
+    @field_validator("export_format", mode="before")
+    @classmethod
+    def _csv_only(cls, v: Any) -> Any:
+        if v == "excel":
+            raise ValueError("export_format 'excel' is not provided; the reports are CSV files")
+        return v
+
+    def ignored(self) -> list[str]:
+        knobs = ("cli_timeout_seconds", "auto_patch_runtime", "tracelens_repo_path", "extension_wheel_path",
+                 "runtime_patch_image_tag", "runtime_patch_force_rebuild", "restore_patches",
+                 "multi_rank_report_enabled", "export_csv", "export_excel")
+        return [k for k in knobs if getattr(self, k) is not None]
+
+
+class GpuMonitor(_Strict):
+    enabled: bool = True
+    interval_sec: float = Field(default=2.0, gt=0)
+    device_id: Optional[int] = None
+
+
+class Profiler(_Strict):
+    torch_profiler: TorchProfiler = Field(default_factory=TorchProfiler)
+    system_profiler: SystemProfiler = Field(default_factory=SystemProfiler)
+    tracelens: TraceLensSettings = Field(default_factory=TraceLensSettings)
+    gpu_monitor: GpuMonitor = Field(default_factory=GpuMonitor)
+    targeted_trace: Optional[dict] = None
+
+    @model_validator(mode="after")
+    def _needs_traces(self) -> "Profiler":
+        if self.tracelens.enabled and not self.torch_profiler.enabled:
+            raise ValueError("tracelens.enabled needs torch traces: set profiler.torch_profiler.enabled: true")
+        if self.targeted_trace and self.targeted_trace.get("enabled"):
+            raise ValueError("targeted_trace is not provided; use torch_profiler + tracelens + gap_analysis")
+        return self
+
+
+class GapAnalysis(_Strict):
+    enabled: bool = False
+    trace_start_pct: float = Field(default=0.0, ge=0, le=100)
+    trace_end_pct: float = Field(default=100.0, ge=0, le=100)
+    top_k: int = Field(default=20, ge=1)
+    min_duration_us: float = Field(default=0.0, ge=0)
+    categories: list[str] = Field(default_factory=lambda: ["kernel", "gpu"])
+    ignore_categories: list[str] = Field(default_factory=lambda: ["gpu_user_annotation", "user_annotation"])
+    find_kernel_sources: bool = False
+    kernel_source_repos: list[str] = Field(default_factory=list)
+    auto_clone_repos: bool = False
+    repos_base_dir: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "GapAnalysis":
+        if self.trace_start_pct >= self.trace_end_pct:
+            raise ValueError(f"trace_start_pct ({self.trace_start_pct}) must be below trace_end_pct "
+                             f"({self.trace_end_pct})")
+        if self.auto_clone_repos:
+            raise ValueError("auto_clone_repos: this tool never clones repositories; list local checkouts "
+                             "in kernel_source_repos")
+        if self.find_kernel_sources and not self.kernel_source_repos:
+            raise ValueError("find_kernel_sources needs kernel_source_repos (local checkouts)")
+        return self
+
+
+class GpuSelection(_Strict):
+    auto: bool = True
+    min_free_memory_gb: float = Field(default=8.0, ge=0)
+    count: Optional[int] = Field(default=None, ge=1)
+    candidates: Optional[list[int]] = None
+
+
+class ServerLifecycle(_Strict):
+    enabled: bool = False
+    cleanup: bool = True
+    force_reuse: bool = False
+    pid_dir: Optional[str] = None
+    server_ready_timeout_s: float = Field(default=2700.0, gt=0)
+
+
+class BuiltinServer(_Strict):
+    """Ours: the built-in reference server (framework ``builtin``)."""
+    size: str = "tiny"
+    max_batch: int = Field(default=64, ge=1)
+    kernels: dict[str, str] = Field(default_factory=dict)
+    seed: int = 0
+
+
+class Client(_Strict):
+    """Ours: the load generator beyond Magpie's envs."""
+    endpoint: Literal["completions", "chat"] = "completions"
+    request_rate: Optional[float] = Field(default=None, gt=0, description="requests/s; none = all at once")
+    burstiness: float = Field(default=1.0, gt=0)
+    warmup: int = Field(default=2, ge=0)
+    repeats: int = Field(default=1, ge=1)
+    seed: int = 0
+    base_url: Optional[str] = None
+    sweep: dict[str, list[Union[int, float]]] = Field(default_factory=dict)
+    goodput: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_keys(cls, v: dict) -> dict:
+        known = {"concurrency", "input_len", "output_len", "request_rate"}
+        bad = [k for k in v if k not in known]
+        if bad:
+            raise ValueError(f"cannot sweep {', '.join(bad)}; sweepable: {', '.join(sorted(known))}")
+        return v
+
+
+class BenchmarkConfig(_Strict):
+    framework: Literal["vllm", "sglang", "atom", "builtin"]
+    model: str = ""
+    precision: str = "bf16"
+    run_mode: Literal["docker", "local"] = "local"
+    run_kind: Literal["auto", "measurement", "diagnostic"] = "auto"
+    envs: dict[str, str] = Field(default_factory=dict)
+    docker_image: Optional[str] = None
+    gpu_arch: Optional[str] = None
+    runner_type: Optional[str] = None
+    timeout_seconds: float = Field(default=3600.0, gt=0)
+    hf_cache_path: Optional[str] = None
+    server_args: list[str] = Field(default_factory=list, description="ours: extra server command-line args")
+    profiler: Profiler = Field(default_factory=Profiler)
+    gap_analysis: GapAnalysis = Field(default_factory=GapAnalysis)
+    gpu_selection: GpuSelection = Field(default_factory=GpuSelection)
+    server_lifecycle: ServerLifecycle = Field(default_factory=ServerLifecycle)
+    server: BuiltinServer = Field(default_factory=BuiltinServer)
+    client: Client = Field(default_factory=Client)
+    # Magpie keys for its InferenceX scripts / Ray / lm-eval paths, which this tool does not have.
+    benchmark_script: Optional[str] = None
+    inferencex_path: Optional[str] = Field(default=None, alias="inferencemax_path")
+    ray_config: Optional[dict] = None
+    lm_eval_runtime: Optional[dict] = None
+    run_cmd: Optional[str] = None
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _framework(cls, v: Any) -> Any:
+        if v == "xdit":
+            raise ValueError("framework 'xdit' (offline diffusion) is not provided; use vllm, sglang, atom or builtin")
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("run_mode", mode="before")
+    @classmethod
+    def _run_mode(cls, v: Any) -> Any:
+        if v == "ray":
+            raise ValueError("run_mode 'ray' is not provided; use local (on this host) or docker")
+        return v
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, v: Any) -> Any:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping of environment variables")
+        return {str(k).upper(): ("" if val is None else str(val)) for k, val in v.items()}
+
+    @model_validator(mode="after")
+    def _consistency(self) -> "BenchmarkConfig":
+        for key in ("ray_config", "lm_eval_runtime"):
+            if getattr(self, key):
+                raise ValueError(f"{key} is not provided by this tool (no Ray / lm-eval paths); remove it")
+        if self.run_cmd:
+            raise ValueError("run_cmd is for xDiT offline runs, which are not provided")
+        if self.framework != "builtin" and not self.model:
+            raise ValueError(f"framework {self.framework} needs a model (HF id or local path)")
+        if self.run_kind == "measurement" and (self.profiler.torch_profiler.enabled or self.gap_analysis.enabled):
+            raise ValueError("run_kind measurement excludes the torch profiler and gap analysis "
+                             "(profiling perturbs latency): use run_kind diagnostic or auto")
+        if self.server_lifecycle.enabled and not self.server_lifecycle.cleanup and self.profiler.torch_profiler.enabled:
+            raise ValueError("server_lifecycle reuse without cleanup cannot be combined with the torch profiler")
+        return self
+
+    def effective_run_kind(self) -> str:
+        if self.run_kind != "auto":
+            return self.run_kind
+        diagnostic = self.profiler.torch_profiler.enabled or self.gap_analysis.enabled or self.profiler.tracelens.enabled
+        return "diagnostic" if diagnostic else "measurement"
+
+    def effective_envs(self) -> dict[str, str]:
+        envs = dict(DEFAULT_ENVS) if not self.envs else dict(self.envs)
+        for k, v in DEFAULT_ENVS.items():
+            envs.setdefault(k, v)
+        envs.setdefault("NUM_PROMPTS", str(int(envs["CONC"]) * 10) if envs["CONC"].isdigit() else "320")
+        return envs
+
+    def ignored(self) -> list[str]:
+        """Keys accepted for Magpie compatibility that have no effect here (listed in the report)."""
+        out = [f"benchmark.profiler.tracelens.{k}" for k in self.profiler.tracelens.ignored()]
+        for key in ("benchmark_script", "inferencex_path", "runner_type"):
+            if getattr(self, key):
+                out.append(f"benchmark.{key}")
+        return out
+
+
+class BenchmarkFile(_Strict):
+    benchmark: BenchmarkConfig
+
+
+def _problem(err: dict, doc: LocatedYaml) -> str:
+    loc = tuple(err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "required field is missing" + (" (Magpie defaulted to sglang; say which framework)"
+                                             if loc[-1:] == ("framework",) else "")
+    got = err.get("input")
+    got_text = "" if isinstance(got, (dict, list)) or got is None or err["type"] == "missing" else f" (got {got!r})"
+    return f"{doc.where(loc)}: {format_loc(loc)}: {msg}{got_text}"
+
+
+def load_benchmark_config(path: Path | str, warnings: list[str] | None = None) -> tuple[BenchmarkConfig, LocatedYaml]:
+    doc = load_located_yaml(path)
+    if not isinstance(doc.data, dict) or "benchmark" not in doc.data:
+        raise ConfigError([f"{doc.path}:1: expected a top-level 'benchmark:' mapping"])
+    undefined: list[tuple[tuple, str]] = []
+    data = expand_env_vars(doc.data, (), undefined)
+    if warnings is not None:
+        for loc, name in undefined:
+            warnings.append(f"{doc.where(loc)}: {format_loc(loc)}: ${name} is not set; left as written")
+    try:
+        cfg = BenchmarkFile.model_validate(data).benchmark
+    except ValidationError as exc:
+        raise ConfigError([_problem(e, doc) for e in exc.errors()]) from None
+    if warnings is not None:
+        warnings.extend(f"{doc.where(tuple(k.split('.')))}: {k}: accepted for Magpie compatibility, has no "
+                        "effect here" for k in cfg.ignored())
+    return cfg, doc
+
+
+# CLI flag -> (where in the config, how to set it). Envs live under benchmark.envs.
+_CLI_FIELDS = {
+    "model": ("model", None), "precision": ("precision", None), "run_mode": ("run_mode", None),
+    "docker_image": ("docker_image", None), "timeout": ("timeout_seconds", None),
+    "tp": ("envs.TP", str), "concurrency": ("envs.CONC", str), "input_len": ("envs.ISL", str),
+    "output_len": ("envs.OSL", str), "range_ratio": ("envs.RANDOM_RANGE_RATIO", str),
+    "num_prompts": ("envs.NUM_PROMPTS", str),
+    "request_rate": ("client.request_rate", None), "burstiness": ("client.burstiness", None),
+    "warmup": ("client.warmup", None), "repeats": ("client.repeats", None), "seed": ("client.seed", None),
+    "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
+    "torch_profiler": ("profiler.torch_profiler.enabled", None),
+    "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
+}
+
+
+def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any]) -> tuple[BenchmarkConfig, list[dict]]:
+    """Flags given on the command line (None = not given) replace YAML values; each change is
+    returned as {field, yaml, cli, flag}. Unlike Magpie, no flag is silently dropped with -b."""
+    data = cfg.model_dump(by_alias=False)
+    # NUM_PROMPTS is left out: when only --concurrency changes, its CONC x 10 default follows.
+    data["envs"] = {**DEFAULT_ENVS, **cfg.envs}
+    overrides: list[dict] = []
+    for flag, value in flags.items():
+        if value is None or flag not in _CLI_FIELDS:
+            continue
+        path, conv = _CLI_FIELDS[flag]
+        value = conv(value) if conv else value
+        node = data
+        parts = path.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        old = node.get(parts[-1])
+        if old != value:
+            overrides.append({"field": f"benchmark.{path}", "yaml": old, "cli": value,
+                              "flag": "--" + flag.replace("_", "-")})
+            node[parts[-1]] = value
+    if flags.get("tracelens") and not data["profiler"]["torch_profiler"]["enabled"]:
+        data["profiler"]["torch_profiler"]["enabled"] = True  # TraceLens needs traces
+        overrides.append({"field": "benchmark.profiler.torch_profiler.enabled", "yaml": False, "cli": True,
+                          "flag": "--tracelens", "note": "traces are needed for the analysis"})
+    try:
+        return BenchmarkConfig.model_validate(data), overrides
+    except ValidationError as exc:
+        raise ConfigError([f"command line: {format_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                           for e in exc.errors()]) from None

@@ -1,0 +1,107 @@
+import pytest
+
+from engine.config.benchmark import apply_cli_overrides, load_benchmark_config
+from engine.config.yamlfile import ConfigError
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "bench.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_envs(tmp_path):
+    cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n  envs: {conc: 4, isl: 64}\n"))
+    assert cfg.framework == "builtin" and cfg.run_mode == "local"
+    assert cfg.profiler.torch_profiler.enabled is False  # off unless asked (Magpie: on)
+    envs = cfg.effective_envs()
+    assert envs["CONC"] == "4" and envs["ISL"] == "64" and envs["OSL"] == "512" and envs["NUM_PROMPTS"] == "40"
+    assert cfg.effective_run_kind() == "measurement"
+
+
+def test_missing_framework_is_an_error_with_its_line(tmp_path):
+    p = _write(tmp_path, "benchmark:\n  model: meta-llama/Llama-3.1-8B\n")
+    with pytest.raises(ConfigError) as info:
+        load_benchmark_config(p)
+    assert f"{p}:1: benchmark.framework: required field is missing (Magpie defaulted to sglang" in str(info.value)
+
+
+def test_errors_name_file_line_and_field(tmp_path):
+    p = _write(tmp_path, """benchmark:
+  framework: vllm
+  model: m
+  profiler:
+    tracelens: {enabled: true, analysis_stages: [pd, warmup]}
+  gap_analysis:
+    trace_start_pct: 80
+    trace_end_pct: 20
+    auto_clone_repos: true
+  client:
+    sweep: {tp: [1, 2]}
+  run_mode: ray
+  lm_eval_runtime: {path: x}
+  typo_key: 1
+""")
+    with pytest.raises(ConfigError) as info:
+        load_benchmark_config(p)
+    text = str(info.value)
+    assert f"{p}:5: benchmark.profiler.tracelens.analysis_stages: unknown stage 'warmup'" in text
+    assert f"{p}:6: benchmark.gap_analysis: trace_start_pct (80.0) must be below trace_end_pct (20.0)" in text
+    assert f"{p}:11: benchmark.client.sweep: cannot sweep tp" in text
+    assert f"{p}:12: benchmark.run_mode: run_mode 'ray' is not provided" in text
+    assert f"{p}:14: benchmark.typo_key: unknown field" in text
+
+
+def test_tracelens_needs_traces_and_stage_aliases(tmp_path):
+    with pytest.raises(ConfigError, match="needs torch traces"):
+        load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n  profiler:\n    tracelens: {enabled: true}\n"))
+    cfg, _ = load_benchmark_config(_write(tmp_path, """benchmark:
+  framework: builtin
+  profiler:
+    torch_profiler: {enabled: true}
+    tracelens: {enabled: true, analysis_stages: "pd,decode", auto_patch_runtime: true}
+"""))
+    assert cfg.profiler.tracelens.analysis_stages == ["prefilldecode", "decode_only"]
+    assert cfg.effective_run_kind() == "diagnostic"
+    warnings = []
+    load_benchmark_config(_write(tmp_path, """benchmark:
+  framework: builtin
+  inferencex_path: /x
+  profiler:
+    torch_profiler: {enabled: true}
+    tracelens: {enabled: true, auto_patch_runtime: true}
+"""), warnings)
+    assert any("tracelens.auto_patch_runtime: accepted for Magpie compatibility, has no effect" in w for w in warnings)
+    assert any("benchmark.inferencex_path" in w for w in warnings)
+
+
+def test_measurement_rejects_profiling(tmp_path):
+    with pytest.raises(ConfigError, match="run_kind measurement excludes"):
+        load_benchmark_config(_write(tmp_path, """benchmark:
+  framework: builtin
+  run_kind: measurement
+  profiler:
+    torch_profiler: {enabled: true}
+"""))
+
+
+def test_cli_flags_override_and_are_listed(tmp_path):
+    cfg, _ = load_benchmark_config(_write(tmp_path, """benchmark:
+  framework: vllm
+  model: a/b
+  envs: {TP: 2, CONC: 8}
+"""))
+    new, overrides = apply_cli_overrides(cfg, {"concurrency": 16, "model": "c/d", "tp": None, "tracelens": True,
+                                              "repeats": 3, "sweep": {"concurrency": [1, 4]}})
+    assert new.model == "c/d" and new.envs["CONC"] == "16" and new.envs["TP"] == "2"
+    assert new.effective_envs()["NUM_PROMPTS"] == "160"
+    assert new.profiler.tracelens.enabled and new.profiler.torch_profiler.enabled
+    assert new.client.repeats == 3 and new.client.sweep == {"concurrency": [1, 4]}
+    fields = {o["field"]: o for o in overrides}
+    assert fields["benchmark.envs.CONC"] == {"field": "benchmark.envs.CONC", "yaml": "8", "cli": "16",
+                                             "flag": "--concurrency"}
+    assert fields["benchmark.model"]["yaml"] == "a/b"
+    assert fields["benchmark.profiler.torch_profiler.enabled"]["flag"] == "--tracelens"
+    assert "benchmark.envs.TP" not in fields
+    with pytest.raises(ConfigError, match="command line"):
+        apply_cli_overrides(cfg, {"run_mode": "ray"})
