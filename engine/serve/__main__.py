@@ -1,0 +1,5 @@
+import sys
+
+from engine.serve.server import main
+
+sys.exit(main())

@@ -1,0 +1,363 @@
+"""The built-in reference server: OpenAI-compatible HTTP in front of the continuous-batching
+engine, with the routes a serving benchmark uses.
+
+* ``GET /health``, ``GET /v1/models``;
+* ``POST /v1/completions`` (``prompt``: text, token ids, or a one-element list of either) and
+  ``POST /v1/chat/completions`` (``messages``, see ``engine.serve.tokenizer`` for the template),
+  streamed as SSE ``data: {...}`` chunks (one token per chunk, the chat role chunk first, the
+  usage chunk when ``stream_options.include_usage`` is true, then ``data: [DONE]``) or as one
+  JSON response; ``max_tokens`` (chat also ``max_completion_tokens``, default: the rest of the
+  context, as vLLM does), ``ignore_eos``. Sampling is greedy: ``temperature`` must be 0 or omitted, and ``n`` > 1 and
+  ``logprobs`` are refused with 400 rather than ignored;
+* ``POST /start_profile`` and ``POST /stop_profile``: torch.profiler (shapes recorded, CPU plus
+  CUDA/HIP on a GPU) writing ``<host>_<pid>.<ms>.pt.trace.json.gz`` into the profiler directory
+  (``--profiler-dir``, else ``$MAGPIE_SERVE_PROFILER_DIR``, else the config's ``profiler_dir``;
+  without one these routes answer 400).
+
+``python -m engine.serve --config FILE | --model tiny [--host H] [--port N]`` prints one line
+``magpie-serve ready: http://H:N ...`` when it accepts requests (``--port 0`` picks a free port
+and the line says which), and stops on SIGTERM or SIGINT: unfinished requests end with an error
+event, a running profile is written, the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncGenerator, Literal
+
+import torch
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.config.yamlfile import ConfigError, format_loc, load_located_yaml
+from engine.serve.engine import Engine, TokenEvent
+from engine.serve.kernels import KernelError, resolve_kernels
+from engine.serve.model import LlamaModel, model_config
+from engine.serve.tokenizer import StreamDecoder, chat_prompt, encode
+
+PROFILER_DIR_ENV = "MAGPIE_SERVE_PROFILER_DIR"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ServeConfig(BaseModel):
+    """The server YAML (every key optional; unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = "tiny"
+    model_overrides: dict[str, Any] = Field(default_factory=dict)
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    device: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_batch_size: int = Field(default=32, ge=1)
+    max_prefill_tokens: int = Field(default=8192, ge=1)
+    profiler_dir: str | None = None
+    kernels: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+
+def load_serve_config(path: Path | str) -> ServeConfig:
+    """Read a server YAML; ``ConfigError`` names file:line and the field. A relative
+    ``profiler_dir`` is relative to the YAML file's folder."""
+    located = load_located_yaml(path)
+    data = located.data if located.data is not None else {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{located.path}: expected a mapping of server settings"])
+    try:
+        config = ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([f"{located.where(err['loc'])}: {format_loc(err['loc'])}: {err['msg']}"
+                           for err in exc.errors()]) from None
+    if config.profiler_dir and not Path(config.profiler_dir).is_absolute():
+        config = config.model_copy(update={"profiler_dir": str(located.path.parent / config.profiler_dir)})
+    return config
+
+
+def build_engine(config: ServeConfig) -> Engine:
+    """Model and engine from the config (``ValueError``/``KernelError`` for bad settings); a
+    warm-up step runs the kernels once so a broken candidate fails here, not on a request."""
+    kernels = resolve_kernels(config.kernels)
+    device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if config.device == "auto" else config.device)
+    dtype = None if config.dtype == "auto" else _DTYPES[config.dtype]
+    model = LlamaModel(model_config(config.model, **config.model_overrides), device=device, dtype=dtype,
+                       kernels=kernels)
+    model.prefill([[0, 1]], [model.new_cache(2)])
+    return Engine(model, max_batch_size=config.max_batch_size, max_prefill_tokens=config.max_prefill_tokens)
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(message: str, status: int) -> web.Response:
+    kind = {400: "BadRequestError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+def _int_field(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadRequest(f"'{key}' must be an integer, got {value!r}")
+    return value
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _completion_prompt(prompt: Any) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
+        prompt = prompt[0]  # the one-prompt batch forms ["text"] and [[ids]]
+    if isinstance(prompt, str):
+        return encode(prompt)
+    if _is_token_ids(prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise _BadRequest("only one prompt per request is supported")
+    raise _BadRequest("'prompt' must be a string or a list of token ids")
+
+
+class _Handlers:
+    def __init__(self, engine: Engine, config: ServeConfig, profiler_dir: Path | None) -> None:
+        self.engine, self.config, self.profiler_dir = engine, config, profiler_dir
+        self.created = int(time.time())
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.config.name, "object": "model", "created": self.created, "owned_by": "magpie",
+            "root": self.config.name, "max_model_len": self.engine.model.config.max_seq_len}]})
+
+    async def start_profile(self, request: web.Request) -> web.Response:
+        if self.profiler_dir is None:
+            return _error(f"profiling is off: start the server with --profiler-dir, ${PROFILER_DIR_ENV} "
+                          "or profiler_dir in its config", 400)
+        try:
+            path = await asyncio.wrap_future(self.engine.start_profile(self.profiler_dir))
+        except RuntimeError as exc:
+            return _error(str(exc), 400)
+        return web.json_response({"status": "profiling", "trace": str(path)})
+
+    async def stop_profile(self, request: web.Request) -> web.Response:
+        try:
+            path = await asyncio.wrap_future(self.engine.stop_profile())
+        except RuntimeError as exc:
+            return _error(str(exc), 400)
+        return web.json_response({"status": "stopped", "trace": str(path)})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error("the request body is not valid JSON", 400)
+        if not isinstance(body, dict):
+            return _error("the request body must be a JSON object", 400)
+        try:
+            prompt, max_tokens, stream, include_usage = self._parse(body, chat)
+            events = self.engine.generate(prompt, max_tokens, bool(body.get("ignore_eos", False)))
+        except _BadRequest as exc:
+            return _error(str(exc), exc.status)
+        except (ValueError, RuntimeError) as exc:
+            return _error(str(exc), 400)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        async with contextlib.aclosing(events):
+            if stream:
+                return await self._stream(request, events, rid, chat, len(prompt), include_usage)
+            return await self._complete(events, rid, chat, len(prompt))
+
+    def _parse(self, body: dict[str, Any], chat: bool) -> tuple[list[int], int, bool, bool]:
+        model = body.get("model")
+        if model is not None and model != self.config.name:
+            raise _BadRequest(f"The model `{model}` does not exist.", 404)
+        if (_int_field(body, "n") or 1) != 1:
+            raise _BadRequest("only n=1 is supported")
+        if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+            raise _BadRequest("logprobs are not supported by the built-in server")
+        temperature = body.get("temperature")
+        if temperature is not None and (not isinstance(temperature, (int, float)) or temperature > 0):
+            # Sampling is greedy; a request that asks for sampling must not be answered as if it got it.
+            raise _BadRequest(f"temperature {temperature!r}: the built-in server samples greedily "
+                              "(temperature 0 or omitted)")
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                raise _BadRequest("'messages' must be a non-empty list of objects")
+            prompt = encode(chat_prompt(messages))
+            max_tokens = _int_field(body, "max_completion_tokens")
+            if max_tokens is None:
+                max_tokens = _int_field(body, "max_tokens")
+        else:
+            if "prompt" not in body:
+                raise _BadRequest("'prompt' is required")
+            prompt = _completion_prompt(body["prompt"])
+            max_tokens = _int_field(body, "max_tokens")
+        if max_tokens is None:
+            max_tokens = self.engine.model.config.max_seq_len - len(prompt)
+        stream = bool(body.get("stream", False))
+        options = body.get("stream_options")
+        if options is not None and not stream:
+            raise _BadRequest("stream_options can only be given when stream is true")
+        if options is not None and not isinstance(options, dict):
+            raise _BadRequest("'stream_options' must be an object")
+        return prompt, max_tokens, stream, bool((options or {}).get("include_usage", False))
+
+    def _chunk(self, rid: str, chat: bool, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+                "model": self.config.name, "choices": [choice]}
+
+    async def _stream(self, request: web.Request, events: AsyncGenerator[TokenEvent, None], rid: str, chat: bool, prompt_tokens: int,
+                      include_usage: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        async def send(payload: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+
+        if chat:
+            await send(self._chunk(rid, chat, None, None, role=True))
+        decoder = StreamDecoder()
+        completion_tokens = 0
+        failed = False
+        async for ev in events:
+            if ev.token is None:  # an error event: the only kind without a token
+                await send({"error": {"message": str(ev.error), "type": "InternalServerError", "code": 500}})
+                failed = True
+                break
+            completion_tokens += 1
+            text = decoder.feed(ev.token) + (decoder.flush() if ev.finish_reason else "")
+            await send(self._chunk(rid, chat, text, ev.finish_reason))
+        if include_usage and not failed:
+            usage = self._chunk(rid, chat, None, None)
+            usage["choices"] = []
+            usage["usage"] = _usage(prompt_tokens, completion_tokens)
+            await send(usage)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _complete(self, events: AsyncGenerator[TokenEvent, None], rid: str, chat: bool, prompt_tokens: int) -> web.Response:
+        tokens: list[int] = []
+        finish = None
+        decoder = StreamDecoder()
+        async for ev in events:
+            if ev.token is None:
+                return _error(str(ev.error), 500)
+            tokens.append(ev.token)
+            finish = ev.finish_reason
+        text = "".join(decoder.feed(t) for t in tokens) + decoder.flush()
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                      "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
+                                  "created": int(time.time()), "model": self.config.name, "choices": [choice],
+                                  "usage": _usage(prompt_tokens, len(tokens))})
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def make_app(engine: Engine, config: ServeConfig, profiler_dir: Path | None = None) -> web.Application:
+    h = _Handlers(engine, config, profiler_dir)
+    app = web.Application()
+    app.add_routes([
+        web.get("/health", h.health),
+        web.get("/v1/models", h.models),
+        web.post("/v1/completions", h.completions),
+        web.post("/v1/chat/completions", h.chat_completions),
+        web.post("/start_profile", h.start_profile),
+        web.post("/stop_profile", h.stop_profile),
+    ])
+    return app
+
+
+async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
+    """Run until SIGTERM/SIGINT; prints the ready line once the socket accepts requests."""
+    engine = build_engine(config)
+    engine.start()
+    runner = web.AppRunner(make_app(engine, config, profiler_dir), access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = runner.addresses[0][1]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    m = engine.model
+    kernels = ", ".join(f"{k}={v}" for k, v in m.kernels.sources.items() if k in config.kernels) or "defaults"
+    print(f"magpie-serve ready: http://{config.host}:{port} model={config.name} "
+          f"({m.config.num_parameters() / 1e6:.1f}M parameters, {m.device.type} {str(m.dtype).removeprefix('torch.')}) "
+          f"max_batch_size={engine.max_batch_size} kernels: {kernels}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print("magpie-serve: shutting down", flush=True)
+        await loop.run_in_executor(None, engine.stop)  # ends unfinished requests with an error event
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine.serve", description="The built-in reference inference server.")
+    ap.add_argument("--config", type=Path, help="server YAML (see examples/serve/); flags below override it")
+    ap.add_argument("--model", help="model preset: tiny (CPU) or 1b (GPU)")
+    ap.add_argument("--served-model-name")
+    ap.add_argument("--host")
+    ap.add_argument("--port", type=int, help="0 picks a free port (the ready line names it)")
+    ap.add_argument("--device", help="auto (cuda when available), cpu, cuda, cuda:N")
+    ap.add_argument("--dtype", choices=["auto", *_DTYPES])
+    ap.add_argument("--max-batch-size", type=int)
+    ap.add_argument("--profiler-dir", help=f"where /stop_profile writes traces (else ${PROFILER_DIR_ENV})")
+    args = ap.parse_args(argv)
+    try:
+        config = load_serve_config(args.config) if args.config else ServeConfig()
+        flags = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+        config = ServeConfig.model_validate({**config.model_dump(), **flags})
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    profiler_dir = args.profiler_dir or os.environ.get(PROFILER_DIR_ENV) or config.profiler_dir
+    try:
+        asyncio.run(serve(config, Path(profiler_dir).resolve() if profiler_dir else None))
+    except (KernelError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

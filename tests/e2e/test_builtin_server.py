@@ -1,0 +1,198 @@
+"""The built-in server as a real subprocess on loopback: OpenAI streaming, continuous batching,
+profiling into a trace the trace analysis splits, and a clean SIGTERM."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from conftest import REPO
+from engine.trace.load import load_trace
+from engine.trace.steps import find_steps
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    profile_dir = tmp_path_factory.mktemp("torch_trace")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MAGPIE_SERVE_PROFILER_DIR": str(profile_dir)}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", "tiny", "--host", "127.0.0.1",
+                             "--port", str(port), "--max-batch-size", "4"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if asyncio.run(_get_status(url + "/health")) == 200:
+                break
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline, "the server did not become healthy"
+        time.sleep(0.2)
+    yield proc, url, profile_dir
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+async def _get_status(url: str) -> int:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return r.status
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, body: dict) -> list:
+    """The SSE payloads of one streamed request, parsed ([DONE] kept as the string)."""
+    async with session.post(url, json=body) as r:
+        assert r.status == 200, await r.text()
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await r.read()).decode()
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), raw
+    return [e[6:] if e[6:] == "[DONE]" else json.loads(e[6:]) for e in events]
+
+
+def _completion(prompt: list[int], max_tokens: int) -> dict:
+    return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+
+
+def test_concurrent_streaming_completions_with_token_ids(server):
+    _, url, _ = server
+    prompts = [list(range(3 + i, 3 + i + 4 * (i + 1))) for i in range(6)]
+    lengths = [3, 5, 4, 6, 2, 5]
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            return await asyncio.gather(*(_stream(s, url + "/v1/completions", _completion(p, n))
+                                          for p, n in zip(prompts, lengths)))
+
+    for prompt, n, events in zip(prompts, lengths, asyncio.run(go())):
+        assert events[-1] == "[DONE]"
+        usage = events[-2]
+        assert usage["choices"] == [] and usage["usage"] == {
+            "prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+        content = events[:-2]
+        assert len(content) == n  # one token per chunk
+        assert all(c["object"] == "text_completion" and c["model"] == "tiny" for c in content)
+        assert [c["choices"][0]["finish_reason"] for c in content] == [None] * (n - 1) + ["length"]
+        assert len({c["id"] for c in content}) == 1
+
+
+def test_usage_chunk_only_when_asked_and_non_streaming_response(server):
+    _, url, _ = server
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            plain = await _stream(s, url + "/v1/completions", {"prompt": "hello", "max_tokens": 3, "stream": True,
+                                                               "ignore_eos": True})
+            async with s.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3, "ignore_eos": True}) as r:
+                whole = await r.json()
+            return plain, whole
+
+    plain, whole = asyncio.run(go())
+    assert plain[-1] == "[DONE]" and all(e["choices"] for e in plain[:-1]) and len(plain) == 4
+    assert whole["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}  # BOS + 5 bytes
+    assert whole["choices"][0]["text"] == "".join(e["choices"][0]["text"] for e in plain[:-1])
+
+
+def test_chat_completions_and_models(server):
+    _, url, _ = server
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4,
+            "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            events = await _stream(s, url + "/v1/chat/completions", body)
+            async with s.get(url + "/v1/models") as r:
+                models = await r.json()
+            async with s.post(url + "/v1/chat/completions", json={**body, "model": "other"}) as r:
+                wrong = (r.status, await r.json())
+            async with s.post(url + "/v1/completions", json={"prompt": [1, 2], "n": 2}) as r:
+                n2 = (r.status, await r.json())
+            async with s.post(url + "/v1/completions", json={"prompt": [1, 2], "temperature": 0.7}) as r:
+                hot = (r.status, await r.json())
+            async with s.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 1,
+                                                             "temperature": 0.0}) as r:
+                cold = r.status
+            return events, models, wrong, n2, hot, cold
+
+    events, models, wrong, n2, hot, cold = asyncio.run(go())
+    assert events[0]["object"] == "chat.completion.chunk"
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = events[1:-2]
+    assert len(content) == 4 and content[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-2]["usage"]["completion_tokens"] == 4
+    assert events[-2]["usage"]["prompt_tokens"] == len("user: hi\nassistant: ") + 1
+    assert [m["id"] for m in models["data"]] == ["tiny"] and models["object"] == "list"
+    assert wrong[0] == 404 and "other" in wrong[1]["error"]["message"]
+    assert n2[0] == 400 and "n=1" in n2[1]["error"]["message"]
+    assert hot[0] == 400 and "greedily" in hot[1]["error"]["message"] and cold == 200
+
+
+def test_profile_writes_a_trace_whose_steps_the_analysis_finds(server):
+    _, url, profile_dir = server
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/start_profile") as r:
+                assert r.status == 200, await r.text()
+            await asyncio.gather(*(_stream(s, url + "/v1/completions", _completion([7] * (5 + i), 4)) for i in range(3)))
+            async with s.post(url + "/stop_profile") as r:
+                assert r.status == 200, await r.text()
+                return (await r.json())["trace"]
+
+    trace_path = Path(asyncio.run(go()))
+    assert trace_path.parent == profile_dir and trace_path.name.endswith(".pt.trace.json.gz")
+    steps = find_steps(load_trace(trace_path))
+    assert steps and all(s.framework == "vllm" and s.detailed for s in steps)
+    assert {"prefill", "decode"} <= {s.kind for s in steps}
+    # Every request's prompt is prefilled exactly once and it gets 3 decode steps after its first token.
+    assert sum(s.c_sq for s in steps) == 5 + 6 + 7
+    assert sum(s.context_requests for s in steps) == 3 and sum(s.g_sq for s in steps) == 9
+    assert all(s.c_sqsq >= s.c_sq and s.g_sqsq == s.g_sq for s in steps)
+
+
+def test_sigterm_stops_the_server_cleanly_mid_stream(server):
+    proc, url, _ = server
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/completions", json=_completion([1, 2, 3], 1500)) as r:
+                first = await r.content.readuntil(b"\n\n")
+                proc.send_signal(signal.SIGTERM)
+                return first, (await r.read()).decode()
+
+    first, rest = asyncio.run(go())
+    assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+    events = [e[6:] for e in rest.split("\n\n") if e]
+    assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"]
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    lines = out.splitlines()
+    assert any(line.startswith("magpie-serve ready: http://127.0.0.1:") for line in lines), out
+    assert "magpie-serve: shutting down" in lines and "Traceback" not in out
+
+
+def test_a_bad_kernel_override_stops_the_start_with_the_key_and_path(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: tiny\nkernels:\n  rmsnorm: no_such_package.rms:rmsnorm\n")
+    proc = subprocess.run([sys.executable, "-m", "engine.serve", "--config", str(config), "--port", "0"], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "kernels.rmsnorm: cannot import module 'no_such_package.rms'" in proc.stderr
+    assert "ready" not in proc.stdout
