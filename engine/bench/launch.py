@@ -1,0 +1,201 @@
+"""Local server launchers: the command line of each framework's OpenAI-compatible server, and a
+``LocalServer`` that runs it in its own process group, logs to ``server.log``, waits for
+``/health`` then ``/v1/models``, and on the way out stops that group only (Magpie killed every
+vLLM process on the host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from engine.config.benchmark import BenchmarkConfig
+
+READY_POLL_S = 0.5
+STOP_GRACE_S = 15.0
+
+
+class LaunchError(Exception):
+    pass
+
+
+@dataclass
+class ServerCommand:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 8000
+    # Routes the profiler needs (all of them speak POST /start_profile, /stop_profile once enabled).
+    profile_dir: Optional[Path] = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] = None) -> ServerCommand:
+    """The server command line for ``cfg.framework``; ``profile_dir`` turns server-side torch
+    profiling on in the way that framework needs (flags or env)."""
+    envs = cfg.effective_envs()
+    tp = envs.get("TP", "1")
+    extra = list(cfg.server_args)
+    env: dict[str, str] = {}
+    fw = cfg.framework
+    if fw == "builtin":
+        argv = [sys.executable, "-m", "engine.serve", "--model", cfg.server.size, "--host", "127.0.0.1",
+                "--port", str(port), "--max-batch-size", str(cfg.server.max_batch)]
+        if profile_dir is not None:
+            argv += ["--profiler-dir", str(profile_dir)]
+    elif fw == "vllm":
+        argv = ["vllm", "serve", cfg.model, "--host", "127.0.0.1", "--port", str(port),
+                "--tensor-parallel-size", tp]
+        if "MAX_MODEL_LEN" in envs:
+            argv += ["--max-model-len", envs["MAX_MODEL_LEN"]]
+        if "GPU_MEMORY_UTILIZATION" in envs:
+            argv += ["--gpu-memory-utilization", envs["GPU_MEMORY_UTILIZATION"]]
+        if profile_dir is not None:
+            # vLLM >= 0.13: without --profiler-config the profile routes do not exist (404).
+            tp_cfg = cfg.profiler.torch_profiler
+            argv += ["--profiler-config", json.dumps({
+                "profiler": "torch", "torch_profiler_dir": str(profile_dir),
+                "torch_profiler_record_shapes": tp_cfg.record_shapes,
+                "torch_profiler_with_stack": tp_cfg.with_stack,
+                "detailed_trace_annotation": tp_cfg.detailed_annotations, "ignore_frontend": True})]
+    elif fw == "sglang":
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", cfg.model, "--host", "127.0.0.1",
+                "--port", str(port), "--tp", tp]
+        if "MAX_MODEL_LEN" in envs:
+            argv += ["--context-length", envs["MAX_MODEL_LEN"]]
+        if profile_dir is not None:
+            env["SGLANG_TORCH_PROFILER_DIR"] = str(profile_dir)
+            env["SGLANG_PROFILE_RECORD_SHAPES"] = "1" if cfg.profiler.torch_profiler.record_shapes else "0"
+            env["SGLANG_PROFILE_WITH_STACK"] = "1" if cfg.profiler.torch_profiler.with_stack else "0"
+    elif fw == "atom":
+        # ATOM's HTTP port is --server-port; --port is an internal engine port.
+        argv = [sys.executable, "-m", "atom.entrypoints.openai_server", "--model", cfg.model,
+                "--host", "127.0.0.1", "--server-port", str(port), "-tp", tp]
+        if profile_dir is not None:
+            argv += ["--torch-profiler-dir", str(profile_dir)]
+            env["ATOM_PROFILER_MORE"] = "1" if cfg.profiler.torch_profiler.record_shapes else "0"
+    else:  # the config model only admits the four above
+        raise LaunchError(f"no launcher for framework {fw!r}")
+    return ServerCommand(argv + extra, env, port, profile_dir)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+class LocalServer:
+    """A server process in its own process group. Use as a context manager."""
+
+    def __init__(self, command: ServerCommand, log_path: Path, *, ready_timeout_s: float = 900.0,
+                 cwd: Optional[Path] = None, cancelled: Callable[[], bool] = lambda: False) -> None:
+        self.command = command
+        self.log_path = log_path
+        self.ready_timeout_s = ready_timeout_s
+        self.cwd = cwd
+        self.cancelled = cancelled
+        self.proc: Optional[subprocess.Popen] = None
+        self.model_id: Optional[str] = None
+        self.ready_s: Optional[float] = None
+
+    def start(self) -> "LocalServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.command.env}
+        if self.command.argv[:3] == [sys.executable, "-m", "engine.serve"]:
+            root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, cwd=self.cwd, start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start `{' '.join(self.command.argv[:3])} ...`: {exc}") from None
+        finally:
+            log.close()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # never leave a half-started server behind
+            raise
+        return self
+
+    def _tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def _wait_ready(self) -> None:
+        t0 = time.monotonic()
+        base = self.command.base_url
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise LaunchError(f"the server exited with code {self.proc.returncode} before it was ready "
+                                  f"(log: {self.log_path}):\n{self._tail()}")
+            if self.cancelled():
+                raise LaunchError("cancelled while waiting for the server")
+            if time.monotonic() - t0 > self.ready_timeout_s:
+                raise LaunchError(f"the server was not ready after {self.ready_timeout_s:.0f} s "
+                                  f"(log: {self.log_path}):\n{self._tail()}")
+            status, _ = _get(base + "/health", timeout=2.0)
+            if status == 200:
+                status, body = _get(base + "/v1/models", timeout=5.0)
+                if status == 200:
+                    try:
+                        self.model_id = json.loads(body)["data"][0]["id"]
+                    except (ValueError, KeyError, IndexError, TypeError):
+                        self.model_id = None
+                    self.ready_s = time.monotonic() - t0
+                    return
+            time.sleep(READY_POLL_S)
+
+    def stop(self) -> Optional[int]:
+        """SIGTERM the server's own process group, SIGKILL what is left after a grace period."""
+        if self.proc is None:
+            return None
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # leftovers of the group (workers the server forked) are ours too
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return self.proc.poll()
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

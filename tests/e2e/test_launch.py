@@ -1,0 +1,55 @@
+"""Local launchers: command lines per framework, and the built-in server run for real."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
+from engine.config.benchmark import BenchmarkConfig
+
+
+def _cfg(**kw):
+    return BenchmarkConfig.model_validate({"framework": "vllm", "model": "org/m", **kw})
+
+
+def test_command_lines_and_profiler_switches(tmp_path):
+    c = server_command(_cfg(envs={"TP": 2, "MAX_MODEL_LEN": 4096}), 8123, tmp_path)
+    assert c.argv[:3] == ["vllm", "serve", "org/m"] and "--tensor-parallel-size" in c.argv
+    assert c.argv[c.argv.index("--max-model-len") + 1] == "4096"
+    prof = c.argv[c.argv.index("--profiler-config") + 1]
+    assert '"torch_profiler_dir": "%s"' % tmp_path in prof and '"profiler": "torch"' in prof
+    assert "--profiler-config" not in server_command(_cfg(), 8123).argv
+    s = server_command(_cfg(framework="sglang"), 9000, tmp_path)
+    assert s.argv[1:3] == ["-m", "sglang.launch_server"] and s.env["SGLANG_TORCH_PROFILER_DIR"] == str(tmp_path)
+    a = server_command(_cfg(framework="atom"), 9001, tmp_path)
+    assert a.argv[a.argv.index("--server-port") + 1] == "9001" and "--torch-profiler-dir" in a.argv
+    b = server_command(BenchmarkConfig.model_validate({"framework": "builtin", "server_args": ["--seed", "3"]}), 9002)
+    assert b.argv[1:3] == ["-m", "engine.serve"] and b.argv[-2:] == ["--seed", "3"]
+    assert b.base_url == "http://127.0.0.1:9002"
+
+
+def test_builtin_server_starts_serves_and_stops_its_group(tmp_path):
+    cfg = BenchmarkConfig.model_validate({"framework": "builtin"})
+    cmd = server_command(cfg, free_port())
+    with LocalServer(cmd, tmp_path / "server.log", ready_timeout_s=120) as server:
+        assert server.model_id == "tiny" and server.ready_s is not None
+        pid = server.proc.pid
+    assert server.proc.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    assert "magpie-serve ready" in (tmp_path / "server.log").read_text()
+
+
+def test_a_server_that_dies_is_reported_with_its_log(tmp_path):
+    from engine.bench.launch import ServerCommand
+    cmd = ServerCommand([sys.executable, "-c", "import sys; print('CUDA out of memory'); sys.exit(3)"], port=free_port())
+    with pytest.raises(LaunchError) as info:
+        LocalServer(cmd, tmp_path / "server.log", ready_timeout_s=30).start()
+    assert "exited with code 3" in str(info.value) and "CUDA out of memory" in str(info.value)
+    hang = ServerCommand([sys.executable, "-c", "import time; time.sleep(60)"], port=free_port())
+    server = LocalServer(hang, tmp_path / "hang.log", ready_timeout_s=1.5)
+    with pytest.raises(LaunchError, match="not ready after"):
+        server.start()
+    assert server.proc.poll() is not None  # the half-started server was stopped
