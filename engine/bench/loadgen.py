@@ -1,0 +1,375 @@
+"""Asyncio load generator for OpenAI-compatible streaming servers, timed as `vllm bench serve` times.
+
+Per request (serving-reference §1.1): `start_time` is taken just before the POST, after the
+concurrency semaphore; the wait for the semaphore is `queue_time`. Every SSE message with a
+non-empty `choices` array is stamped: the first gives TTFT, each later one appends one ITL gap,
+and the last one ends E2EL. The trailing usage chunk (`choices: []`) sets the output and prompt
+token counts but does not move the end time; `[DONE]` and `:` comments are ignored.
+
+Where we deliberately differ from vLLM's client, because its behaviour hides failures:
+
+* an in-stream error event (`data: {"error": ...}` after a 200) fails the request (vLLM skips it);
+* a stream that ends without `data: [DONE]` fails the request (it was cut short);
+* without a usage chunk vLLM re-tokenises the text; we count tokens without a tokenizer: the
+  server's running `usage.completion_tokens` when it sends usage on content chunks (vLLM's
+  `continuous_usage_stats`), otherwise one token per chunk with non-empty text. The latter
+  undercounts when a server packs several tokens into one chunk, so ask for usage.
+
+Cheap per chunk: one `perf_counter()` per read of the response stream (every message completed by
+that read gets it), byte-level SSE splitting with no text decoding, and a typed msgspec decoder that
+skips fields we do not read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgspec
+import numpy as np
+
+from engine.bench.dataset import SampleRequest
+from engine.bench.metrics import BenchmarkMetrics, RequestOutput, compute_metrics
+
+# (phase, finished so far, total in phase, the finished request); phase is "warmup" or "measure".
+ProgressCallback = Callable[[str, int, int, RequestOutput], None]
+
+_ERROR_TEXT_LIMIT = 500
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = None  # only present on error events, so decoding it generically costs nothing
+
+
+_DECODE = msgspec.json.Decoder(_Chunk).decode
+_ENCODE = msgspec.json.Encoder().encode
+
+
+@dataclass
+class LoadGenConfig:
+    """What to send and how. `endpoint` picks the API: a path ending in `chat/completions` is chat."""
+
+    base_url: str
+    model: str
+    endpoint: str = "/v1/completions"
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    num_warmups: int = 0
+    ignore_eos: bool = True
+    request_timeout_s: float | None = None
+    seed: int = 0
+    extra_body: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+    request_id_prefix: str = ""
+
+    @property
+    def is_chat(self) -> bool:
+        return self.endpoint.rstrip("/").endswith("chat/completions")
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + "/" + self.endpoint.lstrip("/")
+
+
+@dataclass
+class LoadResult:
+    """Measured outputs in release order (when cancelled, only the requests that were released)."""
+
+    outputs: list[RequestOutput]
+    warmup_outputs: list[RequestOutput] = field(default_factory=list)
+    duration_s: float = 0.0
+    cancelled: bool = False
+
+    def metrics(self, *, selected_percentiles: Sequence[float] = (50, 90, 99),
+                goodput_slos: dict[str, float] | None = None) -> BenchmarkMetrics:
+        return compute_metrics(self.outputs, self.duration_s, selected_percentiles=selected_percentiles,
+                               goodput_slos=goodput_slos)
+
+
+def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Release times (s from the start) as vLLM's get_request computes them.
+
+    Gaps are gamma(shape=burstiness, scale=1/(rate*burstiness)) (burstiness 1: Poisson), drawn
+    from a legacy numpy RandomState(seed) — the same stream as vLLM's `np.random.seed(seed)` then
+    one `np.random.gamma` per request. They are accumulated and rescaled so the last release is at
+    exactly n/rate. Rate inf releases everything at 0; burstiness inf gives constant gaps.
+    """
+    if burstiness <= 0:
+        raise ValueError(f"burstiness must be positive, got {burstiness}")
+    if request_rate <= 0:
+        raise ValueError(f"request rate must be positive, got {request_rate}")
+    if n == 0 or math.isinf(request_rate):
+        return [0.0] * n
+    if math.isinf(burstiness):
+        gaps = np.full(n, 1.0 / request_rate)
+    else:
+        gaps = np.random.RandomState(seed).gamma(burstiness, 1.0 / (request_rate * burstiness), size=n)
+    cum = np.cumsum(gaps)
+    if cum[-1] != 0:
+        cum *= (n / request_rate) / cum[-1]
+    return [float(t) for t in cum]
+
+
+class LoadGenerator:
+    """Runs one benchmark: warm-up (W copies of the first request, discarded), then the timed run.
+
+    `cancel()` may be called from any thread: requests not yet released are dropped, released ones
+    end as failed ("cancelled" in flight, "cancelled before sending" while queued for a slot), and
+    `run()` returns them with `cancelled=True`.
+    """
+
+    def __init__(self, config: LoadGenConfig, requests: Sequence[SampleRequest], *,
+                 on_progress: ProgressCallback | None = None) -> None:
+        if not requests:
+            raise ValueError("no requests to send")
+        if config.is_chat and not isinstance(requests[0].prompt, str):
+            raise ValueError("the chat endpoint needs text prompts; sample the dataset with a tokenizer")
+        if config.max_concurrency is not None and config.max_concurrency < 1:
+            raise ValueError(f"max concurrency must be >= 1, got {config.max_concurrency}")
+        self.config = config
+        self.requests = list(requests)
+        self.on_progress = on_progress
+        self._cancelled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._arrivals: asyncio.Task[Any] | None = None
+        self._lock = threading.Lock()
+        self._finished = {"warmup": 0, "measure": 0}
+        self._headers = {"Content-Type": "application/json", **(config.headers or {})}
+        self._timeout = (aiohttp.ClientTimeout(total=config.request_timeout_s)
+                         if config.request_timeout_s else aiohttp.ClientTimeout(total=None))
+
+    # ---- control ----------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._cancel_now)
+
+    def _cancel_now(self) -> None:
+        if self._arrivals is not None:
+            self._arrivals.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+
+    # ---- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> LoadResult:
+        cfg = self.config
+        with self._lock:
+            self._loop = asyncio.get_running_loop()
+            if self._cancelled:
+                return LoadResult(outputs=[], cancelled=True)
+        limit = cfg.max_concurrency or 0
+        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
+        sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                         skip_auto_headers=("User-Agent",)) as session:
+            warm: list[RequestOutput] = []
+            if cfg.num_warmups > 0:
+                first = self.requests[0]
+                jobs = [self._limited(session, sem, first, f"{cfg.request_id_prefix}warmup-{i}",
+                                      time.perf_counter(), "warmup", cfg.num_warmups)
+                        for i in range(cfg.num_warmups)]
+                warm = await self._gather(jobs)
+            if self._cancelled:
+                return LoadResult(outputs=[], warmup_outputs=warm, cancelled=True)
+            offsets = arrival_offsets(len(self.requests), cfg.request_rate, cfg.burstiness, cfg.seed)
+            tasks: list[asyncio.Task[RequestOutput]] = []
+            t0 = time.perf_counter()
+            self._arrivals = asyncio.create_task(self._release(session, sem, offsets, t0, tasks))
+            try:
+                await self._arrivals
+            except asyncio.CancelledError:
+                if not self._cancelled:
+                    raise
+            outputs = await asyncio.gather(*tasks)
+            duration = time.perf_counter() - t0
+        return LoadResult(outputs=list(outputs), warmup_outputs=warm, duration_s=duration,
+                          cancelled=self._cancelled)
+
+    async def _gather(self, coros: list[Any]) -> list[RequestOutput]:
+        tasks = [self._track(asyncio.create_task(c)) for c in coros]
+        return list(await asyncio.gather(*tasks))
+
+    def _track(self, task: asyncio.Task[RequestOutput]) -> asyncio.Task[RequestOutput]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _release(self, session: aiohttp.ClientSession, sem: asyncio.Semaphore | None,
+                       offsets: list[float], t0: float, tasks: list[asyncio.Task[RequestOutput]]) -> None:
+        cfg = self.config
+        n = len(self.requests)
+        for i, (req, off) in enumerate(zip(self.requests, offsets)):
+            if off > 0:
+                wait = t0 + off - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            if self._cancelled:
+                return
+            rid = f"{cfg.request_id_prefix}{req.request_id or i}"
+            tasks.append(self._track(asyncio.create_task(
+                self._limited(session, sem, req, rid, time.perf_counter(), "measure", n))))
+
+    async def _limited(self, session: aiohttp.ClientSession, sem: asyncio.Semaphore | None,
+                       req: SampleRequest, rid: str, arrival: float, phase: str, total: int) -> RequestOutput:
+        try:
+            if sem is None:
+                out = await self._send(session, req, rid)
+            else:
+                async with sem:
+                    out = await self._send(session, req, rid)
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+            # Cancelled while waiting for the semaphore: never sent.
+            out = RequestOutput(prompt_len=req.prompt_len, request_id=rid, error="cancelled before sending",
+                                start_time=time.perf_counter())
+        out.queue_time = out.start_time - arrival
+        self._finished[phase] += 1
+        if self.on_progress is not None:
+            self.on_progress(phase, self._finished[phase], total, out)
+        return out
+
+    def _body(self, req: SampleRequest) -> bytes:
+        cfg = self.config
+        body: dict[str, Any] = {"model": cfg.model, "stream": True, "stream_options": {"include_usage": True}}
+        if cfg.is_chat:
+            body["messages"] = [{"role": "user", "content": req.prompt}]
+            body["max_completion_tokens"] = req.output_len
+        else:
+            body["prompt"] = req.prompt
+            body["max_tokens"] = req.output_len
+        if cfg.ignore_eos:
+            body["ignore_eos"] = True
+        if cfg.extra_body:
+            body.update(cfg.extra_body)
+        return _ENCODE(body)
+
+    async def _send(self, session: aiohttp.ClientSession, req: SampleRequest, rid: str) -> RequestOutput:
+        out = RequestOutput(prompt_len=req.prompt_len, request_id=rid)
+        body = self._body(req)
+        headers = {**self._headers, "x-request-id": rid}
+        perf = time.perf_counter
+        st = perf()
+        out.start_time = st
+        last = st
+        got_choice = False
+        done = False
+        pieces = 0
+        running_usage: int | None = None
+        text_len = 0
+        itl = out.itl
+        try:
+            async with session.post(self.config.url, data=body, headers=headers, timeout=self._timeout) as resp:
+                if resp.status != 200:
+                    detail = (await resp.read())[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+                    out.error = f"HTTP {resp.status} {resp.reason}: {detail}".rstrip(": ")
+                    return out
+                buf = b""
+                stream = resp.content
+                while not done and not out.error:
+                    data = await stream.readany()
+                    if not data:
+                        break
+                    now = perf()
+                    buf = buf + data if buf else data
+                    if b"\r" in buf:
+                        buf = buf.replace(b"\r\n", b"\n")
+                    if b"\n\n" not in buf:
+                        continue
+                    events = buf.split(b"\n\n")
+                    buf = events.pop()
+                    for ev in events:
+                        payload = _payload(ev)
+                        if payload is None:
+                            continue
+                        if payload == b"[DONE]":
+                            done = True
+                            break
+                        chunk = _DECODE(payload)
+                        if chunk.error is not None:
+                            out.error = ("error event in stream: " + _ENCODE(chunk.error).decode())[:_ERROR_TEXT_LIMIT]
+                            break
+                        choices = chunk.choices
+                        if choices:
+                            if got_choice:
+                                itl.append(now - last)
+                            else:
+                                got_choice = True
+                                out.ttft = now - st
+                            last = now
+                            c = choices[0]
+                            text = c.text if c.text is not None else (
+                                (c.delta.content or c.delta.reasoning_content) if c.delta is not None else None)
+                            if text:
+                                pieces += 1
+                                text_len += len(text)
+                            if chunk.usage is not None and chunk.usage.completion_tokens is not None:
+                                running_usage = chunk.usage.completion_tokens
+                        elif chunk.usage is not None:
+                            out.output_tokens = chunk.usage.completion_tokens or 0
+                            if chunk.usage.prompt_tokens is not None:
+                                out.prompt_len = chunk.usage.prompt_tokens
+                if not done and not out.error:
+                    # A final `data:` line without its blank line still counts if it is [DONE].
+                    done = _payload(buf.strip()) == b"[DONE]"
+        except asyncio.TimeoutError:
+            out.error = f"timeout after {self.config.request_timeout_s} s"
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+            out.error = "cancelled"
+        except Exception as exc:  # a malformed chunk, a dropped connection: this request fails, the run goes on
+            out.error = f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT]
+        out.counted_tokens = running_usage if running_usage is not None else pieces
+        out.generated_text_len = text_len
+        out.latency = last - st
+        if not out.error:
+            if not got_choice:
+                out.error = "no message with choices received"
+            elif not done:
+                out.error = "stream ended before [DONE]"
+        out.success = not out.error
+        return out
+
+
+def _payload(ev: bytes) -> bytes | None:
+    """The data of one SSE event (data lines joined by newlines), or None for comments/no data."""
+    if ev.startswith(b"data:") and b"\n" not in ev:
+        return ev[5:].strip()
+    lines = [ln[5:].strip() for ln in ev.split(b"\n") if ln.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+def run_load(config: LoadGenConfig, requests: Sequence[SampleRequest], *,
+             on_progress: ProgressCallback | None = None) -> LoadResult:
+    """Synchronous convenience: run a LoadGenerator in a fresh event loop."""
+    return asyncio.run(LoadGenerator(config, requests, on_progress=on_progress).run())
