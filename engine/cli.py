@@ -63,6 +63,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
+    b = p.add_argument_group("serving benchmark")
+    b.add_argument("framework", nargs="?", choices=["vllm", "sglang", "atom", "builtin"],
+                   help="server to benchmark (or benchmark.framework in -b)")
+    b.add_argument("-b", "--benchmark-config", help="benchmark YAML (Magpie's benchmark: format)")
+    b.add_argument("-m", "--model", help="model (HF id or local path; builtin: ignored, see server.size)")
+    b.add_argument("-p", "--precision", help="precision label (fp8, bf16, ...)")
+    b.add_argument("--tp", type=int, help="tensor parallel size (envs.TP)")
+    b.add_argument("--concurrency", type=int, help="client max concurrency (envs.CONC)")
+    b.add_argument("--input-len", type=int, help="input tokens per request (envs.ISL)")
+    b.add_argument("--output-len", type=int, help="output tokens per request (envs.OSL)")
+    b.add_argument("--num-prompts", type=int, help="requests per run (envs.NUM_PROMPTS; default CONC x 10)")
+    b.add_argument("--request-rate", type=float, help="requests/s (default: all at once)")
+    b.add_argument("--burstiness", type=float, help="gamma shape of arrivals (1 = Poisson)")
+    b.add_argument("--range-ratio", type=float, help="length spread (envs.RANDOM_RANGE_RATIO)")
+    b.add_argument("--warmup", type=int, help="warm-up requests, not measured")
+    b.add_argument("--repeats", type=int, help="measured runs; metrics get a 95%% interval across them")
+    b.add_argument("--sweep", action="append", help="KEY=V1,V2,... (concurrency, input_len, output_len, request_rate)")
+    b.add_argument("--base-url", help="benchmark a server that is already running")
+    b.add_argument("--seed", type=int, help="dataset and arrival seed")
+    b.add_argument("--torch-profiler", action="store_true", default=None, help="collect server-side torch traces")
+    b.add_argument("--tracelens", action="store_true", default=None, help="analyse the traces (implies the profiler)")
+    b.add_argument("--gap-analysis", action="store_true", default=None, help="gap and idle analysis of the traces")
+    b.add_argument("--run-mode", choices=["docker", "local"], help="where the server runs")
+    b.add_argument("--docker-image", dest="bench_docker_image", help="server image for --run-mode docker")
+    b.add_argument("--timeout", type=float, help="seconds for the whole run (default 3600)")
     g = p.add_argument_group("trace analysis (gap analysis, GPU idle, TraceLens-compatible reports)")
     g.add_argument("--trace-dir", help="a trace file, a folder of traces (ranks from names), or a benchmark workspace")
     g.add_argument("--top-k", type=int, default=20, help="kernels kept in the gap-analysis tables (default 20)")
@@ -243,6 +268,71 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     return result.exit_code
 
 
+def _parse_sweep(items: Optional[list[str]]) -> Optional[dict]:
+    if not items:
+        return None
+    out: dict[str, list] = {}
+    for item in items:
+        key, _, values = item.partition("=")
+        try:
+            out[key.strip().replace("-", "_")] = [float(v) if "." in v else int(v) for v in values.split(",") if v]
+        except ValueError:
+            raise ConfigError([f"--sweep {item}: expected KEY=V1,V2,... with numbers"]) from None
+        if not out[key.strip().replace("-", "_")]:
+            raise ConfigError([f"--sweep {item}: no values"])
+    return out
+
+
+def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
+    from engine.bench.run import run_benchmark
+    from engine.config.benchmark import BenchmarkConfig, apply_cli_overrides, load_benchmark_config
+    from engine.runs.process import CancelToken
+    from engine.runs.workspace import Workspace
+
+    warnings: list[str] = []
+    flags = {"model": args.model, "precision": args.precision, "tp": args.tp, "concurrency": args.concurrency,
+             "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
+             "request_rate": args.request_rate, "burstiness": args.burstiness, "range_ratio": args.range_ratio,
+             "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
+             "base_url": args.base_url, "seed": args.seed, "torch_profiler": args.torch_profiler,
+             "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
+             "docker_image": args.bench_docker_image, "timeout": args.timeout}
+    if args.benchmark_config:
+        cfg, _doc = load_benchmark_config(args.benchmark_config, warnings)
+        if args.framework and args.framework != cfg.framework:
+            raise ConfigError([f"framework {args.framework} on the command line, {cfg.framework} in "
+                               f"{args.benchmark_config}: say one"])
+    else:
+        if not args.framework:
+            raise ConfigError(["magpie benchmark: give a framework (vllm, sglang, atom, builtin) and -m MODEL, "
+                               "or -b CONFIG.yaml, or --trace-dir DIR to analyse traces"])
+        try:
+            cfg = BenchmarkConfig.model_validate({"framework": args.framework, "model": args.model or ""})
+        except Exception as exc:  # pydantic's message names the field
+            raise ConfigError([f"command line: {exc}"]) from None
+    if flags["gap_analysis"] and not (flags["torch_profiler"] or cfg.profiler.torch_profiler.enabled):
+        flags["torch_profiler"] = True  # the analysis needs traces
+    cfg, overrides = apply_cli_overrides(cfg, flags)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    for o in overrides:
+        print(f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})", file=sys.stderr)
+    label = cfg.framework if cfg.framework != "builtin" else f"builtin-{cfg.server.size}"
+    ws = Workspace.create(args.output_dir or "./results", "benchmark", label)
+    ws.write_yaml("config.yaml", {"benchmark": cfg.model_dump(by_alias=True), "overrides": overrides,
+                                  "warnings": warnings})
+    ws.events.emit("run_started", mode="benchmark", pid=os.getpid(), workspace=str(ws.root), label=label)
+    cancel = CancelToken()
+    _install_signal_handlers(cancel)
+    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"magpie benchmark: workspace {ws.root}")
+    code, report = run_benchmark(cfg, ws, cancel, overrides=overrides, warnings=warnings, log=log)
+    ws.events.emit("run_finished", state=report["state"], exit_code=code, report="benchmark_report.json")
+    ws.events.close()
+    console.print((ws.root / "summary.txt").read_text(), highlight=False, markup=False)
+    return code
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -258,9 +348,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_CONFIG
     try:
         if args.command == "benchmark":
-            if not args.trace_dir:
-                raise ConfigError(["magpie benchmark: give --trace-dir DIR to analyse torch-profiler traces"])
-            return _run_trace_analysis(args, console)
+            if args.trace_dir:
+                return _run_trace_analysis(args, console)
+            return _run_benchmark(args, console)
         return _run_kernels(args, console)
     except ConfigError as exc:
         print("error: configuration problem" + ("s" if len(exc.problems) > 1 else "") + "; nothing was run",

@@ -1,0 +1,255 @@
+"""``magpie benchmark``: launch the server (or use ``--base-url``), drive the load, and write
+``benchmark_report.json`` (Magpie's keys, plus ``repeats``, ``sweep``, ``overrides``,
+``environment`` and vLLM's result fields) and ``summary.txt`` into the run's workspace. A profiled
+run collects server-side torch traces into ``torch_trace/`` and analyses them into
+``gap_analysis/`` and ``tracelens/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from engine.bench.dataset import sample_random_requests
+from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
+from engine.bench.loadgen import LoadGenConfig, LoadGenerator
+from engine.bench.metrics import aggregate_repeats
+from engine.config.benchmark import BenchmarkConfig
+from engine.runs.process import CancelToken
+from engine.runs.workspace import Workspace
+
+# Token ids a random prompt may use, per built-in preset (its byte tokenizer reserves 256/257).
+_BUILTIN_VOCAB = {"tiny": 512, "1b": 128256}
+_BUILTIN_SPECIAL = (256, 257)
+
+
+def _post(url: str, timeout: float) -> int:
+    req = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the server we launched or were given
+        return r.status
+
+
+def _latency_section(result: dict) -> dict:
+    return {m: {"mean_ms": result.get(f"mean_{m}_ms"), "median_ms": result.get(f"median_{m}_ms"),
+                "p99_ms": result.get(f"p99_{m}_ms"), "std_ms": result.get(f"std_{m}_ms")}
+            for m in ("ttft", "tpot", "itl", "e2el")}
+
+
+def _throughput_section(result: dict) -> dict:
+    return {"request_throughput": result.get("request_throughput"), "output_throughput": result.get("output_throughput"),
+            "total_token_throughput": result.get("total_token_throughput"),
+            "completed_requests": result.get("completed"), "total_input_tokens": result.get("total_input_tokens"),
+            "total_output_tokens": result.get("total_output_tokens"), "duration_seconds": result.get("duration")}
+
+
+def _points(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
+    """Sweep points: the cartesian product of the sweep lists (one point when there is no sweep)."""
+    points: list[dict[str, Any]] = [{}]
+    for key, values in cfg.client.sweep.items():
+        points = [{**p, key: v} for p in points for v in values]
+    return points
+
+
+def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, overrides: list[dict],
+                  warnings: list[str], log: Callable[[str], None] = lambda s: None) -> tuple[int, dict]:
+    started = time.time()
+    envs = cfg.effective_envs()
+    profiled = cfg.profiler.torch_profiler.enabled
+    report: dict[str, Any] = {
+        "success": False, "framework": cfg.framework, "model": cfg.model or cfg.server.size,
+        "run_kind": cfg.effective_run_kind(), "profiling_enabled": profiled, "reward_eligible": False,
+        "workspace_dir": str(ws.root), "overrides": overrides, "warnings": warnings, "errors": [],
+        "envs": envs, "kernel_summary": [], "top_bottlenecks": [], "tracelens_analysis": {"enabled": False},
+        "gap_analysis": {"enabled": False},
+        "environment": {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node()},
+    }
+    trace_dir = ws.path("torch_trace") if profiled else None
+    if trace_dir is not None:
+        trace_dir.mkdir(exist_ok=True)
+    server: Optional[LocalServer] = None
+    state = "failed"
+    try:
+        if cfg.client.base_url:
+            base_url, model = cfg.client.base_url.rstrip("/"), cfg.model or cfg.server.size
+            report["server"] = {"base_url": base_url, "launched": False}
+        else:
+            if cfg.run_mode == "docker":
+                raise LaunchError("run_mode docker is not available in this version of the tool: use "
+                                  "--run-mode local, or start the server yourself and pass --base-url")
+            cmd = server_command(cfg, free_port(), trace_dir)
+            ws.events.emit("stage", stage="server", state="running", argv=cmd.argv)
+            log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
+            server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=min(cfg.server_lifecycle.server_ready_timeout_s,
+                                                                                 cfg.timeout_seconds),
+                                 cancelled=lambda: cancel.cancelled).start()
+            base_url, model = cmd.base_url, server.model_id or cfg.model or cfg.server.size
+            report["server"] = {"base_url": base_url, "launched": True, "argv": cmd.argv, "env": cmd.env,
+                                "ready_s": server.ready_s, "log": str(ws.path("server.log"))}
+            ws.events.emit("stage", stage="server", state="SUCCESS", ready_s=server.ready_s)
+        if cfg.framework == "builtin":
+            vocab, special = _BUILTIN_VOCAB.get(cfg.server.size, 512), _BUILTIN_SPECIAL
+        else:
+            vocab, special = int(envs.get("VOCAB_SIZE", "32000")), ()
+            warnings.append(f"random prompts use token ids below VOCAB_SIZE={vocab} (set envs.VOCAB_SIZE to the "
+                            "model's vocabulary size)")
+        sweep_results = []
+        for point in _points(cfg):
+            conc = int(point.get("concurrency", envs["CONC"]))
+            isl = int(point.get("input_len", envs["ISL"]))
+            osl = int(point.get("output_len", envs["OSL"]))
+            rate = point.get("request_rate", cfg.client.request_rate) or math.inf
+            num_prompts = int(envs["NUM_PROMPTS"]) if "concurrency" not in point else conc * 10
+            runs = []
+            for rep in range(cfg.client.repeats):
+                if cancel.cancelled:
+                    break
+                requests = sample_random_requests(num_prompts, input_len=isl, output_len=osl,
+                                                  range_ratio=float(envs["RANDOM_RANGE_RATIO"]),
+                                                  seed=cfg.client.seed + rep, vocab_size=vocab, special_ids=special)
+                lg = LoadGenerator(LoadGenConfig(base_url=base_url, model=model,
+                                                 endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
+                                                 else "/v1/completions",
+                                                 request_rate=rate, burstiness=cfg.client.burstiness,
+                                                 max_concurrency=conc, num_warmups=cfg.client.warmup,
+                                                 seed=cfg.client.seed + rep,
+                                                 request_timeout_s=cfg.timeout_seconds),
+                                   requests, on_progress=lambda phase, done, total, _o, rep=rep, point=point:
+                                   ws.events.emit("progress", phase=phase, done=done, total=total, repeat=rep,
+                                                  point=point) if done == total or done % 10 == 0 else None)
+                cancel_watch = _watch_cancel(cancel, lg)
+                profiling_now = profiled and rep == 0 and not sweep_results
+                if profiling_now:
+                    _post(base_url + "/start_profile", 60)
+                result_obj = _run(lg)
+                if profiling_now:
+                    log("stopping the profiler (the server flushes its traces)...")
+                    _post(base_url + "/stop_profile", cfg.profiler.torch_profiler.flush_timeout_seconds)
+                cancel_watch()
+                result = result_obj.metrics(goodput_slos=cfg.client.goodput or None).to_result()
+                errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
+                result["errors"] = errors[:10]
+                runs.append(result)
+                log(f"point {point or 'default'} repeat {rep + 1}/{cfg.client.repeats}: "
+                    f"{result['completed']} ok, {result['failed']} failed, "
+                    f"{result['output_throughput']:.1f} output tok/s, TTFT p50 {result['median_ttft_ms']:.1f} ms")
+            sweep_results.append({"point": {"concurrency": conc, "input_len": isl, "output_len": osl,
+                                            "request_rate": None if rate == math.inf else rate,
+                                            "num_prompts": num_prompts},
+                                  "runs": runs, "repeats": aggregate_repeats(runs) if len(runs) > 1 else None})
+        first = sweep_results[0]["runs"][0] if sweep_results and sweep_results[0]["runs"] else {}
+        report["result"] = first
+        report["throughput"] = _throughput_section(first)
+        report["latency"] = _latency_section(first)
+        report["repeats"] = sweep_results[0]["repeats"] if sweep_results else None
+        report["sweep"] = sweep_results if len(sweep_results) > 1 else None
+        report["success"] = bool(first) and first.get("completed", 0) > 0 and not cancel.cancelled
+        report["reward_eligible"] = report["success"] and report["run_kind"] == "measurement"
+        if first.get("failed"):
+            report["errors"].append(f"{first['failed']} request(s) failed: {'; '.join(first.get('errors', []))}")
+        state = "cancelled" if cancel.cancelled else ("completed" if report["success"] else "failed")
+    except (LaunchError, OSError) as exc:
+        report["errors"].append(str(exc))
+    finally:
+        if server is not None:
+            ws.events.emit("stage", stage="server", state="stopping")
+            server.stop()
+    if profiled and trace_dir is not None and state == "completed":
+        _analyse_traces(cfg, ws, trace_dir, report, log)
+    report["state"] = state
+    report["execution_time"] = round(time.time() - started, 3)
+    ws.write_json("benchmark_report.json", report)
+    ws.write_text("summary.txt", summary_text(report))
+    code = 130 if state == "cancelled" else (0 if report["success"] else 1)
+    return code, report
+
+
+def _run(lg: LoadGenerator):
+    import asyncio
+    return asyncio.run(lg.run())
+
+
+def _watch_cancel(cancel: CancelToken, lg: LoadGenerator) -> Callable[[], None]:
+    """Forward a cancel (Ctrl-C, SIGTERM) to the load generator; returns a stop function."""
+    import threading
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            if cancel.cancelled:
+                lg.cancel()
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done.set
+
+
+def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report: dict,
+                    log: Callable[[str], None]) -> None:
+    from engine.trace.analyze import TraceAnalysisOptions, run_trace_analysis
+    from engine.trace.gaps import aggregate_kernels, trace_window
+    from engine.trace.load import load_trace
+    from engine.trace.discover import discover_traces
+    ga = cfg.gap_analysis
+    envs = cfg.effective_envs()
+    opts = TraceAnalysisOptions(
+        top_k=ga.top_k, start_pct=ga.trace_start_pct, end_pct=ga.trace_end_pct, min_duration_us=ga.min_duration_us,
+        categories=tuple(ga.categories), ignore_categories=tuple(ga.ignore_categories),
+        find_kernel_sources=ga.find_kernel_sources, kernel_source_repos=[Path(p) for p in ga.kernel_source_repos],
+        gpu_arch=cfg.gpu_arch or cfg.profiler.tracelens.gpu_arch_config, stages=cfg.profiler.tracelens.analysis_stages,
+        tracelens=cfg.profiler.tracelens.enabled, isl=int(envs["ISL"]), osl=int(envs["OSL"]), conc=int(envs["CONC"]),
+        random_range_ratio=float(envs["RANDOM_RANGE_RATIO"]), num_steps=cfg.profiler.tracelens.num_steps)
+    try:
+        traces = discover_traces(trace_dir)
+    except FileNotFoundError as exc:
+        report["errors"].append(f"profiling: {exc}")
+        return
+    # Magpie's kernel_summary: the largest trace's kernels (issue #38: not the warm-up trace).
+    largest = max((p for _, p in traces), key=lambda p: p.stat().st_size)
+    trace = load_trace(largest)
+    aggs = aggregate_kernels(trace, trace_window(trace), categories=("kernel",), ignore_categories=())
+    total = sum(a.total for a in aggs.values()) or 1.0
+    ranked = sorted(aggs.values(), key=lambda a: -a.total)
+    report["kernel_summary"] = [{"name": a.name, "time_ms": a.total / 1e3, "percent": a.total / total * 100,
+                                 "calls": len(a.durations)} for a in ranked[:50]]
+    report["top_bottlenecks"] = [a.name for a in ranked[:10]]
+    if not (ga.enabled or cfg.profiler.tracelens.enabled):
+        return
+    try:
+        result = run_trace_analysis(trace_dir, opts, ws, log)
+        if ga.enabled:
+            report["gap_analysis"] = result.report["gap_analysis"]
+        report["tracelens_analysis"] = result.report["tracelens_analysis"]
+    except Exception as exc:  # the measured numbers above stand on their own
+        report["errors"].append(f"trace analysis: {type(exc).__name__}: {exc}")
+
+
+def summary_text(report: dict) -> str:
+    lines = [f"magpie benchmark: {report['framework']} {report['model']} — {report.get('state')}",
+             f"run kind: {report['run_kind']}; profiling: {report['profiling_enabled']}; "
+             f"workspace: {report['workspace_dir']}"]
+    t = report.get("throughput") or {}
+    if t.get("completed_requests") is not None:
+        lines.append(f"requests: {t['completed_requests']} completed in {t['duration_seconds']:.2f} s; "
+                     f"{t['request_throughput']:.2f} req/s, {t['output_throughput']:.1f} output tok/s, "
+                     f"{t['total_token_throughput']:.1f} total tok/s")
+        for m, v in (report.get("latency") or {}).items():
+            if v.get("mean_ms") is not None:
+                lines.append(f"{m.upper():5} mean {v['mean_ms']:.2f} ms, median {v['median_ms']:.2f} ms, "
+                             f"p99 {v['p99_ms']:.2f} ms, std {v['std_ms']:.2f} ms")
+    rep = report.get("repeats")
+    if rep:
+        for key in ("output_throughput", "median_ttft_ms", "median_tpot_ms"):
+            r = rep.get(key)
+            if r:
+                lines.append(f"{key} over {r['n']} repeats: {r['mean']:.3f} (95% CI {r['ci95'][0]:.3f}-{r['ci95'][1]:.3f})")
+    for name in report.get("top_bottlenecks", [])[:5]:
+        lines.append(f"bottleneck: {name[:100]}")
+    for e in report.get("errors", []):
+        lines.append(f"error: {e.splitlines()[0] if e else e}")
+    lines.append(f"elapsed: {report.get('execution_time', 0):.1f} s")
+    return "\n".join(lines) + "\n"

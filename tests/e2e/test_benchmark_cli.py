@@ -1,0 +1,70 @@
+"""magpie benchmark through the real command line: the built-in server on the CPU, clean and
+profiled, a server that is already running (--base-url), repeats, and config errors."""
+
+import json
+
+from conftest import only_workspace, read_events, run_magpie
+
+
+def _report(out):
+    ws = only_workspace(out)
+    return ws, json.loads((ws / "benchmark_report.json").read_text())
+
+
+def test_builtin_clean_run(tmp_path):
+    proc = run_magpie("benchmark", "builtin", "--concurrency", "3", "--input-len", "24", "--output-len", "8",
+                      "--num-prompts", "9", "--repeats", "2", "--range-ratio", "0", "-o", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ws, r = _report(tmp_path)
+    assert ws.name.startswith("benchmark_builtin-tiny_")
+    assert r["success"] is True and r["run_kind"] == "measurement" and r["reward_eligible"] is True
+    assert r["throughput"]["completed_requests"] == 9 and r["throughput"]["total_output_tokens"] == 72
+    assert r["throughput"]["total_input_tokens"] == 9 * 24
+    lat = r["latency"]
+    assert 0 < lat["ttft"]["median_ms"] <= lat["e2el"]["median_ms"] and lat["tpot"]["mean_ms"] > 0
+    rep = r["repeats"]["output_throughput"]
+    assert rep["n"] == 2 and rep["ci95"][0] <= rep["mean"] <= rep["ci95"][1]
+    assert {"field": "benchmark.envs.CONC", "yaml": "32", "cli": "3", "flag": "--concurrency"} in r["overrides"]
+    assert (ws / "server.log").read_text().count("magpie-serve ready") == 1
+    assert "output tok/s" in (ws / "summary.txt").read_text()
+    events = read_events(ws)
+    assert events[0]["event"] == "run_started" and events[-1]["state"] == "completed"
+    assert any(e["event"] == "progress" and e["phase"] == "measure" for e in events)
+
+
+def test_builtin_profiled_run_collects_traces_with_step_annotations(tmp_path):
+    proc = run_magpie("benchmark", "builtin", "--concurrency", "2", "--input-len", "16", "--output-len", "6",
+                      "--num-prompts", "4", "--torch-profiler", "-o", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ws, r = _report(tmp_path)
+    assert r["profiling_enabled"] is True and r["run_kind"] == "diagnostic" and r["reward_eligible"] is False
+    traces = list((ws / "torch_trace").glob("*.pt.trace.json.gz"))
+    assert len(traces) == 1
+    from engine.trace.load import load_trace
+    from engine.trace.steps import find_steps
+    steps = find_steps(load_trace(traces[0]))
+    assert steps and any(s.kind == "prefill" or s.context_requests for s in steps)
+
+
+def test_base_url_server_and_failures(tmp_path):
+    from bench_server import BenchServer, Script
+    with BenchServer(Script(tokens=5, itl_s=0.001)) as srv:
+        proc = run_magpie("benchmark", "vllm", "-m", "test-model", "--base-url", srv.url, "--concurrency", "2",
+                          "--num-prompts", "4", "--input-len", "8", "--output-len", "5", "-o", tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path)
+    assert r["server"] == {"base_url": srv.url, "launched": False}
+    assert r["throughput"]["completed_requests"] == 4
+    assert any("VOCAB_SIZE" in w for w in r["warnings"])
+
+
+def test_config_errors(tmp_path):
+    proc = run_magpie("benchmark", "-o", tmp_path / "o")
+    assert proc.returncode == 2 and "give a framework" in proc.stderr
+    bad = tmp_path / "b.yaml"
+    bad.write_text("benchmark:\n  model: m\n")
+    proc = run_magpie("benchmark", "-b", bad)
+    assert proc.returncode == 2 and f"{bad}:1: benchmark.framework: required field is missing" in proc.stderr
+    proc = run_magpie("benchmark", "vllm")
+    assert proc.returncode == 2 and "needs a model" in proc.stderr
+    assert not (tmp_path / "o").exists()
