@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -88,6 +89,8 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--run-mode", choices=["docker", "local"], help="where the server runs")
     b.add_argument("--docker-image", dest="bench_docker_image", help="server image for --run-mode docker")
     b.add_argument("--timeout", type=float, help="seconds for the whole run (default 3600)")
+    b.add_argument("--compare-reports", nargs=2, metavar=("A", "B"),
+                   help="per-metric deltas B - A of two benchmark reports (files or workspaces), with noise")
     g = p.add_argument_group("trace analysis (gap analysis, GPU idle, TraceLens-compatible reports)")
     g.add_argument("--trace-dir", help="a trace file, a folder of traces (ranks from names), or a benchmark workspace")
     g.add_argument("--top-k", type=int, default=20, help="kernels kept in the gap-analysis tables (default 20)")
@@ -268,6 +271,47 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     return result.exit_code
 
 
+_COMPARED = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
+             "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
+             "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "failed")
+
+
+def _compare_reports(paths: list[str], console: Console) -> int:
+    from rich.table import Table
+
+    from engine.bench.metrics import compare_reports
+
+    sides = []
+    for p in paths:
+        path = Path(p)
+        path = path / "benchmark_report.json" if path.is_dir() else path
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError([f"{path}: cannot read a benchmark report ({exc})"]) from None
+        side = report.get("repeats") or report.get("result")
+        if not side:
+            raise ConfigError([f"{path}: no measured result in this report (state: {report.get('state')})"])
+        sides.append((path, side))
+    deltas = compare_reports(sides[0][1], sides[1][1])
+    table = Table(title=f"B - A   A={sides[0][0]}   B={sides[1][0]}")
+    for col in ("metric", "A", "B", "delta", "rel", "95% CI of delta", "noise", "verdict"):
+        table.add_column(col, justify="left" if col in ("metric", "noise", "verdict") else "right")
+    for key in _COMPARED:
+        d = deltas.get(key)
+        if d is None:
+            continue
+        ci = d["delta_ci95"]
+        table.add_row(key, f"{d['a']:.4g}", f"{d['b']:.4g}", f"{d['delta']:+.4g}",
+                      f"{d['rel_delta'] * 100:+.1f}%" if d["rel_delta"] is not None else "-",
+                      f"{ci[0]:+.4g} .. {ci[1]:+.4g}" if ci else "-", d["noise"], d["verdict"] or "-")
+    console.print(table)
+    if any(d["noise"] == "unknown" for d in deltas.values()):
+        console.print("noise unknown: a side without --repeats gives no run-to-run spread to compare against",
+                      highlight=False)
+    return 0
+
+
 def _parse_sweep(items: Optional[list[str]]) -> Optional[dict]:
     if not items:
         return None
@@ -348,6 +392,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_CONFIG
     try:
         if args.command == "benchmark":
+            if args.compare_reports:
+                return _compare_reports(args.compare_reports, console)
             if args.trace_dir:
                 return _run_trace_analysis(args, console)
             return _run_benchmark(args, console)

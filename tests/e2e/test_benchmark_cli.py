@@ -68,3 +68,24 @@ def test_config_errors(tmp_path):
     proc = run_magpie("benchmark", "vllm")
     assert proc.returncode == 2 and "needs a model" in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_compare_reports_says_what_lies_inside_the_noise(tmp_path):
+    from engine.bench.metrics import aggregate_repeats
+    a = {"state": "completed", "repeats": aggregate_repeats([
+        {"output_throughput": v, "median_ttft_ms": t} for v, t in ((100, 50), (101, 52), (99, 51))])}
+    b = {"state": "completed", "repeats": aggregate_repeats([
+        {"output_throughput": v, "median_ttft_ms": t} for v, t in ((120, 49), (121, 53), (119, 51))])}
+    single = {"state": "completed", "result": {"output_throughput": 110.0, "median_ttft_ms": 50.0}}
+    for name, doc in (("a", a), ("b", b), ("one", single)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "benchmark_report.json").write_text(json.dumps(doc))
+    proc = run_magpie("benchmark", "--compare-reports", tmp_path / "a", tmp_path / "b")
+    assert proc.returncode == 0, proc.stderr
+    lines = {ln.split("│")[1].strip(): ln for ln in proc.stdout.splitlines() if ln.count("│") > 5}
+    assert "outside" in lines["output_throughput"] and "better" in lines["output_throughput"]
+    assert "inside" in lines["median_ttft_ms"] and "tie" in lines["median_ttft_ms"]
+    proc = run_magpie("benchmark", "--compare-reports", tmp_path / "a", tmp_path / "one")
+    assert proc.returncode == 0 and "noise unknown" in proc.stdout
+    proc = run_magpie("benchmark", "--compare-reports", tmp_path / "a", tmp_path / "missing")
+    assert proc.returncode == 2 and "cannot read a benchmark report" in proc.stderr
