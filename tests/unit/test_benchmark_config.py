@@ -105,3 +105,18 @@ def test_cli_flags_override_and_are_listed(tmp_path):
     assert "benchmark.envs.TP" not in fields
     with pytest.raises(ConfigError, match="command line"):
         apply_cli_overrides(cfg, {"run_mode": "ray"})
+
+
+def test_shipped_benchmark_examples_load_and_pair_up():
+    from pathlib import Path
+    folder = Path(__file__).resolve().parents[2] / "examples" / "benchmarks"
+    clean = sorted(p for p in folder.glob("*.yaml") if not p.stem.endswith("_profiled"))
+    assert len(clean) >= 5
+    for p in clean:
+        cfg, _ = load_benchmark_config(p)
+        prof, _ = load_benchmark_config(p.with_name(p.stem + "_profiled.yaml"))
+        assert cfg.effective_run_kind() == "measurement" and prof.effective_run_kind() == "diagnostic"
+        # The profiled twin differs only in the profiler block.
+        a, b = cfg.model_dump(), prof.model_dump()
+        a.pop("profiler"), b.pop("profiler")
+        assert a == b and prof.profiler.tracelens.enabled and prof.profiler.torch_profiler.enabled
