@@ -122,11 +122,12 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                                    ws.events.emit("progress", phase=phase, done=done, total=total, repeat=rep,
                                                   point=point) if done == total or done % 10 == 0 else None)
                 cancel_watch = _watch_cancel(cancel, lg)
-                profiling_now = profiled and rep == 0 and not sweep_results
-                if profiling_now:
+                # The profiler covers every repeat of the first point, so all of them run under the
+                # same conditions (a profiled run is diagnostic: its numbers are not a baseline).
+                if profiled and rep == 0 and not sweep_results:
                     _post(base_url + "/start_profile", 60)
                 result_obj = _run(lg)
-                if profiling_now:
+                if profiled and rep == cfg.client.repeats - 1 and not sweep_results:
                     log("stopping the profiler (the server flushes its traces)...")
                     _post(base_url + "/stop_profile", cfg.profiler.torch_profiler.flush_timeout_seconds)
                 cancel_watch()
