@@ -28,8 +28,9 @@ _BUILTIN_VOCAB = {"tiny": 512, "1b": 128256}
 _BUILTIN_SPECIAL = (256, 257)
 
 
-def _post(url: str, timeout: float) -> int:
-    req = urllib.request.Request(url, data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+def _post(url: str, timeout: float, body: Optional[dict] = None) -> int:
+    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the server we launched or were given
         return r.status
 
@@ -125,7 +126,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                 # The profiler covers every repeat of the first point, so all of them run under the
                 # same conditions (a profiled run is diagnostic: its numbers are not a baseline).
                 if profiled and rep == 0 and not sweep_results:
-                    _post(base_url + "/start_profile", 60)
+                    _post(base_url + "/start_profile", 60, _profile_body(cfg))
                 result_obj = _run(lg)
                 if profiled and rep == cfg.client.repeats - 1 and not sweep_results:
                     log("stopping the profiler (the server flushes its traces)...")
@@ -167,6 +168,14 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     ws.write_text("summary.txt", summary_text(report))
     code = 130 if state == "cancelled" else (0 if report["success"] else 1)
     return code, report
+
+
+def _profile_body(cfg: BenchmarkConfig) -> dict:
+    """Each framework's way to bound a profile to N engine steps (torch_profiler.num_steps)."""
+    n = cfg.profiler.torch_profiler.num_steps
+    if n is None:
+        return {}
+    return {"max_iterations": n} if cfg.framework == "vllm" else {"num_steps": n}
 
 
 def _run(lg: LoadGenerator):

@@ -100,6 +100,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._profiler: profile | None = None
         self._profile_path: Path | None = None
+        self._profile_steps_left: int | None = None  # auto-stop after this many steps
+        self._auto_stopped: Path | None = None  # the trace an auto-stop wrote, for stop_profile
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -250,7 +252,10 @@ class Engine:
                     fut.set_result(fn())
                 except Exception as exc:
                     fut.set_exception(exc)
-            self.step()
+            if self.step() is not None and self._profile_steps_left is not None and self._profiler is not None:
+                self._profile_steps_left -= 1
+                if self._profile_steps_left <= 0:
+                    self._auto_stopped = self._stop_profile()
         self._shutdown()
 
     def _shutdown(self) -> None:
@@ -279,18 +284,22 @@ class Engine:
 
     # -- profiling --------------------------------------------------------------------------
 
-    def start_profile(self, directory: Path | str) -> concurrent.futures.Future[Path]:
+    def start_profile(self, directory: Path | str, num_steps: int | None = None) -> concurrent.futures.Future[Path]:
         """Start torch.profiler (CPU, plus CUDA/HIP on a GPU; shapes recorded); the future gives
-        the trace path that ``stop_profile`` will write."""
-        return self.call(lambda: self._start_profile(Path(directory)))
+        the trace path that ``stop_profile`` will write. With ``num_steps`` the profiler stops by
+        itself after that many engine steps (a long profile takes minutes to export)."""
+        return self.call(lambda: self._start_profile(Path(directory), num_steps))
 
     def stop_profile(self) -> concurrent.futures.Future[Path]:
         """Stop the profiler; the future gives the written ``*.pt.trace.json.gz``."""
         return self.call(self._stop_profile)
 
-    def _start_profile(self, directory: Path) -> Path:
+    def _start_profile(self, directory: Path, num_steps: int | None = None) -> Path:
         if self._profiler is not None:
             raise RuntimeError("the profiler is already running")
+        if num_steps is not None and num_steps < 1:
+            raise RuntimeError(f"num_steps {num_steps}: must be at least 1")
+        self._profile_steps_left, self._auto_stopped = num_steps, None
         directory.mkdir(parents=True, exist_ok=True)
         activities = [ProfilerActivity.CPU]
         if self.model.device.type == "cuda":
@@ -302,8 +311,12 @@ class Engine:
         return self._profile_path
 
     def _stop_profile(self) -> Path:
+        if self._profiler is None and self._auto_stopped is not None:
+            path, self._auto_stopped = self._auto_stopped, None  # it stopped by itself after num_steps
+            return path
         if self._profiler is None or self._profile_path is None:
             raise RuntimeError("the profiler is not running")
+        self._profile_steps_left = None
         prof, path = self._profiler, self._profile_path
         self._profiler = self._profile_path = None
         if self.model.device.type == "cuda":

@@ -153,11 +153,20 @@ class _Handlers:
         if self.profiler_dir is None:
             return _error(f"profiling is off: start the server with --profiler-dir, ${PROFILER_DIR_ENV} "
                           "or profiler_dir in its config", 400)
+        num_steps = None
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except ValueError:
+                return _error("the body of /start_profile must be JSON (optional: {\"num_steps\": N})", 400)
+            num_steps = body.get("num_steps") if isinstance(body, dict) else None
+            if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
+                return _error(f"num_steps {num_steps!r}: expected a positive integer", 400)
         try:
-            path = await asyncio.wrap_future(self.engine.start_profile(self.profiler_dir))
+            path = await asyncio.wrap_future(self.engine.start_profile(self.profiler_dir, num_steps))
         except RuntimeError as exc:
             return _error(str(exc), 400)
-        return web.json_response({"status": "profiling", "trace": str(path)})
+        return web.json_response({"status": "profiling", "trace": str(path), "num_steps": num_steps})
 
     async def stop_profile(self, request: web.Request) -> web.Response:
         try:

@@ -167,6 +167,26 @@ def test_profile_writes_a_trace_whose_steps_the_analysis_finds(server):
     assert all(s.c_sqsq >= s.c_sq and s.g_sqsq == s.g_sq for s in steps)
 
 
+def test_profile_bounded_to_num_steps_stops_by_itself(server):
+    _, url, profile_dir = server
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/start_profile", json={"num_steps": 2}) as r:
+                assert r.status == 200 and (await r.json())["num_steps"] == 2
+            await asyncio.gather(*(_stream(s, url + "/v1/completions", _completion([9] * 4, 6)) for _ in range(2)))
+            async with s.post(url + "/stop_profile") as r:
+                assert r.status == 200, await r.text()
+                path = (await r.json())["trace"]
+            async with s.post(url + "/start_profile", json={"num_steps": 0}) as r:
+                bad = r.status
+            return path, bad
+
+    path, bad = asyncio.run(go())
+    steps = find_steps(load_trace(Path(path)))
+    assert len(steps) == 2 and bad == 400
+
+
 def test_sigterm_stops_the_server_cleanly_mid_stream(server):
     proc, url, _ = server
 
