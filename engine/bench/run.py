@@ -130,7 +130,10 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                 result_obj = _run(lg)
                 if profiled and rep == cfg.client.repeats - 1 and not sweep_results:
                     log("stopping the profiler (the server flushes its traces)...")
-                    _post(base_url + "/stop_profile", cfg.profiler.torch_profiler.flush_timeout_seconds)
+                    try:
+                        _post(base_url + "/stop_profile", cfg.profiler.torch_profiler.flush_timeout_seconds)
+                    except OSError as exc:  # e.g. it already stopped by itself after num_steps
+                        warnings.append(f"/stop_profile: {exc}")
                 cancel_watch()
                 result = result_obj.metrics(goodput_slos=cfg.client.goodput or None).to_result()
                 errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
