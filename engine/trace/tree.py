@@ -52,6 +52,14 @@ class EventTree:
         return None
 
 
+def _neg_dur(e: Event) -> float:
+    return -e.dur
+
+
+def _start(e: Event) -> float:
+    return e.ts
+
+
 def _link_key(events: list[Event]) -> str:
     for e in events:
         if e.cat in RUNTIME_CATS and "launch" in e.name.lower():
@@ -62,8 +70,11 @@ def _link_key(events: list[Event]) -> str:
 def build_tree(trace: Trace) -> EventTree:
     events = trace.events
     tree = EventTree(trace=trace, link_key=_link_key(events))
-    host = [e for e in events if e.ph == "X" and e.cat in HOST_CATS]
-    host.sort(key=lambda e: (e.ts, -e.dur, e.uid))
+    host = [e for e in events if e.ph == "X" and e.cat in HOST_CATS]  # in uid order
+    # Order by (ts, longer first, uid) with two stable sorts on plain float keys: a key of tuples
+    # for every host event costs tens of MB on a large trace.
+    host.sort(key=_neg_dur)
+    host.sort(key=_start)
     stacks: dict[tuple, list[Event]] = {}
     under_cpu_op: set[int] = set()  # uids of kept events that are or sit below a cpu_op
     kept: list[Event] = []
