@@ -340,7 +340,7 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
              "base_url": args.base_url, "seed": args.seed, "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
-             "docker_image": args.bench_docker_image, "timeout": args.timeout}
+             "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}
     if args.benchmark_config:
         cfg, _doc = load_benchmark_config(args.benchmark_config, warnings)
         if args.framework and args.framework != cfg.framework:

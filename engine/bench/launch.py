@@ -41,21 +41,23 @@ class ServerCommand:
         return f"http://127.0.0.1:{self.port}"
 
 
-def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] = None) -> ServerCommand:
+def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] = None,
+                   host: str = "127.0.0.1") -> ServerCommand:
     """The server command line for ``cfg.framework``; ``profile_dir`` turns server-side torch
-    profiling on in the way that framework needs (flags or env)."""
+    profiling on in the way that framework needs (flags or env). ``host`` is 0.0.0.0 inside a
+    container, so that the published port reaches it."""
     envs = cfg.effective_envs()
     tp = envs.get("TP", "1")
     extra = list(cfg.server_args)
     env: dict[str, str] = {}
     fw = cfg.framework
     if fw == "builtin":
-        argv = [sys.executable, "-m", "engine.serve", "--model", cfg.server.size, "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "engine.serve", "--model", cfg.server.size, "--host", host,
                 "--port", str(port), "--max-batch-size", str(cfg.server.max_batch)]
         if profile_dir is not None:
             argv += ["--profiler-dir", str(profile_dir)]
     elif fw == "vllm":
-        argv = ["vllm", "serve", cfg.model, "--host", "127.0.0.1", "--port", str(port),
+        argv = ["vllm", "serve", cfg.model, "--host", host, "--port", str(port),
                 "--tensor-parallel-size", tp]
         if "MAX_MODEL_LEN" in envs:
             argv += ["--max-model-len", envs["MAX_MODEL_LEN"]]
@@ -70,7 +72,7 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
                 "torch_profiler_with_stack": tp_cfg.with_stack,
                 "detailed_trace_annotation": tp_cfg.detailed_annotations, "ignore_frontend": True})]
     elif fw == "sglang":
-        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", cfg.model, "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", cfg.model, "--host", host,
                 "--port", str(port), "--tp", tp]
         if "MAX_MODEL_LEN" in envs:
             argv += ["--context-length", envs["MAX_MODEL_LEN"]]
@@ -81,7 +83,7 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
     elif fw == "atom":
         # ATOM's HTTP port is --server-port; --port is an internal engine port.
         argv = [sys.executable, "-m", "atom.entrypoints.openai_server", "--model", cfg.model,
-                "--host", "127.0.0.1", "--server-port", str(port), "-tp", tp]
+                "--host", host, "--server-port", str(port), "-tp", tp]
         if profile_dir is not None:
             argv += ["--torch-profiler-dir", str(profile_dir)]
             env["ATOM_PROFILER_MORE"] = "1" if cfg.profiler.torch_profiler.record_shapes else "0"

@@ -72,25 +72,26 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     trace_dir = ws.path("torch_trace") if profiled else None
     if trace_dir is not None:
         trace_dir.mkdir(exist_ok=True)
-    server: Optional[LocalServer] = None
+    server: Any = None  # LocalServer or DockerServer
     state = "failed"
     try:
         if cfg.client.base_url:
             base_url, model = cfg.client.base_url.rstrip("/"), cfg.model or cfg.server.size
             report["server"] = {"base_url": base_url, "launched": False}
         else:
+            ready_timeout = min(cfg.server_lifecycle.server_ready_timeout_s, cfg.timeout_seconds)
             if cfg.run_mode == "docker":
-                raise LaunchError("run_mode docker is not available in this version of the tool: use "
-                                  "--run-mode local, or start the server yourself and pass --base-url")
-            cmd = server_command(cfg, free_port(), trace_dir)
-            ws.events.emit("stage", stage="server", state="running", argv=cmd.argv)
-            log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
-            server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=min(cfg.server_lifecycle.server_ready_timeout_s,
-                                                                                 cfg.timeout_seconds),
-                                 cancelled=lambda: cancel.cancelled).start()
-            base_url, model = cmd.base_url, server.model_id or cfg.model or cfg.server.size
-            report["server"] = {"base_url": base_url, "launched": True, "argv": cmd.argv, "env": cmd.env,
-                                "ready_s": server.ready_s, "log": str(ws.path("server.log"))}
+                server, cmd, base_url, extra = _start_container(cfg, ws, trace_dir, ready_timeout, cancel, log)
+            else:
+                cmd = server_command(cfg, free_port(), trace_dir)
+                ws.events.emit("stage", stage="server", state="running", argv=cmd.argv)
+                log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
+                server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=ready_timeout,
+                                     cancelled=lambda: cancel.cancelled).start()
+                base_url, extra = cmd.base_url, {}
+            model = server.model_id or cfg.model or cfg.server.size
+            report["server"] = {"base_url": base_url, "launched": True, "run_mode": cfg.run_mode, "argv": cmd.argv,
+                                "env": cmd.env, "ready_s": server.ready_s, "log": str(ws.path("server.log")), **extra}
             ws.events.emit("stage", stage="server", state="SUCCESS", ready_s=server.ready_s)
         if cfg.framework == "builtin":
             vocab, special = _BUILTIN_VOCAB.get(cfg.server.size, 512), _BUILTIN_SPECIAL
@@ -171,6 +172,28 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     ws.write_text("summary.txt", summary_text(report))
     code = 130 if state == "cancelled" else (0 if report["success"] else 1)
     return code, report
+
+
+def _start_container(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Optional[Path], ready_timeout: float,
+                     cancel: CancelToken, log: Callable[[str], None]) -> tuple[Any, Any, str, dict]:
+    """The server in a container (docker SDK): image by framework x GPU arch, GPUs by vendor."""
+    from engine.bench.docker_launch import CONTAINER_PORT, DockerServer, container_spec
+    if cfg.framework == "builtin":
+        raise LaunchError("the built-in server runs on this host: use --run-mode local")
+    arch = cfg.gpu_arch
+    if arch is None:
+        from engine.hw.detect import detect_gpu
+        info = detect_gpu()
+        arch = info.arch if info is not None else None
+    cmd = server_command(cfg, CONTAINER_PORT, trace_dir, host="0.0.0.0")
+    host_port = free_port()
+    spec = container_spec(cfg, cmd, arch=arch, workspace=ws.root, host_port=host_port)
+    log(f"starting {cfg.framework} in a container from {spec['image']}")
+    ws.events.emit("stage", stage="server", state="running", image=spec["image"], argv=cmd.argv)
+    base_url = f"http://127.0.0.1:{host_port}"
+    server = DockerServer(spec, base_url, ws.path("server.log"), ready_timeout_s=ready_timeout,
+                          cancelled=lambda: cancel.cancelled).start()
+    return server, cmd, base_url, {"image": spec["image"], "gpu_arch": arch, "container": spec["name"]}
 
 
 def _profile_body(cfg: BenchmarkConfig) -> dict:

@@ -327,7 +327,7 @@ def load_benchmark_config(path: Path | str, warnings: list[str] | None = None) -
 # CLI flag -> (where in the config, how to set it). Envs live under benchmark.envs.
 _CLI_FIELDS = {
     "model": ("model", None), "precision": ("precision", None), "run_mode": ("run_mode", None),
-    "docker_image": ("docker_image", None), "timeout": ("timeout_seconds", None),
+    "docker_image": ("docker_image", None), "timeout": ("timeout_seconds", None), "gpu_arch": ("gpu_arch", None),
     "tp": ("envs.TP", str), "concurrency": ("envs.CONC", str), "input_len": ("envs.ISL", str),
     "output_len": ("envs.OSL", str), "range_ratio": ("envs.RANDOM_RANGE_RATIO", str),
     "num_prompts": ("envs.NUM_PROMPTS", str),

@@ -89,3 +89,14 @@ def test_compare_reports_says_what_lies_inside_the_noise(tmp_path):
     assert proc.returncode == 0 and "noise unknown" in proc.stdout
     proc = run_magpie("benchmark", "--compare-reports", tmp_path / "a", tmp_path / "missing")
     assert proc.returncode == 2 and "cannot read a benchmark report" in proc.stderr
+
+
+def test_docker_mode_errors_are_reported_in_the_run(tmp_path):
+    proc = run_magpie("benchmark", "vllm", "-m", "org/m", "--run-mode", "docker", "--gpu-arch", "sm_90",
+                      "-o", tmp_path / "a", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    assert proc.returncode == 1
+    _, r = _report(tmp_path / "a")
+    assert r["state"] == "failed" and r["errors"][0].startswith("docker: ")
+    proc = run_magpie("benchmark", "builtin", "--run-mode", "docker", "-o", tmp_path / "b")
+    _, r = _report(tmp_path / "b")
+    assert proc.returncode == 1 and "runs on this host" in r["errors"][0]
