@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 import urllib.request
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from engine.bench.dataset import sample_random_requests
+from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator
 from engine.bench.metrics import aggregate_repeats
@@ -80,10 +82,13 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
             report["server"] = {"base_url": base_url, "launched": False}
         else:
             ready_timeout = min(cfg.server_lifecycle.server_ready_timeout_s, cfg.timeout_seconds)
+            chosen = _select_gpus(cfg, report, log)
             if cfg.run_mode == "docker":
-                server, cmd, base_url, extra = _start_container(cfg, ws, trace_dir, ready_timeout, cancel, log)
+                server, cmd, base_url, extra = _start_container(cfg, ws, trace_dir, ready_timeout, cancel, log,
+                                                                chosen)
             else:
                 cmd = server_command(cfg, free_port(), trace_dir)
+                cmd.env.update(visible_devices(chosen))
                 ws.events.emit("stage", stage="server", state="running", argv=cmd.argv)
                 log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
                 server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=ready_timeout,
@@ -174,8 +179,35 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     return code, report
 
 
+_PINNING_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def _select_gpus(cfg: BenchmarkConfig, report: dict, log: Callable[[str], None]) -> list[GpuState]:
+    """Free GPUs for the server, unless selection is off or the user pinned devices already."""
+    sel = cfg.gpu_selection
+    envs = cfg.effective_envs()
+    pinned = [v for v in _PINNING_VARS if v in os.environ or v in envs]
+    if not sel.auto or pinned:
+        report["gpu_selection"] = {"auto": False, "reason": f"pinned by {', '.join(pinned)}" if pinned else "off"}
+        return []
+    states = gpu_states()
+    if not states:
+        report["gpu_selection"] = {"auto": True, "gpus": [], "reason": "no GPU found (nvidia-smi / amd-smi)"}
+        return []
+    count = sel.count or int(envs.get("TP", "1") or 1)
+    try:
+        chosen, skipped = select_gpus(states, count, min_free_gb=sel.min_free_memory_gb, candidates=sel.candidates)
+    except GpuSelectionError as exc:
+        raise LaunchError(f"GPU selection: {exc}") from None
+    report["gpu_selection"] = {"auto": True, "gpus": [s.to_dict() for s in chosen], "skipped": skipped,
+                               "env": visible_devices(chosen)}
+    log(f"GPUs: {', '.join(f'{s.runtime_index} ({s.bus_id})' for s in chosen)}")
+    return chosen
+
+
 def _start_container(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Optional[Path], ready_timeout: float,
-                     cancel: CancelToken, log: Callable[[str], None]) -> tuple[Any, Any, str, dict]:
+                     cancel: CancelToken, log: Callable[[str], None],
+                     chosen: list[GpuState]) -> tuple[Any, Any, str, dict]:
     """The server in a container (docker SDK): image by framework x GPU arch, GPUs by vendor."""
     from engine.bench.docker_launch import CONTAINER_PORT, DockerServer, container_spec
     if cfg.framework == "builtin":
@@ -187,7 +219,9 @@ def _start_container(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Optional[Pa
         arch = info.arch if info is not None else None
     cmd = server_command(cfg, CONTAINER_PORT, trace_dir, host="0.0.0.0")
     host_port = free_port()
-    spec = container_spec(cfg, cmd, arch=arch, workspace=ws.root, host_port=host_port)
+    gpus = ([s.uuid for s in chosen] if chosen[0].vendor == "nvidia" else [str(s.runtime_index) for s in chosen]) \
+        if chosen else None
+    spec = container_spec(cfg, cmd, arch=arch, workspace=ws.root, host_port=host_port, gpus=gpus)
     log(f"starting {cfg.framework} in a container from {spec['image']}")
     ws.events.emit("stage", stage="server", state="running", image=spec["image"], argv=cmd.argv)
     base_url = f"http://127.0.0.1:{host_port}"

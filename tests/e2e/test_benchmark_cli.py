@@ -100,3 +100,25 @@ def test_docker_mode_errors_are_reported_in_the_run(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--run-mode", "docker", "-o", tmp_path / "b")
     _, r = _report(tmp_path / "b")
     assert proc.returncode == 1 and "runs on this host" in r["errors"][0]
+
+
+def test_gpu_selection_pins_a_free_gpu_for_the_server(tmp_path):
+    import stat
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in\n"
+                   "  *query-gpu*) printf '0, GPU-aaa, 00000000:18:00.0, 512, 81559\\n"
+                   "1, GPU-bbb, 00000000:2A:00.0, 80900, 81559\\n' ;;\n"
+                   "  *query-compute-apps*) printf '' ;;\n  *) exit 1 ;;\nesac\n")
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    import os
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    proc = run_magpie("benchmark", "builtin", "--num-prompts", "2", "--concurrency", "1", "--input-len", "8",
+                      "--output-len", "2", "-o", tmp_path / "o", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path / "o")
+    sel = r["gpu_selection"]
+    assert [g["uuid"] for g in sel["gpus"]] == ["GPU-bbb"] and sel["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-bbb"}
+    assert "0.5 GB free" in sel["skipped"][0]
