@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from engine.bench.dataset import sample_random_requests
+from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator
@@ -75,6 +76,8 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     if trace_dir is not None:
         trace_dir.mkdir(exist_ok=True)
     server: Any = None  # LocalServer or DockerServer
+    monitor: Optional[GpuMonitor] = None
+    chosen: list[GpuState] = []
     state = "failed"
     try:
         if cfg.client.base_url:
@@ -98,6 +101,10 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
             report["server"] = {"base_url": base_url, "launched": True, "run_mode": cfg.run_mode, "argv": cmd.argv,
                                 "env": cmd.env, "ready_s": server.ready_s, "log": str(ws.path("server.log")), **extra}
             ws.events.emit("stage", stage="server", state="SUCCESS", ready_s=server.ready_s)
+        if cfg.profiler.gpu_monitor.enabled:
+            ids = [s.uuid if s.vendor == "nvidia" else str(s.smi_index) for s in chosen] if cfg.client.base_url is None \
+                else []
+            monitor = GpuMonitor(ids or None, cfg.profiler.gpu_monitor.interval_sec).start()
         if cfg.framework == "builtin":
             vocab, special = _BUILTIN_VOCAB.get(cfg.server.size, 512), _BUILTIN_SPECIAL
         else:
@@ -166,6 +173,9 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     except (LaunchError, OSError) as exc:
         report["errors"].append(str(exc))
     finally:
+        if monitor is not None:
+            monitor.stop()
+            report["gpu_monitor"] = monitor.summary()
         if server is not None:
             ws.events.emit("stage", stage="server", state="stopping")
             server.stop()
