@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from engine.bench.launch import LaunchError, ServerCommand, _get
+from engine.bench.launch import LaunchError, ServerCommand, wait_ready
 from engine.config.benchmark import BenchmarkConfig
 
 # framework -> arch family -> image (magpie-reference §5.5); the config's docker_image wins.
@@ -108,29 +107,14 @@ class DockerServer:
             return
 
     def _wait_ready(self) -> None:
-        import json
-        t0 = time.monotonic()
-        while True:
+        def exited() -> Optional[str]:
             self.container.reload()
-            if self.container.status in ("exited", "dead"):
-                code = self.container.attrs.get("State", {}).get("ExitCode")
-                raise LaunchError(f"the server container exited with code {code} before it was ready "
-                                  f"(log: {self.log_path})")
-            if self.cancelled():
-                raise LaunchError("cancelled while waiting for the server container")
-            if time.monotonic() - t0 > self.ready_timeout_s:
-                raise LaunchError(f"the server container was not ready after {self.ready_timeout_s:.0f} s "
-                                  f"(log: {self.log_path})")
-            if _get(self.base_url + "/health", 2.0)[0] == 200:
-                status, body = _get(self.base_url + "/v1/models", 5.0)
-                if status == 200:
-                    try:
-                        self.model_id = json.loads(body)["data"][0]["id"]
-                    except (ValueError, KeyError, IndexError, TypeError):
-                        self.model_id = None
-                    self.ready_s = time.monotonic() - t0
-                    return
-            time.sleep(0.5)
+            if self.container.status not in ("exited", "dead"):
+                return None
+            return f"the server container exited with code {self.container.attrs.get('State', {}).get('ExitCode')}"
+
+        self.model_id, self.ready_s = wait_ready(self.base_url, exited=exited, cancelled=self.cancelled,
+                                                 timeout_s=self.ready_timeout_s, log_path=self.log_path)
 
     def stop(self) -> None:
         """Stop and remove our container only (by the id the run created)."""

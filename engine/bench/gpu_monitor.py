@@ -3,7 +3,6 @@ the benchmark runs (Magpie's ``gpu_monitor`` report section: each of them as min
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Callable, Optional, Sequence

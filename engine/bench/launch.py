@@ -109,6 +109,30 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
         return 0, b""
 
 
+def wait_ready(base_url: str, *, exited: Callable[[], Optional[str]], cancelled: Callable[[], bool],
+               timeout_s: float, log_path: Path, tail: Callable[[], str] = lambda: "") -> tuple[Optional[str], float]:
+    """Poll ``/health`` then ``/v1/models`` until both answer 200; returns (model id, seconds).
+    ``exited`` says why the server is gone (None while it runs)."""
+    t0 = time.monotonic()
+    while True:
+        gone = exited()
+        if gone:
+            raise LaunchError(f"{gone} before it was ready (log: {log_path}):\n{tail()}")
+        if cancelled():
+            raise LaunchError("cancelled while waiting for the server")
+        if time.monotonic() - t0 > timeout_s:
+            raise LaunchError(f"the server was not ready after {timeout_s:.0f} s (log: {log_path}):\n{tail()}")
+        if _get(base_url + "/health", timeout=2.0)[0] == 200:
+            status, body = _get(base_url + "/v1/models", timeout=5.0)
+            if status == 200:
+                try:
+                    model_id = json.loads(body)["data"][0]["id"]
+                except (ValueError, KeyError, IndexError, TypeError):
+                    model_id = None
+                return model_id, time.monotonic() - t0
+        time.sleep(READY_POLL_S)
+
+
 class LocalServer:
     """A server process in its own process group. Use as a context manager."""
 
@@ -151,29 +175,15 @@ class LocalServer:
             return ""
 
     def _wait_ready(self) -> None:
-        t0 = time.monotonic()
-        base = self.command.base_url
-        while True:
+        def exited() -> Optional[str]:
             assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise LaunchError(f"the server exited with code {self.proc.returncode} before it was ready "
-                                  f"(log: {self.log_path}):\n{self._tail()}")
-            if self.cancelled():
-                raise LaunchError("cancelled while waiting for the server")
-            if time.monotonic() - t0 > self.ready_timeout_s:
-                raise LaunchError(f"the server was not ready after {self.ready_timeout_s:.0f} s "
-                                  f"(log: {self.log_path}):\n{self._tail()}")
-            status, _ = _get(base + "/health", timeout=2.0)
-            if status == 200:
-                status, body = _get(base + "/v1/models", timeout=5.0)
-                if status == 200:
-                    try:
-                        self.model_id = json.loads(body)["data"][0]["id"]
-                    except (ValueError, KeyError, IndexError, TypeError):
-                        self.model_id = None
-                    self.ready_s = time.monotonic() - t0
-                    return
-            time.sleep(READY_POLL_S)
+            if self.proc.poll() is None:
+                return None
+            return f"the server exited with code {self.proc.returncode}"
+
+        self.model_id, self.ready_s = wait_ready(self.command.base_url, exited=exited, cancelled=self.cancelled,
+                                                 timeout_s=self.ready_timeout_s, log_path=self.log_path,
+                                                 tail=self._tail)
 
     def stop(self) -> Optional[int]:
         """SIGTERM the server's own process group, SIGKILL what is left after a grace period."""

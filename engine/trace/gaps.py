@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 
 from engine.trace.load import Event, Trace
 from engine.trace.timeline import merge_intervals
-from engine.trace.tree import GPU_CATS, RUNTIME_CATS, EventTree
+from engine.trace.tree import RUNTIME_CATS, EventTree
 
 GAP_COLUMNS = ["Name", "Calls", "Self CUDA total (us)", "Avg time (us)", "% Total", "Input Shapes"]
 # Ours, after Magpie's six so scripts reading those keep working.

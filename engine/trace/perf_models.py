@@ -21,7 +21,6 @@ metrics).
 from __future__ import annotations
 
 import ast
-import math
 import re
 from math import prod
 from typing import Any, Sequence
