@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from engine.trace.load import Event, Trace
-from engine.trace.timeline import merge_intervals
+from engine.trace.timeline import union_length
 from engine.trace.tree import RUNTIME_CATS, EventTree
 
 GAP_COLUMNS = ["Name", "Calls", "Self CUDA total (us)", "Avg time (us)", "% Total", "Input Shapes"]
@@ -223,7 +223,7 @@ def idle_analysis(tree: EventTree, window: Window, *, top_n: int = 20, min_gap_u
         by_device.setdefault(e.pid, []).append(e)
     streams = []
     for (pid, tid), evs in sorted(by_stream.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
-        busy = sum(e - s for s, e in merge_intervals((x.ts, x.ts + x.dur) for x in evs))
+        busy = union_length((x.ts, x.ts + x.dur) for x in evs)
         span = max(x.ts + x.dur for x in evs) - min(x.ts for x in evs)
         gaps = [g for g in _gap_list(evs) if g[3] - g[2] >= min_gap_us]
         streams.append({"device": pid, "stream": tid, "events": len(evs), "span_us": span, "busy_us": busy,
@@ -263,12 +263,12 @@ def step_launch_analysis(tree: EventTree, steps: Iterable[tuple[str, float, floa
     for name, s, e in steps:
         i, j = bisect.bisect_left(rt_starts, s), bisect.bisect_right(rt_starts, e)
         launches = runtime[i:j]
-        dispatch = sum(b - a for a, b in merge_intervals((x.ts, x.ts + x.dur) for x in launches))
+        dispatch = union_length((x.ts, x.ts + x.dur) for x in launches)
         work = [g for x in launches for g in (x.gpu_events or [])]
         if work:
             g_lo = min(g.ts for g in work)
             g_hi = max(g.ts + g.dur for g in work)
-            busy = sum(b - a for a, b in merge_intervals((g.ts, g.ts + g.dur) for g in work))
+            busy = union_length((g.ts, g.ts + g.dur) for g in work)
         else:
             g_lo = g_hi = s
             busy = 0.0

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 from engine.trace import perf_models as pm
 from engine.trace.csvout import NpFloat
 from engine.trace.load import Event
-from engine.trace.timeline import COMM_RE
+from engine.trace.timeline import COMM_RE, gpu_timeline
 from engine.trace.tree import RUNTIME_CATS, EventTree
 
 NAN = float("nan")
@@ -354,57 +354,6 @@ def _percentages(values: list[float]) -> tuple[list[float], list[float]]:
         acc += p
         cum.append(acc)
     return pct, cum
-
-
-def _union(sorted_ivs: Iterable[tuple[float, float]]) -> float:
-    """Length of the union of intervals given in sorted order: merged spans summed in time order,
-    the arithmetic of ``timeline.union_length``."""
-    total = 0.0
-    cs = ce = None
-    for s, e in sorted_ivs:
-        if ce is not None and s <= ce:
-            if e > ce:
-                ce = e
-        else:
-            if ce is not None:
-                total += ce - cs  # type: ignore[operator]
-            cs, ce = s, e
-    if ce is not None:
-        total += ce - cs  # type: ignore[operator]
-    return total
-
-
-def timeline_rows(gpu_events: Sequence[Event], is_comm_name: Callable[[str], bool]) -> list[list]:
-    """``timeline.gpu_timeline`` (same buckets, same float arithmetic) with each bucket sorted once
-    and the kernel-name regex cached: the rows are identical, several times faster on big traces."""
-    comp: list[tuple[float, float]] = []
-    comm: list[tuple[float, float]] = []
-    mem: list[tuple[float, float]] = []
-    for e in gpu_events:
-        iv = (e.ts, e.ts + e.dur)
-        cat = e.cat
-        if cat == "gpu_memcpy" or (cat == "kernel" and e.name.startswith(("MEMORY_COPY_", "__amd_rocclr_copyBuffer"))):
-            mem.append(iv)
-        elif cat in ("kernel", "gpu_memset") and is_comm_name(e.name):
-            comm.append(iv)
-        else:
-            comp.append(iv)
-    if not gpu_events:
-        raise ValueError("No GPU events found in the trace")
-    comp.sort()
-    comm.sort()
-    mem.sort()
-    comp_t = _union(comp)
-    cc = sorted(comp + comm)  # timsort merges the two sorted runs
-    comp_comm = _union(cc)
-    busy = _union(sorted(cc + mem))
-    start = min(e.ts for e in gpu_events)
-    end = max(e.ts + e.dur for e in gpu_events)
-    total = end - start
-    values = [("computation_time", comp_t), ("exposed_comm_time", comp_comm - comp_t),
-              ("exposed_memcpy_time", busy - comp_comm), ("busy_time", busy), ("idle_time", total - busy),
-              ("total_time", total), ("total_comm_time", _union(comm)), ("total_memcpy_time", _union(mem))]
-    return [[name, v / 1000.0, (v / total * 100.0) if total else 0.0] for name, v in values]
 
 
 # ---------------------------------------------------------------------------- the report
@@ -1362,7 +1311,7 @@ def _pytorch_report(tree: EventTree, arch: dict | None, inference: bool, enable_
     linked = tree.linked_gpu_events
     if not linked:
         raise ValueError("No GPU events found in the trace")
-    tl = timeline_rows(linked, rep.is_comm)
+    tl = [list(r) for r in gpu_timeline(linked)]
     tables: dict[str, Table] = {"gpu_timeline": Table(["type", "time ms", "percent"], tl)}
     total_time_ms = next(r[1] for r in tl if r[0] == "total_time")
     gpu_only = not any(e.cat in ("cpu_op", "python_function") for e in rep.events)

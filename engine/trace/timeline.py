@@ -28,19 +28,26 @@ def is_memcpy(e: Event) -> bool:
     return e.cat == "gpu_memcpy" or (e.cat == "kernel" and e.name.startswith(_ROCM_COPY))
 
 
-def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
+def _union_sorted(sorted_ivs: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of intervals given in start order: merged spans summed in time order
+    (the arithmetic TraceLens's numbers come from)."""
+    total = 0.0
+    cs = ce = None
+    for s, e in sorted_ivs:
+        if ce is not None and s <= ce:
+            if e > ce:
+                ce = e
         else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+            if ce is not None:
+                total += ce - cs  # type: ignore[operator]
+            cs, ce = s, e
+    if ce is not None:
+        total += ce - cs  # type: ignore[operator]
+    return total
 
 
 def union_length(intervals: Iterable[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in merge_intervals(intervals))
+    return _union_sorted(sorted(intervals))
 
 
 def busy_time(events: Iterable[Event]) -> float:
@@ -48,8 +55,11 @@ def busy_time(events: Iterable[Event]) -> float:
 
 
 def gpu_timeline(gpu_events: Sequence[Event]) -> list[tuple[str, float, float]]:
-    """Rows (type, time ms, percent of total) in TraceLens's order."""
-    comp, comm, mem = [], [], []
+    """Rows (type, time ms, percent of total) in TraceLens's order. Each bucket is sorted once;
+    the unions of several buckets merge already sorted runs."""
+    comp: list[tuple[float, float]] = []
+    comm: list[tuple[float, float]] = []
+    mem: list[tuple[float, float]] = []
     for e in gpu_events:
         iv = (e.ts, e.ts + e.dur)
         if is_memcpy(e):
@@ -60,9 +70,13 @@ def gpu_timeline(gpu_events: Sequence[Event]) -> list[tuple[str, float, float]]:
             comp.append(iv)
     if not gpu_events:
         raise ValueError("No GPU events found in the trace")
-    comp_t = union_length(comp)
-    comp_comm = union_length(comp + comm)
-    busy = union_length(comp + comm + mem)
+    comp.sort()
+    comm.sort()
+    mem.sort()
+    comp_t = _union_sorted(comp)
+    cc = sorted(comp + comm)  # timsort merges the two sorted runs
+    comp_comm = _union_sorted(cc)
+    busy = _union_sorted(sorted(cc + mem))
     start = min(e.ts for e in gpu_events)
     end = max(e.ts + e.dur for e in gpu_events)
     total = end - start
@@ -73,7 +87,7 @@ def gpu_timeline(gpu_events: Sequence[Event]) -> list[tuple[str, float, float]]:
         ("busy_time", busy),
         ("idle_time", total - busy),
         ("total_time", total),
-        ("total_comm_time", union_length(comm)),
-        ("total_memcpy_time", union_length(mem)),
+        ("total_comm_time", _union_sorted(comm)),
+        ("total_memcpy_time", _union_sorted(mem)),
     ]
     return [(name, v / 1000.0, (v / total * 100.0) if total else 0.0) for name, v in values]

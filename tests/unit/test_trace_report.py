@@ -22,8 +22,7 @@ from engine.hw.specs import get_arch_spec
 from engine.trace.arch import arch_from_spec, load_arch_json, resolve_arch
 from engine.trace.csvout import NpFloat, format_cell, write_csvs
 from engine.trace.load import load_trace
-from engine.trace.report import histogram, np_sum, pytorch_report, timeline_rows
-from engine.trace.timeline import COMM_RE, gpu_timeline
+from engine.trace.report import histogram, np_sum, pytorch_report
 from engine.trace.tree import build_tree
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "tracelens-golden"
@@ -137,13 +136,6 @@ def test_golden_files_are_byte_identical(tmp_path: Path) -> None:
         write_csvs(pytorch_report(build_tree(load_trace(GOLDEN / trace_rel)), load_arch_json(ARCH), **kwargs), out)
         for p in sorted((GOLDEN / case).glob("*.csv")):
             assert (out / p.name).read_bytes() == p.read_bytes(), f"{case}/{p.name} is not byte-identical"
-
-
-@needs_golden
-def test_fast_timeline_equals_timeline_module() -> None:
-    for trace_rel, _ in CASES.values():
-        linked = build_tree(load_trace(GOLDEN / trace_rel)).linked_gpu_events
-        assert timeline_rows(linked, lambda n: COMM_RE.search(n) is not None) == [list(r) for r in gpu_timeline(linked)]
 
 
 def test_comparison_helper_reports_the_first_difference(tmp_path: Path) -> None:
