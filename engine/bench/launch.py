@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from engine.config.benchmark import BenchmarkConfig
+from engine.runs.process import stop_process_group
 
 READY_POLL_S = 0.5
 STOP_GRACE_S = 15.0
@@ -186,24 +186,10 @@ class LocalServer:
                                                  tail=self._tail)
 
     def stop(self) -> Optional[int]:
-        """SIGTERM the server's own process group, SIGKILL what is left after a grace period."""
+        """Stop the server's own process group (SIGTERM, then SIGKILL after a grace period)."""
         if self.proc is None:
             return None
-        pgid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            try:
-                self.proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # leftovers of the group (workers the server forked) are ours too
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        stop_process_group(self.proc, STOP_GRACE_S)
         return self.proc.poll()
 
     def __enter__(self) -> "LocalServer":

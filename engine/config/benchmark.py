@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.config.yamlfile import ConfigError, LocatedYaml, expand_env_vars, format_loc, load_located_yaml
+from engine.config.yamlfile import ConfigError, LocatedYaml, format_loc, load_located_yaml, validate_located
 
 FRAMEWORKS = ("vllm", "sglang", "atom", "builtin")
 STAGES = ("prefilldecode", "decode_only", "prefill_only")
@@ -292,32 +292,15 @@ class BenchmarkFile(_Strict):
     benchmark: BenchmarkConfig
 
 
-def _problem(err: dict, doc: LocatedYaml) -> str:
-    loc = tuple(err["loc"])
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown field"
-    elif err["type"] == "missing":
-        msg = "required field is missing" + (" (Magpie defaulted to sglang; say which framework)"
-                                             if loc[-1:] == ("framework",) else "")
-    got = err.get("input")
-    got_text = "" if isinstance(got, (dict, list)) or got is None or err["type"] == "missing" else f" (got {got!r})"
-    return f"{doc.where(loc)}: {format_loc(loc)}: {msg}{got_text}"
+def _missing_framework_hint(loc: tuple) -> str:
+    return " (Magpie defaulted to sglang; say which framework)" if loc[-1:] == ("framework",) else ""
 
 
 def load_benchmark_config(path: Path | str, warnings: list[str] | None = None) -> tuple[BenchmarkConfig, LocatedYaml]:
     doc = load_located_yaml(path)
     if not isinstance(doc.data, dict) or "benchmark" not in doc.data:
         raise ConfigError([f"{doc.path}:1: expected a top-level 'benchmark:' mapping"])
-    undefined: list[tuple[tuple, str]] = []
-    data = expand_env_vars(doc.data, (), undefined)
-    if warnings is not None:
-        for loc, name in undefined:
-            warnings.append(f"{doc.where(loc)}: {format_loc(loc)}: ${name} is not set; left as written")
-    try:
-        cfg = BenchmarkFile.model_validate(data).benchmark
-    except ValidationError as exc:
-        raise ConfigError([_problem(e, doc) for e in exc.errors()]) from None
+    cfg = validate_located(BenchmarkFile, doc, warnings, missing_hint=_missing_framework_hint).benchmark
     if warnings is not None:
         warnings.extend(f"{doc.where(tuple(k.split('.')))}: {k}: accepted for Magpie compatibility, has no "
                         "effect here" for k in cfg.ignored())

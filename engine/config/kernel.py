@@ -11,9 +11,9 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.config.yamlfile import ConfigError, LocatedYaml, expand_env_vars, format_loc, load_located_yaml
+from engine.config.yamlfile import ConfigError, LocatedYaml, load_located_yaml, validate_located
 
 KERNEL_TYPES = ("hip", "cuda", "triton", "pytorch")
 TYPE_ALIASES = {"torch": "pytorch", "py": "pytorch", "python": "pytorch"}
@@ -219,40 +219,18 @@ def _model_for(parent: tuple) -> type[BaseModel] | None:
     return _MODEL_AT.get(shape)
 
 
-def _describe_error(err: dict, doc: LocatedYaml) -> str:
-    loc = tuple(err["loc"])
-    where = doc.where(loc)
-    field = format_loc(loc)
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        model = _model_for(loc[:-1])
-        hint = ""
-        if model is not None:
-            close = difflib.get_close_matches(str(loc[-1]), _field_names(model), n=1)
-            hint = f" Did you mean '{close[0]}'?" if close else ""
-            hint += f" Known fields: {', '.join(_field_names(model))}."
-        return f"{where}: {field}: unknown field.{hint}"
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    got = err.get("input")
-    got_text = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-    return f"{where}: {field}: {msg}{got_text}"
+def _unknown_field_hint(loc: tuple) -> str:
+    model = _model_for(loc[:-1])
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), _field_names(model), n=1)
+    return (f" Did you mean '{close[0]}'?" if close else "") + f" Known fields: {', '.join(_field_names(model))}."
 
 
 def parse_kernel_config(doc: LocatedYaml, warnings: list[str] | None = None) -> KernelConfigFile:
     if not isinstance(doc.data, dict):
         raise ConfigError([f"{doc.path}:1: expected a mapping with 'kernel:' or 'kernels:' at the top level"])
-    undefined: list[tuple[tuple, str]] = []
-    data = expand_env_vars(doc.data, (), undefined)
-    if warnings is not None:
-        for loc, name in undefined:
-            warnings.append(f"{doc.where(loc)}: {format_loc(loc)}: ${name} is not set in the environment; "
-                            "left as written (a shell command may still define it)")
-    try:
-        return KernelConfigFile.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError([_describe_error(e, doc) for e in exc.errors()]) from None
+    return validate_located(KernelConfigFile, doc, warnings, unknown_hint=_unknown_field_hint)
 
 
 def load_kernel_config(path: Path | str, warnings: list[str] | None = None) -> tuple[KernelConfigFile, LocatedYaml]:

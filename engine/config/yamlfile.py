@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -102,3 +102,36 @@ def format_loc(loc: Iterable[Any]) -> str:
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
+
+
+def describe_error(err: dict, doc: LocatedYaml, unknown_hint: Callable[[tuple], str] = lambda loc: "",
+                   missing_hint: Callable[[tuple], str] = lambda loc: "") -> str:
+    """One pydantic error as ``file:line: field: problem (got value)``."""
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        msg = "unknown field." + unknown_hint(loc)
+    elif kind == "missing":
+        msg = "required field is missing" + missing_hint(loc)
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    got_text = "" if isinstance(got, (dict, list)) or got is None or kind in ("missing", "extra_forbidden") \
+        else f" (got {got!r})"
+    return f"{doc.where(loc)}: {format_loc(loc)}: {msg}{got_text}"
+
+
+def validate_located(model: Any, doc: LocatedYaml, warnings: list[str] | None = None, **hints: Any) -> Any:
+    """``$VAR``-expand the document, validate it with the pydantic ``model``, and turn every
+    validation error into a file:line problem (``hints`` go to ``describe_error``)."""
+    from pydantic import ValidationError
+    undefined: list[tuple[tuple, str]] = []
+    data = expand_env_vars(doc.data, (), undefined)
+    if warnings is not None:
+        for loc, name in undefined:
+            warnings.append(f"{doc.where(loc)}: {format_loc(loc)}: ${name} is not set in the environment; "
+                            "left as written (a shell command may still define it)")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError([describe_error(e, doc, **hints) for e in exc.errors()]) from None

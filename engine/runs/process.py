@@ -106,11 +106,12 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the child's group, then SIGKILL whatever is left after a grace period."""
+def stop_process_group(proc: subprocess.Popen, grace_s: float = _TERM_GRACE_S) -> None:
+    """SIGTERM the child's own group (its pid is the group id: it started a new session), then
+    SIGKILL whatever is left of the group after ``grace_s``."""
     _kill_group(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=_TERM_GRACE_S)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         pass
     _kill_group(proc.pid, signal.SIGKILL)
@@ -155,15 +156,15 @@ def run_process(
                     pass
                 if cancel is not None and cancel.cancelled:
                     result.cancelled = True
-                    _stop_group(proc)
+                    stop_process_group(proc)
                     break
                 if timeout_s is not None and time.monotonic() - start > timeout_s:
                     result.timed_out = True
-                    _stop_group(proc)
+                    stop_process_group(proc)
                     break
         except BaseException:
             # KeyboardInterrupt or anything else in the parent: never leave the group running.
-            _stop_group(proc)
+            stop_process_group(proc)
             raise
         # Grandchildren left in the group (background jobs of a shell) are ours too.
         _kill_group(proc.pid, signal.SIGKILL)
