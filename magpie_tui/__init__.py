@@ -1,2 +1,4 @@
-"""The Textual workbench (``magpie tui``). It talks to the engine only through its public
-API and the run folders; no measurement logic lives here."""
+"""The Magpie workbench: a Textual front end over the run folders the engine writes.
+
+Nothing here measures anything; the engine does, in its own processes.
+"""
