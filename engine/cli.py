@@ -84,6 +84,8 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--base-url", help="benchmark a server that is already running")
     b.add_argument("--seed", type=int, help="dataset and arrival seed")
     b.add_argument("--torch-profiler", action="store_true", default=None, help="collect server-side torch traces")
+    b.add_argument("--no-torch-profiler", dest="torch_profiler", action="store_false",
+                   help="turn off profiling (and its trace analysis) that the YAML enables")
     b.add_argument("--tracelens", action="store_true", default=None, help="analyse the traces (implies the profiler)")
     b.add_argument("--gap-analysis", action="store_true", default=None, help="gap and idle analysis of the traces")
     b.add_argument("--run-mode", choices=["docker", "local"], help="where the server runs")
@@ -354,6 +356,10 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
             cfg = BenchmarkConfig.model_validate({"framework": args.framework, "model": args.model or ""})
         except Exception as exc:  # pydantic's message names the field
             raise ConfigError([f"command line: {exc}"]) from None
+    if flags["torch_profiler"] is False:
+        if flags["tracelens"] or flags["gap_analysis"]:
+            raise ConfigError(["--no-torch-profiler with --tracelens/--gap-analysis: the analysis needs traces"])
+        flags["tracelens"] = flags["gap_analysis"] = False  # nothing to analyse without traces
     if flags["gap_analysis"] and not (flags["torch_profiler"] or cfg.profiler.torch_profiler.enabled):
         flags["torch_profiler"] = True  # the analysis needs traces
     cfg, overrides = apply_cli_overrides(cfg, flags)

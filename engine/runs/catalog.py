@@ -1,0 +1,268 @@
+"""Every run under the results folders, read from the run-folder contract alone.
+
+A run is a folder with an ``events.jsonl``. Its state comes from the events the run
+wrote (``run_started``, ``stage``, ``progress``, ``run_finished``), so runs started from
+the command line, from another workbench session, or before a crash all show up the
+same way. ``RunCatalog.refresh`` reads only the bytes appended since the last call, so
+polling many runs stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+REPORT_NAMES = ("compare_report.json", "analyze_report.json", "benchmark_report.json", "trace_analysis_report.json")
+_NAME = re.compile(r"^(?P<mode>[a-z]+)_(?P<label>.+)_(?P<date>\d{8})_(?P<time>\d{6})_(?P<unique>[0-9a-f]+)$")
+# Finished states as runs write them; "lost" is ours: the process is gone and never said it finished.
+FINISHED_STATES = {"completed", "failed", "cancelled", "timeout", "lost"}
+
+
+@dataclass
+class RunInfo:
+    path: Path
+    mode: str = "?"
+    label: str = ""
+    state: str = "pending"
+    started: Optional[float] = None
+    finished: Optional[float] = None
+    last_event: Optional[float] = None
+    pid: Optional[int] = None
+    stage: str = ""
+    done: Optional[int] = None
+    total: Optional[int] = None
+    exit_code: Optional[int] = None
+    report_name: Optional[str] = None
+    error: Optional[str] = None
+    events_read: int = 0
+    _offset: int = field(default=0, repr=False)
+    _partial: bytes = field(default=b"", repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    @property
+    def report_path(self) -> Optional[Path]:
+        if self.report_name and (self.path / self.report_name).exists():
+            return self.path / self.report_name
+        for name in REPORT_NAMES:
+            if (self.path / name).exists():
+                return self.path / name
+        return None
+
+    def elapsed(self, now: Optional[float] = None) -> Optional[float]:
+        if self.started is None:
+            return None
+        end = self.finished if self.finished is not None else (now if now is not None else time.time())
+        return max(0.0, end - self.started)
+
+    @property
+    def progress_text(self) -> str:
+        if self.done is not None and self.total:
+            return f"{self.done}/{self.total}"
+        return self.stage
+
+    def apply(self, event: dict) -> None:
+        """Fold one event into the state."""
+        kind = event.get("event")
+        ts = event.get("ts")
+        if isinstance(ts, (int, float)):
+            self.last_event = float(ts)
+        if kind == "run_started":
+            self.state = "running"
+            self.started = self.last_event
+            self.mode = str(event.get("mode") or self.mode)
+            self.pid = event.get("pid") if isinstance(event.get("pid"), int) else None
+            if event.get("label"):
+                self.label = str(event["label"])
+        elif kind == "run_finished":
+            self.state = str(event.get("state") or "completed")
+            self.finished = self.last_event
+            self.exit_code = event.get("exit_code")
+            self.report_name = event.get("report") or self.report_name
+            self.error = event.get("error") or self.error
+        elif kind == "stage":
+            who = event.get("kernel")
+            stage = str(event.get("stage", ""))
+            self.stage = f"{who}: {stage}" if who else stage
+            if event.get("state"):
+                self.stage += f" {str(event['state']).lower()}"
+        elif kind == "progress":
+            done, total = event.get("done"), event.get("total")
+            if isinstance(done, int) and isinstance(total, int):
+                self.done, self.total = done, total
+            phase = event.get("phase")
+            if phase:
+                self.stage = str(phase)
+
+
+def parse_run_name(name: str) -> tuple[str, str]:
+    """(mode, label) from ``<mode>_<label>_<YYYYmmdd>_<HHMMSS>_<unique>``."""
+    m = _NAME.match(name)
+    if not m:
+        return "?", name
+    return m["mode"], m["label"]
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return _not_zombie(pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): trust kill(0)
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def is_magpie_process(pid: int) -> bool:
+    """True when ``pid`` still runs our command line: a recycled pid must never be signalled."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return process_alive(pid)  # no /proc: best effort
+    return "magpie" in cmdline or "engine.cli" in cmdline
+
+
+class RunCatalog:
+    """The runs found under some results folders, kept up to date by ``refresh()``."""
+
+    def __init__(self, roots: Iterable[Path]) -> None:
+        self.roots = [Path(r).expanduser().resolve() for r in roots]
+        self.runs: dict[Path, RunInfo] = {}
+
+    def run_folders(self) -> list[Path]:
+        found: list[Path] = []
+        for root in self.roots:
+            if (root / "events.jsonl").is_file():
+                found.append(root)  # the root is itself a run
+                continue
+            try:
+                children = list(os.scandir(root))
+            except OSError:
+                continue
+            for entry in children:
+                if entry.is_dir() and not entry.name.startswith(".") and os.path.exists(
+                        os.path.join(entry.path, "events.jsonl")):
+                    found.append(Path(entry.path))
+        return found
+
+    def refresh(self) -> list[RunInfo]:
+        """Rescan; return the runs that changed (new ones included)."""
+        changed: list[RunInfo] = []
+        seen = set()
+        for folder in self.run_folders():
+            seen.add(folder)
+            info = self.runs.get(folder)
+            if info is None:
+                mode, label = parse_run_name(folder.name)
+                info = RunInfo(path=folder, mode=mode, label=label)
+                self.runs[folder] = info
+                changed.append(info)
+            if read_new_events(info) and info not in changed:
+                changed.append(info)
+            if info.state == "running" and info.pid is not None and not process_alive(info.pid):
+                # Gone without run_finished: killed hard, or the machine went down.
+                read_new_events(info)  # it may have finished between the two reads
+                if info.state == "running":
+                    info.state = "lost"
+                    info.error = f"process {info.pid} ended without writing run_finished"
+                    if info not in changed:
+                        changed.append(info)
+        for gone in [p for p in self.runs if p not in seen]:
+            del self.runs[gone]
+        return changed
+
+    def sorted_runs(self) -> list[RunInfo]:
+        """Newest first."""
+        return sorted(self.runs.values(), key=lambda r: (r.started or _mtime(r.path)), reverse=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def read_new_events(info: RunInfo) -> bool:
+    """Apply the events appended since the last read; a half-written last line waits for its end."""
+    path = info.path / "events.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(info._offset)
+            chunk = fh.read()
+    except OSError:
+        return False
+    if not chunk:
+        return False
+    info._offset += len(chunk)
+    data = info._partial + chunk
+    lines = data.split(b"\n")
+    info._partial = lines.pop()  # b"" when the chunk ended with a newline
+    changed = False
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a corrupt line never hides the rest of the run
+        if isinstance(event, dict):
+            info.apply(event)
+            info.events_read += 1
+            changed = True
+    return changed
+
+
+def read_events(run_folder: Path, limit: Optional[int] = None) -> list[dict]:
+    """All events of a run (the last ``limit`` of them when given)."""
+    out: list[dict] = []
+    try:
+        text = (run_folder / "events.jsonl").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out[-limit:] if limit else out
+
+
+class CancelRefused(RuntimeError):
+    pass
+
+
+def cancel_run(info: RunInfo) -> None:
+    """Ask a running run to stop: SIGTERM to its own process, which cancels its children's
+    process groups and still writes its report (state ``cancelled``)."""
+    if info.is_finished:
+        raise CancelRefused(f"{info.name} has already finished ({info.state})")
+    if info.pid is None:
+        raise CancelRefused(f"{info.name}: no process id in events.jsonl, so it cannot be signalled")
+    if not process_alive(info.pid):
+        raise CancelRefused(f"{info.name}: process {info.pid} is not running")
+    if not is_magpie_process(info.pid):
+        raise CancelRefused(f"{info.name}: process {info.pid} is no longer a magpie run (pid reused); not signalled")
+    os.kill(info.pid, signal.SIGTERM)

@@ -1,0 +1,222 @@
+"""Start a run of the command line from a config file, as a detached process.
+
+Front ends (the workbench) use this instead of running the engine in their own process:
+the run gets its own session and process group, writes its own run folder, and keeps
+going when the front end exits or its terminal disappears.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from engine.config.yamlfile import ConfigError
+
+SOURCE_SUFFIXES = {".py": "python", ".cu": "cuda", ".cuh": "cuda", ".hip": "hip", ".cpp": "cpp", ".cc": "cpp",
+                   ".cxx": "cpp", ".c": "c", ".h": "cpp", ".hpp": "cpp"}
+CONFIG_SUFFIXES = {".yaml", ".yml"}
+
+
+@dataclass
+class ConfigCheck:
+    """What a file is and what the engine says about it."""
+    path: Path
+    kind: str  # "kernel", "benchmark", "framework", "yaml" (not ours), "source", "other"
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    kernel_ids: list[str] = field(default_factory=list)
+    valid_modes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def modes(self) -> list[str]:
+        """The run modes this file can start."""
+        if self.kind == "kernel":
+            return list(self.valid_modes)
+        if self.kind == "benchmark":
+            return ["benchmark"]
+        return []
+
+
+def classify(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in SOURCE_SUFFIXES:
+        return "source"
+    if suffix not in CONFIG_SUFFIXES:
+        return "other"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return "other"
+    except yaml.YAMLError:
+        return "yaml"  # broken YAML: check_config reports where
+    if isinstance(data, dict):
+        if "benchmark" in data:
+            return "benchmark"
+        if "kernel" in data or "kernels" in data:
+            return "kernel"
+        if {"scheduler", "performance"} & set(data):
+            return "framework"
+    return "yaml"
+
+
+def check_config(path: Path | str) -> ConfigCheck:
+    """Validate a file the way the command line would, without running anything."""
+    path = Path(path)
+    kind = classify(path)
+    check = ConfigCheck(path=path, kind=kind)
+    if kind == "yaml":
+        try:
+            yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            check.problems.append(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})")
+    elif kind == "benchmark":
+        from engine.config.benchmark import load_benchmark_config
+        try:
+            load_benchmark_config(path, check.warnings)
+        except ConfigError as exc:
+            check.problems.extend(exc.problems)
+    elif kind == "kernel":
+        # A file can be valid for compare (candidates checked against the baseline) and not
+        # for analyze (which needs a testcase or reference per kernel): keep what works.
+        from engine.kernels.plan import CliOptions, build_plan
+        for mode in ("compare", "analyze"):
+            try:
+                plan = build_plan(mode, CliOptions(kernel_config=str(path)), {})
+            except ConfigError as exc:
+                if not check.valid_modes and mode == "analyze":
+                    check.problems.extend(p for p in exc.problems if p not in check.problems)
+                elif mode == "compare":
+                    check.problems.extend(exc.problems)
+                continue
+            if mode == "compare" and len(plan.kernels) < 2:
+                continue
+            check.valid_modes.append(mode)
+            check.kernel_ids = [k.id for k in plan.kernels]
+            check.warnings.extend(w for w in plan.warnings if w not in check.warnings)
+        if check.valid_modes:
+            check.problems.clear()
+    return check
+
+
+@dataclass
+class LaunchRequest:
+    mode: str  # analyze | compare | benchmark
+    config: Path
+    output_dir: Path
+    # Common overrides; None = keep the config's value.
+    repeats: Optional[int] = None
+    baseline: Optional[str] = None
+    concurrency: Optional[int] = None
+    input_len: Optional[int] = None
+    output_len: Optional[int] = None
+    num_prompts: Optional[int] = None
+    profiler: Optional[bool] = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def argv(self, python: str = sys.executable) -> list[str]:
+        args = [python, "-m", "engine.cli", self.mode]
+        config, output = str(Path(self.config).resolve()), str(Path(self.output_dir).resolve())
+        if self.mode in ("analyze", "compare"):
+            args += ["-k", config, "-o", output]
+            if self.repeats is not None:
+                args += ["--repeats", str(self.repeats)]
+            if self.baseline and self.mode == "compare":
+                args += ["--baseline", self.baseline]
+        elif self.mode == "benchmark":
+            args += ["-b", config, "-o", output]
+            for flag, value in (("--repeats", self.repeats), ("--concurrency", self.concurrency),
+                                ("--input-len", self.input_len), ("--output-len", self.output_len),
+                                ("--num-prompts", self.num_prompts)):
+                if value is not None:
+                    args += [flag, str(value)]
+            if self.profiler is True:
+                args.append("--torch-profiler")
+            elif self.profiler is False:
+                args.append("--no-torch-profiler")
+        else:
+            raise ValueError(f"unknown mode {self.mode!r}: analyze, compare or benchmark")
+        return args + list(self.extra_args)
+
+
+def effective_config(req: LaunchRequest) -> tuple[dict[str, Any], list[dict], list[str]]:
+    """(config after overrides, the overrides, warnings): what the run would record in config.yaml.
+    Raises ConfigError with file:line problems, as the command line would."""
+    warnings: list[str] = []
+    if req.mode == "benchmark":
+        from engine.config.benchmark import apply_cli_overrides, load_benchmark_config
+        cfg, _doc = load_benchmark_config(req.config, warnings)
+        flags = {"repeats": req.repeats, "concurrency": req.concurrency, "input_len": req.input_len,
+                 "output_len": req.output_len, "num_prompts": req.num_prompts, "torch_profiler": req.profiler}
+        if req.profiler is False:
+            flags["tracelens"] = flags["gap_analysis"] = False
+        cfg, overrides = apply_cli_overrides(cfg, flags)
+        return {"benchmark": cfg.model_dump(by_alias=True)}, overrides, warnings
+    from engine.kernels.plan import CliOptions, build_plan
+    if req.repeats is not None and req.repeats < 3:
+        raise ConfigError([f"repeats {req.repeats}: at least 3 repeats are needed for a median and its spread"])
+    plan = build_plan(req.mode, CliOptions(kernel_config=str(req.config), repeats=req.repeats,
+                                           baseline=req.baseline if req.mode == "compare" else None), {})
+    return plan.effective_config(), plan.overrides, plan.warnings
+
+
+@dataclass
+class StartedRun:
+    process: subprocess.Popen
+    argv: list[str]
+    console_log: Path
+    started: float
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+def console_log_path(output_dir: Path, pid: int, started: float) -> Path:
+    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(started))
+    return output_dir / ".console" / f"{stamp}_{pid}.log"
+
+
+def find_console_log(output_dir: Path, pid: Optional[int]) -> Optional[Path]:
+    """The console log a front end kept for the run with this pid (newest if the pid was reused)."""
+    if pid is None:
+        return None
+    folder = output_dir / ".console"
+    try:
+        matches = sorted(folder.glob(f"*_{pid}.log"))
+    except OSError:
+        return None
+    return matches[-1] if matches else None
+
+
+def start_run(req: LaunchRequest, cwd: Optional[Path] = None) -> StartedRun:
+    """Start the run detached: new session (so a terminal hang-up or Ctrl-C in the front end
+    does not reach it), console output to ``<output>/.console/<stamp>_<pid>.log``."""
+    req.output_dir.mkdir(parents=True, exist_ok=True)
+    (req.output_dir / ".console").mkdir(exist_ok=True)
+    argv = req.argv()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The engine must be importable in the child even when the front end was started from a
+    # source checkout that is not installed.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    started = time.time()
+    pending = req.output_dir / ".console" / f".starting_{os.getpid()}_{int(started * 1e6)}.log"
+    with open(pending, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=str(cwd or req.config.parent), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    final = console_log_path(req.output_dir, proc.pid, started)
+    os.replace(pending, final)  # the child keeps writing to the same open file
+    return StartedRun(process=proc, argv=argv, console_log=final, started=started)

@@ -1,0 +1,146 @@
+"""The run catalog and the detached launcher: real run folders, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.config.yamlfile import ConfigError
+from engine.runs.catalog import CancelRefused, RunCatalog, cancel_run, parse_run_name
+from engine.runs.launch import LaunchRequest, check_config, effective_config, find_console_log, start_run
+from engine.runs.workspace import Workspace
+
+REPO = Path(__file__).resolve().parents[2]
+SOFTMAX = REPO / "examples" / "kernels" / "softmax_triton" / "compare.yaml"
+BENCH_CPU = REPO / "examples" / "benchmarks" / "builtin_tiny_cpu_profiled.yaml"
+
+
+def test_catalog_follows_a_run_as_it_writes_events(tmp_path):
+    ws = Workspace.create(tmp_path, "compare", "softmax")
+    cat = RunCatalog([tmp_path])
+    changed = cat.refresh()
+    assert [r.path for r in changed] == [ws.root]
+    info = changed[0]
+    assert (info.mode, info.label, info.state) == ("compare", "softmax", "pending")
+    ws.events.emit("run_started", mode="compare", pid=os.getpid(), workspace=str(ws.root), label="softmax")
+    ws.events.emit("stage", kernel="one_pass", stage="correctness", state="running")
+    ws.events.emit("progress", phase="timing", done=3, total=10)
+    assert cat.refresh() == [info]
+    assert info.state == "running" and info.pid == os.getpid()
+    assert (info.done, info.total, info.progress_text) == (3, 10, "3/10")
+    assert cat.refresh() == []  # nothing new: nothing reported
+    ws.write_json("compare_report.json", {"ok": True})
+    ws.events.emit("run_finished", state="completed", exit_code=0, report="compare_report.json")
+    cat.refresh()
+    assert info.state == "completed" and info.exit_code == 0 and info.is_finished
+    assert info.report_path == ws.root / "compare_report.json"
+    assert info.elapsed() >= 0
+
+
+def test_half_written_line_waits_for_its_end(tmp_path):
+    run = tmp_path / "benchmark_x_20260101_000000_abc123"
+    run.mkdir()
+    events = run / "events.jsonl"
+    line = json.dumps({"ts": 1.0, "event": "run_started", "mode": "benchmark", "pid": os.getpid()})
+    events.write_text(line[:20])
+    cat = RunCatalog([tmp_path])
+    cat.refresh()
+    info = cat.runs[run]
+    assert info.state == "pending" and info.events_read == 0
+    with open(events, "a") as fh:
+        fh.write(line[20:] + "\nnot json\n")
+    cat.refresh()
+    assert info.state == "running" and info.events_read == 1
+
+
+def test_run_whose_process_died_is_lost(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ws = Workspace.create(tmp_path, "benchmark", "gone")
+    ws.events.emit("run_started", mode="benchmark", pid=dead.pid, workspace=str(ws.root))
+    cat = RunCatalog([tmp_path])
+    cat.refresh()
+    info = cat.runs[ws.root]
+    assert info.state == "lost" and str(dead.pid) in info.error
+    with pytest.raises(CancelRefused, match="already finished"):
+        cancel_run(info)
+
+
+def test_cancel_refuses_a_process_that_is_not_a_run(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        ws = Workspace.create(tmp_path, "analyze", "x")
+        ws.events.emit("run_started", mode="analyze", pid=sleeper.pid, workspace=str(ws.root))
+        cat = RunCatalog([tmp_path])
+        cat.refresh()
+        with pytest.raises(CancelRefused, match="no longer a magpie run"):
+            cancel_run(cat.runs[ws.root])
+        assert sleeper.poll() is None  # untouched
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_parse_run_name():
+    assert parse_run_name("benchmark_builtin-tiny_20261129_191509_3204ac") == ("benchmark", "builtin-tiny")
+    assert parse_run_name("compare_three_pass_20261129_191525_aa7d27") == ("compare", "three_pass")
+    assert parse_run_name("scratch") == ("?", "scratch")
+
+
+def test_check_config_kinds_and_errors(tmp_path):
+    assert check_config(SOFTMAX).kind == "kernel" and check_config(SOFTMAX).ok
+    assert "compare" in check_config(SOFTMAX).modes
+    assert check_config(BENCH_CPU).kind == "benchmark" and check_config(BENCH_CPU).ok
+    bad = tmp_path / "bench.yaml"
+    bad.write_text("benchmark:\n  framework: builtin\n  envs:\n    CONC: 4\n  clients:\n    warmup: 1\n")
+    check = check_config(bad)
+    assert check.kind == "benchmark" and not check.ok
+    assert any(f"{bad}:5" in p and "clients" in p for p in check.problems), check.problems
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("a: [1, 2\nb: 3\n")
+    check = check_config(broken)
+    assert check.kind == "yaml" and check.problems and str(broken) in check.problems[0]
+    assert check_config(REPO / "examples" / "kernels" / "softmax_triton" / "softmax_three_pass.py").kind == "source" \
+        if (REPO / "examples" / "kernels" / "softmax_triton" / "softmax_three_pass.py").exists() else True
+
+
+def test_effective_config_records_overrides(tmp_path):
+    req = LaunchRequest("benchmark", BENCH_CPU, tmp_path, concurrency=2, profiler=False)
+    cfg, overrides, _ = effective_config(req)
+    fields = {o["field"]: o for o in overrides}
+    assert fields["benchmark.envs.CONC"]["cli"] == "2"
+    assert cfg["benchmark"]["profiler"]["torch_profiler"]["enabled"] is False
+    assert "--no-torch-profiler" in req.argv() and "--concurrency" in req.argv()
+    req = LaunchRequest("compare", SOFTMAX, tmp_path, repeats=2)
+    with pytest.raises(ConfigError, match="at least 3"):
+        effective_config(req)
+    req = LaunchRequest("compare", SOFTMAX, tmp_path, repeats=5, baseline="one_pass")
+    cfg, overrides, _ = effective_config(req)
+    assert cfg["baseline"]["id"] == "one_pass" and cfg["settings"]["repeats"] == 5
+
+
+@pytest.mark.slow
+def test_started_run_is_detached_and_found_by_its_pid(tmp_path):
+    bad = tmp_path / "k.yaml"
+    bad.write_text("kernels:\n  - id: a\n    sorce: missing.py\n")
+    started = start_run(LaunchRequest("analyze", bad, tmp_path / "results"))
+    assert started.process.wait(timeout=60) == 2  # configuration error: nothing run
+    assert find_console_log(tmp_path / "results", started.pid) == started.console_log
+    text = started.console_log.read_text()
+    assert f"{bad}:3" in text and "sorce" in text and "nothing was run" in text
+
+
+def test_started_run_gets_its_own_session(tmp_path):
+    script = tmp_path / "k.yaml"
+    script.write_text("kernels: []\n")
+    started = start_run(LaunchRequest("analyze", script, tmp_path / "results"))
+    try:
+        assert os.getpgid(started.pid) == started.pid  # its own group: our Ctrl-C never reaches it
+    except ProcessLookupError:
+        pass  # already exited and reaped: the group check cannot be made
+    started.process.wait(timeout=60)
