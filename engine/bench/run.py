@@ -21,7 +21,7 @@ from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator
-from engine.bench.metrics import aggregate_repeats
+from engine.bench.metrics import aggregate_repeats, detailed_lists
 from engine.config.benchmark import BenchmarkConfig
 from engine.runs.process import CancelToken
 from engine.runs.workspace import Workspace
@@ -151,6 +151,9 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                 result = result_obj.metrics(goodput_slos=cfg.client.goodput or None).to_result()
                 errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
                 result["errors"] = errors[:10]
+                # Per-request lists (vLLM's --save-detailed fields), for latency distributions.
+                ws.write_json(f"requests/point{len(sweep_results)}_repeat{rep}.json",
+                              detailed_lists(result_obj.outputs))
                 runs.append(result)
                 log(f"point {point or 'default'} repeat {rep + 1}/{cfg.client.repeats}: "
                     f"{result['completed']} ok, {result['failed']} failed, "

@@ -30,6 +30,9 @@ def test_builtin_clean_run(tmp_path):
     events = read_events(ws)
     assert events[0]["event"] == "run_started" and events[-1]["state"] == "completed"
     assert any(e["event"] == "progress" and e["phase"] == "measure" for e in events)
+    detail = json.loads((ws / "requests" / "point0_repeat1.json").read_text())
+    assert len(detail["ttfts"]) == 9 and all(0 < t <= lat_s for t, lat_s in zip(detail["ttfts"], detail["latencies"]))
+    assert detail["output_lens"] == [8] * 9
 
 
 def test_builtin_profiled_run_collects_traces_with_step_annotations(tmp_path):
