@@ -35,6 +35,7 @@ def _add_kernel_flags(p: argparse.ArgumentParser, compare: bool) -> None:
     if compare:
         p.add_argument("--baseline", help="baseline kernel: index (0-based) or id; default: the entry marked "
                                           "'baseline: true', else the first")
+    p.add_argument("--only", help="comma-separated kernel ids to run from -k (the baseline is always kept)")
     p.add_argument("--no-perf", action="store_true", help="check correctness only; no timing")
     p.add_argument("-o", "--output-dir", default="./results", help="results root (default ./results)")
     p.add_argument("--repeats", type=int, help="timed repeats per kernel (default: enough for a stable median)")
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where kernels run (only 'local' is supported by this version)")
     parser.add_argument("-w", "--workers", type=int, help="parallel compile/testcase workers (timing stays serial)")
     parser.add_argument("--docker-image", help="image for --environment container")
-    sub = parser.add_subparsers(dest="command")
+    sub = parser.add_subparsers(dest="command", description="also: 'magpie tui [DIR]' opens the workbench")
     _add_kernel_flags(sub.add_parser("analyze", help="evaluate kernels: compile, correctness, performance"), False)
     _add_kernel_flags(sub.add_parser("compare", help="rank kernels against a baseline, correctness-gated"), True)
     _add_benchmark_flags(sub.add_parser("benchmark", help="analyse torch-profiler traces (--trace-dir)"))
@@ -154,7 +155,8 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
         kernels=args.kernels, kernel_config=args.kernel_config, testcase=args.testcase, type=args.type,
         compile_cmd=args.compile_cmd, baseline=getattr(args, "baseline", None), no_perf=args.no_perf,
         repeats=args.repeats, warmup=args.warmup, timeout=args.timeout, seed=args.seed, rtol=args.rtol,
-        atol=args.atol, workers=args.workers, environment=args.environment)
+        atol=args.atol, workers=args.workers, environment=args.environment,
+        only=[i.strip() for i in args.only.split(",") if i.strip()] if args.only else None)
     if args.repeats is not None and args.repeats < 3:
         raise ConfigError([f"--repeats {args.repeats}: at least 3 repeats are needed for a median and its spread"])
     plan = build_plan(args.command, opts, framework)
@@ -384,6 +386,11 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tui"]:
+        # The workbench is a separate front end; the engine itself never imports textual.
+        import importlib
+        return importlib.import_module("magpie_tui.cli").main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")

@@ -133,6 +133,7 @@ class CliOptions:
     atol: Optional[float] = None
     workers: Optional[int] = None
     environment: Optional[str] = None
+    only: Optional[list[str]] = None
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -210,6 +211,9 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
             kernels.append(KernelSpec(index=i, id=kid, type=ktype, source_files=[path], working_dir=path.parent,
                                       env={}, compile=[], testcase=[], prof=[], origin="command line"))
 
+    if opts.only:
+        kernels = _select_only(kernels, opts, overrides, problems)
+
     # CLI flags that replace per-entry fields.
     for k in kernels:
         if opts.testcase:
@@ -259,6 +263,29 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
     if problems:
         raise ConfigError(problems)
     return plan
+
+
+def _select_only(kernels: list[KernelSpec], opts: CliOptions, overrides: list[dict],
+                 problems: list[str]) -> list[KernelSpec]:
+    """--only: run a subset of the config's kernels; the baseline always stays, so candidates
+    are still checked and timed against it."""
+    ids = [k.id for k in kernels]
+    unknown = [i for i in opts.only or [] if i not in ids]
+    if unknown:
+        problems.append(f"--only: no kernel with id {', '.join(unknown)} in the config (ids: {', '.join(ids)})")
+    keep = set(opts.only or []) | {k.id for k in kernels if k.baseline}
+    if opts.baseline is not None:
+        named = [k for k in kernels if str(opts.baseline) in (k.id, str(k.index))]
+        keep |= {k.id for k in named}
+        if named and str(opts.baseline).isdigit():
+            opts.baseline = named[0].id  # the index meant the config's numbering, not the subset's
+    if not any(k.baseline for k in kernels) and opts.baseline is None and kernels:
+        keep.add(kernels[0].id)  # the default baseline is the first entry
+    chosen = [k for k in kernels if k.id in keep]
+    for i, k in enumerate(chosen):
+        k.index = i
+    overrides.append({"field": "kernels", "yaml": ids, "cli": [k.id for k in chosen], "flag": "--only"})
+    return chosen
 
 
 def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOptions, framework: dict,

@@ -128,3 +128,21 @@ def test_harness_modules_need_no_testcase_in_compare_but_a_reference_in_analyze(
     p.write_text("kernels:\n  - {id: a, type: pytorch, source_files: [m.py]}\n  - {id: b, type: triton, source_files: [m.py]}\n")
     plan = build_plan("compare", CliOptions(kernel_config=str(p)))
     assert all(k.harness for k in plan.kernels)
+
+
+def test_only_runs_a_subset_and_keeps_the_baseline():
+    from pathlib import Path
+
+    from engine.kernels.plan import CliOptions, build_plan
+    cfg = Path(__file__).resolve().parents[2] / "examples" / "kernels" / "softmax_triton" / "compare.yaml"
+    plan = build_plan("compare", CliOptions(kernel_config=str(cfg), only=["unmasked"]))
+    assert [k.id for k in plan.kernels] == ["three_pass", "unmasked"]
+    assert plan.kernels[plan.baseline_index].id == "three_pass"
+    assert {"field": "kernels", "yaml": ["three_pass", "one_pass", "unmasked"], "cli": ["three_pass", "unmasked"],
+            "flag": "--only"} in plan.overrides
+    # a numeric --baseline keeps meaning the config's numbering
+    plan = build_plan("compare", CliOptions(kernel_config=str(cfg), only=["unmasked"], baseline="1"))
+    assert [k.id for k in plan.kernels] == ["three_pass", "one_pass", "unmasked"]
+    assert plan.kernels[plan.baseline_index].id == "one_pass"
+    with pytest.raises(ConfigError, match="--only: no kernel with id nope"):
+        build_plan("compare", CliOptions(kernel_config=str(cfg), only=["nope"]))
