@@ -124,6 +124,7 @@ class LaunchRequest:
     output_len: Optional[int] = None
     num_prompts: Optional[int] = None
     profiler: Optional[bool] = None
+    only: Optional[list[str]] = None  # kernel ids (analyze/compare); the baseline is always kept
     extra_args: list[str] = field(default_factory=list)
 
     def argv(self, python: str = sys.executable) -> list[str]:
@@ -135,6 +136,8 @@ class LaunchRequest:
                 args += ["--repeats", str(self.repeats)]
             if self.baseline and self.mode == "compare":
                 args += ["--baseline", self.baseline]
+            if self.only:
+                args += ["--only", ",".join(self.only)]
         elif self.mode == "benchmark":
             args += ["-b", config, "-o", output]
             for flag, value in (("--repeats", self.repeats), ("--concurrency", self.concurrency),
@@ -168,7 +171,8 @@ def effective_config(req: LaunchRequest) -> tuple[dict[str, Any], list[dict], li
     if req.repeats is not None and req.repeats < 3:
         raise ConfigError([f"repeats {req.repeats}: at least 3 repeats are needed for a median and its spread"])
     plan = build_plan(req.mode, CliOptions(kernel_config=str(req.config), repeats=req.repeats,
-                                           baseline=req.baseline if req.mode == "compare" else None), {})
+                                           baseline=req.baseline if req.mode == "compare" else None,
+                                           only=list(req.only) if req.only else None), {})
     return plan.effective_config(), plan.overrides, plan.warnings
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from magpie_tui.cli import main
+
+sys.exit(main())

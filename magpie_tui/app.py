@@ -1,0 +1,182 @@
+"""``WorkbenchApp``: the workbench's App. It owns the long-lived parts (the runs watcher, the
+config watcher, processes it started), so switching screens never loses or cancels anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+
+from engine.runs.catalog import RunInfo
+from engine.runs.launch import StartedRun
+from magpie_tui.bridge import RunsWatcher, watch_configs
+from magpie_tui.messages import ConfigsChanged, RunsChanged
+from magpie_tui.settings import Settings
+from magpie_tui.themes import DEFAULT_THEME, load_themes, semantic_defaults, stylesheet
+
+
+class WorkbenchApp(App):
+    TITLE = "Magpie workbench"
+    CSS_PATH = [stylesheet("app.tcss")]
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("1", "switch_mode('configs')", "Configs", id="app.configs"),
+        Binding("2", "switch_mode('runs')", "Runs", id="app.runs"),
+        Binding("f1,question_mark", "help", "Help", id="app.help"),
+        Binding("ctrl+t", "cycle_theme", "Theme", show=False, id="app.cycle_theme"),
+        Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
+    ]
+
+    MODES = {"configs": lambda: _configs_screen(), "runs": lambda: _runs_screen()}
+
+    def __init__(self, settings: Settings, *, poll_interval: float = 0.5, watch_files: bool = True) -> None:
+        super().__init__()
+        self.settings = settings
+        self.poll_interval = poll_interval
+        self.watch_files = watch_files
+        self.runs: list[RunInfo] = []
+        self.started: dict[int, StartedRun] = {}  # pid -> processes this session started
+        self.runs_watcher = RunsWatcher(settings.results_dirs, self)
+        self.theme_problems: list[str] = []
+        self._stop_watch: asyncio.Event | None = None
+        self.animation_level = "none"  # over SSH every byte counts
+
+    # -- themes -------------------------------------------------------------------------------
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return semantic_defaults()
+
+    def _register_themes(self) -> None:
+        themes, self.theme_problems = load_themes([self.settings.user_theme_dir])
+        for theme in themes:
+            self.register_theme(theme)
+        wanted = self.settings.theme
+        if wanted not in self.available_themes:
+            self.theme_problems.append(f"theme {wanted!r} not found; using {DEFAULT_THEME}")
+            wanted = DEFAULT_THEME
+        self.theme = wanted
+
+    def watch_theme(self, theme: str) -> None:
+        if self.is_mounted and theme != self.settings.theme:
+            try:
+                self.settings.save_theme(theme)
+            except OSError as exc:
+                self.notify(f"theme not saved: {exc}", severity="warning")
+
+    def action_cycle_theme(self) -> None:
+        ours = sorted(name for name in self.available_themes if name.startswith("magpie-"))
+        self.theme = ours[(ours.index(self.theme) + 1) % len(ours)] if self.theme in ours else ours[0]
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._register_themes()
+        if self.settings.keymap:
+            self.set_keymap(self.settings.keymap)
+        for problem in self.settings.problems + self.theme_problems:
+            self.notify(problem, severity="warning", timeout=10)
+        self.runs_watcher.poll()
+        self.set_interval(self.poll_interval, self._poll_runs)
+        if self.watch_files:
+            self._stop_watch = asyncio.Event()
+            self.run_worker(self._watch_configs(), name="config-watcher", group="watchers", exit_on_error=False)
+        if hasattr(signal, "SIGHUP"):
+            # The terminal went away (SSH drop): exit instead of spinning; runs keep going.
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._hangup)
+        self.switch_mode("configs")
+
+    def _hangup(self) -> None:
+        self.exit(return_code=129)
+
+    async def _watch_configs(self) -> None:
+        await watch_configs(self.settings.project_dir, self, stop_event=self._stop_watch)
+
+    def _poll_runs(self) -> None:
+        for pid, started in list(self.started.items()):
+            if started.process.poll() is not None:  # reap: no zombies while the app runs
+                del self.started[pid]
+        self.runs_watcher.poll()
+
+    def on_runs_changed(self, message: RunsChanged) -> None:
+        self.runs = message.runs
+        # Every open screen that shows runs gets the same snapshot, visible or not.
+        for screen in self._all_screens():
+            if hasattr(screen, "runs_changed"):
+                screen.runs_changed(message)
+
+    def _all_screens(self):
+        seen = set()
+        for stack in self._screen_stacks.values():
+            for screen in stack:
+                if id(screen) not in seen:
+                    seen.add(id(screen))
+                    yield screen
+
+    def on_configs_changed(self, message: ConfigsChanged) -> None:
+        for screen in self._all_screens():
+            if hasattr(screen, "configs_changed"):
+                screen.configs_changed(message)
+
+    async def action_quit(self) -> None:
+        if self._stop_watch is not None:
+            self._stop_watch.set()
+        self.exit()
+
+    def action_help(self) -> None:
+        from magpie_tui.screens.help import HelpScreen
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    # -- runs ---------------------------------------------------------------------------------
+    def run_by_path(self, path: Path) -> RunInfo | None:
+        return self.runs_watcher.catalog.runs.get(path)
+
+    def track_started(self, started: StartedRun) -> None:
+        self.started[started.pid] = started
+
+    def open_run(self, info: RunInfo) -> None:
+        from magpie_tui.screens.run import RunScreen
+        self.push_screen(RunScreen(info))
+
+    def open_report(self, info: RunInfo) -> None:
+        """The report screen that fits the run's mode."""
+        from magpie_tui.screens.reports import open_report_screen
+        screen = open_report_screen(self, info)
+        if screen is not None:
+            self.push_screen(screen)
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Configs", "Browse and validate configs", lambda: self.switch_mode("configs"))
+        yield SystemCommand("Runs", "Every run under the results folders", lambda: self.switch_mode("runs"))
+        yield SystemCommand("Help", "Key bindings and their ids", self.action_help)
+        yield SystemCommand("Next theme", "Cycle the Magpie themes (saved)", self.action_cycle_theme)
+        for info in self.runs[:20]:
+            yield SystemCommand(f"Open run {info.name}", f"{info.state} {info.mode} {info.label}",
+                                lambda info=info: self.open_run(info))
+
+    def on_unmount(self) -> None:
+        # Runs we started keep going (they are detached); just stop watching them.
+        self.started.clear()
+
+
+def _configs_screen():
+    from magpie_tui.screens.configs import ConfigsScreen
+    return ConfigsScreen()
+
+
+def _runs_screen():
+    from magpie_tui.screens.runs import RunsScreen
+    return RunsScreen()
+
+
+def run_app(settings: Settings) -> int:
+    app = WorkbenchApp(settings)
+    app.run()
+    code = app.return_code or 0
+    if code == 129:
+        os._exit(0)  # hung-up terminal: nothing more to print to
+    return code

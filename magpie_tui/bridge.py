@@ -1,0 +1,111 @@
+"""The one module that knows both sides: engine run folders and files in, Textual messages out.
+
+* ``RunsWatcher`` polls the run catalog (cheap: it reads only appended bytes) and posts
+  ``RunsChanged`` when something changed.
+* ``FileTail`` follows a log file that another process writes, in batches: the UI asks
+  for new lines a few times a second, never once per line.
+* ``watch_configs`` turns file-system changes under the project into ``ConfigsChanged``.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from pathlib import Path
+from typing import Iterable
+
+from engine.runs.catalog import RunCatalog
+from magpie_tui.messages import ConfigsChanged, RunsChanged
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+WATCHED_SUFFIXES = {".yaml", ".yml", ".py", ".cu", ".cuh", ".hip", ".cpp", ".cc", ".h", ".hpp"}
+
+
+class FileTail:
+    """Reads what was appended to a file since the last call, as display lines.
+
+    Bytes are decoded incrementally (a UTF-8 character split across reads stays whole),
+    ANSI sequences are stripped (the file keeps them), and a ``\\r`` progress redraw keeps
+    only the text after the last carriage return.
+    """
+
+    def __init__(self, path: Path, start_at_end: bool = False, max_initial_bytes: int = 4 << 20) -> None:
+        self.path = path
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+        self.offset = 0
+        self.lines_read = 0
+        self.skipped_bytes = 0
+        if path.exists():
+            size = path.stat().st_size
+            # A huge log starts near its end: the full file stays on disk for toolong/less.
+            self.offset = size if start_at_end else max(0, size - max_initial_bytes)
+            self.skipped_bytes = self.offset
+        self._drop_partial_first_line = self.offset > 0 and not start_at_end
+
+    def read_lines(self, max_bytes: int = 8 << 20) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(max_bytes)
+        except OSError:
+            return []
+        if not data:
+            return []
+        self.offset += len(data)
+        if self._drop_partial_first_line:
+            # Started mid-file: the first line is cut, so it is not shown.
+            cut = data.find(b"\n")
+            if cut < 0:
+                return []
+            data = data[cut + 1:]
+            self._drop_partial_first_line = False
+        text = self._partial + self._decoder.decode(data)
+        parts = text.split("\n")
+        self._partial = parts.pop()
+        lines = [clean_line(p) for p in parts]
+        self.lines_read += len(lines)
+        return lines
+
+    @property
+    def pending(self) -> str:
+        """The unfinished last line (a progress bar being redrawn, a prompt)."""
+        return clean_line(self._partial)
+
+
+def clean_line(text: str) -> str:
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if "\r" in text:
+        text = text.rstrip("\r")
+        text = text.rsplit("\r", 1)[-1]
+    return text
+
+
+class RunsWatcher:
+    """Polls the catalog; posts ``RunsChanged`` to ``target`` when something changed."""
+
+    def __init__(self, roots: Iterable[Path], target) -> None:
+        self.catalog = RunCatalog(roots)
+        self.target = target
+        self._first = True
+
+    def poll(self) -> None:
+        changed = self.catalog.refresh()
+        if changed or self._first:
+            self._first = False
+            self.target.post_message(RunsChanged(self.catalog.sorted_runs(), changed))
+
+
+async def watch_configs(root: Path, target, stop_event=None, debounce_ms: int = 300) -> None:
+    """Post ``ConfigsChanged`` for config and source files changed under ``root``."""
+    from watchfiles import awatch
+
+    def interesting(_change, path: str) -> bool:
+        p = Path(path)
+        return p.suffix.lower() in WATCHED_SUFFIXES and not any(
+            part.startswith(".") or part in ("results", "__pycache__", "node_modules") for part in p.parts[-6:-1])
+
+    async for changes in awatch(root, watch_filter=interesting, debounce=debounce_ms, stop_event=stop_event,
+                                recursive=True, ignore_permission_denied=True):
+        target.post_message(ConfigsChanged({Path(p) for _c, p in changes}))

@@ -1,0 +1,29 @@
+"""App-wide messages from the bridge, named as past-tense events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.message import Message
+
+from engine.runs.catalog import RunInfo
+
+
+class RunsChanged(Message):
+    """Runs appeared or changed state; ``runs`` is the full, newest-first list."""
+
+    def __init__(self, runs: list[RunInfo], changed: list[RunInfo]) -> None:
+        super().__init__()
+        self.runs = runs
+        self.changed = changed
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RunsChanged)  # only the latest snapshot matters
+
+
+class ConfigsChanged(Message):
+    """Files under the project folder changed on disk."""
+
+    def __init__(self, paths: set[Path]) -> None:
+        super().__init__()
+        self.paths = paths

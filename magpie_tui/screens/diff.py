@@ -1,0 +1,118 @@
+"""Diff: the baseline kernel against a candidate, side by side or unified, with in-line
+changes; mark candidates and launch a compare of just those (``--only``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, SelectionList, Static
+from textual.widgets.selection_list import Selection
+
+from engine.runs.launch import LaunchRequest, start_run
+from magpie_tui.widgets.diff_view import DiffView
+
+
+def config_kernels(config: Path) -> tuple[str | None, dict[str, Path]]:
+    """(baseline id, {kernel id: first source file}) of a kernel config, as the engine plans it."""
+    from engine.config.yamlfile import ConfigError
+    from engine.kernels.plan import CliOptions, build_plan
+    for mode in ("compare", "analyze"):
+        try:
+            plan = build_plan(mode, CliOptions(kernel_config=str(config)), {})
+        except ConfigError:
+            continue
+        sources = {k.id: k.source_files[0] for k in plan.kernels if k.source_files}
+        baseline = plan.kernels[plan.baseline_index].id if plan.baseline_index is not None else None
+        return baseline, sources
+    return None, {}
+
+
+def _read(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"cannot read {path}: {exc}\n"
+
+
+class DiffScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back", id="diff.back"),
+        Binding("c", "launch_compare", "Compare marked", id="diff.compare"),
+        Binding("tab", "focus_next", "Switch pane", show=False, id="diff.focus"),
+    ]
+
+    def __init__(self, config: Path, baseline: str | None, sources: dict[str, Path],
+                 candidate: str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.baseline = baseline
+        self.sources = sources
+        others = [k for k in sources if k != baseline]
+        self.current = candidate if candidate in others else (others[0] if others else None)
+
+    @classmethod
+    def for_config(cls, config: Path, candidate: str | None = None) -> DiffScreen:
+        baseline, sources = config_kernels(config)
+        return cls(config, baseline, sources, candidate)
+
+    def compose(self):
+        base_path = self.sources.get(self.baseline) if self.baseline else None
+        cand_path = self.sources.get(self.current) if self.current else None
+        yield Header()
+        yield Static(self._title(), id="diff-title", classes="report-title")
+        with Horizontal():
+            with Vertical(id="diff-candidates"):
+                yield Static("space: mark · c: compare marked", classes="report-note")
+                yield SelectionList(*[Selection(k, k, False) for k in self.sources if k != self.baseline],
+                                    id="candidate-list")
+            yield DiffView(str(base_path or "baseline"), _read(base_path), str(cand_path or "candidate"),
+                           _read(cand_path), id="diff-view")
+        yield Footer()
+
+    def _title(self) -> str:
+        if not self.sources:
+            return f"{self.config}: no kernels with source files (or the config has problems)"
+        return f"{self.config.name}: baseline {self.baseline} vs {self.current or '-'}"
+
+    def on_mount(self) -> None:
+        self.sub_title = str(self.config)
+        if self.current is not None:
+            options = self.query_one(SelectionList)
+            ids = [k for k in self.sources if k != self.baseline]
+            options.highlighted = ids.index(self.current)
+        self.query_one(DiffView).focus()
+
+    def on_selection_list_selection_highlighted(self, event: SelectionList.SelectionHighlighted) -> None:
+        kid = event.selection.value
+        if kid != self.current:
+            self.show_candidate(kid)
+
+    def show_candidate(self, kid: str) -> None:
+        self.current = kid
+        base_path = self.sources.get(self.baseline) if self.baseline else None
+        cand_path = self.sources.get(kid)
+        self.query_one(DiffView).set_texts(str(base_path), _read(base_path), str(cand_path), _read(cand_path))
+        self.query_one("#diff-title", Static).update(self._title())
+
+    def marked(self) -> list[str]:
+        return list(self.query_one(SelectionList).selected)
+
+    def action_launch_compare(self) -> None:
+        chosen = self.marked() or ([self.current] if self.current else [])
+        if not chosen:
+            self.notify("mark one or more candidates (space) first", severity="warning")
+            return
+        req = LaunchRequest("compare", self.config, self.app.settings.launch_results_dir, only=chosen,
+                            baseline=self.baseline)
+        try:
+            started = start_run(req)
+        except OSError as exc:
+            self.notify(f"could not start: {exc}", severity="error")
+            return
+        self.app.track_started(started)
+        self.notify(f"compare of {', '.join(chosen)} against {self.baseline} started (pid {started.pid})")

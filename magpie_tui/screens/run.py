@@ -1,0 +1,159 @@
+"""Run: the live log tail, the events, and when done the report summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Select, Static, TabbedContent, TabPane
+
+from engine.runs.catalog import CancelRefused, RunInfo, cancel_run
+from engine.runs.launch import find_console_log
+from magpie_tui.messages import RunsChanged
+from magpie_tui.screens.runs import format_elapsed
+from magpie_tui.widgets.run_log import RunLog
+
+
+def log_files(info: RunInfo) -> list[Path]:
+    """The run's logs, the most useful first: the console, the server, then the rest (newest first)."""
+    found: list[Path] = []
+    console = find_console_log(info.path.parent, info.pid)
+    if console is not None:
+        found.append(console)
+    if (info.path / "server.log").exists():
+        found.append(info.path / "server.log")
+    rest = [p for p in (info.path / "logs").rglob("*") if p.is_file()] if (info.path / "logs").is_dir() else []
+    rest.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    return found + rest
+
+
+def format_event(line: str) -> str:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(event, dict):
+        return line
+    ts = event.pop("ts", None)
+    when = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if isinstance(ts, (int, float)) else "--:--:--"
+    kind = event.pop("event", "?")
+    fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("workspace", "argv"))
+    return f"{when} {kind:<13} {fields}"
+
+
+class EventsLog(RunLog):
+    """events.jsonl, one readable line per event."""
+
+    def drain(self) -> int:
+        if self.tail is None:
+            return 0
+        lines = self.tail.read_lines()
+        if lines:
+            self.write_lines([format_event(line) for line in lines])
+            self.lines_shown += len(lines)
+        return len(lines)
+
+
+class RunScreen(Screen):
+    BINDINGS = [
+        Binding("escape", "app.pop_screen", "Back", id="run.back"),
+        Binding("r", "open_report", "Report", id="run.report"),
+        Binding("c", "cancel_run", "Cancel run", id="run.cancel"),
+        Binding("l", "next_log", "Next log", id="run.next_log"),
+    ]
+
+    def __init__(self, info: RunInfo) -> None:
+        super().__init__()
+        self.info = info
+        self.logs = log_files(info)
+
+    def compose(self):
+        yield Header()
+        yield Static("", id="run-status")
+        with TabbedContent(id="run-tabs"):
+            with TabPane("Log", id="tab-log"):
+                yield Select([(self._label(p), str(p)) for p in self.logs], prompt="no log yet",
+                             value=str(self.logs[0]) if self.logs else Select.NULL, id="log-choice")
+                yield RunLog(self.logs[0] if self.logs else None, id="run-log")
+            with TabPane("Events", id="tab-events"):
+                yield EventsLog(self.info.path / "events.jsonl", id="run-events")
+            with TabPane("Summary", id="tab-summary"):
+                yield Static("", id="run-summary")
+        yield Footer()
+
+    def _label(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.info.path))
+        except ValueError:
+            return f"console ({path.name})"
+
+    def on_mount(self) -> None:
+        self.sub_title = self.info.name
+        self._refresh_status()
+        self.set_interval(1.0, self._refresh_status)
+
+    def runs_changed(self, message: RunsChanged) -> None:
+        for info in message.changed:
+            if info.path == self.info.path:
+                self.info = info
+        if self.is_mounted:
+            self._refresh_status()
+
+    def _refresh_status(self) -> None:
+        info = self.info
+        parts = [info.state, info.mode, info.label, format_elapsed(info.elapsed(time.time()))]
+        if info.progress_text:
+            parts.append(info.progress_text)
+        if info.error:
+            parts.append(info.error)
+        status = self.query_one("#run-status", Static)
+        status.update("  ·  ".join(p for p in parts if p))
+        for state in ("running", "completed", "failed", "lost", "cancelled"):
+            status.set_class(info.state == state, f"-{state}")
+        fresh = log_files(info)
+        if fresh != self.logs:  # a log appeared (the server started, a kernel began)
+            self.logs = fresh
+            choice = self.query_one("#log-choice", Select)
+            current = None if choice.is_blank() else choice.value
+            choice.set_options([(self._label(p), str(p)) for p in fresh])
+            if current is not None and current in {str(p) for p in fresh}:
+                choice.value = current
+            elif fresh:
+                choice.value = str(fresh[0])
+        summary = info.path / "summary.txt"
+        if info.is_finished and summary.exists():
+            self.query_one("#run-summary", Static).update(summary.read_text(encoding="utf-8", errors="replace"))
+        elif info.is_finished:
+            self.query_one("#run-summary", Static).update(f"{info.state}: no summary.txt was written"
+                                                          + (f" ({info.error})" if info.error else ""))
+        else:
+            self.query_one("#run-summary", Static).update("the summary appears when the run finishes")
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "log-choice" and not event.select.is_blank():
+            log = self.query_one("#run-log", RunLog)
+            path = Path(str(event.value))
+            if log.tail is None or log.tail.path != path:
+                log.follow(path)
+
+    def action_next_log(self) -> None:
+        if not self.logs:
+            return
+        choice = self.query_one("#log-choice", Select)
+        names = [str(p) for p in self.logs]
+        current = names.index(choice.value) if not choice.is_blank() and choice.value in names else -1
+        choice.value = names[(current + 1) % len(names)]
+
+    def action_open_report(self) -> None:
+        self.app.open_report(self.info)
+
+    def action_cancel_run(self) -> None:
+        try:
+            cancel_run(self.info)
+            self.notify(f"cancelling {self.info.name}")
+        except CancelRefused as exc:
+            self.notify(str(exc), severity="error")

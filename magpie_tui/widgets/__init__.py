@@ -1,0 +1,1 @@
+"""Widgets of the workbench: each one a domain noun, styled by theme variables only."""
