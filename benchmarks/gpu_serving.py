@@ -5,7 +5,7 @@ Usage (repository root, on the GPU machine; engine/ needs pydantic and msgspec, 
 
     PYTHONPATH=. python3 benchmarks/gpu_serving.py RESULTS_DIR [--out DIR]
         [--clean-config YAML] [--profiled-config YAML] [--args "FLAGS"] [--clean-args "FLAGS"]
-        [--profiled-args "FLAGS"] [--run-timeout S] [--no-reanalysis]
+        [--profiled-args "FLAGS"] [--run-timeout S] [--budget S] [--no-reanalysis]
 
 * clean:    ``python -m engine.cli benchmark -b examples/benchmarks/builtin_1b_gpu.yaml -o RESULTS_DIR/clean``
 * profiled: ``python -m engine.cli benchmark -b examples/benchmarks/builtin_1b_gpu_profiled.yaml --warmup 0
@@ -16,8 +16,10 @@ Usage (repository root, on the GPU machine; engine/ needs pydantic and msgspec, 
   concurrency 32. Without warm-up the 64 steps are the first prefills and then decode at full batch.
   The script reports which steps the trace holds (its ``execute_*`` step annotations).
 * ``--args`` go to both runs (e.g. ``--num-prompts 160 --repeats 2`` to shorten them).
-* each run is bounded by ``--run-timeout``: at the limit it gets SIGINT (the CLI stops after the
-  current repeat and writes its report with the repeats done), then SIGKILL after a grace period.
+* each run is bounded by ``--run-timeout`` (shrunk to fit ``--budget`` when given): at the limit it
+  gets SIGINT (the CLI cancels the current repeat's outstanding requests and writes its report; that
+  partial repeat is still counted in the report's repeat statistics, so the table warns), then
+  SIGKILL after a grace period.
 * after the profiled run its trace is analysed again with ``magpie benchmark --trace-dir ... --gpu-arch
   H200`` on its own, to time the analysis alone (the in-run figure includes stopping the server).
 
