@@ -9,10 +9,13 @@ from textual.widgets import DataTable, Static
 
 from magpie_tui.settings import config_path
 
-# The screens whose bindings the help lists, by name; imported lazily to avoid cycles.
-_SCREENS = ("configs.ConfigsScreen", "launch.LaunchScreen", "runs.RunsScreen", "run.RunScreen",
-            "reports.CompareReportScreen", "reports.BenchmarkReportScreen", "roofline.RooflineScreen",
-            "kernel.KernelScreen", "diff.DiffScreen")
+# The widgets and screens whose bindings the help lists; imported lazily to avoid cycles.
+_BINDING_OWNERS = (
+    "widgets.data_grid.DataGrid", "widgets.diff_view.DiffView",
+    "screens.configs.ConfigsScreen", "screens.launch.LaunchScreen", "screens.runs.RunsScreen",
+    "screens.run.RunScreen", "screens.reports.CompareReportScreen", "screens.reports.BenchmarkReportScreen",
+    "screens.roofline.RooflineScreen", "screens.kernel.KernelScreen", "screens.diff.DiffScreen",
+)
 
 
 def all_bindings(app) -> list[tuple[str, str, str, str]]:
@@ -21,13 +24,13 @@ def all_bindings(app) -> list[tuple[str, str, str, str]]:
     keymap = getattr(app, "settings", None).keymap if getattr(app, "settings", None) else {}
     rows = []
     sources = [("app", type(app))]
-    for dotted in _SCREENS:
-        module, name = dotted.split(".")
+    for dotted in _BINDING_OWNERS:
+        module, _, name = dotted.rpartition(".")
         try:
-            cls = getattr(importlib.import_module(f"magpie_tui.screens.{module}"), name)
+            cls = getattr(importlib.import_module(f"magpie_tui.{module}"), name)
         except (ImportError, AttributeError):
             continue
-        sources.append((module, cls))
+        sources.append((module.rsplit(".", 1)[-1], cls))
     for where, cls in sources:
         for binding in getattr(cls, "BINDINGS", []):
             if isinstance(binding, Binding) and binding.id:

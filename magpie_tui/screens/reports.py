@@ -215,9 +215,13 @@ def sweep_points(report: dict) -> list[tuple[float, float, str]]:
 
 
 def delta_rows(a: dict, b: dict) -> list[dict[str, Any]]:
+    """B - A per metric, from the repeats (mean, with noise) or else the single result, as
+    ``magpie benchmark --compare-reports`` computes it."""
     from engine.bench.metrics import compare_reports
+    side_a = a.get("repeats") or a.get("result") or {}
+    side_b = b.get("repeats") or b.get("result") or {}
     rows = []
-    for key, d in compare_reports(a, b).items():
+    for key, d in compare_reports(side_a, side_b).items():
         rows.append({"metric": key, "a": d.get("a"), "b": d.get("b"), "delta": d.get("delta"),
                      "rel": d.get("rel_delta"), "noise": d.get("noise"), "verdict": d.get("verdict") or "-"})
     return rows

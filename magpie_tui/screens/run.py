@@ -93,7 +93,7 @@ class RunScreen(Screen):
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name
-        self._refresh_status()
+        self.call_after_refresh(self._refresh_status)  # the tab panes mount after the screen
         self.set_interval(1.0, self._refresh_status)
 
     def runs_changed(self, message: RunsChanged) -> None:
@@ -104,6 +104,8 @@ class RunScreen(Screen):
             self._refresh_status()
 
     def _refresh_status(self) -> None:
+        if not self.query("#run-summary"):
+            return  # still mounting
         info = self.info
         parts = [info.state, info.mode, info.label, format_elapsed(info.elapsed(time.time()))]
         if info.progress_text:

@@ -1,0 +1,76 @@
+"""Fixtures for the workbench tests: a project folder with recorded run folders, and the app
+built on it, with everything that varies between machines pinned (paths, time zone, blink)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from magpie_tui.app import WorkbenchApp
+from magpie_tui.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED_RUNS = REPO / "tests" / "data" / "runs"
+# Snapshots show paths: build the project at a fixed place so the SVGs do not change per run.
+SNAPSHOT_ROOT = Path("/tmp/magpie-tui-tests")
+
+
+def copy_recorded_runs(results: Path) -> list[Path]:
+    """The recorded run folders, with their absolute paths pointed at ``results`` and this checkout."""
+    results.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for run in sorted(RECORDED_RUNS.iterdir()):
+        target = results / run.name
+        shutil.copytree(run, target)
+        for path in target.rglob("*"):
+            if path.is_file() and path.suffix in (".json", ".jsonl", ".yaml", ".txt", ".csv", ".log"):
+                text = path.read_text(encoding="utf-8")
+                # The project is a copy of examples/: runs of its configs point into the copy.
+                text = text.replace("@REPO@/examples", str(results.parent)).replace("@RESULTS@", str(results))
+                path.write_text(text.replace("@REPO@", str(REPO)), encoding="utf-8")
+        copied.append(target)
+    return copied
+
+
+def make_project(root: Path) -> Path:
+    """``examples/`` (kernels and benchmark configs) plus ``results/`` with the recorded runs."""
+    if root.exists():
+        shutil.rmtree(root)
+    project = root / "project"
+    shutil.copytree(REPO / "examples", project, ignore=shutil.ignore_patterns("__pycache__", "results"))
+    copy_recorded_runs(project / "results")
+    return project
+
+
+@pytest.fixture(autouse=True)
+def pinned_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.setenv("MAGPIE_TUI_CONFIG", str(tmp_path / "settings" / "tui.yaml"))
+    monkeypatch.setenv("TEXTUAL_ANIMATIONS", "none")
+    from textual.widgets import Input
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None, raising=False)
+    yield
+    os.environ.pop("TZ", None)
+    time.tzset()
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    return make_project(tmp_path / "work")
+
+
+def build_app(project: Path, **kwargs) -> WorkbenchApp:
+    settings = load_settings(project, [project / "results"])
+    kwargs.setdefault("watch_files", False)
+    kwargs.setdefault("poll_interval", 0.1)
+    return WorkbenchApp(settings, **kwargs)
+
+
+@pytest.fixture
+def app(project) -> WorkbenchApp:
+    return build_app(project)
