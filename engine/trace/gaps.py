@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from engine.trace.load import Event, Trace
+from engine.trace.load import Trace
 from engine.trace.timeline import union_length
 from engine.trace.tree import RUNTIME_CATS, EventTree
 
@@ -53,10 +53,21 @@ class Window:
 def trace_window(trace: Trace, start_pct: float = 0.0, end_pct: float = 100.0) -> Window:
     if not 0.0 <= start_pct < end_pct <= 100.0:
         raise ValueError(f"window {start_pct}%..{end_pct}%: need 0 <= start < end <= 100")
-    timed = [e for e in trace.events if e.ph != "M"]
-    if not timed:
+    timed = trace.kinds_where(lambda ph, cat: ph != "M")
+    kind, ts, dur = trace.kind, trace.ts, trace.dur
+    first = last = -1  # the first event with the smallest start, and with the largest end
+    lo = hi = 0.0
+    for uid in range(len(kind)):
+        if timed[kind[uid]]:
+            start = ts[uid]
+            end = start + dur[uid]
+            if first < 0 or start < lo:
+                first, lo = uid, start
+            if last < 0 or end > hi:
+                last, hi = uid, end
+    if first < 0:
         raise ValueError(f"{trace.path}: no timed events")
-    return Window(start_pct, end_pct, min(e.ts for e in timed), max(e.ts + e.dur for e in timed))
+    return Window(start_pct, end_pct, trace.ts_of(first), trace.end_of(last))
 
 
 def _shape_text(dims: object) -> str:
@@ -81,40 +92,45 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
                       ) -> dict[str, KernelAgg]:
     """Kernel time by name over the window. Events overlapping the window are kept whole
     (Magpie's rule); the window itself is clamped to the trace."""
+    wanted = trace.kinds_where(lambda ph, cat: ph == "X" and _matches(cat, categories, ignore_categories))
+    kind, ts, dur, names, name = trace.kind, trace.ts, trace.dur, trace.names, trace.name
+    lo, hi = window.lo, window.hi
+    out: dict[str, KernelAgg] = {}
+    counted_ext: list = []  # External id of each counted event (None: none)
+    for uid in range(len(kind)):
+        if not wanted[kind[uid]]:
+            continue
+        start, d = ts[uid], dur[uid]
+        if start + d < lo or start > hi or d < min_duration_us:
+            continue
+        n = names[name[uid]]
+        agg = out.get(n)
+        if agg is None:
+            agg = out[n] = KernelAgg(n)
+        agg.durations.append(trace.dur_of(uid))
+        counted_ext.append((agg, trace.ext_of(uid)))
+    # Input shapes from the cpu_op with the same External id (the last such op, as a dict would
+    # keep), formatted once per id; only the ids of counted events are looked up.
+    exts = {ext for _, ext in counted_ext if ext is not None}
     op_by_ext: dict = {}
-    for e in trace.events:
-        if e.cat == "cpu_op" and e.ext_id is not None:
-            op_by_ext[e.ext_id] = e
-    shape_cache: dict = {}  # formatted once per External id, and only for counted events
-
-    def shape_of(ext: object) -> str:
+    if exts:
+        cpu_op = trace.kinds_where(lambda ph, cat: cat == "cpu_op")
+        for uid in range(len(kind)):
+            if cpu_op[kind[uid]]:
+                ext = trace.ext_of(uid)
+                if ext in exts:
+                    op_by_ext[ext] = uid
+    shape_cache: dict = {}
+    for agg, ext in counted_ext:
+        if ext is None:
+            continue
         text = shape_cache.get(ext)
         if text is None:
             op = op_by_ext.get(ext)
-            args = op.args if op is not None else None  # decoded here, only for ops that launched kernels
+            args = trace.args_of(op) if op is not None else None  # decoded here, only for ops that launched kernels
             text = shape_cache[ext] = _shape_text(args.get("Input Dims") if args else None)
-        return text
-
-    lo, hi = window.lo, window.hi
-    out: dict[str, KernelAgg] = {}
-    wanted: dict[str, bool] = {}  # per category: a handful of categories, many events
-    for e in trace.events:
-        if e.ph != "X":
-            continue
-        keep = wanted.get(e.cat)
-        if keep is None:
-            keep = wanted[e.cat] = _matches(e.cat, categories, ignore_categories)
-        if not keep:
-            continue
-        if e.ts + e.dur < lo or e.ts > hi or e.dur < min_duration_us:
-            continue
-        agg = out.get(e.name)
-        if agg is None:
-            agg = out[e.name] = KernelAgg(e.name)
-        agg.durations.append(e.dur)
-        shape = shape_of(e.ext_id) if e.ext_id is not None else None
-        if shape:
-            agg.shapes[shape] = None
+        if text:
+            agg.shapes[text] = None
     return out
 
 
@@ -154,7 +170,7 @@ def merge_ranks(per_rank: dict[int, dict[str, KernelAgg]]) -> dict[str, KernelAg
 
 # ---------------------------------------------------------------------------------------- idle
 
-@dataclass
+@dataclass(slots=True)
 class IdleGap:
     stream: str  # "device 0 / stream 7", or "device 0 (all streams)"
     start: float
@@ -170,40 +186,55 @@ class IdleGap:
         return self.end - self.start
 
 
-def _gap_list(events: list[Event]) -> list[tuple[Event, Event, float, float]]:
-    """(event before, event after, gap start, gap end) between busy periods of the given events."""
-    events = sorted(events, key=lambda e: e.ts)
+def _gap_list(trace: Trace, uids: Sequence[int]) -> list[tuple[int, int, float, float]]:
+    """(event before, event after, gap start, gap end) between busy periods of the given events
+    (uids); the gap's ends as the JSON wrote them."""
+    ts, dur = trace.ts, trace.dur
     gaps = []
     cur_end = None
-    last = None
-    for e in events:
-        end = e.ts + e.dur
-        if cur_end is not None and e.ts > cur_end:
-            gaps.append((last, e, cur_end, e.ts))
+    last = -1
+    for uid in sorted(uids, key=ts.__getitem__):
+        start = ts[uid]
+        end = start + dur[uid]
+        if cur_end is not None and start > cur_end:
+            gaps.append((last, uid, trace.end_of(last), trace.ts_of(uid)))
         if cur_end is None or end > cur_end:
-            cur_end, last = end, e
+            cur_end, last = end, uid
     return gaps
 
 
-def _launch_of(ev: Event) -> Event | None:
-    p = ev.parent
-    return p if p is not None and p.cat in RUNTIME_CATS else None
+def _first_min_start(trace: Trace, uids: Iterable[int]) -> float:
+    """min(ts) as Python's min over the JSON values gives it: the first smallest, with its type."""
+    ts = trace.ts
+    return trace.ts_of(min(uids, key=ts.__getitem__))
+
+
+def _first_max_end(trace: Trace, uids: Iterable[int]) -> float:
+    ts, dur = trace.ts, trace.dur
+    return trace.end_of(max(uids, key=lambda u: ts[u] + dur[u]))
+
+
+def _intervals(trace: Trace, uids: Iterable[int]) -> list[tuple[float, float]]:
+    ts, dur = trace.ts, trace.dur
+    return [(ts[u], ts[u] + dur[u]) for u in uids]
 
 
 def _host_activity(tree: EventTree, gaps: list[tuple[float, float]], limit: int = 5) -> list[list[str]]:
     """For each (lo, hi) gap, the names of top-level CPU ops overlapping it, in start order.
     One sweep: gaps and roots sorted by start, a heap of started roots keyed by their end."""
     import heapq
-    roots = sorted(tree.cpu_roots, key=lambda e: e.ts)
+    trace = tree.trace
+    ts, dur = trace.ts, trace.dur
+    roots = sorted(tree.roots, key=ts.__getitem__)
     order = sorted(range(len(gaps)), key=lambda i: gaps[i][0])
     out: list[list[str]] = [[] for _ in gaps]
     active: list[tuple[float, float, int, str]] = []  # (end, start, uid, name)
     i = 0
     for gi in order:
         lo, hi = gaps[gi]
-        while i < len(roots) and roots[i].ts < hi:
+        while i < len(roots) and ts[roots[i]] < hi:
             r = roots[i]
-            heapq.heappush(active, (r.ts + r.dur, r.ts, r.uid, r.name))
+            heapq.heappush(active, (ts[r] + dur[r], ts[r], r, trace.name_of(r)))
             i += 1
         while active and active[0][0] <= lo:  # ended before this gap, so before every later one
             heapq.heappop(active)
@@ -214,30 +245,34 @@ def _host_activity(tree: EventTree, gaps: list[tuple[float, float]], limit: int 
 def idle_analysis(tree: EventTree, window: Window, *, top_n: int = 20, min_gap_us: float = 0.0) -> dict:
     """Idle intervals of each GPU stream and of each device (all its streams together), the
     largest device gaps with the host activity during them, and the host-bound share of idle."""
+    trace = tree.trace
+    ts, dur = trace.ts, trace.dur
     lo, hi = window.lo, window.hi
-    gpu = [e for e in tree.gpu_events if e.ts + e.dur >= lo and e.ts <= hi]
-    by_stream: dict[tuple, list[Event]] = {}
+    by_stream: dict[tuple, list[int]] = {}
     by_device: dict = {}
-    for e in gpu:
-        by_stream.setdefault((e.pid, e.tid), []).append(e)
-        by_device.setdefault(e.pid, []).append(e)
+    for g in tree.gpu_uids:
+        if ts[g] + dur[g] >= lo and ts[g] <= hi:
+            pid = trace.pid_of(g)
+            by_stream.setdefault((pid, trace.tid_of(g)), []).append(g)
+            by_device.setdefault(pid, []).append(g)
     streams = []
-    for (pid, tid), evs in sorted(by_stream.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
-        busy = union_length((x.ts, x.ts + x.dur) for x in evs)
-        span = max(x.ts + x.dur for x in evs) - min(x.ts for x in evs)
-        gaps = [g for g in _gap_list(evs) if g[3] - g[2] >= min_gap_us]
-        streams.append({"device": pid, "stream": tid, "events": len(evs), "span_us": span, "busy_us": busy,
+    for (pid, tid), uids in sorted(by_stream.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+        busy = union_length(_intervals(trace, uids))
+        span = _first_max_end(trace, uids) - _first_min_start(trace, uids)
+        gaps = [g for g in _gap_list(trace, uids) if g[3] - g[2] >= min_gap_us]
+        streams.append({"device": pid, "stream": tid, "events": len(uids), "span_us": span, "busy_us": busy,
                         "idle_us": span - busy, "idle_pct": (span - busy) / span * 100.0 if span else 0.0,
                         "gaps": len(gaps), "largest_gap_us": max((g[3] - g[2] for g in gaps), default=0.0)})
+    runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
     device_gaps: list[IdleGap] = []
-    for pid, evs in by_device.items():
-        for before, after, s, e in _gap_list(evs):
+    for pid, uids in by_device.items():
+        for before, after, s, e in _gap_list(trace, uids):
             if e - s < min_gap_us:
                 continue
-            launch = _launch_of(after)
-            host_bound = launch is not None and launch.ts > s
-            device_gaps.append(IdleGap(f"device {pid} (all streams)", s, e, before.name, after.name, host_bound,
-                                       (launch.ts - s) if host_bound and launch is not None else None, []))
+            launch = tree.parent[after]  # the runtime call that launched `after`, if any
+            host_bound = launch >= 0 and runtime[trace.kind[launch]] and trace.ts[launch] > s
+            device_gaps.append(IdleGap(f"device {pid} (all streams)", s, e, trace.name_of(before), trace.name_of(after),
+                                       bool(host_bound), (trace.ts_of(launch) - s) if host_bound else None, []))
     for gap, names in zip(device_gaps, _host_activity(tree, [(g.start, g.end) for g in device_gaps])):
         gap.cpu_ops = names
     total_idle = math.fsum(g.duration for g in device_gaps)
@@ -255,20 +290,24 @@ def step_launch_analysis(tree: EventTree, steps: Iterable[tuple[str, float, floa
     was the GPU waiting for a launch. ``launch_bound`` when the CPU dispatch time is at least the
     GPU busy time: the host, not the GPU, set the pace."""
     import bisect
-    runtime = sorted((e for e in tree.host_events if e.cat in RUNTIME_CATS), key=lambda e: e.ts)
-    rt_starts = [e.ts for e in runtime]
+    trace = tree.trace
+    ts = trace.ts
+    is_runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
+    kind = trace.kind
+    runtime = sorted((u for u in tree.host_order if is_runtime[kind[u]]), key=ts.__getitem__)
+    rt_starts = [ts[u] for u in runtime]
     gaps_sorted = sorted(gaps, key=lambda g: g.start)
     gap_starts = [g.start for g in gaps_sorted]
     rows = []
     for name, s, e in steps:
         i, j = bisect.bisect_left(rt_starts, s), bisect.bisect_right(rt_starts, e)
         launches = runtime[i:j]
-        dispatch = union_length((x.ts, x.ts + x.dur) for x in launches)
-        work = [g for x in launches for g in (x.gpu_events or [])]
+        dispatch = union_length(_intervals(trace, launches))
+        work = [g for x in launches for g in tree.gpu_uids_of(x)]
         if work:
-            g_lo = min(g.ts for g in work)
-            g_hi = max(g.ts + g.dur for g in work)
-            busy = union_length((g.ts, g.ts + g.dur) for g in work)
+            g_lo = _first_min_start(trace, work)
+            g_hi = _first_max_end(trace, work)
+            busy = union_length(_intervals(trace, work))
         else:
             g_lo = g_hi = s
             busy = 0.0

@@ -1,12 +1,18 @@
 """Streaming loader for torch-profiler (Kineto) Chrome traces: ``.json`` or ``.json.gz``, a
 ``{"traceEvents": [...]}`` object or a bare list.
 
-The file is decompressed and decoded in windows of a few MB. Inside a window msgspec decodes
-thousands of events per call into slotted ``Event``s; an event's args stay as their JSON text
-(pooled: the same op signature every step is one copy) and are decoded on first use. Whatever
-msgspec cannot take (a window boundary inside a string, a bad event) goes through
-``json.raw_decode`` one event at a time, which also pins down errors: a truncated or malformed
-file raises ``TraceError`` naming the file, the character offset and the index of the event.
+Storage is columnar: event ``i`` (its ``uid``, the index in ``traceEvents``) is row ``i`` of a
+few ``array`` columns (time stamps, durations, ids) and of index columns into small tables of the
+distinct (ph, cat) pairs, names and pid/tid values. That is about 60 bytes an event, where one
+Python object per event cost about 400. ``trace.events[i]`` is an ``Event``, a two-field view
+made on demand; the analyses that visit every event read the columns instead.
+
+The file is decompressed and decoded in windows of a few hundred kB. Inside a window msgspec
+decodes thousands of events per call; an event's args stay as their JSON text (pooled: the same
+op signature every step is one copy) and are decoded on first use. Whatever msgspec cannot take
+(a window boundary inside a string, a bad event) goes through ``json.raw_decode`` one event at a
+time, which also pins down errors: a truncated or malformed file raises ``TraceError`` naming the
+file, the character offset and the index of the event.
 """
 
 from __future__ import annotations
@@ -17,8 +23,12 @@ import gzip
 import json
 import re
 import sys
+from array import array
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from engine.trace.tree import EventTree
 
 _CHUNK = 1 << 17  # characters decoded per read (small windows: less transient memory, as fast)
 _WS = re.compile(r"[\s,]*")
@@ -34,8 +44,9 @@ class TraceError(Exception):
     pass
 
 
-# Kept in the Event's slots (ids) or dropped (per-event counters no analysis reads).
+# Kept in the id columns (correlation, External id) or dropped (per-event counters no analysis reads).
 _NOT_ARGS = ("correlation", "External id", "Ev Idx", "Record function id")
+_DROP_ARGS = _NOT_ARGS[2:]  # the per-event counters
 
 
 try:  # msgspec decodes many events per call, 5-10x faster than one json.raw_decode per event
@@ -60,39 +71,505 @@ try:  # msgspec decodes many events per call, 5-10x faster than one json.raw_dec
     _FAST = msgspec.json.Decoder(list[_RawEvent])
     _IDS_TYPED = msgspec.json.Decoder(_Ids)
     _FAST_ERRORS: tuple = (msgspec.DecodeError, msgspec.ValidationError)
-
-    def _decode_args(raw: bytes) -> dict | None:
-        args = msgspec.json.decode(raw)
-        if type(args) is not dict:
-            return None
-        for k in _NOT_ARGS:
-            args.pop(k, None)
-        return args
+    _json_loads: Callable[[bytes], Any] = msgspec.json.decode
 except ImportError:  # pragma: no cover - msgspec is a dependency; keep working without it
     _FAST = None
-
-    def _decode_args(raw: bytes) -> dict | None:
-        args = json.loads(raw)
-        if type(args) is not dict:
-            return None
-        for k in _NOT_ARGS:
-            args.pop(k, None)
-        return args
+    _json_loads = json.loads
 
 
 _FAST_MIN = 1 << 13  # characters: below this, one event at a time is as quick
 
-_ARGS_CACHE: dict[bytes, dict | None] = {}
+
+def _decode_args(raw: bytes) -> dict | None:
+    args = _json_loads(raw)
+    if type(args) is not dict:
+        return None
+    for k in _NOT_ARGS:
+        args.pop(k, None)
+    return args
 
 
-def _shared_args(raw: bytes) -> dict | None:
-    """Decoded args, one dict per distinct text (the loader pooled the texts with their per-event
-    ids zeroed, so this is one dict per distinct op signature); treat it as read-only."""
-    hit = _ARGS_CACHE.get(raw, _ARGS_CACHE)
-    if hit is _ARGS_CACHE:
-        hit = _ARGS_CACHE[raw] = _decode_args(raw)
-    return hit
+# ------------------------------------------------------------------------------ columns
 
+# Id columns (correlation, External id, flow id) hold int64; these two values mark "no id" and
+# "a value the column cannot hold" (a string id, a huge int), which then lives in Trace.odd.
+NO_ID = -(1 << 63)
+ODD_ID = NO_ID + 1
+_MAX_EXACT = 1 << 53  # an int time stamp beyond this is not exact as a float: kept in Trace.odd
+# Bits of the per-event ``num_flags`` column: the JSON wrote ts / dur as an int (kept so that an
+# integral duration prints as ``50``, as TraceLens's does), or the event has a value in Trace.odd.
+TS_INT, DUR_INT, HAS_ODD = 1, 2, 4
+_UNDECODED = object()
+
+
+class Trace:
+    """A loaded trace, stored by column; ``events`` gives ``Event`` views of its rows.
+
+    Columns (row = uid): ``kind`` (index into ``kinds``, the distinct (ph, cat) pairs), ``name``
+    (into ``names``), ``pid`` / ``tid`` (into ``ids``), ``ts`` / ``dur`` (float64), ``num_flags``,
+    ``corr`` / ``ext`` / ``flow`` (int64, ``NO_ID`` when absent) and ``args`` (into the pooled
+    args texts, -1 when the event has none or they were dropped)."""
+
+    def __init__(self, path: Path, metadata: dict | None = None) -> None:
+        self.path = path
+        self.metadata: dict = metadata if metadata is not None else {}
+        self.kinds: list[tuple[str, str]] = []  # (ph, cat)
+        self.names: list[str] = []
+        self.ids: list[Any] = []  # distinct pid / tid values
+        self.kind = array("I")
+        self.name = array("I")
+        self.pid = array("I")
+        self.tid = array("I")
+        self.ts = array("d")
+        self.dur = array("d")
+        self.num_flags = array("B")
+        self.corr = array("q")
+        self.ext = array("q")
+        self.flow = array("q")
+        self.args = array("i")
+        self.args_pool: list[Any] = []  # per distinct args: the JSON text, or the dict (slow path)
+        self._args_decoded: list[Any] = []  # the decoded dict of each pool entry, once asked for
+        self.odd: dict[tuple[str, int], Any] = {}  # (column, uid) -> the exact value
+        self.tree: EventTree | None = None  # set by build_tree: parent/children of the views
+        self.process_names: dict[Any, str] = {}
+        self.process_labels: dict[Any, str] = {}
+        self.thread_names: dict[tuple, str] = {}
+
+    # ---------------------------------------------------------------- per-event values
+
+    @property
+    def events(self) -> EventList:
+        return EventList(self)
+
+    def event(self, uid: int) -> Event:
+        return Event(self, uid)
+
+    def ph_of(self, uid: int) -> str:
+        return self.kinds[self.kind[uid]][0]
+
+    def cat_of(self, uid: int) -> str:
+        return self.kinds[self.kind[uid]][1]
+
+    def name_of(self, uid: int) -> str:
+        return self.names[self.name[uid]]
+
+    def pid_of(self, uid: int) -> Any:
+        return self.ids[self.pid[uid]]
+
+    def tid_of(self, uid: int) -> Any:
+        return self.ids[self.tid[uid]]
+
+    def ts_of(self, uid: int) -> float:
+        """The start as the JSON wrote it (an int stays an int)."""
+        flags = self.num_flags[uid]
+        if not flags:
+            return self.ts[uid]
+        if flags & HAS_ODD and ("ts", uid) in self.odd:
+            return self.odd[("ts", uid)]
+        return int(self.ts[uid]) if flags & TS_INT else self.ts[uid]
+
+    def dur_of(self, uid: int) -> float:
+        flags = self.num_flags[uid]
+        if not flags:
+            return self.dur[uid]
+        if flags & HAS_ODD and ("dur", uid) in self.odd:
+            return self.odd[("dur", uid)]
+        return int(self.dur[uid]) if flags & DUR_INT else self.dur[uid]
+
+    def end_of(self, uid: int) -> float:
+        """ts + dur with their JSON types (int + int stays an int)."""
+        if not self.num_flags[uid]:
+            return self.ts[uid] + self.dur[uid]
+        return self.ts_of(uid) + self.dur_of(uid)
+
+    def _id(self, column: str, uid: int) -> Any:
+        v = getattr(self, column)[uid]
+        if v == NO_ID:
+            return None
+        return self.odd[(column, uid)] if v == ODD_ID else v
+
+    def corr_of(self, uid: int) -> Any:
+        v = self.corr[uid]
+        return v if v > ODD_ID else self._id("corr", uid)
+
+    def ext_of(self, uid: int) -> Any:
+        v = self.ext[uid]
+        return v if v > ODD_ID else self._id("ext", uid)
+
+    def flow_of(self, uid: int) -> Any:
+        v = self.flow[uid]
+        return v if v > ODD_ID else self._id("flow", uid)
+
+    def args_of(self, uid: int) -> dict | None:
+        """The event's args without correlation / External id and the per-event counters; one
+        shared dict per distinct args text, so treat it as read-only."""
+        i = self.args[uid]
+        if i < 0:
+            return None
+        return self.pooled_args(i)
+
+    def pooled_args(self, i: int) -> dict | None:
+        """The decoded args of pool entry ``i`` (``Trace.args`` holds these indices)."""
+        hit = self._args_decoded[i]
+        if hit is _UNDECODED:
+            raw = self.args_pool[i]
+            hit = self._args_decoded[i] = raw if type(raw) is dict else _decode_args(raw)
+            self.args_pool[i] = None  # the text is not needed any more
+        return hit
+
+    # ---------------------------------------------------------------- whole-trace helpers
+
+    def kinds_where(self, test: Callable[[str, str], bool]) -> bytearray:
+        """Per kind index, 1 where ``test(ph, cat)`` holds: ``flags[trace.kind[uid]]`` then filters
+        events without building their views."""
+        return bytearray(1 if test(ph, cat) else 0 for ph, cat in self.kinds)
+
+    def uids_where(self, test: Callable[[str, str], bool]) -> array:
+        """The uids, in order, of the events whose (ph, cat) passes ``test``."""
+        wanted = self.kinds_where(test)
+        kind = self.kind
+        return array("i", [i for i in range(len(kind)) if wanted[kind[i]]])
+
+    def device_properties(self) -> list[dict]:
+        props = self.metadata.get("deviceProperties") or []
+        return props if isinstance(props, list) else []
+
+    def _read_names(self) -> None:
+        for uid in self.uids_where(lambda ph, cat: ph == "M"):
+            args = self.args_of(uid)
+            if not args:
+                continue
+            name, pid = self.name_of(uid), self.pid_of(uid)
+            if name == "process_name":
+                self.process_names[pid] = str(args.get("name", ""))
+            elif name == "process_labels":
+                self.process_labels[pid] = str(args.get("labels", ""))
+            elif name == "thread_name":
+                self.thread_names[(pid, self.tid_of(uid))] = str(args.get("name", ""))
+
+
+class Event:
+    """One event of a ``Trace``: a view of row ``uid`` of its columns, made on demand (two views
+    of one event are equal, not identical).
+
+    ``args`` holds the event's args without ``correlation`` / ``External id`` (those are
+    ``corr`` / ``ext_id``) and without per-event counters; identical args are one shared dict, so
+    treat it as read-only. ``parent``, ``children``, ``gpu_events`` and ``linked`` come from the
+    trace's event tree (``engine.trace.tree.build_tree``); before one is built they are empty."""
+
+    __slots__ = ("trace", "uid")
+
+    def __init__(self, trace: Trace, uid: int) -> None:
+        self.trace = trace
+        self.uid = uid
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Event and other.uid == self.uid and other.trace is self.trace
+
+    def __hash__(self) -> int:
+        return self.uid
+
+    @property
+    def ph(self) -> str:
+        t = self.trace
+        return t.kinds[t.kind[self.uid]][0]
+
+    @property
+    def cat(self) -> str:
+        t = self.trace
+        return t.kinds[t.kind[self.uid]][1]
+
+    @property
+    def name(self) -> str:
+        t = self.trace
+        return t.names[t.name[self.uid]]
+
+    @property
+    def pid(self) -> Any:
+        t = self.trace
+        return t.ids[t.pid[self.uid]]
+
+    @property
+    def tid(self) -> Any:
+        t = self.trace
+        return t.ids[t.tid[self.uid]]
+
+    @property
+    def ts(self) -> float:
+        return self.trace.ts_of(self.uid)
+
+    @property
+    def dur(self) -> float:
+        return self.trace.dur_of(self.uid)
+
+    @property
+    def t_end(self) -> float:
+        return self.trace.end_of(self.uid)
+
+    @property
+    def corr(self) -> Any:
+        return self.trace.corr_of(self.uid)
+
+    @property
+    def ext_id(self) -> Any:
+        return self.trace.ext_of(self.uid)
+
+    @property
+    def flow_id(self) -> Any:
+        return self.trace.flow_of(self.uid)
+
+    @property
+    def args(self) -> dict | None:
+        return self.trace.args_of(self.uid)
+
+    @property
+    def parent(self) -> Event | None:
+        tree = self.trace.tree
+        return tree.parent_event(self.uid) if tree is not None else None
+
+    @property
+    def children(self) -> list[Event] | None:
+        tree = self.trace.tree
+        return tree.children_events(self.uid) if tree is not None else None
+
+    @property
+    def gpu_events(self) -> Sequence[Event] | None:
+        """GPU events linked under this node (its launches' and its descendants'), in launch order."""
+        tree = self.trace.tree
+        return tree.gpu_events_of(self.uid) if tree is not None else None
+
+    @property
+    def linked(self) -> bool:
+        """A GPU event reached from a launch (TraceLens's "tree" flag)."""
+        tree = self.trace.tree
+        return tree is not None and tree.is_linked(self.uid)
+
+    def to_json(self) -> dict:
+        """The event as a Chrome-trace object again (for split traces that Perfetto can open)."""
+        ph = self.ph
+        out: dict = {"ph": ph, "name": self.name, "pid": self.pid, "tid": self.tid}
+        cat = self.cat
+        if cat:
+            out["cat"] = cat
+        if ph != "M":
+            out["ts"] = self.ts
+        if ph == "X":
+            out["dur"] = self.dur
+        if ph in ("s", "f"):
+            out["id"] = self.flow_id
+            if ph == "f":
+                out["bp"] = "e"
+        ids = {k: v for k, v in (("External id", self.ext_id), ("correlation", self.corr)) if v is not None}
+        args = self.args
+        if args is not None or ids:
+            out["args"] = {**ids, **(args or {})}
+        return out
+
+    def __repr__(self) -> str:
+        return f"Event(uid={self.uid}, cat={self.cat!r}, name={self.name[:60]!r}, ts={self.ts}, dur={self.dur})"
+
+
+class EventList(Sequence):
+    """``trace.events``: the events in uid order, as views made on access."""
+
+    __slots__ = ("trace",)
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+
+    def __len__(self) -> int:
+        return len(self.trace.kind)
+
+    def __getitem__(self, i: Any) -> Any:
+        n = len(self.trace.kind)
+        if isinstance(i, slice):
+            return [Event(self.trace, u) for u in range(*i.indices(n))]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("event index out of range")
+        return Event(self.trace, i)
+
+    def __iter__(self) -> Iterator[Event]:
+        t = self.trace
+        return (Event(t, u) for u in range(len(t.kind)))
+
+
+# ------------------------------------------------------------------------------ appending rows
+
+class _Appender:
+    """Appends events to a Trace's columns, interning kinds, names and pid/tid values."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.t = trace
+        self.kind_index: dict[str, dict[str, int]] = {}  # cat -> ph -> kind
+        self.name_index: dict[str, int] = {}
+        self.id_index: dict[Any, int] = {}
+        self.args_index: dict[Any, int] = {}  # args text (or (cat, repr) on the slow path) -> pool index
+
+    def kind(self, ph: str, cat: str) -> int:
+        by_ph = self.kind_index.get(cat)
+        if by_ph is None:
+            by_ph = self.kind_index[cat] = {}
+        k = by_ph.get(ph)
+        if k is None:
+            k = by_ph[ph] = len(self.t.kinds)
+            self.t.kinds.append((ph, cat))
+        return k
+
+    def name(self, name: Any) -> int:
+        if type(name) is not str:
+            name = "" if name is None else str(name)
+        i = self.name_index.get(name)
+        if i is None:
+            i = self.name_index[name] = len(self.t.names)
+            self.t.names.append(name)
+        return i
+
+    def ident(self, v: Any) -> int:
+        # ints and strs are their own keys; anything else (rare) by type and repr, so that 1, 1.0
+        # and True stay three values.
+        key = v if type(v) is int or type(v) is str else (type(v).__name__, repr(v))
+        i = self.id_index.get(key)
+        if i is None:
+            i = self.id_index[key] = len(self.t.ids)
+            self.t.ids.append(v)
+        return i
+
+    def pooled(self, key: Any, value: Any) -> int:
+        i = self.args_index.get(key)
+        if i is None:
+            i = self.args_index[key] = len(self.t.args_pool)
+            self.t.args_pool.append(value)
+            self.t._args_decoded.append(_UNDECODED)
+        return i
+
+    def add(self, ph: str, cat: str, name: Any, pid: Any, tid: Any, ts: Any, dur: Any, corr: Any, ext: Any,
+            flow: Any, args: int) -> None:
+        t = self.t
+        uid = len(t.kind)
+        flags = 0
+        if type(ts) is not float:
+            ts, flags = self._number(uid, "ts", ts, flags, TS_INT)
+        if type(dur) is not float:
+            dur, flags = self._number(uid, "dur", dur, flags, DUR_INT)
+        if not (type(corr) is int and ODD_ID < corr < 1 << 63):
+            corr, flags = self._odd_id(uid, "corr", corr, flags)
+        if not (type(ext) is int and ODD_ID < ext < 1 << 63):
+            ext, flags = self._odd_id(uid, "ext", ext, flags)
+        if not (type(flow) is int and ODD_ID < flow < 1 << 63):
+            flow, flags = self._odd_id(uid, "flow", flow, flags)
+        t.kind.append(self.kind(ph, cat))
+        t.name.append(self.name(name))
+        t.pid.append(self.ident(pid))
+        t.tid.append(self.ident(tid))
+        t.ts.append(ts)
+        t.dur.append(dur)
+        t.num_flags.append(flags)
+        t.corr.append(corr)
+        t.ext.append(ext)
+        t.flow.append(flow)
+        t.args.append(args)
+
+    def _number(self, uid: int, column: str, v: Any, flags: int, int_flag: int) -> tuple[float, int]:
+        # Numbers stay as the JSON wrote them: an int is flagged, a huge int kept exactly aside.
+        if type(v) is int:
+            if -_MAX_EXACT <= v <= _MAX_EXACT:
+                return float(v), flags | int_flag
+            self.t.odd[(column, uid)] = v
+            return float(v), flags | HAS_ODD
+        return (float(v) if v is not None else 0.0), flags
+
+    def _odd_id(self, uid: int, column: str, v: Any, flags: int) -> tuple[int, int]:
+        if v is None:
+            return NO_ID, flags
+        self.t.odd[(column, uid)] = v
+        return ODD_ID, flags | HAS_ODD
+
+
+_MAX_ID = 1 << 63  # exclusive bound of an int64 id
+
+
+def _add_window(app: _Appender, items: list) -> None:
+    """Append the events msgspec decoded from one window: the hot loop of the loader. Common
+    values (a known kind, name and pid/tid, float times, int ids) are appended here; anything
+    else goes through ``_Appender.add``. An event's ids are read from its args text, which is then
+    pooled."""
+    t = app.t
+    kind_index, name_index, id_index, args_index = app.kind_index, app.name_index, app.id_index, app.args_index
+    kind_col, name_col, pid_col, tid_col = t.kind.append, t.name.append, t.pid.append, t.tid.append
+    ts_col, dur_col, flags_col = t.ts.append, t.dur.append, t.num_flags.append
+    corr_col, ext_col, flow_col, args_col = t.corr.append, t.ext.append, t.flow.append, t.args.append
+    decode_ids = _IDS_TYPED.decode
+    keep_args = _KEEP_ALL_ARGS
+    for r in items:
+        ph, cat = r.ph, r.cat
+        raw = bytes(r.args)
+        corr = ext = None
+        args = -1
+        if raw != b"null" and raw != b"{}" and raw[:1] == b"{":  # args that are not an object read as None
+            ids = decode_ids(raw)
+            corr, ext = ids.corr, ids.ext
+            if cat in keep_args or ph == "M":
+                # With its per-event ids zeroed, an op's args repeat every step: keep one shared copy.
+                # (Plain replaces of the known values: several times cheaper than a regex.)
+                for label, value in ((b'"External id": ', ext), (b'"correlation": ', corr), (b'"Ev Idx": ', ids.idx)):
+                    if type(value) is int:
+                        raw = raw.replace(label + b"%d" % value, label + b"0", 1)
+                args = args_index.get(raw, -1)
+                if args < 0:
+                    args = app.pooled(raw, raw)
+        name, pid, tid, ts, dur, flow = r.name, r.pid, r.tid, r.ts, r.dur, r.id
+        by_ph = kind_index.get(cat)
+        kind = by_ph.get(ph) if by_ph is not None else None
+        name_ix = name_index.get(name) if type(name) is str else None
+        pid_ix = id_index.get(pid) if type(pid) is int or type(pid) is str else None
+        tid_ix = id_index.get(tid) if type(tid) is int or type(tid) is str else None
+        if dur is None:
+            dur = 0.0
+        # Ids: None -> NO_ID; an int the column can hold as is; anything else -> the general path.
+        corr_v = NO_ID if corr is None else corr if type(corr) is int and ODD_ID < corr < _MAX_ID else None
+        ext_v = NO_ID if ext is None else ext if type(ext) is int and ODD_ID < ext < _MAX_ID else None
+        flow_v = NO_ID if flow is None else flow if type(flow) is int and ODD_ID < flow < _MAX_ID else None
+        if (kind is None or name_ix is None or pid_ix is None or tid_ix is None or type(ts) is not float
+                or type(dur) is not float or corr_v is None or ext_v is None or flow_v is None):
+            app.add(ph, cat, name, pid, tid, r.ts, r.dur, corr, ext, flow, args)  # a first sighting, or odd values
+            continue
+        kind_col(kind)
+        name_col(name_ix)
+        pid_col(pid_ix)
+        tid_col(tid_ix)
+        ts_col(ts)
+        dur_col(dur)
+        flags_col(0)
+        corr_col(corr_v)
+        ext_col(ext_v)
+        flow_col(flow_v)
+        args_col(args)
+
+
+def _add_dict(app: _Appender, raw: Any) -> None:
+    """One event decoded by json (the slow path)."""
+    if type(raw) is not dict:
+        raise TypeError(f"expected an object, got {type(raw).__name__}")
+    get = raw.get
+    cat = get("cat") or ""
+    ph = get("ph") or ""
+    args = get("args")
+    corr = ext = None
+    pooled = -1
+    if type(args) is dict:
+        corr = args.pop("correlation", None)
+        ext = args.pop("External id", None)
+        if cat in _KEEP_ALL_ARGS or ph == "M":
+            for k in _DROP_ARGS:
+                args.pop(k, None)
+            # Identical args (the same op and shapes every step) share one dict.
+            pooled = app.pooled((cat, repr(args)), args)
+    app.add(ph, cat, get("name"), get("pid"), get("tid"), get("ts"), get("dur"), corr, ext, get("id"), pooled)
+
+
+# ------------------------------------------------------------------------------ reading the file
 
 def _last_event_end(buf: str, start: int) -> int:
     """Index of the '}' that closes the last complete event in buf[start:], found as '}' ',' '{'
@@ -113,117 +590,6 @@ def _last_event_end(buf: str, start: int) -> int:
             if buf[k] == "}":
                 return k
         end = j
-
-
-def _from_raw(uid: int, r: Any, intern: dict, raw_pool: dict) -> Event:
-    cat = r.cat
-    cat = intern.setdefault(cat, cat)
-    name = r.name
-    if type(name) is not str:
-        name = "" if name is None else str(name)
-    if len(name) < 256:
-        name = intern.setdefault(name, name)
-    raw = bytes(r.args)
-    corr = ext = None
-    if raw != b"null" and raw != b"{}":
-        if raw[:1] == b"{":
-            ids = _IDS_TYPED.decode(raw)
-            corr, ext = ids.corr, ids.ext
-            # With its per-event ids zeroed, an op's args repeat every step: keep one shared copy.
-            # (Plain replaces of the known values: several times cheaper than a regex.)
-            for label, value in ((b'"External id": ', ext), (b'"correlation": ', corr), (b'"Ev Idx": ', ids.idx)):
-                if type(value) is int:
-                    raw = raw.replace(label + b"%d" % value, label + b"0", 1)
-            raw = raw_pool.setdefault(raw, raw) if (cat in _KEEP_ALL_ARGS or r.ph == "M") else None
-    else:
-        raw = None
-    return Event(uid, r.ph, cat, name, r.pid, r.tid, _num(r.ts), _num(r.dur), None, corr, ext, r.id, raw)
-
-
-class Event:
-    """One trace event. ``uid`` is its index in ``traceEvents`` (metadata included), as in TraceLens.
-
-    ``args`` holds the event's args without ``correlation`` / ``External id`` (those are the
-    ``corr`` / ``ext_id`` slots) and without per-event counters; identical args are one shared
-    dict, so treat it as read-only."""
-
-    __slots__ = ("uid", "ph", "cat", "name", "pid", "tid", "ts", "dur", "_args", "_raw_args", "corr", "ext_id",
-                 "flow_id", "parent", "children", "gpu_events", "linked")
-
-    def __init__(self, uid: int, ph: str, cat: str, name: str, pid: Any, tid: Any, ts: float, dur: float,
-                 args: dict | None, corr: int | None, ext_id: int | None, flow_id: Any,
-                 raw_args: bytes | None = None) -> None:
-        self.uid = uid
-        self.ph = ph
-        self.cat = cat
-        self.name = name
-        self.pid = pid
-        self.tid = tid
-        self.ts = ts
-        self.dur = dur
-        self._args = args
-        self._raw_args = raw_args  # the args' JSON text, decoded on first use (most never are)
-        self.corr = corr
-        self.ext_id = ext_id
-        self.flow_id = flow_id
-        self.parent: Event | None = None
-        self.children: list[Event] | None = None
-        self.gpu_events: list[Event] | None = None  # GPU events linked under this node
-        self.linked = False  # GPU event reached from a launch (TraceLens "tree" flag)
-
-    @property
-    def args(self) -> dict | None:
-        if self._args is None and self._raw_args is not None:
-            self._args = _shared_args(self._raw_args)
-            self._raw_args = None
-        return self._args
-
-    @property
-    def t_end(self) -> float:
-        return self.ts + self.dur
-
-    def to_json(self) -> dict:
-        """The event as a Chrome-trace object again (for split traces that Perfetto can open)."""
-        out: dict = {"ph": self.ph, "name": self.name, "pid": self.pid, "tid": self.tid}
-        if self.cat:
-            out["cat"] = self.cat
-        if self.ph != "M":
-            out["ts"] = self.ts
-        if self.ph == "X":
-            out["dur"] = self.dur
-        if self.ph in ("s", "f"):
-            out["id"] = self.flow_id
-            if self.ph == "f":
-                out["bp"] = "e"
-        ids = {k: v for k, v in (("External id", self.ext_id), ("correlation", self.corr)) if v is not None}
-        if self.args is not None or ids:
-            out["args"] = {**ids, **(self.args or {})}
-        return out
-
-    def __repr__(self) -> str:
-        return f"Event(uid={self.uid}, cat={self.cat!r}, name={self.name[:60]!r}, ts={self.ts}, dur={self.dur})"
-
-
-class Trace:
-    def __init__(self, path: Path, events: list[Event], metadata: dict) -> None:
-        self.path = path
-        self.events = events
-        self.metadata = metadata
-        self.process_names: dict[Any, str] = {}
-        self.process_labels: dict[Any, str] = {}
-        self.thread_names: dict[tuple, str] = {}
-        for e in events:
-            if e.ph == "M" and e.args:
-                if e.name == "process_name":
-                    self.process_names[e.pid] = str(e.args.get("name", ""))
-                elif e.name == "process_labels":
-                    self.process_labels[e.pid] = str(e.args.get("labels", ""))
-                elif e.name == "thread_name":
-                    self.thread_names[(e.pid, e.tid)] = str(e.args.get("name", ""))
-
-    def device_properties(self) -> list[dict]:
-        props = self.metadata.get("deviceProperties") or []
-        return props if isinstance(props, list) else []
 
 
 def _open_text(path: Path) -> tuple[BinaryIO, Any]:
@@ -291,55 +657,13 @@ class _Reader:
             return obj
 
 
-def _num(v: Any) -> float:
-    # Numbers stay as the JSON wrote them (an integral dur prints as `50`, as TraceLens's does).
-    if type(v) is float or type(v) is int:
-        return v
-    return float(v) if v is not None else 0.0
-
-
-_DROP_ARGS = _NOT_ARGS[2:]  # the per-event counters
-
-
-def _make_event(uid: int, raw: Any, intern: dict, shared_args: dict) -> Event:
-    if type(raw) is not dict:
-        raise TypeError(f"expected an object, got {type(raw).__name__}")
-    get = raw.get
-    cat = get("cat") or ""
-    cat = intern.setdefault(cat, cat)
-    name = get("name")
-    if type(name) is not str:
-        name = "" if name is None else str(name)
-    if len(name) < 256:
-        name = intern.setdefault(name, name)
-    ph = get("ph") or ""
-    args = get("args")
-    corr = ext = None
-    if type(args) is dict:
-        corr = args.pop("correlation", None)
-        ext = args.pop("External id", None)
-        if cat in _KEEP_ALL_ARGS or ph == "M":
-            for k in _DROP_ARGS:
-                args.pop(k, None)
-            # Identical args (the same op and shapes every step) share one dict.
-            key = (cat, repr(args))
-            args = shared_args.setdefault(key, args)
-        else:
-            args = None
-    else:
-        args = None
-    return Event(uid, ph, cat, name, get("pid"), get("tid"), _num(get("ts")), _num(get("dur")),
-                 args, corr, ext, get("id"))
-
-
-def _events(reader: _Reader, intern: dict, start_uid: int = 0) -> Iterator[Event]:
-    """The hot loop: one regex skip and one raw_decode per event; refills only at window ends."""
-    uid = start_uid
+def _read_events(reader: _Reader, app: _Appender) -> None:
+    """The hot loop: msgspec decodes a window's complete events in one call; refills only at
+    window ends; event by event (json) where msgspec fails."""
     slow_until = 0  # absolute character offset before which the fast path is not retried
-    shared_args: dict = {}
-    raw_pool: dict[bytes, bytes] = {}
     ws_match = _WS.match
     decode = _DECODER.raw_decode
+    trace = app.t
     while True:
         buf, pos = reader.buf, reader.pos
         pos = ws_match(buf, pos).end()
@@ -347,7 +671,7 @@ def _events(reader: _Reader, intern: dict, start_uid: int = 0) -> Iterator[Event
             reader.pos = pos
             if not reader.fill():
                 raise TraceError(f"{reader.path}: truncated: the traceEvents list ends without ']' "
-                                 f"after event {uid - 1}")
+                                 f"after event {len(trace.kind) - 1}")
             continue
         if buf[pos] == "]":
             reader.pos = pos + 1
@@ -367,36 +691,32 @@ def _events(reader: _Reader, intern: dict, start_uid: int = 0) -> Iterator[Event
                 # A bad event or an odd string: go event by event through this window.
                 slow_until = reader.offset + len(buf)
             else:
-                for r in items:
-                    yield _from_raw(uid, r, intern, raw_pool)
-                    uid += 1
+                try:
+                    _add_window(app, items)
+                except (TypeError, ValueError) as exc:
+                    raise TraceError(f"{reader.path}: event {len(trace.kind)}: {exc}") from None
                 reader.pos = j + 1
                 continue
         try:
             raw, end = decode(buf, pos)
         except json.JSONDecodeError:
             reader.pos = pos
-            raw = reader.value(f"event {uid}")  # refills, or raises with the offset
+            raw = reader.value(f"event {len(trace.kind)}")  # refills, or raises with the offset
             end = reader.pos
         reader.pos = end
         try:
-            yield _make_event(uid, raw, intern, shared_args)
+            _add_dict(app, raw)
         except (TypeError, ValueError) as exc:
-            raise TraceError(f"{reader.path}: event {uid} (character {reader.offset + pos}): {exc}") from None
-        uid += 1
+            raise TraceError(f"{reader.path}: event {len(trace.kind)} (character {reader.offset + pos}): {exc}") from None
 
 
 def load_trace(path: Path | str) -> Trace:
-    """Load a trace. The cyclic GC is paused while loading: millions of small objects that
-    never form cycles would otherwise trigger repeated full collections (2-3x slower)."""
+    """Load a trace. The cyclic GC is paused while loading: the msgspec windows make many small
+    objects that never form cycles, and collections would only cost time."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        trace = _load(Path(path))
-        # The events never form reference cycles: move them out of the collector's sight, so
-        # later collections do not walk millions of objects again and again.
-        gc.freeze()
-        return trace
+        return _load(Path(path))
     finally:
         if was_enabled:
             gc.enable()
@@ -406,13 +726,12 @@ def _load(path: Path) -> Trace:
     if not path.is_file():
         raise TraceError(f"{path}: trace file not found")
     reader = _Reader(path)
-    intern: dict[str, str] = {}
-    events: list[Event] = []
-    metadata: dict = {}
+    trace = Trace(path)
+    app = _Appender(trace)
     c = reader.skip_ws()
     if c == "[":
         reader.pos += 1
-        events.extend(_events(reader, intern))
+        _read_events(reader, app)
     elif c == "{":
         reader.pos += 1
         seen_events = False
@@ -430,10 +749,10 @@ def _load(path: Path) -> Trace:
                 if reader.skip_ws() != "[":
                     raise TraceError(f"{path}: traceEvents is not a list")
                 reader.pos += 1
-                events.extend(_events(reader, intern))
+                _read_events(reader, app)
                 seen_events = True
             else:
-                metadata[key] = reader.value(f"top-level key {key!r}")
+                trace.metadata[key] = reader.value(f"top-level key {key!r}")
         if not seen_events:
             raise TraceError(f"{path}: no traceEvents list (is this a torch-profiler trace?)")
     elif c == "":
@@ -441,7 +760,8 @@ def _load(path: Path) -> Trace:
     else:
         raise TraceError(f"{path}: not a JSON trace (starts with {c!r})")
     reader.fh.close()
-    return Trace(path, events, metadata)
+    trace._read_names()
+    return trace
 
 
 def peak_rss_mb() -> float:

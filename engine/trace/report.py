@@ -30,7 +30,6 @@ from typing import Any, Callable, Iterable, Sequence
 
 from engine.trace import perf_models as pm
 from engine.trace.csvout import NpFloat
-from engine.trace.load import Event
 from engine.trace.timeline import COMM_RE, gpu_timeline
 from engine.trace.tree import RUNTIME_CATS, EventTree
 
@@ -263,19 +262,22 @@ def np_stats(durs: Sequence[float]) -> dict[str, NpFloat]:
             "max_duration_us": NpFloat(max(durs))}
 
 
-def summarize_kernel_stats(lists: Iterable[Any], detail: Callable[[Any], dict] | None = None) -> list[dict]:
+def summarize_kernel_stats(lists: Iterable[Any], detail: Callable[[Any], dict] | None = None,
+                           dur: Callable[[Any], float] | None = None) -> list[dict]:
     """TraceLens ``_summarize_kernel_stats``: per kernel position of the first non-empty list, over
     every instance with the same number of kernels.
 
-    The lists hold kernel dicts (``name``, ``dur``, ``stream``...) or, with ``detail``, GPU events
-    that ``detail`` turns into such dicts (only the template's are built)."""
+    The lists hold kernel dicts (``name``, ``dur``, ``stream``...) or, with ``detail`` and ``dur``,
+    GPU events (uids) that ``detail`` turns into such dicts (only the template's are built) and
+    whose duration is ``dur(k)``."""
     lists = [kl for kl in lists if isinstance(kl, list)]
     template = next((kl for kl in lists if kl), None)
     if template is None:
         return []
     n = len(template)
     if detail is not None:
-        cols = [[k.dur for k in col] for col in zip(*(kl for kl in lists if len(kl) == n))]
+        assert dur is not None
+        cols = [[dur(k) for k in col] for col in zip(*(kl for kl in lists if len(kl) == n))]
         template = [detail(k) for k in template]
     else:
         cols = [[k["dur"] for k in col] for col in zip(*(kl for kl in lists if len(kl) == n))]
@@ -359,21 +361,23 @@ def _percentages(values: list[float]) -> tuple[list[float], list[float]]:
 # ---------------------------------------------------------------------------- the report
 
 class _Report:
+    """The report's state for one tree. Events are handled by uid and read from the trace's
+    columns; kernel lists are lists of uids."""
+
     def __init__(self, tree: EventTree, arch: dict | None, inference: bool, python_frames: bool) -> None:
         self.tree = tree
         self.trace = tree.trace
         self.arch = arch
         self.inference = inference
         self.python_frames = python_frames  # TraceLens add_python_func (module grouping, call stacks)
-        self.events = self.trace.events
         self.annotation: dict[int, str] = {}
-        self.launcher_kernels: dict[int, list[Event]] = {}
-        self.perf_cache: dict[tuple[int, bool], tuple[Any, list[Event], float]] = {}
+        self.launcher_kernels: dict[int, list[int]] = {}
+        self.perf_cache: dict[tuple[int, bool], tuple[Any, list[int], float]] = {}
         self.cat_cache: dict[int, str] = {}
         self.bwd_links: dict[int, list[int]] = {}  # fwd uid -> bwd autograd uids
         self.fwd_link: dict[int, int] = {}  # bwd autograd uid -> fwd uid
         self._tup_cache: dict[str, tuple[tuple, tuple]] = {}
-        self._arg_cache: dict[int, tuple[tuple, tuple]] = {}
+        self._arg_cache: dict[int, tuple[tuple, tuple]] = {}  # args pool index -> arg_tuples
         self._static_cache: dict[tuple, Any] = {}
         self._comm_cache: dict[str, bool] = {}
         self._names_cache: dict[tuple, tuple[str, str, str]] = {}
@@ -395,12 +399,13 @@ class _Report:
         t = _to_tuple(obj)
         return t, str(t)
 
-    def arg_tuples(self, ev: Event) -> tuple[tuple, tuple]:
-        """Input Dims, Input type, Input Strides, Concrete Inputs as tuples, and their strs; cached on
-        the repr of the four lists, since the same shapes recur on every step."""
-        hit = self._arg_cache.get(ev.uid)
+    def arg_tuples(self, uid: int) -> tuple[tuple, tuple]:
+        """Input Dims, Input type, Input Strides, Concrete Inputs as tuples, and their strs; cached per
+        distinct args and on the repr of the four lists, since the same shapes recur on every step."""
+        pooled = self.trace.args[uid]
+        hit = self._arg_cache.get(pooled)
         if hit is None:
-            args = ev.args or {}
+            args = self.trace.args_of(uid) or {}
             vals = [args.get("Input Dims"), args.get("Input type"), args.get("Input Strides"),
                     args.get("Concrete Inputs")]
             key = repr(vals)
@@ -408,37 +413,39 @@ class _Report:
             if hit is None:
                 pairs = [self.tup(v) for v in vals]
                 hit = self._tup_cache[key] = (tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
-            self._arg_cache[ev.uid] = hit
+            self._arg_cache[pooled] = hit
         return hit
 
-    def names(self, ev: Event) -> tuple[str, str, str]:
-        key = (ev.pid, ev.tid)
+    def names(self, uid: int) -> tuple[str, str, str]:
+        t = self.trace
+        key = (t.pid[uid], t.tid[uid])
         hit = self._names_cache.get(key)
         if hit is None:
-            t = self.trace
-            hit = self._names_cache[key] = (t.process_names.get(ev.pid, "Unknown"),
-                                            t.process_labels.get(ev.pid, "Unknown"),
-                                            t.thread_names.get(key, "Unknown"))
+            pid, tid = t.pid_of(uid), t.tid_of(uid)
+            hit = self._names_cache[key] = (t.process_names.get(pid, "Unknown"),
+                                            t.process_labels.get(pid, "Unknown"),
+                                            t.thread_names.get((pid, tid), "Unknown"))
         return hit
 
-    def category(self, ev: Event) -> str:
-        c = self.cat_cache.get(ev.uid)
+    def category(self, uid: int) -> str:
+        c = self.cat_cache.get(uid)
         if c is None:
-            ks = self.launcher_kernels.get(ev.uid)
-            c = pm.categorize(ev.name, ks[0].name if ks else None)
-            self.cat_cache[ev.uid] = c
+            ks = self.launcher_kernels.get(uid)
+            t = self.trace
+            c = pm.categorize(t.name_of(uid), t.name_of(ks[0]) if ks else None)
+            self.cat_cache[uid] = c
         return c
 
-    @staticmethod
-    def busy(events: Sequence[Event]) -> float:
+    def busy(self, uids: Sequence[int]) -> float:
         """Union length of [ts, ts + dur), summed over merged intervals in time order."""
-        n = len(events)
+        n = len(uids)
         if n == 0:
             return 0
+        t = self.trace
         if n == 1:
-            one = events[0]
-            return (one.ts + one.dur) - one.ts
-        ivs = sorted((ev.ts, ev.ts + ev.dur) for ev in events)
+            return t.end_of(uids[0]) - t.ts_of(uids[0])  # with the JSON's types, as TraceLens's
+        ts, dur = t.ts, t.dur
+        ivs = sorted([(ts[u], ts[u] + dur[u]) for u in uids])
         total = 0.0
         cs, ce = ivs[0]
         for s, e in ivs[1:]:
@@ -450,131 +457,150 @@ class _Report:
                 cs, ce = s, e
         return total + (ce - cs)
 
-    def call_stack(self, ev: Event) -> list[str]:
+    def call_stack(self, uid: int) -> list[str]:
         """TraceLens ``traverse_parents_and_get_callstack(ev, filter=('nn.Module',))``.
 
         Divergence: the tree holds no ``python_function`` frames, so there is never an
         ``nn.Module`` frame above an op and ``parent_module`` is always ``NA`` (as in the golden
         traces, which have no Python stacks)."""
-        frames = [ev.name]
-        p = ev.parent
-        while p is not None:
-            name = p.name if len(p.name) <= 256 else p.name[:256] + ".."
+        t, parent = self.trace, self.tree.parent
+        frames = [t.name_of(uid)]
+        p = parent[uid]
+        while p >= 0:
+            name = t.name_of(p)
+            name = name if len(name) <= 256 else name[:256] + ".."
             if "nn.Module" in name:
                 frames.append(name)
-            p = p.parent
+            p = parent[p]
         return frames
 
-    def kernel_call_stack(self, k: Event) -> list[str]:
+    def kernel_call_stack(self, k: int) -> list[str]:
         """The cpu ops above a GPU event, outermost first (unified kernel details with Python frames)."""
+        t, parent = self.trace, self.tree.parent
         out = []
-        p = k.parent.parent if k.parent is not None else None
-        while p is not None:
-            if p.cat in ("cpu_op", "python_function"):
-                out.append(p.name)
-            p = p.parent
+        p = parent[parent[k]] if parent[k] >= 0 else -1
+        while p >= 0:
+            if t.cat_of(p) in ("cpu_op", "python_function"):
+                out.append(t.name_of(p))
+            p = parent[p]
         out.reverse()
         return out
 
-    def kernel_detail(self, k: Event, with_stack: bool = False) -> dict:
-        d = {"name": k.name, "dur": k.dur, "stream": (k.args or {}).get("stream")}
+    def kernel_detail(self, k: int, with_stack: bool = False) -> dict:
+        t = self.trace
+        d = {"name": t.name_of(k), "dur": t.dur_of(k), "stream": (t.args_of(k) or {}).get("stream")}
         if with_stack:
             d["call_stack"] = self.kernel_call_stack(k)
         return d
+
+    def kernel_stats(self, lists: Iterable[Any], with_stack: bool = False) -> list[dict]:
+        return summarize_kernel_stats(lists, lambda k: self.kernel_detail(k, with_stack), self.trace.dur_of)
 
     # ------------------------------------------------------------------ annotations and fwd/bwd links
 
     def attach_annotations(self, names: Sequence[str]) -> None:
         """Each op named in ``names`` gets the earliest-starting ``user_annotation`` that strictly
         encloses it (TraceLens ``apply_annotation``); ops outside every step get ``NA``."""
-        anns = sorted((e for e in self.events if e.cat == "user_annotation" and e.ph == "X"),
-                      key=lambda e: (e.ts, e.uid))
-        starts = [a.ts for a in anns]
+        t = self.trace
+        ts, dur = t.ts, t.dur
+        anns = sorted(t.uids_where(lambda ph, cat: cat == "user_annotation" and ph == "X"), key=ts.__getitem__)
+        starts = [ts[a] for a in anns]
         prefix_end: list[float] = []
         best = -math.inf
         for a in anns:
-            best = max(best, a.ts + a.dur)
+            best = max(best, ts[a] + dur[a])
             prefix_end.append(best)
-        wanted = set(names)
-        for ev in self.events:
-            if ev.cat != "cpu_op" or ev.name not in wanted:
+        wanted_names = set(names)
+        wanted = {i for i, n in enumerate(t.names) if n in wanted_names}  # as name indices
+        name = t.name
+        for uid in t.uids_where(lambda ph, cat: cat == "cpu_op"):
+            if name[uid] not in wanted:
                 continue
-            end = ev.ts + ev.dur
-            k = bisect.bisect_left(starts, ev.ts)  # annotations starting strictly before the op
+            end = ts[uid] + dur[uid]
+            k = bisect.bisect_left(starts, ts[uid])  # annotations starting strictly before the op
             label = "NA"
             i = bisect.bisect_right(prefix_end, end, 0, k)  # the first whose running max end > op end
             while i < k:
                 a = anns[i]
-                if a.ts + a.dur > end:
-                    label = a.name
+                if ts[a] + dur[a] > end:
+                    label = t.name_of(a)
                     break
                 i += 1
-            self.annotation[ev.uid] = label
+            self.annotation[uid] = label
 
     def link_fwd_bwd(self) -> None:
         """TraceLens ``link_all_fwd_bwd_events``: per ``Sequence number`` with an
         ``autograd::engine::evaluate_function:`` event, the latest-starting op with that number on
         another thread is its forward op."""
-        by_seq: dict[Any, list[Event]] = {}
-        for ev in self.events:
-            if ev.cat == "cpu_op" and ev.args:
-                s = ev.args.get("Sequence number")
-                if s is not None:
-                    by_seq.setdefault(s, []).append(ev)
-        for evs in by_seq.values():
-            bwd = next((e for e in evs if e.name.startswith("autograd::engine::evaluate_function:")), None)
+        t = self.trace
+        seq_of: dict[int, Any] = {}  # args pool index -> its Sequence number (None: none)
+        by_seq: dict[Any, list[int]] = {}
+        for uid in t.uids_where(lambda ph, cat: cat == "cpu_op"):
+            pooled = t.args[uid]
+            if pooled < 0:
+                continue
+            s = seq_of.get(pooled, seq_of)
+            if s is seq_of:
+                args = t.pooled_args(pooled)
+                s = seq_of[pooled] = args.get("Sequence number") if args else None
+            if s is not None:
+                by_seq.setdefault(s, []).append(uid)
+        for uids in by_seq.values():
+            bwd = next((u for u in uids if t.name_of(u).startswith("autograd::engine::evaluate_function:")), None)
             if bwd is None:
                 continue
+            bwd_pid, bwd_tid = t.pid_of(bwd), t.tid_of(bwd)
             fwd, fwd_ts = None, -1.0
-            for e in evs:
-                if e.pid == bwd.pid and e.tid == bwd.tid:
+            for u in uids:
+                if t.pid_of(u) == bwd_pid and t.tid_of(u) == bwd_tid:
                     continue
-                if e.ts > fwd_ts:
-                    fwd, fwd_ts = e, e.ts
+                if t.ts[u] > fwd_ts:
+                    fwd, fwd_ts = u, t.ts[u]
             if fwd is None:
                 continue
-            self.fwd_link[bwd.uid] = fwd.uid
-            self.bwd_links.setdefault(fwd.uid, []).append(bwd.uid)
+            self.fwd_link[bwd] = fwd
+            self.bwd_links.setdefault(fwd, []).append(bwd)
 
     # ------------------------------------------------------------------ perf metrics of one op
 
-    def subtree_bwd_kernels(self, ev: Event) -> tuple[list[Event], bool]:
+    def subtree_bwd_kernels(self, uid: int) -> tuple[list[int], bool]:
         uids: set[int] = set()
-        stack = [ev]
+        stack = [uid]
         while stack:
             e = stack.pop()
-            uids.update(self.bwd_links.get(e.uid, ()))
-            if e.children:
-                stack.extend(e.children)
-        kernels: list[Event] = []
+            uids.update(self.bwd_links.get(e, ()))
+            stack.extend(self.tree.children_of(e))
+        kernels: list[int] = []
         for u in sorted(uids):
-            kernels.extend(self.events[u].gpu_events or ())
-        return kernels, bool(self.bwd_links.get(ev.uid))
+            kernels.extend(self.tree.gpu_uids_of(u))
+        return kernels, bool(self.bwd_links.get(uid))
 
-    def perf(self, ev: Event, bwd: bool = False) -> tuple[Any, list[Event], float]:
+    def perf(self, uid: int, bwd: bool = False) -> tuple[Any, list[int], float]:
         """(the op's StaticMetrics or the exception its model raised, the kernels it is timed on,
         their busy time). Models are evaluated once per distinct (name, shapes, annotation)."""
-        key = (ev.uid, bwd)
+        key = (uid, bwd)
         hit = self.perf_cache.get(key)
         if hit is not None:
             return hit
         if bwd:
-            kernels, _ = self.subtree_bwd_kernels(ev)
+            kernels, _ = self.subtree_bwd_kernels(uid)
         else:
-            kernels = list(ev.gpu_events or ())
+            kernels = self.tree.gpu_uids_of(uid).tolist()
         busy = self.busy(kernels) if kernels else 0
-        cls = pm.model_class(ev.name)
-        args = ev.args or {}
-        annotation = self.annotation.get(ev.uid, "NA")
-        skey = (ev.name, bwd, annotation, self.arg_tuples(ev)[1],
+        t = self.trace
+        name = t.name_of(uid)
+        cls = pm.model_class(name)
+        args = t.args_of(uid) or {}
+        annotation = self.annotation.get(uid, "NA")
+        skey = (name, bwd, annotation, self.arg_tuples(uid)[1],
                 tuple(repr(args[k]) for k in pm.MODEL_ARG_KEYS[4:] if k in args),
-                tuple(k.name for k in kernels) if cls is not None and issubclass(cls, pm.Gemm) else ())
+                tuple(t.name_of(k) for k in kernels) if cls is not None and issubclass(cls, pm.Gemm) else ())
         static = self._static_cache.get(skey)
         if static is None:
             try:
                 if cls is None:
-                    raise NotImplementedError(ev.name)
-                model = cls(pm.OpView(ev.name, ev.args, [k.name for k in kernels], annotation))
+                    raise NotImplementedError(name)
+                model = cls(pm.OpView(name, t.args_of(uid), [t.name_of(k) for k in kernels], annotation))
                 static = pm.StaticMetrics(model, self.arch, bwd)
             except Exception as exc:  # noqa: BLE001 - TraceLens keeps going on any model failure
                 static = exc
@@ -585,54 +611,54 @@ class _Report:
     # ------------------------------------------------------------------ kernel launchers (ops_* sheets)
 
     def kernel_launchers(self) -> list[dict]:
-        groups: dict[int, list[Event]] = {}
-        for g in self.tree.gpu_events:
-            if self.is_comm(g.name):
+        t, parent = self.trace, self.tree.parent
+        groups: dict[int, list[int]] = {}
+        for g in self.tree.gpu_uids:
+            if self.is_comm(t.name_of(g)):
                 continue  # communication kernels have no launcher row (§1.4)
-            rt = g.parent
-            if rt is None:
+            rt = parent[g]
+            if rt < 0:
                 continue
-            cur = rt.parent
-            leaf = None
-            while cur is not None:
-                if cur.cat == "cpu_op":
-                    if cur.name == "execute":  # a pass-through op: its parent launches
-                        cur = cur.parent
+            cur = parent[rt]
+            leaf = -1
+            while cur >= 0:
+                cat = t.cat_of(cur)
+                if cat == "cpu_op":
+                    if t.name_of(cur) == "execute":  # a pass-through op: its parent launches
+                        cur = parent[cur]
                         continue
                     leaf = cur
                     break
-                if cur.cat == "python_function":
-                    cur = cur.parent
+                if cat == "python_function":
+                    cur = parent[cur]
                 else:
                     break
-            owner = leaf if leaf is not None else rt
-            lst = groups.get(owner.uid)
+            owner = leaf if leaf >= 0 else rt
+            lst = groups.get(owner)
             if lst is None:
-                groups[owner.uid] = [g]
+                groups[owner] = [g]
             else:
                 lst.append(g)
         self.launcher_kernels = groups
-        events = self.events
-        order = sorted(groups, key=lambda u: events[u].ts)
+        order = sorted(groups, key=t.ts.__getitem__)
         out = []
         for uid in order:
-            ev = events[uid]
             ks = groups[uid]
-            pname, plabel, tname = self.names(ev)
-            argv, args_s = self.arg_tuples(ev)
+            pname, plabel, tname = self.names(uid)
+            argv, args_s = self.arg_tuples(uid)
             direct = self.busy(ks)
-            sub = ev.gpu_events or ()  # a superset of ks: equal length means the same kernels
+            n_sub = self.tree.gpu_count(uid)  # a superset of ks: equal length means the same kernels
             row = {
-                "ev": ev, "name": ev.name, "op category": self.category(ev), "UID": uid,
+                "name": t.name_of(uid), "op category": self.category(uid), "UID": uid,
                 "total_direct_kernel_time": direct,
-                "total_subtree_kernel_time": direct if len(sub) == len(ks) else self.busy(sub),
+                "total_subtree_kernel_time": direct if n_sub == len(ks) else self.busy(self.tree.gpu_uids_of(uid)),
                 "direct_kernel_count": len(ks), "_args_s": args_s,
                 **dict(zip(ARG_COLS, argv)),
                 "kernels": ks,
                 "process_name": pname, "process_label": plabel, "thread_name": tname,
             }
             if self.python_frames:
-                cs = self.call_stack(ev)
+                cs = self.call_stack(uid)
                 row["call_stack"] = cs
                 row["parent_module"] = re.sub(r"_\d+", "", (cs + ["NA", "NA"])[1])
             out.append(row)
@@ -738,7 +764,7 @@ class _Report:
             rec["ex_UID"] = rs[0]["UID"]
             if self.python_frames:
                 rec["call_stack"] = pd_first(r.get("call_stack") for r in rs)
-            rec["kds"] = summarize_kernel_stats((r["kernels"] for r in rs), self.kernel_detail)
+            rec["kds"] = self.kernel_stats(r["kernels"] for r in rs)
             recs.append(rec)
         recs.sort(key=lambda r: (_desc_key(r["d_sum"]), r["ex_UID"]))
         pct, cum = _percentages([r["d_sum"] for r in recs])
@@ -763,17 +789,17 @@ class _Report:
 
     # ------------------------------------------------------------------ roofline ("perf metrics") sheets
 
-    def perf_rows(self, events: Iterable[Event], bwd: bool) -> list[dict]:
+    def perf_rows(self, uids: Iterable[int], bwd: bool) -> list[dict]:
         rows = []
-        for ev in events:
-            if bwd and not self.bwd_links.get(ev.uid):
+        for uid in uids:
+            if bwd and not self.bwd_links.get(uid):
                 continue  # TraceLens computes these too, then drops them: no backward op
-            st, kernels, busy = self.perf(ev, bwd)
+            st, kernels, busy = self.perf(uid, bwd)
             if isinstance(st, Exception):
                 continue  # NotImplementedError: no model; anything else: failed (TraceLens warns)
-            pname, plabel, tname = self.names(ev)
-            args = ev.args or {}
-            rows.append({"name": ev.name, "UID": ev.uid, "process_name": pname, "process_label": plabel,
+            pname, plabel, tname = self.names(uid)
+            args = self.trace.args_of(uid) or {}
+            rows.append({"name": self.trace.name_of(uid), "UID": uid, "process_name": pname, "process_label": plabel,
                          "thread_name": tname, "Input Dims": args.get("Input Dims"),
                          "Input type": args.get("Input type"), "Input Strides": args.get("Input Strides"),
                          "Concrete Inputs": args.get("Concrete Inputs"), "st": st, "busy": busy,
@@ -846,7 +872,7 @@ class _Report:
                 row += [pd_first(st.roof for st in sts), pd_first(st.bound for st in sts)]
                 g_pct = [pct[i] for i in idx]
                 row += pd_aggs(g_pct, AGG, f_pct)
-            kds = summarize_kernel_stats((r["kernels"] for r in rs), self.kernel_detail)
+            kds = self.kernel_stats(r["kernels"] for r in rs)
             row += [kds, trunc_kernel_details(kds)]
             row += [pd_first(r[a] for r in rs) for a in ARG_COLS]
             g_kt = [kt[i] for i in idx]
@@ -860,12 +886,13 @@ class _Report:
     def roofline_sheets(self, group_by_num_kernels: bool) -> dict[str, Table]:
         fams = pm.sheet_families()
         fam_of = {n: f for f, names in fams.items() for n in names}
-        by_fam: dict[str, list[Event]] = {}
-        for ev in self.events:  # every op with a modelled name, not only unified ones (§8.8)
-            if ev.cat == "cpu_op":
-                f = fam_of.get(ev.name)
-                if f is not None:
-                    by_fam.setdefault(f, []).append(ev)
+        trace = self.trace
+        fam_of_name = {i: fam_of.get(n) for i, n in enumerate(trace.names)}  # per name index
+        by_fam: dict[str, list[int]] = {}
+        for uid in trace.uids_where(lambda ph, cat: cat == "cpu_op"):  # every op with a modelled name (§8.8)
+            f = fam_of_name[trace.name[uid]]
+            if f is not None:
+                by_fam.setdefault(f, []).append(uid)
         single = _SINGLE_SHEETS_INFERENCE if self.inference else _SINGLE_SHEETS_PYTORCH
         out: dict[str, Table] = {}
         for fam in fams:
@@ -885,7 +912,7 @@ class _Report:
                 fwd.rows = [r for r in fwd.rows if r[i_name] not in _BWD_IN_FWD]
             bwd = None
             if not self.inference:
-                bevs = [e for e in evs if e.name != "vllm::unified_attention_with_output"]
+                bevs = [u for u in evs if trace.name_of(u) != "vllm::unified_attention_with_output"]
                 bwd = self.summarize_perf(self.perf_rows(bevs, True), group_by_num_kernels)
                 if moved:
                     if bwd is None:
@@ -906,130 +933,138 @@ class _Report:
 
     # ------------------------------------------------------------------ unified perf summary
 
-    def linked_fwd(self, ev: Event) -> tuple[Event | None, bool]:
+    def linked_fwd(self, uid: int) -> tuple[int | None, bool]:
         """TraceLens ``_get_linked_fwd_event``: the forward op of a backward op (up to 5 levels up to
         the autograd wrapper) and whether this op is the wrapper's only main backward op."""
-        cur, wrapper, fwd_uid = ev, None, None
+        t, tree = self.trace, self.tree
+        cur, wrapper, fwd = uid, -1, None
         for _ in range(5):
-            p = cur.parent
-            if p is None:
+            p = tree.parent[cur]
+            if p < 0:
                 break
-            fwd_uid = self.fwd_link.get(p.uid)
-            if fwd_uid is not None:
+            fwd = self.fwd_link.get(p)
+            if fwd is not None:
                 wrapper = p
                 break
             cur = p
-        if wrapper is None or fwd_uid is None:
+        if wrapper < 0 or fwd is None:
             return None, False
-        fwd = self.events[fwd_uid]
-        if pm.model_class(fwd.name) is None:
+        if pm.model_class(t.name_of(fwd)) is None:
             return None, False
-        main = wrapper.name.split(": ", 1)[1] if ": " in wrapper.name else None
+        wrapper_name = t.name_of(wrapper)
+        main = wrapper_name.split(": ", 1)[1] if ": " in wrapper_name else None
         count = 0
-        stack = list(reversed(wrapper.children or []))
+        stack = list(reversed(tree.children_of(wrapper)))
         while stack:
             c = stack.pop()
-            if c.cat == "cpu_op":
-                if c.gpu_events and (main is None or c.name == main):
+            if t.cat_of(c) == "cpu_op":
+                if tree.gpu_count(c) and (main is None or t.name_of(c) == main):
                     count += 1
-                stack.extend(reversed(c.children or []))
+                stack.extend(reversed(tree.children_of(c)))
         return fwd, count == 1
 
-    def sole_bwd(self, ev: Event) -> Event | None:
+    def sole_bwd(self, uid: int) -> int | None:
         if not self.fwd_link:
             return None  # no backward pass in the trace
-        fwd, sole = self.linked_fwd(ev)
+        fwd, sole = self.linked_fwd(uid)
         if fwd is None or not sole:
             return None
         st = self.perf(fwd, True)[0]
         return None if isinstance(st, Exception) else fwd
 
-    def unified_events(self, include_nccl: bool) -> list[Event]:
-        collected: list[Event] = []
+    def unified_events(self, include_nccl: bool) -> list[int]:
+        t, tree = self.trace, self.tree
+        collected: list[int] = []
         visited: set[int] = set()
-
         models = pm.MODELS
+        has_gpu = tree.gpu_count
 
-        def has_model(e: Event) -> bool:
-            return e.name in models
+        def has_model(u: int) -> bool:
+            return t.name_of(u) in models
 
-        def is_leaf(e: Event) -> bool:
-            return any(c.cat in RUNTIME_CATS and c.gpu_events for c in (e.children or ()))
+        def is_leaf(u: int) -> bool:
+            return any(t.cat_of(c) in RUNTIME_CATS and has_gpu(c) for c in tree.children_of(u))
 
-        def visit(e: Event) -> None:
-            if e.uid in visited:
+        def visit(u: int) -> None:
+            if u in visited:
                 return
-            visited.add(e.uid)
-            if e.cat == "python_function":
-                for c in e.children or ():
-                    if c.gpu_events:
+            visited.add(u)
+            cat = t.cat_of(u)
+            if cat == "python_function":
+                for c in tree.children_of(u):
+                    if has_gpu(c):
                         visit(c)
                 return
-            if e.cat != "cpu_op" or not e.gpu_events:
+            if cat != "cpu_op" or not has_gpu(u):
                 return
-            if has_model(e) or self.sole_bwd(e) is not None:
-                collected.append(e)
+            if has_model(u) or self.sole_bwd(u) is not None:
+                collected.append(u)
                 return
-            if is_leaf(e):
-                inner = [c for c in (e.children or ()) if c.cat == "cpu_op" and has_model(c) and c.gpu_events]
+            if is_leaf(u):
+                inner = [c for c in tree.children_of(u) if t.cat_of(c) == "cpu_op" and has_model(c) and has_gpu(c)]
                 if inner:
                     for c in inner:
                         visit(c)
                     return
-                if not include_nccl and any(self.is_comm(g.name) for g in e.gpu_events):
+                if not include_nccl and any(self.is_comm(t.name_of(g)) for g in tree.gpu_uids_of(u)):
                     return
-                collected.append(e)
+                collected.append(u)
                 return
-            for c in e.children or ():
-                if c.gpu_events:  # nothing to find in a subtree without GPU work
+            for c in tree.children_of(u):
+                if has_gpu(c):  # nothing to find in a subtree without GPU work
                     visit(c)
 
-        for root in self.tree.cpu_roots:
-            if root.gpu_events:
+        for root in tree.roots:
+            if has_gpu(root):
                 visit(root)
         return collected
 
     def unified_rows(self, include_nccl: bool) -> list[dict]:
         """One row per unified event: its model result ``st`` (StaticMetrics; None without a model;
         the exception when the model failed) and kernel time ``busy`` (NaN when it failed)."""
+        t, tree = self.trace, self.tree
+        gpu_kind = t.kinds_where(lambda ph, cat: cat in GPU_CATS)
         rows = []
-        for ev in self.unified_events(include_nccl):
-            own = pm.model_class(ev.name) is not None
-            fwd = None if own else self.sole_bwd(ev)
+        for uid in self.unified_events(include_nccl):
+            name = t.name_of(uid)
+            own = pm.model_class(name) is not None
+            fwd = None if own else self.sole_bwd(uid)
             st: Any = None
+            kernels = tree.gpu_uids_of(uid)
             if own or fwd is not None:
-                st, _, busy = self.perf(ev, False) if own else self.perf(fwd, True)  # type: ignore[arg-type]
+                st, _, busy = self.perf(uid, False) if own else self.perf(fwd, True)  # type: ignore[arg-type]
                 if isinstance(st, NotImplementedError):
                     continue  # no metrics for this op: TraceLens drops the row
                 if isinstance(st, Exception):
                     busy = NAN  # failed: kept without metrics, not even Kernel Time
             else:
-                busy = self.busy(ev.gpu_events) if ev.gpu_events else NAN
-            argv, args_s = self.arg_tuples(ev)
-            pname, plabel, tname = self.names(ev)
-            cat = self.category(ev)
-            kds = [g for g in (ev.gpu_events or ()) if g.cat in GPU_CATS]
-            rows.append({"name": ev.name, "op category": cat, "UID": ev.uid, "process_name": pname,
-                         "process_label": plabel, "thread_name": tname, "duration_us": ev.dur,
+                busy = self.busy(kernels) if kernels else NAN
+            argv, args_s = self.arg_tuples(uid)
+            pname, plabel, tname = self.names(uid)
+            cat = self.category(uid)
+            kds = [g for g in kernels if gpu_kind[t.kind[g]]]
+            rows.append({"name": name, "op category": cat, "UID": uid, "process_name": pname,
+                         "process_label": plabel, "thread_name": tname, "duration_us": t.dur_of(uid),
                          "has_perf_model": own or fwd is not None, "argv": argv,
-                         "_key": (ev.name, cat, pname, plabel, tname, *args_s),
+                         "_key": (name, cat, pname, plabel, tname, *args_s),
                          "kernels": kds if kds else None, "st": st, "busy": busy})
         # GPU work launched outside every cpu_op (a bare runtime call, e.g. a CUDA-graph replay)
         # becomes "<runtime>-><kernel> (Synthetic Op)" rows (tracelens-reference §1.4).
-        for g in self.tree.gpu_events:
-            rt = g.parent
-            if rt is None or (not include_nccl and self.is_comm(g.name)):
+        parent = tree.parent
+        for g in tree.gpu_uids:
+            rt = parent[g]
+            if rt < 0 or (not include_nccl and self.is_comm(t.name_of(g))):
                 continue
-            p = rt.parent
-            while p is not None and p.cat != "cpu_op":
-                p = p.parent
-            if p is not None:
+            p = parent[rt]
+            while p >= 0 and t.cat_of(p) != "cpu_op":
+                p = parent[p]
+            if p >= 0:
                 continue
-            name = f"{rt.name}->{g.name} (Synthetic Op)"
-            cat = pm.categorize(name, g.name)
+            name = f"{t.name_of(rt)}->{t.name_of(g)} (Synthetic Op)"
+            cat = pm.categorize(name, t.name_of(g))
             pname, plabel, tname = self.names(rt)
-            rows.append({"name": name, "op category": cat, "UID": g.uid, "process_name": pname,
-                         "process_label": plabel, "thread_name": tname, "duration_us": rt.dur,
+            rows.append({"name": name, "op category": cat, "UID": g, "process_name": pname,
+                         "process_label": plabel, "thread_name": tname, "duration_us": t.dur_of(rt),
                          "has_perf_model": False, "argv": (None, None, None, None),
                          "_key": (name, cat, pname, plabel, tname, "None", "None", "None", "None"),
                          "kernels": [g], "st": None, "busy": self.busy([g])})
@@ -1090,8 +1125,7 @@ class _Report:
                 stats("Pct Roofline", AGG)
             if has_kt:
                 stats("Kernel Time (µs)", (*AGG, "sum"))
-            rec["kernel_details_summary"] = summarize_kernel_stats(
-                (r["kernels"] for r in rs), lambda k: self.kernel_detail(k, self.python_frames))
+            rec["kernel_details_summary"] = self.kernel_stats((r["kernels"] for r in rs), self.python_frames)
             rec["perf_params"] = pd_first((st.plain_params or None) if st else None for st in sts)
             rec["has_perf_model"] = first["has_perf_model"]
             recs.append(rec)
@@ -1125,40 +1159,42 @@ class _Report:
 
     # ------------------------------------------------------------------ kernel sheets
 
-    def kernel_rows(self) -> list[dict]:
-        """One row per ``kernel`` event, linked or not (TraceLens ``get_df_kernels``)."""
+    def kernel_rows(self) -> list[tuple]:
+        """One row per ``kernel`` event, linked or not (TraceLens ``get_df_kernels``): (kernel,
+        its launch, the cpu_op above it (uids, -1: none), Input Dims, Input Strides, Concrete Inputs)."""
+        t, parent = self.trace, self.tree.parent
+        kernel = t.kinds_where(lambda ph, cat: cat == "kernel")
         out = []
-        for ev in self.tree.gpu_events:  # every GPU event, in trace order
-            if ev.cat != "kernel":
+        for k in self.tree.gpu_uids:  # every GPU event, in trace order
+            if not kernel[t.kind[k]]:
                 continue
-            launcher = ev.parent if ev.linked else None
+            launcher = parent[k]  # a GPU event has a parent only when linked
             cpu = launcher
-            while cpu is not None and cpu.cat != "cpu_op":
-                cpu = cpu.parent
-            argv = self.arg_tuples(cpu)[0] if cpu is not None else (None, None, None, None)
-            out.append({"ev": ev, "launcher": launcher, "cpu": cpu, "Input dims": argv[0], "Input strides": argv[2],
-                        "Concrete Inputs": argv[3]})
+            while cpu >= 0 and t.cat_of(cpu) != "cpu_op":
+                cpu = parent[cpu]
+            argv = self.arg_tuples(cpu)[0] if cpu >= 0 else (None, None, None, None)
+            out.append((k, launcher, cpu, argv[0], argv[2], argv[3]))
         return out
 
-    def kernel_summary(self, krows: list[dict], total_time_ms: float) -> Table | None:
+    def kernel_summary(self, krows: list[tuple], total_time_ms: float) -> Table | None:
         if not krows:
             return None
+        t = self.trace
         keys = []
-        for r in krows:
-            ev, cpu, launcher = r["ev"], r["cpu"], r["launcher"]
-            if cpu is not None:
-                parent, cat = cpu.name, self.category(cpu)
-            elif launcher is not None:
-                low = launcher.name.lower()
-                parent = launcher.name
+        for k, launcher, cpu, *_ in krows:
+            if cpu >= 0:
+                parent, cat = t.name_of(cpu), self.category(cpu)
+            elif launcher >= 0:
+                parent = t.name_of(launcher)
+                low = parent.lower()
                 cat = "graph" if ("cudagraph" in low or "graphlaunch" in low) else "runtime"
             else:
                 parent = cat = None
-            keys.append((cat, parent, ev.name, (ev.args or {}).get("stream")))
+            keys.append((cat, parent, t.name_of(k), (t.args_of(k) or {}).get("stream")))
         if any(k[3] is None for k in keys):  # an int column with a missing stream is float64 in pandas
             keys = [k[:3] + (float(k[3]) if isinstance(k[3], int) else k[3],) for k in keys]
         order, groups, mono = group_rows(keys, sort=True)  # dropna=False: NaN keys sort last
-        durs = [r["ev"].dur for r in krows]
+        durs = [t.dur_of(r[0]) for r in krows]
         fast = _fast(mono, durs)
         total_k = np_sum(durs)
         total_us = total_time_ms * 1e3
@@ -1175,26 +1211,26 @@ class _Report:
                 "Kernel duration (µs)_max", "Percent of kernels time (%)", "Percent of total time (%)"]
         return Table(cols, recs)
 
-    def short_kernels(self, krows: list[dict], total_time_ms: float, threshold: float, bins: int,
+    def short_kernels(self, krows: list[tuple], total_time_ms: float, threshold: float, bins: int,
                       gpu_only: bool) -> tuple[Table | None, Table | None]:
-        short = [r for r in krows if r["ev"].dur < threshold]
+        t = self.trace
+        short = [r for r in krows if t.dur[r[0]] < threshold]
         if not short:
             return None, None
-        counts, edges = histogram([r["ev"].dur for r in short], bins)
+        durs = [t.dur_of(r[0]) for r in short]
+        counts, edges = histogram(durs, bins)
         hist = Table(["bin_start", "bin_end", "count"],
                      [[edges[i], edges[i + 1], counts[i]] for i in range(len(counts))])
         gcols = ["Kernel name"] if gpu_only else ["Parent cpu_op", "Input dims", "Input strides", "Concrete Inputs",
                                                   "Kernel name"]
         keys = []
-        for r in short:
-            vals = {"Parent cpu_op": r["cpu"].name if r["cpu"] is not None else None, "Input dims": r["Input dims"],
-                    "Input strides": r["Input strides"], "Concrete Inputs": r["Concrete Inputs"],
-                    "Kernel name": r["ev"].name}
+        for k, _, cpu, dims, strides, concrete in short:
+            vals = {"Parent cpu_op": t.name_of(cpu) if cpu >= 0 else None, "Input dims": dims,
+                    "Input strides": strides, "Concrete Inputs": concrete, "Kernel name": t.name_of(k)}
             key = tuple(vals[c] for c in gcols)
             # groupby(dropna=True): a kernel without a parent op or its args is left out
             keys.append(_DROP if any(v is None for v in key) else key)
         order, groups, mono = group_rows(keys, sort=False)
-        durs = [r["ev"].dur for r in short]
         fast = _fast(mono, durs)
         total_us = total_time_ms * 1e3
         recs = []
@@ -1218,17 +1254,19 @@ class _Report:
 
     def coll_analysis(self) -> Table | None:
         """TraceLens ``NcclAnalyser.build_df_summary_long`` for this one trace (rank 0)."""
+        t = self.trace
         rows = []
-        for ev in self.tree.gpu_events:
-            if ev.cat != "kernel" or not self.is_comm(ev.name):
+        for k in self.tree.gpu_uids:
+            name = t.name_of(k)
+            if t.cat_of(k) != "kernel" or not self.is_comm(name):
                 continue
-            if ev.corr is None and ev.ext_id is None:
+            if t.corr_of(k) is None and t.ext_of(k) is None:
                 continue
-            args = ev.args or {}
-            row: dict[str, Any] = {"ts": ev.ts, "dur": ev.dur, "rank": 0}
+            args = t.args_of(k) or {}
+            row: dict[str, Any] = {"ts": t.ts_of(k), "dur": t.dur_of(k), "rank": 0}
             for f in self._COLL_FIELDS:
                 row[f] = _to_tuple(args.get(f))
-            if row["Collective name"] is None and "cross_device_reduce" in ev.name:
+            if row["Collective name"] is None and "cross_device_reduce" in name:
                 row["Collective name"] = "allreduce"  # vLLM custom all-reduce
             bpe = self._COLL_BYTES.get(row["dtype"]) if isinstance(row["dtype"], str) else None
             if bpe is not None and row["In msg nelems"] is not None:
@@ -1314,7 +1352,7 @@ def _pytorch_report(tree: EventTree, arch: dict | None, inference: bool, enable_
     tl = [list(r) for r in gpu_timeline(linked)]
     tables: dict[str, Table] = {"gpu_timeline": Table(["type", "time ms", "percent"], tl)}
     total_time_ms = next(r[1] for r in tl if r[0] == "total_time")
-    gpu_only = not any(e.cat in ("cpu_op", "python_function") for e in rep.events)
+    gpu_only = not any(cat in ("cpu_op", "python_function") for _, cat in tree.trace.kinds)
 
     if not gpu_only:
         rep.attach_annotations(ANNOTATED_OPS_INFERENCE if inference else ANNOTATED_OPS_PYTORCH)

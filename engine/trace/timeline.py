@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from typing import Iterable, Sequence
 
-from engine.trace.load import Event
+from engine.trace.load import Event, Trace
+from engine.trace.tree import EventSeq
 
 COMM_RE = re.compile(r"nccl|rccl|cross_device_reduce", re.IGNORECASE)
 _ROCM_COPY = ("MEMORY_COPY_", "__amd_rocclr_copyBuffer")
@@ -54,22 +55,31 @@ def busy_time(events: Iterable[Event]) -> float:
     return union_length((e.ts, e.ts + e.dur) for e in events)
 
 
+def _uids(gpu_events: Sequence[Event]) -> tuple[Trace | None, Sequence[int]]:
+    if isinstance(gpu_events, EventSeq):
+        return gpu_events.trace, gpu_events.uids
+    return (gpu_events[0].trace if gpu_events else None), [e.uid for e in gpu_events]
+
+
 def gpu_timeline(gpu_events: Sequence[Event]) -> list[tuple[str, float, float]]:
     """Rows (type, time ms, percent of total) in TraceLens's order. Each bucket is sorted once;
-    the unions of several buckets merge already sorted runs."""
+    the unions of several buckets merge already sorted runs. Reads the trace's columns."""
+    trace, uids = _uids(gpu_events)
+    if trace is None or not uids:
+        raise ValueError("No GPU events found in the trace")
     comp: list[tuple[float, float]] = []
     comm: list[tuple[float, float]] = []
     mem: list[tuple[float, float]] = []
-    for e in gpu_events:
-        iv = (e.ts, e.ts + e.dur)
-        if is_memcpy(e):
-            mem.append(iv)
-        elif is_comm(e):
-            comm.append(iv)
-        else:
-            comp.append(iv)
-    if not gpu_events:
-        raise ValueError("No GPU events found in the trace")
+    bucket_of: dict[tuple[int, int], list] = {}  # (kind, name) -> its bucket: names repeat thousands of times
+    kind, name_ix, ts, dur = trace.kind, trace.name, trace.ts, trace.dur
+    for u in uids:
+        key = (kind[u], name_ix[u])
+        bucket = bucket_of.get(key)
+        if bucket is None:
+            ev = Event(trace, u)
+            bucket = bucket_of[key] = mem if is_memcpy(ev) else comm if is_comm(ev) else comp
+        start = ts[u]
+        bucket.append((start, start + dur[u]))
     comp.sort()
     comm.sort()
     mem.sort()
@@ -77,8 +87,8 @@ def gpu_timeline(gpu_events: Sequence[Event]) -> list[tuple[str, float, float]]:
     cc = sorted(comp + comm)  # timsort merges the two sorted runs
     comp_comm = _union_sorted(cc)
     busy = _union_sorted(sorted(cc + mem))
-    start = min(e.ts for e in gpu_events)
-    end = max(e.ts + e.dur for e in gpu_events)
+    start = min(ts[u] for u in uids)
+    end = max(ts[u] + dur[u] for u in uids)
     total = end - start
     values = [
         ("computation_time", comp_t),

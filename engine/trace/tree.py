@@ -8,13 +8,20 @@
   ``ac2g`` end flow's (pid, tid, id), where both flow ends must exist and key is ``correlation``
   (or ``External id`` on traces whose launches carry no correlation). Graph launches link every
   GPU event that carries their key.
-* Every linked GPU event is appended to ``gpu_events`` of its launch and of all its ancestors.
+* A node's ``gpu_events`` are the GPU events linked to launches in its subtree, in launch order.
+
+Storage is by uid, in ``array`` columns (about 20 bytes an event): the parent of every event,
+and the kept host events in pre-order, thread by thread. A subtree is then a contiguous run of
+that order, so a node's children and GPU events are read off two per-position columns instead of
+being lists on every node.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable
+from array import array
+from itertools import repeat
+from operator import add, mul
+from typing import Iterable, Iterator, Sequence
 
 from engine.trace.load import Event, Trace
 
@@ -25,138 +32,297 @@ GRAPH_LAUNCHES = frozenset({"cudaGraphLaunch", "hipGraphLaunch", "cudaGraphLaunc
 BLEED_US = 1.0
 
 
-@dataclass
+class EventSeq(Sequence):
+    """Events given by their uids, as ``Event`` views made on access."""
+
+    __slots__ = ("trace", "uids")
+
+    def __init__(self, trace: Trace, uids: Sequence[int]) -> None:
+        self.trace = trace
+        self.uids = uids
+
+    def __len__(self) -> int:
+        return len(self.uids)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [Event(self.trace, u) for u in self.uids[i]]
+        return Event(self.trace, self.uids[i])
+
+    def __iter__(self) -> Iterator[Event]:
+        t = self.trace
+        return (Event(t, u) for u in self.uids)
+
+    def __repr__(self) -> str:
+        return f"EventSeq({len(self.uids)} events)"
+
+
 class EventTree:
-    trace: Trace
-    link_key: str  # "correlation" or "External id"
-    cpu_roots: list[Event] = field(default_factory=list)
-    host_events: list[Event] = field(default_factory=list)  # in the tree, sorted by (ts, -dur)
-    gpu_events: list[Event] = field(default_factory=list)  # every kernel/memcpy/memset, by uid
-    dropped: list[Event] = field(default_factory=list)  # bled more than 1 us out of their parent
+    """The tree of one trace (``build_tree``). uid-level reads for whole-trace passes, and
+    ``Event`` views (``cpu_roots``, ``gpu_events``, ...) for everything else."""
+
+    def __init__(self, trace: Trace, link_key: str) -> None:
+        n = len(trace.kind)
+        self.trace = trace
+        self.link_key = link_key  # "correlation" or "External id"
+        self.parent = array("i", [-1]) * n  # parent uid of every event, -1 for none
+        self.host_order = array("i")  # kept host events by (ts, longer first, uid)
+        self.roots = array("i")  # cpu_ops without a cpu_op above them, in host order
+        self.dropped_uids = array("i")  # host events that bled more than 1 us out of their parent
+        self.gpu_uids = array("i")  # every kernel/memcpy/memset, by uid
+        # Kept host events grouped by thread, each thread's in host order, which is its pre-order:
+        # a subtree is the run [pos, subtree_end[pos]).
+        self.preorder = array("i")
+        self.subtree_end = array("i")
+        self.pos = array("i", [-1]) * n  # uid -> index in preorder (-1: not a kept host event)
+        # Linked GPU events ordered by their launch's pre-order position (in link order within one
+        # launch); those of the subtree at pos are linked[gpu_start[pos]:gpu_start[subtree_end[pos]]].
+        self.linked = array("i")
+        self.gpu_start = array("i")
+        self._gpu_kind = trace.kinds_where(lambda ph, cat: ph == "X" and cat in GPU_CATS)
+
+    # ---------------------------------------------------------------- uid-level reads
+
+    def children_of(self, uid: int) -> list[int]:
+        p = self.pos[uid]
+        if p < 0:
+            return []
+        end, order = self.subtree_end, self.preorder
+        out = []
+        c = p + 1
+        stop = end[p]
+        while c < stop:
+            out.append(order[c])
+            c = end[c]
+        return out
+
+    def gpu_uids_of(self, uid: int) -> array:
+        """uids of the GPU events linked under this host event (empty for any other event)."""
+        p = self.pos[uid]
+        if p < 0:
+            return array("i")
+        return self.linked[self.gpu_start[p]:self.gpu_start[self.subtree_end[p]]]
+
+    def gpu_count(self, uid: int) -> int:
+        p = self.pos[uid]
+        return 0 if p < 0 else self.gpu_start[self.subtree_end[p]] - self.gpu_start[p]
+
+    def is_linked(self, uid: int) -> bool:
+        return self.parent[uid] >= 0 and bool(self._gpu_kind[self.trace.kind[uid]])
+
+    def linked_gpu_uids(self) -> array:
+        parent = self.parent
+        return array("i", [g for g in self.gpu_uids if parent[g] >= 0])
+
+    # ---------------------------------------------------------------- views
+
+    def parent_event(self, uid: int) -> Event | None:
+        p = self.parent[uid]
+        return Event(self.trace, p) if p >= 0 else None
+
+    def children_events(self, uid: int) -> list[Event] | None:
+        kids = self.children_of(uid)
+        return [Event(self.trace, c) for c in kids] if kids else None
+
+    def gpu_events_of(self, uid: int) -> EventSeq | None:
+        uids = self.gpu_uids_of(uid)
+        return EventSeq(self.trace, uids) if uids else None
 
     @property
-    def linked_gpu_events(self) -> list[Event]:
-        return [e for e in self.gpu_events if e.linked]
+    def cpu_roots(self) -> EventSeq:
+        return EventSeq(self.trace, self.roots)
+
+    @property
+    def host_events(self) -> EventSeq:
+        return EventSeq(self.trace, self.host_order)
+
+    @property
+    def gpu_events(self) -> EventSeq:
+        return EventSeq(self.trace, self.gpu_uids)
+
+    @property
+    def dropped(self) -> EventSeq:
+        return EventSeq(self.trace, self.dropped_uids)
+
+    @property
+    def linked_gpu_events(self) -> EventSeq:
+        return EventSeq(self.trace, self.linked_gpu_uids())
 
     def ancestors(self, ev: Event) -> Iterable[Event]:
-        p = ev.parent
-        while p is not None:
-            yield p
-            p = p.parent
+        p = self.parent[ev.uid]
+        while p >= 0:
+            yield Event(self.trace, p)
+            p = self.parent[p]
 
     def launcher_cpu_op(self, gpu: Event) -> Event | None:
         """The lowest cpu_op above a GPU event (TraceLens's 'kernel launcher' parent)."""
-        for a in self.ancestors(gpu):
-            if a.cat == "cpu_op" and a.name != "execute":
-                return a
+        t = self.trace
+        p = self.parent[gpu.uid]
+        while p >= 0:
+            if t.cat_of(p) == "cpu_op" and t.name_of(p) != "execute":
+                return Event(t, p)
+            p = self.parent[p]
         return None
 
 
-def _neg_dur(e: Event) -> float:
-    return -e.dur
-
-
-def _start(e: Event) -> float:
-    return e.ts
-
-
-def _link_key(events: list[Event]) -> str:
-    for e in events:
-        if e.cat in RUNTIME_CATS and "launch" in e.name.lower():
-            return "correlation" if e.corr is not None else "External id"
+def _link_key(trace: Trace) -> str:
+    runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
+    launch_names: dict[int, bool] = {}
+    kind, name = trace.kind, trace.name
+    for uid in range(len(kind)):
+        if runtime[kind[uid]]:
+            is_launch = launch_names.get(name[uid])
+            if is_launch is None:
+                is_launch = launch_names[name[uid]] = "launch" in trace.names[name[uid]].lower()
+            if is_launch:
+                return "correlation" if trace.corr_of(uid) is not None else "External id"
     return "correlation"
 
 
 def build_tree(trace: Trace) -> EventTree:
-    events = trace.events
-    tree = EventTree(trace=trace, link_key=_link_key(events))
-    host = [e for e in events if e.ph == "X" and e.cat in HOST_CATS]  # in uid order
+    tree = EventTree(trace, _link_key(trace))
+    trace.tree = tree  # the Event views read parent / children / gpu_events from here
+    _host_stacks(trace, tree)
+    _link_gpu(trace, tree)
+    return tree
+
+
+def _host_stacks(trace: Trace, tree: EventTree) -> None:
+    kind, ts, dur = trace.kind, trace.ts, trace.dur
+    host_kind = trace.kinds_where(lambda ph, cat: ph == "X" and cat in HOST_CATS)
+    cpu_op_kind = trace.kinds_where(lambda ph, cat: cat == "cpu_op")
+    host = [uid for uid in range(len(kind)) if host_kind[kind[uid]]]  # in uid order
     # Order by (ts, longer first, uid) with two stable sorts on plain float keys: a key of tuples
     # for every host event costs tens of MB on a large trace.
-    host.sort(key=_neg_dur)
-    host.sort(key=_start)
-    stacks: dict[tuple, list[Event]] = {}
-    under_cpu_op: set[int] = set()  # uids of kept events that are or sit below a cpu_op
-    kept: list[Event] = []
-    for ev in host:
-        stack = stacks.setdefault((ev.pid, ev.tid), [])
-        ts = ev.ts
-        while stack and stack[-1].ts + stack[-1].dur <= ts:
-            stack.pop()
-        end = ts + ev.dur
-        dropped = False
-        while stack:
-            top = stack[-1]
-            top_end = top.ts + top.dur
-            if end <= top_end:
-                break
-            if top_end - ts < BLEED_US:  # a small bleed: a sibling of the top, not a child
-                stack.pop()
+    host.sort(key=dur.__getitem__, reverse=True)  # reverse keeps equal keys in uid order
+    host.sort(key=ts.__getitem__)
+    # Then group by thread (stable again): each thread's stack runs over its own events, and
+    # each thread's kept events, in this order, are its pre-order.
+    thread = array("Q", map(add, map(mul, trace.pid, repeat(len(trace.ids))), trace.tid))
+    by_thread = sorted(host, key=thread.__getitem__)
+    del thread
+
+    parent, pos, preorder, subtree_end = tree.parent, tree.pos, tree.preorder, tree.subtree_end
+    dropped = bytearray(len(kind))
+    is_root = bytearray(len(kind))
+    under_cpu_op = bytearray(len(kind))  # kept events that are or sit below a cpu_op
+    kept = 0  # = len(preorder)
+    first = 0
+    while first < len(by_thread):  # one thread's run of by_thread at a time
+        uid = by_thread[first]
+        p_ix, t_ix = trace.pid[uid], trace.tid[uid]
+        last = first
+        while last < len(by_thread) and trace.pid[by_thread[last]] == p_ix and trace.tid[by_thread[last]] == t_ix:
+            last += 1
+        stack: list[int] = []  # open events, as positions in preorder
+        stack_end: list[float] = []  # their end times
+        for i in range(first, last):
+            uid = by_thread[i]
+            start = ts[uid]
+            while stack_end and stack_end[-1] <= start:
+                subtree_end[stack.pop()] = kept
+                stack_end.pop()
+            end = start + dur[uid]
+            bled = False
+            while stack_end:
+                top_end = stack_end[-1]
+                if end <= top_end:
+                    break
+                if top_end - start >= BLEED_US:
+                    bled = True
+                    break
+                subtree_end[stack.pop()] = kept  # a small bleed: a sibling of the top, not a child
+                stack_end.pop()
+            if bled:
+                dropped[uid] = 1
                 continue
-            dropped = True
-            break
-        if dropped:
-            tree.dropped.append(ev)
-            continue
-        parent = stack[-1] if stack else None
-        ev.parent = parent
-        if parent is not None:
-            if parent.children is None:
-                parent.children = []
-            parent.children.append(ev)
-        parent_under = parent is not None and parent.uid in under_cpu_op
-        if ev.cat == "cpu_op":
-            if not parent_under:
-                tree.cpu_roots.append(ev)
-            under_cpu_op.add(ev.uid)
-        elif parent_under:
-            under_cpu_op.add(ev.uid)
-        stack.append(ev)
-        kept.append(ev)
-    tree.host_events = kept
+            p = preorder[stack[-1]] if stack else -1
+            parent[uid] = p
+            parent_under = p >= 0 and under_cpu_op[p]
+            if cpu_op_kind[kind[uid]]:
+                is_root[uid] = not parent_under
+                under_cpu_op[uid] = 1
+            elif parent_under:
+                under_cpu_op[uid] = 1
+            stack.append(kept)
+            stack_end.append(end)
+            pos[uid] = kept
+            preorder.append(uid)
+            subtree_end.append(-1)
+            kept += 1
+        for p in stack:  # still open at the end of the trace
+            subtree_end[p] = kept
+        first = last
+    del by_thread
+    tree.host_order = array("i", [uid for uid in host if not dropped[uid]])
+    tree.roots = array("i", [uid for uid in host if is_root[uid]])
+    tree.dropped_uids = array("i", [uid for uid in host if dropped[uid]])
 
-    # Flows and GPU events, indexed for linking.
-    key = tree.link_key
+
+def _link_gpu(trace: Trace, tree: EventTree) -> None:
+    """Link launches to GPU events (through the ac2g flow pair, or by key for graph launches)."""
+    kind = trace.kind
+    FLOW_START, FLOW_END, GPU = 1, 2, 3
+    role = bytearray(FLOW_START if (ph, cat) == ("s", "ac2g") else FLOW_END if (ph, cat) == ("f", "ac2g")
+                     else GPU if ph == "X" and cat in GPU_CATS else 0 for ph, cat in trace.kinds)
+    by_corr = tree.link_key == "correlation"
     starts: set = set()
-    ends: dict = {}
-    gpu_by_key: dict = {}
-    gpu_by_value: dict = {}
-    for e in events:
-        if e.ph in ("s", "f") and e.cat == "ac2g":
-            if e.ph == "s":
-                starts.add(e.flow_id)
-            else:
-                ends[e.flow_id] = e
-        elif e.cat in GPU_CATS and e.ph == "X":
-            tree.gpu_events.append(e)
-            value = e.corr if key == "correlation" else e.ext_id
-            if value is not None:
-                gpu_by_key[(e.pid, e.tid, value)] = e
-                gpu_by_value.setdefault(value, []).append(e)
-
-    for ev in kept:
-        if ev.cat not in RUNTIME_CATS:
+    ends: dict = {}  # flow id -> uid of the flow's end event
+    gpu_by_value: dict = {}  # link key value -> GPU uids, in uid order
+    for uid in range(len(kind)):
+        r = role[kind[uid]]
+        if not r:
             continue
-        value = ev.corr if key == "correlation" else ev.ext_id
+        if r == FLOW_START:
+            starts.add(trace.flow_of(uid))
+        elif r == FLOW_END:
+            ends[trace.flow_of(uid)] = uid
+        else:
+            tree.gpu_uids.append(uid)
+            value = trace.corr_of(uid) if by_corr else trace.ext_of(uid)
+            if value is not None:
+                gpu_by_value.setdefault(value, []).append(uid)
+
+    runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
+    parent, pos, names, name = tree.parent, tree.pos, trace.names, trace.name
+    linked: list[int] = []
+    launch_pos: list[int] = []
+    for uid in tree.host_order:
+        if not runtime[kind[uid]]:
+            continue
+        value = trace.corr_of(uid) if by_corr else trace.ext_of(uid)
         if value is None:
             continue
-        if ev.name in GRAPH_LAUNCHES:
+        if names[name[uid]] in GRAPH_LAUNCHES:
             children = gpu_by_value.get(value, [])
         else:
             f = ends.get(value)
             if value not in starts or f is None:
                 continue
-            child = gpu_by_key.get((f.pid, f.tid, f.flow_id))
-            children = [child] if child is not None else []
+            # The GPU event with the flow end's (pid, tid, id); the last one if several.
+            f_pid, f_tid = trace.pid_of(f), trace.tid_of(f)
+            children = []
+            for g in reversed(gpu_by_value.get(trace.flow_of(f), ())):
+                if trace.pid_of(g) == f_pid and trace.tid_of(g) == f_tid:
+                    children = [g]
+                    break
         for g in children:
-            if g.linked:
-                continue
-            g.linked = True
-            g.parent = ev
-            node: Event | None = ev
-            while node is not None:
-                if node.gpu_events is None:
-                    node.gpu_events = []
-                node.gpu_events.append(g)
-                node = node.parent
-    return tree
+            if parent[g] >= 0:
+                continue  # already linked to an earlier launch
+            parent[g] = uid
+            linked.append(g)
+            launch_pos.append(pos[uid])
+    # Counting sort by launch position (stable: link order within a launch).
+    n_pos = len(tree.preorder)
+    start = [0] * (n_pos + 1)
+    for p in launch_pos:
+        start[p + 1] += 1
+    for i in range(n_pos):
+        start[i + 1] += start[i]
+    tree.gpu_start = array("i", start)
+    slots = start[:-1]
+    out = [0] * len(linked)
+    for g, p in zip(linked, launch_pos):
+        out[slots[p]] = g
+        slots[p] += 1
+    tree.linked = array("i", out)
