@@ -358,6 +358,78 @@ def _percentages(values: list[float]) -> tuple[list[float], list[float]]:
     return pct, cum
 
 
+# ---------------------------------------------------------------------------- the report's rows
+
+class _Record:
+    """A row kept in slots (a dict per row costs about four times the memory: a large trace has
+    tens of thousands of ops), read like the dict it replaces: ``row[column]`` and
+    ``row.get(column)``, with TraceLens's column names, through ``COLUMNS``."""
+
+    __slots__ = ()
+    COLUMNS: dict[str, Callable[[Any], Any]] = {}
+
+    def __getitem__(self, column: str) -> Any:
+        return self.COLUMNS[column](self)
+
+    def get(self, column: str, default: Any = None) -> Any:
+        read = self.COLUMNS.get(column)
+        return read(self) if read is not None else default
+
+
+def _names_columns() -> dict[str, Callable[[Any], Any]]:
+    return {"process_name": lambda r: r.names[0], "process_label": lambda r: r.names[1],
+            "thread_name": lambda r: r.names[2]}
+
+
+class _LauncherRow(_Record):
+    """An op that launched kernels directly (TraceLens's kernel-launcher rows, the ops_* sheets)."""
+
+    __slots__ = ("uid", "name", "category", "names", "argv", "args_s", "direct", "subtree", "kernels",
+                 "call_stack", "parent_module")
+    COLUMNS = {"name": lambda r: r.name, "op category": lambda r: r.category, "UID": lambda r: r.uid,
+               "total_direct_kernel_time": lambda r: r.direct, "total_subtree_kernel_time": lambda r: r.subtree,
+               "direct_kernel_count": lambda r: len(r.kernels), "num_kernels": lambda r: len(r.kernels),
+               "_args_s": lambda r: r.args_s, "kernels": lambda r: r.kernels,
+               "call_stack": lambda r: r.call_stack, "parent_module": lambda r: r.parent_module,
+               **{c: (lambda r, i=i: r.argv[i]) for i, c in enumerate(ARG_COLS)}, **_names_columns()}
+
+    def __init__(self, uid: int, name: str, category: str, names: tuple, argv: tuple, args_s: tuple, direct: float,
+                 subtree: float, kernels: list[int], call_stack: list[str] | None, parent_module: str | None) -> None:
+        self.uid, self.name, self.category, self.names, self.argv, self.args_s = uid, name, category, names, argv, args_s
+        self.direct, self.subtree, self.kernels = direct, subtree, kernels
+        self.call_stack, self.parent_module = call_stack, parent_module
+
+
+class _PerfRow(_Record):
+    """One instance of a modelled op (the roofline sheets): its model result and kernel time."""
+
+    __slots__ = ("uid", "name", "names", "args", "st", "busy", "kernels")
+    COLUMNS = {"name": lambda r: r.name, "UID": lambda r: r.uid, "st": lambda r: r.st, "busy": lambda r: r.busy,
+               "kernels": lambda r: r.kernels, "num_kernels": lambda r: len(r.kernels),
+               **{c: (lambda r, c=c: r.args.get(c)) for c in ARG_COLS}, **_names_columns()}
+
+    def __init__(self, uid: int, name: str, names: tuple, args: dict, st: Any, busy: float,
+                 kernels: list[int]) -> None:
+        self.uid, self.name, self.names, self.args, self.st, self.busy, self.kernels = \
+            uid, name, names, args, st, busy, kernels
+
+
+class _UnifiedRow(_Record):
+    """One row of the unified perf summary's input: an op (or a synthetic runtime->kernel op)."""
+
+    __slots__ = ("uid", "name", "category", "names", "dur", "has_model", "argv", "args_s", "kernels", "st", "busy")
+    COLUMNS = {"name": lambda r: r.name, "op category": lambda r: r.category, "UID": lambda r: r.uid,
+               "duration_us": lambda r: r.dur, "has_perf_model": lambda r: r.has_model, "argv": lambda r: r.argv,
+               "_key": lambda r: (r.name, r.category, *r.names, *r.args_s), "kernels": lambda r: r.kernels,
+               "st": lambda r: r.st, "busy": lambda r: r.busy, **_names_columns()}
+
+    def __init__(self, uid: int, name: str, category: str, names: tuple, dur: float, has_model: bool, argv: tuple,
+                 args_s: tuple, kernels: list[int] | None, st: Any, busy: float) -> None:
+        self.uid, self.name, self.category, self.names, self.dur, self.has_model = \
+            uid, name, category, names, dur, has_model
+        self.argv, self.args_s, self.kernels, self.st, self.busy = argv, args_s, kernels, st, busy
+
+
 # ---------------------------------------------------------------------------- the report
 
 class _Report:
@@ -371,9 +443,10 @@ class _Report:
         self.inference = inference
         self.python_frames = python_frames  # TraceLens add_python_func (module grouping, call stacks)
         self.annotation: dict[int, str] = {}
-        self.launcher_kernels: dict[int, list[int]] = {}
-        self.perf_cache: dict[tuple[int, bool], tuple[Any, list[int], float]] = {}
-        self.cat_cache: dict[int, str] = {}
+        self.first_kernel: dict[int, int] = {}  # kernel launcher uid -> its first kernel (for its category)
+        self.cat_cache: dict[tuple[int, int], str] = {}  # (name, first kernel's name) as name indices
+        self._model_args: dict[int, tuple] = {}  # args pool index -> the args a model result depends on
+        self._bwd_perf: dict[int, tuple[Any, list[int], float]] = {}  # forward op uid -> perf(uid, bwd=True)
         self.bwd_links: dict[int, list[int]] = {}  # fwd uid -> bwd autograd uids
         self.fwd_link: dict[int, int] = {}  # bwd autograd uid -> fwd uid
         self._tup_cache: dict[str, tuple[tuple, tuple]] = {}
@@ -428,12 +501,12 @@ class _Report:
         return hit
 
     def category(self, uid: int) -> str:
-        c = self.cat_cache.get(uid)
+        t = self.trace
+        k = self.first_kernel.get(uid, -1)
+        key = (t.name[uid], t.name[k] if k >= 0 else -1)
+        c = self.cat_cache.get(key)
         if c is None:
-            ks = self.launcher_kernels.get(uid)
-            t = self.trace
-            c = pm.categorize(t.name_of(uid), t.name_of(ks[0]) if ks else None)
-            self.cat_cache[uid] = c
+            c = self.cat_cache[key] = pm.categorize(t.name_of(uid), t.name_of(k) if k >= 0 else None)
         return c
 
     def busy(self, uids: Sequence[int]) -> float:
@@ -577,23 +650,29 @@ class _Report:
 
     def perf(self, uid: int, bwd: bool = False) -> tuple[Any, list[int], float]:
         """(the op's StaticMetrics or the exception its model raised, the kernels it is timed on,
-        their busy time). Models are evaluated once per distinct (name, shapes, annotation)."""
-        key = (uid, bwd)
-        hit = self.perf_cache.get(key)
-        if hit is not None:
-            return hit
+        their busy time). Models are evaluated once per distinct (name, shapes, annotation); the
+        rest is recomputed on each call (two per op), cheaper than keeping it for every op; only
+        the backward results, which walk a subtree, are kept."""
         if bwd:
-            kernels, _ = self.subtree_bwd_kernels(uid)
-        else:
-            kernels = self.tree.gpu_uids_of(uid).tolist()
+            hit = self._bwd_perf.get(uid)
+            if hit is None:
+                hit = self._bwd_perf[uid] = self._perf(uid, True, self.subtree_bwd_kernels(uid)[0])
+            return hit
+        return self._perf(uid, False, self.tree.gpu_uids_of(uid).tolist())
+
+    def _perf(self, uid: int, bwd: bool, kernels: list[int]) -> tuple[Any, list[int], float]:
         busy = self.busy(kernels) if kernels else 0
         t = self.trace
         name = t.name_of(uid)
         cls = pm.model_class(name)
-        args = t.args_of(uid) or {}
+        pooled = t.args[uid]
+        model_args = self._model_args.get(pooled)
+        if model_args is None:
+            args = t.args_of(uid) or {}
+            model_args = self._model_args[pooled] = (
+                self.arg_tuples(uid)[1], tuple(repr(args[k]) for k in pm.MODEL_ARG_KEYS[4:] if k in args))
         annotation = self.annotation.get(uid, "NA")
-        skey = (name, bwd, annotation, self.arg_tuples(uid)[1],
-                tuple(repr(args[k]) for k in pm.MODEL_ARG_KEYS[4:] if k in args),
+        skey = (name, bwd, annotation, *model_args,
                 tuple(t.name_of(k) for k in kernels) if cls is not None and issubclass(cls, pm.Gemm) else ())
         static = self._static_cache.get(skey)
         if static is None:
@@ -605,12 +684,11 @@ class _Report:
             except Exception as exc:  # noqa: BLE001 - TraceLens keeps going on any model failure
                 static = exc
             self._static_cache[skey] = static
-        hit = self.perf_cache[key] = (static, kernels, busy)
-        return hit
+        return static, kernels, busy
 
     # ------------------------------------------------------------------ kernel launchers (ops_* sheets)
 
-    def kernel_launchers(self) -> list[dict]:
+    def kernel_launchers(self) -> list[_LauncherRow]:
         t, parent = self.trace, self.tree.parent
         groups: dict[int, list[int]] = {}
         for g in self.tree.gpu_uids:
@@ -639,32 +717,24 @@ class _Report:
                 groups[owner] = [g]
             else:
                 lst.append(g)
-        self.launcher_kernels = groups
+        self.first_kernel = {uid: ks[0] for uid, ks in groups.items()}
         order = sorted(groups, key=t.ts.__getitem__)
         out = []
         for uid in order:
             ks = groups[uid]
-            pname, plabel, tname = self.names(uid)
             argv, args_s = self.arg_tuples(uid)
             direct = self.busy(ks)
             n_sub = self.tree.gpu_count(uid)  # a superset of ks: equal length means the same kernels
-            row = {
-                "name": t.name_of(uid), "op category": self.category(uid), "UID": uid,
-                "total_direct_kernel_time": direct,
-                "total_subtree_kernel_time": direct if n_sub == len(ks) else self.busy(self.tree.gpu_uids_of(uid)),
-                "direct_kernel_count": len(ks), "_args_s": args_s,
-                **dict(zip(ARG_COLS, argv)),
-                "kernels": ks,
-                "process_name": pname, "process_label": plabel, "thread_name": tname,
-            }
+            cs = module = None
             if self.python_frames:
                 cs = self.call_stack(uid)
-                row["call_stack"] = cs
-                row["parent_module"] = re.sub(r"_\d+", "", (cs + ["NA", "NA"])[1])
-            out.append(row)
+                module = re.sub(r"_\d+", "", (cs + ["NA", "NA"])[1])
+            subtree = direct if n_sub == len(ks) else self.busy(self.tree.gpu_uids_of(uid))
+            out.append(_LauncherRow(uid, t.name_of(uid), self.category(uid), self.names(uid), argv, args_s, direct,
+                                    subtree, ks, cs, module))
         return out
 
-    def ops_summary(self, kl: list[dict]) -> Table:
+    def ops_summary(self, kl: list[_LauncherRow]) -> Table:
         module = self.inference and self.python_frames
         with_pm = module  # the module variant groups by parent_module too
         keys = [(r["name"], r.get("parent_module")) if with_pm else (r["name"],) for r in kl]
@@ -703,7 +773,7 @@ class _Report:
             rows.append(row + [pct[i], cum[i]])
         return Table(cols, rows)
 
-    def ops_by_category(self, kl: list[dict]) -> Table:
+    def ops_by_category(self, kl: list[_LauncherRow]) -> Table:
         module = self.inference and self.python_frames
         keys = [(r["op category"], r.get("parent_module")) if module else (r["op category"],) for r in kl]
         order, groups, mono = group_rows(keys, sort=True)
@@ -728,17 +798,14 @@ class _Report:
             rows = [[r["key"][0], r["count"], d_ms[i], pct[i], cum[i]] for i, r in enumerate(recs)]
         return Table(cols, rows)
 
-    def ops_unique_args(self, kl: list[dict], group_by_num_kernels: bool) -> Table:
+    def ops_unique_args(self, kl: list[_LauncherRow], group_by_num_kernels: bool) -> Table:
         gcols = ["name", "op category"]
         if self.python_frames:
             gcols.append("parent_module")
         gcols += ["process_name", "process_label", "thread_name", *ARG_COLS]
         if group_by_num_kernels:
             gcols.append("num_kernels")
-        for r in kl:
-            if group_by_num_kernels:
-                r["num_kernels"] = r["direct_kernel_count"]
-        def key(r: dict) -> tuple:
+        def key(r: _LauncherRow) -> tuple:
             k = [r["name"], r["op category"]]
             if self.python_frames:
                 k.append(str(r.get("parent_module")))
@@ -789,7 +856,7 @@ class _Report:
 
     # ------------------------------------------------------------------ roofline ("perf metrics") sheets
 
-    def perf_rows(self, uids: Iterable[int], bwd: bool) -> list[dict]:
+    def perf_rows(self, uids: Iterable[int], bwd: bool) -> list[_PerfRow]:
         rows = []
         for uid in uids:
             if bwd and not self.bwd_links.get(uid):
@@ -797,13 +864,8 @@ class _Report:
             st, kernels, busy = self.perf(uid, bwd)
             if isinstance(st, Exception):
                 continue  # NotImplementedError: no model; anything else: failed (TraceLens warns)
-            pname, plabel, tname = self.names(uid)
-            args = self.trace.args_of(uid) or {}
-            rows.append({"name": self.trace.name_of(uid), "UID": uid, "process_name": pname, "process_label": plabel,
-                         "thread_name": tname, "Input Dims": args.get("Input Dims"),
-                         "Input type": args.get("Input type"), "Input Strides": args.get("Input Strides"),
-                         "Concrete Inputs": args.get("Concrete Inputs"), "st": st, "busy": busy,
-                         "kernels": kernels, "num_kernels": len(kernels)})
+            rows.append(_PerfRow(uid, self.trace.name_of(uid), self.names(uid), self.trace.args_of(uid) or {}, st, busy,
+                                 kernels))
         return rows
 
     @staticmethod
@@ -832,7 +894,7 @@ class _Report:
             out[id(st)] = tuple(cells)
         return list(keys), out
 
-    def summarize_perf(self, rows: list[dict], group_by_num_kernels: bool) -> Table | None:
+    def summarize_perf(self, rows: list[_PerfRow], group_by_num_kernels: bool) -> Table | None:
         if not rows:
             return None
         uniq: dict[int, pm.StaticMetrics] = {}
@@ -975,7 +1037,6 @@ class _Report:
     def unified_events(self, include_nccl: bool) -> list[int]:
         t, tree = self.trace, self.tree
         collected: list[int] = []
-        visited: set[int] = set()
         models = pm.MODELS
         has_gpu = tree.gpu_count
 
@@ -985,10 +1046,7 @@ class _Report:
         def is_leaf(u: int) -> bool:
             return any(t.cat_of(c) in RUNTIME_CATS and has_gpu(c) for c in tree.children_of(u))
 
-        def visit(u: int) -> None:
-            if u in visited:
-                return
-            visited.add(u)
+        def visit(u: int) -> None:  # a tree: each node is reached once, from its parent
             cat = t.cat_of(u)
             if cat == "python_function":
                 for c in tree.children_of(u):
@@ -1019,7 +1077,7 @@ class _Report:
                 visit(root)
         return collected
 
-    def unified_rows(self, include_nccl: bool) -> list[dict]:
+    def unified_rows(self, include_nccl: bool) -> list[_UnifiedRow]:
         """One row per unified event: its model result ``st`` (StaticMetrics; None without a model;
         the exception when the model failed) and kernel time ``busy`` (NaN when it failed)."""
         t, tree = self.trace, self.tree
@@ -1040,14 +1098,9 @@ class _Report:
             else:
                 busy = self.busy(kernels) if kernels else NAN
             argv, args_s = self.arg_tuples(uid)
-            pname, plabel, tname = self.names(uid)
-            cat = self.category(uid)
             kds = [g for g in kernels if gpu_kind[t.kind[g]]]
-            rows.append({"name": name, "op category": cat, "UID": uid, "process_name": pname,
-                         "process_label": plabel, "thread_name": tname, "duration_us": t.dur_of(uid),
-                         "has_perf_model": own or fwd is not None, "argv": argv,
-                         "_key": (name, cat, pname, plabel, tname, *args_s),
-                         "kernels": kds if kds else None, "st": st, "busy": busy})
+            rows.append(_UnifiedRow(uid, name, self.category(uid), self.names(uid), t.dur_of(uid), own or fwd is not None,
+                                    argv, args_s, kds if kds else None, st, busy))
         # GPU work launched outside every cpu_op (a bare runtime call, e.g. a CUDA-graph replay)
         # becomes "<runtime>-><kernel> (Synthetic Op)" rows (tracelens-reference §1.4).
         parent = tree.parent
@@ -1061,16 +1114,12 @@ class _Report:
             if p >= 0:
                 continue
             name = f"{t.name_of(rt)}->{t.name_of(g)} (Synthetic Op)"
-            cat = pm.categorize(name, t.name_of(g))
-            pname, plabel, tname = self.names(rt)
-            rows.append({"name": name, "op category": cat, "UID": g, "process_name": pname,
-                         "process_label": plabel, "thread_name": tname, "duration_us": t.dur_of(rt),
-                         "has_perf_model": False, "argv": (None, None, None, None),
-                         "_key": (name, cat, pname, plabel, tname, "None", "None", "None", "None"),
-                         "kernels": [g], "st": None, "busy": self.busy([g])})
+            rows.append(_UnifiedRow(g, name, pm.categorize(name, t.name_of(g)), self.names(rt), t.dur_of(rt), False,
+                                    (None, None, None, None), ("None", "None", "None", "None"), [g], None,
+                                    self.busy([g])))
         return rows
 
-    def unified_summary(self, rows: list[dict]) -> Table | None:
+    def unified_summary(self, rows: list[_UnifiedRow]) -> Table | None:
         if not rows:
             return None
         head = ["name", "op category", "process_name", "process_label", "thread_name"]
@@ -1364,6 +1413,7 @@ def _pytorch_report(tree: EventTree, arch: dict | None, inference: bool, enable_
             tables["ops_summary_by_category"] = rep.ops_by_category(kl)
             tables["ops_summary"] = rep.ops_summary(kl)
             tables["ops_unique_args"] = rep.ops_unique_args(kl, group_by_num_kernels)
+        del kl  # the largest rows of the report: gone before the unified rows are made
         unified = rep.unified_summary(rep.unified_rows(include_nccl=False))
         if unified is not None and unified.rows:
             tables["unified_perf_summary"] = unified
