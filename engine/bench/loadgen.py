@@ -153,6 +153,9 @@ class LoadGenerator:
         self.config = config
         self.requests = list(requests)
         self.on_progress = on_progress
+        # Called (in a thread) after the warm-up requests and before the measured ones: a profiler
+        # started here records the measured load, not the warm-up.
+        self.before_measure: Callable[[], Any] | None = None
         self._cancelled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -200,6 +203,8 @@ class LoadGenerator:
                 warm = await self._gather(jobs)
             if self._cancelled:
                 return LoadResult(outputs=[], warmup_outputs=warm, cancelled=True)
+            if self.before_measure is not None:
+                await asyncio.to_thread(self.before_measure)
             offsets = arrival_offsets(len(self.requests), cfg.request_rate, cfg.burstiness, cfg.seed)
             tasks: list[asyncio.Task[RequestOutput]] = []
             t0 = time.perf_counter()

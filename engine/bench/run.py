@@ -139,7 +139,8 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                 # The profiler covers every repeat of the first point, so all of them run under the
                 # same conditions (a profiled run is diagnostic: its numbers are not a baseline).
                 if profiled and rep == 0 and not sweep_results:
-                    _post(base_url + "/start_profile", 60, _profile_body(cfg))
+                    # After the warm-up: the trace's bounded step window holds the measured load.
+                    lg.before_measure = lambda: _post(base_url + "/start_profile", 60, _profile_body(cfg))
                 result_obj = _run(lg)
                 if profiled and rep == cfg.client.repeats - 1 and not sweep_results:
                     log("stopping the profiler (the server flushes its traces)...")
@@ -151,6 +152,12 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                 result = result_obj.metrics(goodput_slos=cfg.client.goodput or None).to_result()
                 errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
                 result["errors"] = errors[:10]
+                if cancel.cancelled and runs:
+                    # A repeat cut short is not a sample of the same workload: keep it out of the
+                    # statistics (the first repeat stays, marked, so a cancelled run still reports).
+                    log(f"repeat {rep + 1} cut short by the cancel: left out of the repeat statistics")
+                    break
+                result["cut_short"] = bool(cancel.cancelled)
                 # Per-request lists (vLLM's --save-detailed fields), for latency distributions.
                 ws.write_json(f"requests/point{len(sweep_results)}_repeat{rep}.json",
                               detailed_lists(result_obj.outputs))
@@ -182,6 +189,8 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         if server is not None:
             ws.events.emit("stage", stage="server", state="stopping")
             server.stop()
+    if cancel.cancelled:
+        state = "cancelled"  # also when the cancel interrupted the server's start
     if profiled and trace_dir is not None and state == "completed":
         _analyse_traces(cfg, ws, trace_dir, report, log)
     report["state"] = state

@@ -38,6 +38,17 @@ def format_elapsed(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def progress_cell(info: RunInfo) -> str:
+    """Live progress while running; afterwards what the run ended with."""
+    if not info.is_finished:
+        return info.progress_text or "-"
+    if info.error:
+        return info.error
+    if info.done is not None and info.total:
+        return f"{info.done}/{info.total} · exit {info.exit_code}"
+    return f"exit {info.exit_code}" if info.exit_code is not None else "-"
+
+
 def format_started(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S") if ts else "-"
 
@@ -71,8 +82,7 @@ class RunsScreen(Screen):
 
     def _row(self, info: RunInfo, now: float) -> list:
         style = theme_style(self.app, STATE_VARIABLES.get(info.state, "muted"), bold=info.state == "running")
-        return [Text(info.state, style=style), info.mode, info.label,
-                info.progress_text or "-", format_elapsed(info.elapsed(now)), format_started(info.started),
+        return [Text(info.state, style=style), info.mode, info.label, progress_cell(info), format_elapsed(info.elapsed(now)), format_started(info.started),
                 info.name]
 
     def _fill(self, runs: list[RunInfo], force: bool = False) -> None:

@@ -175,3 +175,14 @@ def test_cancel_from_another_thread():
     assert res.cancelled
     assert res.outputs and all(not o.success for o in res.outputs)
     assert {o.error for o in res.outputs} <= {"cancelled", "cancelled before sending"}
+
+
+def test_before_measure_runs_after_the_warmup_and_before_the_measured_requests():
+    seen_at_hook: list[int] = []
+    with BenchServer(Script(tokens=2)) as srv:
+        lg = LoadGenerator(_cfg(srv, num_warmups=3, max_concurrency=2), _reqs(4, out_len=2))
+        lg.before_measure = lambda: seen_at_hook.append(len(srv.stamps))
+        res = asyncio.run(lg.run())
+        total = len(srv.stamps)
+    assert seen_at_hook == [3]  # exactly the warm-up requests had been served
+    assert total == 7 and len(res.outputs) == 4 and len(res.warmup_outputs) == 3

@@ -16,6 +16,7 @@ from tui.conftest import build_app
 
 from engine.runs.workspace import Workspace
 from magpie_tui.screens.configs import ConfigsScreen
+from magpie_tui.screens.confirm import ConfirmScreen
 from magpie_tui.screens.diff import DiffScreen
 from magpie_tui.screens.help import HelpScreen
 from magpie_tui.screens.kernel import KernelScreen, candidate_kernels, kernels_of_op
@@ -188,6 +189,7 @@ async def test_cancel_a_real_run_from_the_runs_screen(app, project):
             table = app.screen.query_one("#runs-table")
             table.move_cursor(row=[str(k.value) for k in table.rows].index(str(run.path)))
             await pilot.press("c")
+            await wait_screen(pilot, app, ConfirmScreen, "#yes")
             await pilot.press("y")
             await wait_for(pilot, lambda: run.state == "cancelled", timeout=60)
         assert started.process.wait(timeout=30) == 130

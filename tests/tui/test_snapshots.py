@@ -1,0 +1,105 @@
+"""SVG snapshots of the main screens at 80x24 and 160x48 (pytest-textual-snapshot).
+
+Review changes with the HTML report pytest writes on a mismatch; accept them with
+``python -m pytest tests/tui/test_snapshots.py --snapshot-update``. The project is built at a
+fixed path and the time zone is pinned, so the pictures only change when the UI does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from tui.conftest import SNAPSHOT_ROOT, build_app, make_project
+
+SIZES = [(80, 24), (160, 48)]
+
+
+async def _settle(pilot, seconds: float = 0.3) -> None:
+    # Not workers.wait_for_complete(): the directory tree keeps a loader worker alive.
+    await pilot.pause(seconds)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+
+
+def _open_runs():
+    async def run_before(pilot):
+        await pilot.press("2")
+        await _settle(pilot)
+    return run_before
+
+
+def _open_report(prefix: str, then: tuple[str, ...] = ()):
+    async def run_before(pilot):
+        app = pilot.app
+        await pilot.press("2")
+        deadline = time.monotonic() + 10
+        while not app.runs and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        app.open_report(next(r for r in app.runs if r.name.startswith(prefix)))
+        await _settle(pilot)
+        if then:
+            await pilot.press(*then)
+            await _settle(pilot)
+    return run_before
+
+
+def _configs_with(relative: str):
+    async def run_before(pilot):
+        await _settle(pilot)
+        pilot.app.screen.select(pilot.app.settings.project_dir / relative)
+        await _settle(pilot)
+    return run_before
+
+
+@pytest.fixture
+def snapshot_app():
+    project = make_project(SNAPSHOT_ROOT)
+    return build_app(project)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_configs(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size,
+                        run_before=_configs_with("kernels/softmax_triton/compare.yaml"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_runs(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_runs())
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_compare_report(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("compare_"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_benchmark_report(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("benchmark_builtin-tiny_20261129_1927"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_roofline_table(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("trace_"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_roofline_plot(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("trace_", ("p",)))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_diff(snap_compare, snapshot_app, size):
+    async def run_before(pilot):
+        await _configs_with("kernels/softmax_triton/compare.yaml")(pilot)
+        await pilot.press("d")
+        await _settle(pilot, 0.5)
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+def test_light_theme_compare_report(snap_compare, snapshot_app):
+    async def run_before(pilot):
+        pilot.app.theme = "magpie-light"
+        await _open_report("compare_")(pilot)
+    assert snap_compare(snapshot_app, terminal_size=(120, 32), run_before=run_before)
