@@ -5,8 +5,9 @@ the largest gaps with what the host was doing, and whether the GPU waited on the
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from engine.trace.load import Trace
 from engine.trace.timeline import union_length
@@ -95,42 +96,49 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
     wanted = trace.kinds_where(lambda ph, cat: ph == "X" and _matches(cat, categories, ignore_categories))
     kind, ts, dur, names, name = trace.kind, trace.ts, trace.dur, trace.names, trace.name
     lo, hi = window.lo, window.hi
+
+    def counted() -> Iterator[int]:
+        for uid in range(len(kind)):
+            if wanted[kind[uid]]:
+                start, d = ts[uid], dur[uid]
+                if not (start + d < lo or start > hi or d < min_duration_us):
+                    yield uid
+
     out: dict[str, KernelAgg] = {}
-    counted_ext: list = []  # External id of each counted event (None: none)
-    for uid in range(len(kind)):
-        if not wanted[kind[uid]]:
-            continue
-        start, d = ts[uid], dur[uid]
-        if start + d < lo or start > hi or d < min_duration_us:
-            continue
+    exts: set = set()
+    for uid in counted():
         n = names[name[uid]]
         agg = out.get(n)
         if agg is None:
             agg = out[n] = KernelAgg(n)
         agg.durations.append(trace.dur_of(uid))
-        counted_ext.append((agg, trace.ext_of(uid)))
+        exts.add(trace.ext_of(uid))
+    exts.discard(None)
+    if not exts:
+        return out
     # Input shapes from the cpu_op with the same External id (the last such op, as a dict would
-    # keep), formatted once per id; only the ids of counted events are looked up.
-    exts = {ext for _, ext in counted_ext if ext is not None}
-    op_by_ext: dict = {}
-    if exts:
-        cpu_op = trace.kinds_where(lambda ph, cat: cat == "cpu_op")
-        for uid in range(len(kind)):
-            if cpu_op[kind[uid]]:
-                ext = trace.ext_of(uid)
-                if ext in exts:
-                    op_by_ext[ext] = uid
-    shape_cache: dict = {}
-    for agg, ext in counted_ext:
-        if ext is None:
+    # keep); only the ids of counted events are looked up, and each distinct args text is
+    # formatted once.
+    cpu_op = trace.kinds_where(lambda ph, cat: cat == "cpu_op")
+    args_by_ext: dict = {}  # External id -> the op's args (pool index)
+    for uid in range(len(kind)):
+        if cpu_op[kind[uid]]:
+            ext = trace.ext_of(uid)
+            if ext in exts:
+                args_by_ext[ext] = trace.args[uid]
+    del exts
+    shape_of_args: dict[int, str] = {}
+    for uid in counted():  # the same events again, in the same order
+        ext = trace.ext_of(uid)
+        pooled = args_by_ext.get(ext, -1) if ext is not None else -1
+        if pooled < 0:
             continue
-        text = shape_cache.get(ext)
+        text = shape_of_args.get(pooled)
         if text is None:
-            op = op_by_ext.get(ext)
-            args = trace.args_of(op) if op is not None else None  # decoded here, only for ops that launched kernels
-            text = shape_cache[ext] = _shape_text(args.get("Input Dims") if args else None)
+            args = trace.pooled_args(pooled)  # decoded here, only for ops that launched kernels
+            text = shape_of_args[pooled] = _shape_text(args.get("Input Dims") if args else None)
         if text:
-            agg.shapes[text] = None
+            out[names[name[uid]]].shapes[text] = None
     return out
 
 
@@ -186,9 +194,46 @@ class IdleGap:
         return self.end - self.start
 
 
-def _gap_list(trace: Trace, uids: Sequence[int]) -> list[tuple[int, int, float, float]]:
-    """(event before, event after, gap start, gap end) between busy periods of the given events
-    (uids); the gap's ends as the JSON wrote them."""
+class IdleGaps(Sequence):
+    """The device gaps of ``idle_analysis`` (its ``"gaps"``), in columns: a trace has about one
+    gap per kernel, and an object per gap cost ~250 bytes. ``gaps[i]`` is an ``IdleGap`` made on
+    access; its start and end are the JSON's values (the end of ``before``, the start of ``after``)."""
+
+    def __init__(self, tree: EventTree) -> None:
+        self.tree = tree
+        self.labels: list[str] = []  # per device
+        self.device = array("I")  # index into labels
+        self.before = array("i")  # uids
+        self.after = array("i")
+        self.start = array("d")
+        self.end = array("d")
+        self.host_bound = bytearray()
+        self.launch = array("i")  # uid of the launch of `after` (-1: none)
+        self.cpu_ops = array("i")  # index into op_lists
+        self.op_lists: list[tuple[str, ...]] = []  # distinct cpu_ops lists
+
+    def __len__(self) -> int:
+        return len(self.before)
+
+    def duration(self, i: int) -> float:
+        return self.end[i] - self.start[i]
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        t = self.tree.trace
+        start, end = t.end_of(self.before[i]), t.ts_of(self.after[i])
+        host_bound = bool(self.host_bound[i])
+        return IdleGap(self.labels[self.device[i]], start, end, t.name_of(self.before[i]), t.name_of(self.after[i]),
+                       host_bound, (t.ts_of(self.launch[i]) - start) if host_bound else None,
+                       list(self.op_lists[self.cpu_ops[i]]))
+
+
+def _gap_list(trace: Trace, uids: Sequence[int]) -> list[tuple[int, int]]:
+    """(event before, event after) around each gap between busy periods of the given events (uids):
+    the gap runs from the end of the one to the start of the other."""
     ts, dur = trace.ts, trace.dur
     gaps = []
     cur_end = None
@@ -197,7 +242,7 @@ def _gap_list(trace: Trace, uids: Sequence[int]) -> list[tuple[int, int, float, 
         start = ts[uid]
         end = start + dur[uid]
         if cur_end is not None and start > cur_end:
-            gaps.append((last, uid, trace.end_of(last), trace.ts_of(uid)))
+            gaps.append((last, uid))
         if cur_end is None or end > cur_end:
             cur_end, last = end, uid
     return gaps
@@ -219,27 +264,32 @@ def _intervals(trace: Trace, uids: Iterable[int]) -> list[tuple[float, float]]:
     return [(ts[u], ts[u] + dur[u]) for u in uids]
 
 
-def _host_activity(tree: EventTree, gaps: list[tuple[float, float]], limit: int = 5) -> list[list[str]]:
-    """For each (lo, hi) gap, the names of top-level CPU ops overlapping it, in start order.
-    One sweep: gaps and roots sorted by start, a heap of started roots keyed by their end."""
+def _host_activity(tree: EventTree, gaps: IdleGaps, limit: int = 5) -> None:
+    """For each gap, the names of top-level CPU ops overlapping it, in start order, into
+    ``gaps.cpu_ops``. One sweep: gaps and roots sorted by start, a heap of started roots keyed
+    by their end."""
     import heapq
     trace = tree.trace
     ts, dur = trace.ts, trace.dur
     roots = sorted(tree.roots, key=ts.__getitem__)
-    order = sorted(range(len(gaps)), key=lambda i: gaps[i][0])
-    out: list[list[str]] = [[] for _ in gaps]
+    interned: dict[tuple[str, ...], int] = {}
+    gaps.cpu_ops = array("i", [0]) * len(gaps)
     active: list[tuple[float, float, int, str]] = []  # (end, start, uid, name)
     i = 0
-    for gi in order:
-        lo, hi = gaps[gi]
+    for gi in sorted(range(len(gaps)), key=gaps.start.__getitem__):
+        lo, hi = gaps.start[gi], gaps.end[gi]
         while i < len(roots) and ts[roots[i]] < hi:
             r = roots[i]
             heapq.heappush(active, (ts[r] + dur[r], ts[r], r, trace.name_of(r)))
             i += 1
         while active and active[0][0] <= lo:  # ended before this gap, so before every later one
             heapq.heappop(active)
-        out[gi] = [name for _, _, _, name in sorted(active, key=lambda a: a[1])[:limit]]
-    return out
+        names = tuple(name for _, _, _, name in sorted(active, key=lambda a: a[1])[:limit])
+        k = interned.get(names)
+        if k is None:
+            k = interned[names] = len(gaps.op_lists)
+            gaps.op_lists.append(names)
+        gaps.cpu_ops[gi] = k
 
 
 def idle_analysis(tree: EventTree, window: Window, *, top_n: int = 20, min_gap_us: float = 0.0) -> dict:
@@ -259,32 +309,51 @@ def idle_analysis(tree: EventTree, window: Window, *, top_n: int = 20, min_gap_u
     for (pid, tid), uids in sorted(by_stream.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
         busy = union_length(_intervals(trace, uids))
         span = _first_max_end(trace, uids) - _first_min_start(trace, uids)
-        gaps = [g for g in _gap_list(trace, uids) if g[3] - g[2] >= min_gap_us]
+        pairs = _gap_list(trace, uids)
+        lengths = [ts[after] - (ts[before] + dur[before]) for before, after in pairs]
+        kept = [i for i, length in enumerate(lengths) if length >= min_gap_us]
+        largest = 0.0
+        if kept:  # the first longest gap, its length with the JSON's types
+            before, after = pairs[max(kept, key=lengths.__getitem__)]
+            largest = trace.ts_of(after) - trace.end_of(before)
         streams.append({"device": pid, "stream": tid, "events": len(uids), "span_us": span, "busy_us": busy,
                         "idle_us": span - busy, "idle_pct": (span - busy) / span * 100.0 if span else 0.0,
-                        "gaps": len(gaps), "largest_gap_us": max((g[3] - g[2] for g in gaps), default=0.0)})
+                        "gaps": len(kept), "largest_gap_us": largest})
+        del pairs, lengths, kept
+    del by_stream
     runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
-    device_gaps: list[IdleGap] = []
+    gaps = IdleGaps(tree)
     for pid, uids in by_device.items():
-        for before, after, s, e in _gap_list(trace, uids):
+        device = len(gaps.labels)
+        gaps.labels.append(f"device {pid} (all streams)")
+        for before, after in _gap_list(trace, uids):
+            s, e = ts[before] + dur[before], ts[after]
             if e - s < min_gap_us:
                 continue
             launch = tree.parent[after]  # the runtime call that launched `after`, if any
-            host_bound = launch >= 0 and runtime[trace.kind[launch]] and trace.ts[launch] > s
-            device_gaps.append(IdleGap(f"device {pid} (all streams)", s, e, trace.name_of(before), trace.name_of(after),
-                                       bool(host_bound), (trace.ts_of(launch) - s) if host_bound else None, []))
-    for gap, names in zip(device_gaps, _host_activity(tree, [(g.start, g.end) for g in device_gaps])):
-        gap.cpu_ops = names
-    total_idle = math.fsum(g.duration for g in device_gaps)
-    host_idle = math.fsum(g.duration for g in device_gaps if g.host_bound)
-    largest = sorted(device_gaps, key=lambda g: -g.duration)[:top_n]
+            if launch >= 0 and not runtime[trace.kind[launch]]:
+                launch = -1
+            gaps.device.append(device)
+            gaps.before.append(before)
+            gaps.after.append(after)
+            gaps.start.append(s)
+            gaps.end.append(e)
+            gaps.launch.append(launch)
+            gaps.host_bound.append(launch >= 0 and ts[launch] > s)
+    del by_device
+    _host_activity(tree, gaps)
+    durations = [gaps.duration(i) for i in range(len(gaps))]
+    total_idle = math.fsum(durations)
+    host_idle = math.fsum(d for d, bound in zip(durations, gaps.host_bound) if bound)
+    largest = [gaps[i] for i in sorted(range(len(gaps)), key=lambda i: -durations[i])[:top_n]]
     return {"streams": streams, "largest_gaps": largest, "total_idle_us": total_idle,
             "host_bound_idle_us": host_idle,
             "host_bound_idle_pct": host_idle / total_idle * 100.0 if total_idle else 0.0,
-            "gaps": device_gaps}
+            "gaps": gaps}
 
 
-def step_launch_analysis(tree: EventTree, steps: Iterable[tuple[str, float, float]], gaps: list[IdleGap]) -> list[dict]:
+def step_launch_analysis(tree: EventTree, steps: Iterable[tuple[str, float, float]],
+                         gaps: Sequence[IdleGap]) -> list[dict]:
     """Per step (name, start, end): CPU dispatch time (union of launch calls), GPU busy time of the
     GPU work its launches issued, idle time inside the step's GPU span, and how much of that idle
     was the GPU waiting for a launch. ``launch_bound`` when the CPU dispatch time is at least the
@@ -296,8 +365,12 @@ def step_launch_analysis(tree: EventTree, steps: Iterable[tuple[str, float, floa
     kind = trace.kind
     runtime = sorted((u for u in tree.host_order if is_runtime[kind[u]]), key=ts.__getitem__)
     rt_starts = [ts[u] for u in runtime]
-    gaps_sorted = sorted(gaps, key=lambda g: g.start)
-    gap_starts = [g.start for g in gaps_sorted]
+    # (start, end, duration, host-bound) of each gap, by start
+    if isinstance(gaps, IdleGaps):
+        spans = sorted((gaps.start[i], gaps.end[i], gaps.duration(i), gaps.host_bound[i]) for i in range(len(gaps)))
+    else:
+        spans = sorted((g.start, g.end, g.duration, g.host_bound) for g in gaps)
+    gap_starts = [g[0] for g in spans]
     rows = []
     for name, s, e in steps:
         i, j = bisect.bisect_left(rt_starts, s), bisect.bisect_right(rt_starts, e)
@@ -313,8 +386,7 @@ def step_launch_analysis(tree: EventTree, steps: Iterable[tuple[str, float, floa
             busy = 0.0
         span = g_hi - g_lo
         k, m = bisect.bisect_left(gap_starts, g_lo), bisect.bisect_left(gap_starts, g_hi)
-        inside = [g for g in gaps_sorted[k:m] if g.end <= g_hi]
-        waited = math.fsum(g.duration for g in inside if g.host_bound)
+        waited = math.fsum(d for _, end, d, bound in spans[k:m] if end <= g_hi and bound)
         rows.append({"step": name, "start_us": s, "cpu_span_us": e - s, "launches": len(launches),
                      "cpu_dispatch_us": dispatch, "gpu_events": len(work), "gpu_span_us": span,
                      "gpu_busy_us": busy, "gpu_idle_us": span - busy, "gpu_waited_on_host_us": waited,

@@ -23,6 +23,7 @@ import gzip
 import json
 import re
 import sys
+import weakref
 from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Sequence
@@ -130,12 +131,22 @@ class Trace:
         self.args_pool: list[Any] = []  # per distinct args: the JSON text, or the dict (slow path)
         self._args_decoded: list[Any] = []  # the decoded dict of each pool entry, once asked for
         self.odd: dict[tuple[str, int], Any] = {}  # (column, uid) -> the exact value
-        self.tree: EventTree | None = None  # set by build_tree: parent/children of the views
+        # The latest tree built on this trace (build_tree sets it), which the views read parent /
+        # children / gpu_events from; held weakly, as the tree holds the trace: keep the tree.
+        self._tree: Callable[[], EventTree | None] = lambda: None
         self.process_names: dict[Any, str] = {}
         self.process_labels: dict[Any, str] = {}
         self.thread_names: dict[tuple, str] = {}
 
     # ---------------------------------------------------------------- per-event values
+
+    @property
+    def tree(self) -> EventTree | None:
+        return self._tree()
+
+    @tree.setter
+    def tree(self, tree: EventTree) -> None:
+        self._tree = weakref.ref(tree)
 
     @property
     def events(self) -> EventList:
@@ -507,15 +518,18 @@ def _add_window(app: _Appender, items: list) -> None:
         raw = bytes(r.args)
         corr = ext = None
         args = -1
-        if raw != b"null" and raw != b"{}" and raw[:1] == b"{":  # args that are not an object read as None
+        if raw[:1] == b"{" and raw != b"{}":  # args that are not an object read as None
             ids = decode_ids(raw)
             corr, ext = ids.corr, ids.ext
             if cat in keep_args or ph == "M":
                 # With its per-event ids zeroed, an op's args repeat every step: keep one shared copy.
                 # (Plain replaces of the known values: several times cheaper than a regex.)
-                for label, value in ((b'"External id": ', ext), (b'"correlation": ', corr), (b'"Ev Idx": ', ids.idx)):
-                    if type(value) is int:
-                        raw = raw.replace(label + b"%d" % value, label + b"0", 1)
+                if type(ext) is int:
+                    raw = raw.replace(b'"External id": %d' % ext, b'"External id": 0', 1)
+                if type(corr) is int:
+                    raw = raw.replace(b'"correlation": %d' % corr, b'"correlation": 0', 1)
+                if type(ids.idx) is int:
+                    raw = raw.replace(b'"Ev Idx": %d' % ids.idx, b'"Ev Idx": 0', 1)
                 args = args_index.get(raw, -1)
                 if args < 0:
                     args = app.pooled(raw, raw)
@@ -676,7 +690,13 @@ def _read_events(reader: _Reader, app: _Appender) -> None:
         if buf[pos] == "]":
             reader.pos = pos + 1
             return
-        if _FAST is not None and len(buf) - pos > _FAST_MIN and reader.offset + pos >= slow_until:
+        fast = _FAST is not None and reader.offset + pos >= slow_until
+        if fast and len(buf) - pos <= _FAST_MIN and not reader.eof:
+            # The window's tail: read on rather than try (and fail) to decode a cut event.
+            reader.pos = pos
+            reader.fill()
+            continue
+        if fast and len(buf) - pos > _FAST_MIN:
             j = _last_event_end(buf, pos)
             items = None
             for _ in range(2):  # a false boundary (inside a string) gets one earlier try

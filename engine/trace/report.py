@@ -26,6 +26,7 @@ import bisect
 import gc
 import math
 import re
+from array import array
 from typing import Any, Callable, Iterable, Sequence
 
 from engine.trace import perf_models as pm
@@ -418,9 +419,10 @@ class _UnifiedRow(_Record):
     """One row of the unified perf summary's input: an op (or a synthetic runtime->kernel op)."""
 
     __slots__ = ("uid", "name", "category", "names", "dur", "has_model", "argv", "args_s", "kernels", "st", "busy")
+    # kernels: the GPU event of a synthetic op; None for an op (see _Report.unified_kernels)
     COLUMNS = {"name": lambda r: r.name, "op category": lambda r: r.category, "UID": lambda r: r.uid,
                "duration_us": lambda r: r.dur, "has_perf_model": lambda r: r.has_model, "argv": lambda r: r.argv,
-               "_key": lambda r: (r.name, r.category, *r.names, *r.args_s), "kernels": lambda r: r.kernels,
+               "_key": lambda r: (r.name, r.category, *r.names, *r.args_s),
                "st": lambda r: r.st, "busy": lambda r: r.busy, **_names_columns()}
 
     def __init__(self, uid: int, name: str, category: str, names: tuple, dur: float, has_model: bool, argv: tuple,
@@ -428,6 +430,17 @@ class _UnifiedRow(_Record):
         self.uid, self.name, self.category, self.names, self.dur, self.has_model = \
             uid, name, category, names, dur, has_model
         self.argv, self.args_s, self.kernels, self.st, self.busy = argv, args_s, kernels, st, busy
+
+
+class _KernelRows:
+    """Every kernel (TraceLens's kernel sheets), in columns: its uid, its launch and the cpu_op
+    above it (-1: none), and that op's (Input Dims, Input type, Input Strides, Concrete Inputs)."""
+
+    def __init__(self) -> None:
+        self.kernel = array("i")
+        self.launcher = array("i")
+        self.cpu = array("i")
+        self.argv: list[tuple] = []  # shared tuples: the same shapes recur on every step
 
 
 # ---------------------------------------------------------------------------- the report
@@ -443,10 +456,12 @@ class _Report:
         self.inference = inference
         self.python_frames = python_frames  # TraceLens add_python_func (module grouping, call stacks)
         self.annotation: dict[int, str] = {}
-        self.first_kernel: dict[int, int] = {}  # kernel launcher uid -> its first kernel (for its category)
+        # uid of a kernel launcher -> its first kernel (for its category); -1 for other events
+        self.first_kernel = array("i", [-1]) * len(self.trace.kind)
         self.cat_cache: dict[tuple[int, int], str] = {}  # (name, first kernel's name) as name indices
         self._model_args: dict[int, tuple] = {}  # args pool index -> the args a model result depends on
         self._bwd_perf: dict[int, tuple[Any, list[int], float]] = {}  # forward op uid -> perf(uid, bwd=True)
+        self._gpu_kind: bytearray | None = None
         self.bwd_links: dict[int, list[int]] = {}  # fwd uid -> bwd autograd uids
         self.fwd_link: dict[int, int] = {}  # bwd autograd uid -> fwd uid
         self._tup_cache: dict[str, tuple[tuple, tuple]] = {}
@@ -502,7 +517,7 @@ class _Report:
 
     def category(self, uid: int) -> str:
         t = self.trace
-        k = self.first_kernel.get(uid, -1)
+        k = self.first_kernel[uid]
         key = (t.name[uid], t.name[k] if k >= 0 else -1)
         c = self.cat_cache.get(key)
         if c is None:
@@ -682,7 +697,8 @@ class _Report:
                 model = cls(pm.OpView(name, t.args_of(uid), [t.name_of(k) for k in kernels], annotation))
                 static = pm.StaticMetrics(model, self.arch, bwd)
             except Exception as exc:  # noqa: BLE001 - TraceLens keeps going on any model failure
-                static = exc
+                # Kept without its traceback, whose frames would keep the callers' locals alive.
+                static = exc.with_traceback(None)
             self._static_cache[skey] = static
         return static, kernels, busy
 
@@ -717,7 +733,8 @@ class _Report:
                 groups[owner] = [g]
             else:
                 lst.append(g)
-        self.first_kernel = {uid: ks[0] for uid, ks in groups.items()}
+        for uid, ks in groups.items():
+            self.first_kernel[uid] = ks[0]
         order = sorted(groups, key=t.ts.__getitem__)
         out = []
         for uid in order:
@@ -1046,42 +1063,36 @@ class _Report:
         def is_leaf(u: int) -> bool:
             return any(t.cat_of(c) in RUNTIME_CATS and has_gpu(c) for c in tree.children_of(u))
 
-        def visit(u: int) -> None:  # a tree: each node is reached once, from its parent
+        # Depth first, children in order (a stack instead of recursion: a nested function that
+        # calls itself is a reference cycle, and the cyclic GC is off during the report).
+        stack = [r for r in reversed(tree.roots) if has_gpu(r)]
+        while stack:
+            u = stack.pop()
             cat = t.cat_of(u)
             if cat == "python_function":
-                for c in tree.children_of(u):
-                    if has_gpu(c):
-                        visit(c)
-                return
+                stack.extend(c for c in reversed(tree.children_of(u)) if has_gpu(c))
+                continue
             if cat != "cpu_op" or not has_gpu(u):
-                return
+                continue
             if has_model(u) or self.sole_bwd(u) is not None:
                 collected.append(u)
-                return
+                continue
             if is_leaf(u):
                 inner = [c for c in tree.children_of(u) if t.cat_of(c) == "cpu_op" and has_model(c) and has_gpu(c)]
                 if inner:
-                    for c in inner:
-                        visit(c)
-                    return
+                    stack.extend(reversed(inner))
+                    continue
                 if not include_nccl and any(self.is_comm(t.name_of(g)) for g in tree.gpu_uids_of(u)):
-                    return
+                    continue
                 collected.append(u)
-                return
-            for c in tree.children_of(u):
-                if has_gpu(c):  # nothing to find in a subtree without GPU work
-                    visit(c)
-
-        for root in tree.roots:
-            if has_gpu(root):
-                visit(root)
+                continue
+            stack.extend(c for c in reversed(tree.children_of(u)) if has_gpu(c))  # nothing to find without GPU work
         return collected
 
     def unified_rows(self, include_nccl: bool) -> list[_UnifiedRow]:
         """One row per unified event: its model result ``st`` (StaticMetrics; None without a model;
         the exception when the model failed) and kernel time ``busy`` (NaN when it failed)."""
         t, tree = self.trace, self.tree
-        gpu_kind = t.kinds_where(lambda ph, cat: cat in GPU_CATS)
         rows = []
         for uid in self.unified_events(include_nccl):
             name = t.name_of(uid)
@@ -1098,9 +1109,8 @@ class _Report:
             else:
                 busy = self.busy(kernels) if kernels else NAN
             argv, args_s = self.arg_tuples(uid)
-            kds = [g for g in kernels if gpu_kind[t.kind[g]]]
             rows.append(_UnifiedRow(uid, name, self.category(uid), self.names(uid), t.dur_of(uid), own or fwd is not None,
-                                    argv, args_s, kds if kds else None, st, busy))
+                                    argv, args_s, None, st, busy))
         # GPU work launched outside every cpu_op (a bare runtime call, e.g. a CUDA-graph replay)
         # becomes "<runtime>-><kernel> (Synthetic Op)" rows (tracelens-reference §1.4).
         parent = tree.parent
@@ -1118,6 +1128,17 @@ class _Report:
                                     (None, None, None, None), ("None", "None", "None", "None"), [g], None,
                                     self.busy([g])))
         return rows
+
+    def unified_kernels(self, row: _UnifiedRow) -> list[int] | None:
+        """The kernel/memcpy/memset events of a unified row (None: none); an op's are read off the
+        tree when needed rather than kept on every row."""
+        if row.kernels is not None:
+            return row.kernels  # a synthetic op's one GPU event
+        t = self.trace
+        gpu_kind = t.kinds_where(lambda ph, cat: cat in GPU_CATS) if self._gpu_kind is None else self._gpu_kind
+        self._gpu_kind = gpu_kind
+        kds = [g for g in self.tree.gpu_uids_of(row.uid) if gpu_kind[t.kind[g]]]
+        return kds if kds else None
 
     def unified_summary(self, rows: list[_UnifiedRow]) -> Table | None:
         if not rows:
@@ -1174,7 +1195,7 @@ class _Report:
                 stats("Pct Roofline", AGG)
             if has_kt:
                 stats("Kernel Time (µs)", (*AGG, "sum"))
-            rec["kernel_details_summary"] = self.kernel_stats((r["kernels"] for r in rs), self.python_frames)
+            rec["kernel_details_summary"] = self.kernel_stats((self.unified_kernels(r) for r in rs), self.python_frames)
             rec["perf_params"] = pd_first((st.plain_params or None) if st else None for st in sts)
             rec["has_perf_model"] = first["has_perf_model"]
             recs.append(rec)
@@ -1208,12 +1229,11 @@ class _Report:
 
     # ------------------------------------------------------------------ kernel sheets
 
-    def kernel_rows(self) -> list[tuple]:
-        """One row per ``kernel`` event, linked or not (TraceLens ``get_df_kernels``): (kernel,
-        its launch, the cpu_op above it (uids, -1: none), Input Dims, Input Strides, Concrete Inputs)."""
+    def kernel_rows(self) -> _KernelRows:
+        """One row per ``kernel`` event, linked or not (TraceLens ``get_df_kernels``)."""
         t, parent = self.trace, self.tree.parent
         kernel = t.kinds_where(lambda ph, cat: cat == "kernel")
-        out = []
+        rows = _KernelRows()
         for k in self.tree.gpu_uids:  # every GPU event, in trace order
             if not kernel[t.kind[k]]:
                 continue
@@ -1221,16 +1241,18 @@ class _Report:
             cpu = launcher
             while cpu >= 0 and t.cat_of(cpu) != "cpu_op":
                 cpu = parent[cpu]
-            argv = self.arg_tuples(cpu)[0] if cpu >= 0 else (None, None, None, None)
-            out.append((k, launcher, cpu, argv[0], argv[2], argv[3]))
-        return out
+            rows.kernel.append(k)
+            rows.launcher.append(launcher)
+            rows.cpu.append(cpu)
+            rows.argv.append(self.arg_tuples(cpu)[0] if cpu >= 0 else (None, None, None, None))
+        return rows
 
-    def kernel_summary(self, krows: list[tuple], total_time_ms: float) -> Table | None:
-        if not krows:
+    def kernel_summary(self, krows: _KernelRows, total_time_ms: float) -> Table | None:
+        if not krows.kernel:
             return None
         t = self.trace
         keys = []
-        for k, launcher, cpu, *_ in krows:
+        for k, launcher, cpu in zip(krows.kernel, krows.launcher, krows.cpu):
             if cpu >= 0:
                 parent, cat = t.name_of(cpu), self.category(cpu)
             elif launcher >= 0:
@@ -1243,7 +1265,7 @@ class _Report:
         if any(k[3] is None for k in keys):  # an int column with a missing stream is float64 in pandas
             keys = [k[:3] + (float(k[3]) if isinstance(k[3], int) else k[3],) for k in keys]
         order, groups, mono = group_rows(keys, sort=True)  # dropna=False: NaN keys sort last
-        durs = [t.dur_of(r[0]) for r in krows]
+        durs = [t.dur_of(k) for k in krows.kernel]
         fast = _fast(mono, durs)
         total_k = np_sum(durs)
         total_us = total_time_ms * 1e3
@@ -1260,22 +1282,23 @@ class _Report:
                 "Kernel duration (µs)_max", "Percent of kernels time (%)", "Percent of total time (%)"]
         return Table(cols, recs)
 
-    def short_kernels(self, krows: list[tuple], total_time_ms: float, threshold: float, bins: int,
+    def short_kernels(self, krows: _KernelRows, total_time_ms: float, threshold: float, bins: int,
                       gpu_only: bool) -> tuple[Table | None, Table | None]:
         t = self.trace
-        short = [r for r in krows if t.dur[r[0]] < threshold]
+        short = [i for i, k in enumerate(krows.kernel) if t.dur[k] < threshold]
         if not short:
             return None, None
-        durs = [t.dur_of(r[0]) for r in short]
+        durs = [t.dur_of(krows.kernel[i]) for i in short]
         counts, edges = histogram(durs, bins)
         hist = Table(["bin_start", "bin_end", "count"],
                      [[edges[i], edges[i + 1], counts[i]] for i in range(len(counts))])
         gcols = ["Kernel name"] if gpu_only else ["Parent cpu_op", "Input dims", "Input strides", "Concrete Inputs",
                                                   "Kernel name"]
         keys = []
-        for k, _, cpu, dims, strides, concrete in short:
+        for i in short:
+            cpu, (dims, _, strides, concrete) = krows.cpu[i], krows.argv[i]
             vals = {"Parent cpu_op": t.name_of(cpu) if cpu >= 0 else None, "Input dims": dims,
-                    "Input strides": strides, "Concrete Inputs": concrete, "Kernel name": t.name_of(k)}
+                    "Input strides": strides, "Concrete Inputs": concrete, "Kernel name": t.name_of(krows.kernel[i])}
             key = tuple(vals[c] for c in gcols)
             # groupby(dropna=True): a kernel without a parent op or its args is left out
             keys.append(_DROP if any(v is None for v in key) else key)
@@ -1407,8 +1430,8 @@ def _pytorch_report(tree: EventTree, arch: dict | None, inference: bool, enable_
         rep.attach_annotations(ANNOTATED_OPS_INFERENCE if inference else ANNOTATED_OPS_PYTORCH)
         if not inference:
             rep.link_fwd_bwd()
+        perf_tables = rep.roofline_sheets(group_by_num_kernels)  # before the launcher rows: one at a time
         kl = rep.kernel_launchers()
-        perf_tables = rep.roofline_sheets(group_by_num_kernels)
         if kl:
             tables["ops_summary_by_category"] = rep.ops_by_category(kl)
             tables["ops_summary"] = rep.ops_summary(kl)
@@ -1419,7 +1442,7 @@ def _pytorch_report(tree: EventTree, arch: dict | None, inference: bool, enable_
             tables["unified_perf_summary"] = unified
         tables.update(perf_tables)
 
-    krows = rep.kernel_rows() if (enable_kernel_summary or short_kernel_study) else []
+    krows = rep.kernel_rows() if (enable_kernel_summary or short_kernel_study) else _KernelRows()
     if enable_kernel_summary:
         ks = rep.kernel_summary(krows, total_time_ms)
         if ks is not None and ks.rows:

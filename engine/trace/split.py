@@ -176,41 +176,50 @@ def detect_steady_state(steps: Sequence[StepInfo], num_steps: int = 32, *, conc:
 # --------------------------------------------------------------------------- extraction
 
 class _Extractor:
-    """Indexes a trace once so that each step's slice is a binary search away."""
+    """Indexes a trace once so that each step's slice is a binary search away (events as uids)."""
 
     def __init__(self, trace: Trace) -> None:
-        self.flows: dict[Any, list[Event]] = {}
-        self.gpu: dict[Any, list[Event]] = {}
-        threads: dict[tuple[Any, Any], list[Event]] = {}
-        for e in trace.events:
-            if e.ph in ("s", "f"):
-                if e.flow_id is not None:
-                    self.flows.setdefault(e.flow_id, []).append(e)
-            elif e.cat in GPU_CATEGORIES:
-                if e.corr is not None:
-                    self.gpu.setdefault(e.corr, []).append(e)
-            elif e.ph == "X":
-                threads.setdefault((e.pid, e.tid), []).append(e)
-        self.threads: dict[tuple[Any, Any], tuple[list[Event], np.ndarray, np.ndarray, np.ndarray]] = {}
-        for key, evs in threads.items():
-            evs.sort(key=lambda ev: ev.ts)
-            ts = np.fromiter((ev.ts for ev in evs), np.float64, len(evs))
-            dur = np.fromiter((ev.dur for ev in evs), np.float64, len(evs))
-            uid = np.fromiter((ev.uid for ev in evs), np.int64, len(evs))
-            self.threads[key] = (evs, ts, ts + dur, uid)
+        self.trace = trace
+        self.flows: dict[Any, list[int]] = {}
+        self.gpu: dict[Any, list[int]] = {}
+        threads: dict[tuple[Any, Any], list[int]] = {}
+        FLOW, GPU, HOST = 1, 2, 3
+        role = bytearray(FLOW if ph in ("s", "f") else GPU if cat in GPU_CATEGORIES else HOST if ph == "X" else 0
+                         for ph, cat in trace.kinds)
+        kind, pid, tid, ids = trace.kind, trace.pid, trace.tid, trace.ids
+        for uid in range(len(kind)):
+            r = role[kind[uid]]
+            if r == FLOW:
+                flow_id = trace.flow_of(uid)
+                if flow_id is not None:
+                    self.flows.setdefault(flow_id, []).append(uid)
+            elif r == GPU:
+                corr = trace.corr_of(uid)
+                if corr is not None:
+                    self.gpu.setdefault(corr, []).append(uid)
+            elif r == HOST:
+                threads.setdefault((ids[pid[uid]], ids[tid[uid]]), []).append(uid)
+        all_ts = np.frombuffer(trace.ts, dtype=np.float64)
+        all_dur = np.frombuffer(trace.dur, dtype=np.float64)
+        # per thread: (uids by start, their starts, their ends)
+        self.threads: dict[tuple[Any, Any], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for key, uids in threads.items():
+            uids.sort(key=trace.ts.__getitem__)
+            uid = np.array(uids, dtype=np.int64)
+            ts = all_ts[uid]
+            self.threads[key] = (uid, ts, ts + all_dur[uid])
 
-    def slice(self, step: StepInfo) -> tuple[list[Event], list[Event]]:
-        """(all events of the step's slice in write order, its GPU events)."""
+    def slice(self, step: StepInfo) -> tuple[list[int], list[int]]:
+        """(all events of the step's slice in write order, its GPU events), as uids."""
         group = self.threads.get((step.pid, step.tid))
         if group is None:
             return [], []
-        evs, ts, end, uid = group
+        uid, ts, end = group
         t_end = step.ts + step.dur
         lo, hi = np.searchsorted(ts, step.ts, "left"), np.searchsorted(ts, t_end, "right")
         sel = lo + np.flatnonzero(end[lo:hi] <= t_end)
-        sel = sel[np.argsort(uid[sel], kind="stable")]  # trace order, as TraceLens writes them
-        cpu = [evs[i] for i in sel]
-        corrs = dict.fromkeys(e.corr for e in cpu if e.corr is not None)
+        cpu = np.sort(uid[sel], kind="stable").tolist()  # trace order, as TraceLens writes them
+        corrs = dict.fromkeys(c for c in map(self.trace.corr_of, cpu) if c is not None)
         flows = [f for c in corrs for f in self.flows.get(c, ())]
         gpu = [g for c in corrs for g in self.gpu.get(c, ())]
         return cpu + flows + gpu, gpu
@@ -316,7 +325,8 @@ class _SliceWriter:
         self.details: list[dict[str, Any]] = []
 
     def write(self, idx: int, file_name: str, first: int, last: int) -> None:
-        events: list[Event] = []
+        t = self.trace
+        events: list[int] = []
         n_gpu = 0
         gpu_duration: float = 0  # stay int 0 without GPU events, as in TraceLens's JSON
         gpu_busy: float = 0
@@ -326,9 +336,11 @@ class _SliceWriter:
             if gpu:
                 n_gpu += len(gpu)
                 for g in gpu:
-                    gpu_busy += g.dur  # a plain sum: overlaps and communication count in full
-                gpu_duration += max(g.ts + g.dur for g in gpu) - min(g.ts for g in gpu)
-        payload = json.dumps({**self.trace.metadata, "traceEvents": [e.to_json() for e in events]},
+                    gpu_busy += t.dur_of(g)  # a plain sum: overlaps and communication count in full
+                # max(end) - min(start) over the JSON's values (the first of equal ones, with its type)
+                gpu_duration += (t.end_of(max(gpu, key=lambda g: t.ts[g] + t.dur[g]))
+                                 - t.ts_of(min(gpu, key=t.ts.__getitem__)))
+        payload = json.dumps({**t.metadata, "traceEvents": [Event(t, u).to_json() for u in events]},
                              separators=(",", ":"), check_circular=False).encode()
         path = self.out / file_name
         # zlib and the file write release the GIL: compress on a worker while the next slice is encoded.

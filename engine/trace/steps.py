@@ -140,11 +140,11 @@ def find_steps(trace: Trace) -> list[StepInfo]:
     """The trace's step annotations, sorted by start time. As in TraceLens, detailed annotations
     win: when any step carries the c_*/g_* aggregates, steps without them are not roots."""
     steps: list[StepInfo] = []
-    for e in trace.events:
-        if e.cat == "user_annotation" and e.ph == "X":
-            info = parse_step_annotation(e.name)
-            if info is not None:
-                steps.append(dataclasses.replace(info, ts=e.ts, dur=e.dur, pid=e.pid, tid=e.tid, uid=e.uid))
+    for uid in trace.uids_where(lambda ph, cat: cat == "user_annotation" and ph == "X"):
+        info = parse_step_annotation(trace.name_of(uid))
+        if info is not None:
+            steps.append(dataclasses.replace(info, ts=trace.ts_of(uid), dur=trace.dur_of(uid), pid=trace.pid_of(uid),
+                                             tid=trace.tid_of(uid), uid=uid))
     if any(s.detailed for s in steps):
         steps = [s for s in steps if s.detailed]
     steps.sort(key=lambda s: s.ts)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from array import array
 from itertools import repeat
 from operator import add, mul
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from engine.trace.load import Event, Trace
 
@@ -180,8 +180,10 @@ def _link_key(trace: Trace) -> str:
 
 
 def build_tree(trace: Trace) -> EventTree:
+    """The trace's event tree. The trace refers to it (weakly) for its ``Event`` views' parent,
+    children and gpu_events: keep the returned tree while using those."""
     tree = EventTree(trace, _link_key(trace))
-    trace.tree = tree  # the Event views read parent / children / gpu_events from here
+    trace.tree = tree
     _host_stacks(trace, tree)
     _link_gpu(trace, tree)
     return tree
@@ -266,27 +268,40 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
     role = bytearray(FLOW_START if (ph, cat) == ("s", "ac2g") else FLOW_END if (ph, cat) == ("f", "ac2g")
                      else GPU if ph == "X" and cat in GPU_CATS else 0 for ph, cat in trace.kinds)
     by_corr = tree.link_key == "correlation"
-    starts: set = set()
-    ends: dict = {}  # flow id -> uid of the flow's end event
-    gpu_by_value: dict = {}  # link key value -> GPU uids, in uid order
+    # One dict for both ends of the flows: flow id -> 2 * (uid of its end event, -1 while none)
+    # + (1 once its start was seen). A second table would cost as much again.
+    flows: dict = {}
+    gpu_by_value: dict = {}  # link key value -> GPU uid, or a list of uids (uid order) when several
     for uid in range(len(kind)):
         r = role[kind[uid]]
         if not r:
             continue
         if r == FLOW_START:
-            starts.add(trace.flow_of(uid))
+            fid = trace.flow_of(uid)
+            flows[fid] = flows.get(fid, -2) | 1
         elif r == FLOW_END:
-            ends[trace.flow_of(uid)] = uid
+            fid = trace.flow_of(uid)
+            flows[fid] = 2 * uid + (flows.get(fid, -2) & 1)
         else:
             tree.gpu_uids.append(uid)
             value = trace.corr_of(uid) if by_corr else trace.ext_of(uid)
             if value is not None:
-                gpu_by_value.setdefault(value, []).append(uid)
+                seen = gpu_by_value.get(value)
+                if seen is None:
+                    gpu_by_value[value] = uid
+                elif type(seen) is int:
+                    gpu_by_value[value] = [seen, uid]
+                else:
+                    seen.append(uid)
+
+    def gpu_with(value: Any) -> list[int]:
+        seen = gpu_by_value.get(value, ())
+        return [seen] if type(seen) is int else list(seen)
 
     runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
     parent, pos, names, name = tree.parent, tree.pos, trace.names, trace.name
-    linked: list[int] = []
-    launch_pos: list[int] = []
+    linked = array("i")
+    launch_pos = array("i")
     for uid in tree.host_order:
         if not runtime[kind[uid]]:
             continue
@@ -294,15 +309,16 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
         if value is None:
             continue
         if names[name[uid]] in GRAPH_LAUNCHES:
-            children = gpu_by_value.get(value, [])
+            children = gpu_with(value)
         else:
-            f = ends.get(value)
-            if value not in starts or f is None:
-                continue
+            flow = flows.get(value, -2)
+            if flow < 0 or not flow & 1:
+                continue  # no end, or no start
+            f = flow >> 1
             # The GPU event with the flow end's (pid, tid, id); the last one if several.
             f_pid, f_tid = trace.pid_of(f), trace.tid_of(f)
             children = []
-            for g in reversed(gpu_by_value.get(trace.flow_of(f), ())):
+            for g in reversed(gpu_with(trace.flow_of(f))):
                 if trace.pid_of(g) == f_pid and trace.tid_of(g) == f_tid:
                     children = [g]
                     break
@@ -312,17 +328,18 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
             parent[g] = uid
             linked.append(g)
             launch_pos.append(pos[uid])
+    del flows, gpu_by_value
     # Counting sort by launch position (stable: link order within a launch).
     n_pos = len(tree.preorder)
-    start = [0] * (n_pos + 1)
+    start = array("i", [0]) * (n_pos + 1)
     for p in launch_pos:
         start[p + 1] += 1
     for i in range(n_pos):
         start[i + 1] += start[i]
-    tree.gpu_start = array("i", start)
-    slots = start[:-1]
-    out = [0] * len(linked)
+    tree.gpu_start = start
+    slot = start[:-1]  # next free index for each position
+    out = array("i", [0]) * len(linked)
     for g, p in zip(linked, launch_pos):
-        out[slots[p]] = g
-        slots[p] += 1
-    tree.linked = array("i", out)
+        out[slot[p]] = g
+        slot[p] += 1
+    tree.linked = out
