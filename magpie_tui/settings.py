@@ -44,8 +44,10 @@ class Settings:
 
     @property
     def launch_results_dir(self) -> Path:
-        """Where runs started from the workbench write their folders."""
-        return self.results_dirs[0] if self.results_dirs else self.project_dir / "results"
+        """Where runs started from the workbench write their folders: the first ``results`` folder
+        watched (recorded-run folders such as ``examples/runs`` are only read)."""
+        named = [d for d in self.results_dirs if d.name == "results"]
+        return named[0] if named else (self.results_dirs[0] if self.results_dirs else self.project_dir / "results")
 
     @property
     def user_theme_dir(self) -> Path:
@@ -101,12 +103,21 @@ def load_settings(project_dir: Path | str, results_dirs: list[Path] | None = Non
 
 
 def default_results_dirs(project: Path) -> list[Path]:
-    """``<project>/results`` plus any other ``results`` folder one or two levels down."""
+    """``<project>/results`` plus every folder one or two levels down that holds run folders
+    (``examples/runs`` holds the demo's recorded runs)."""
     found = [project / "results"]
-    for pattern in ("*/results", "*/*/results"):
-        for p in sorted(project.glob(pattern)):
-            if p.is_dir() and p not in found and ".git" not in p.parts:
-                found.append(p)
-    if project.name == "results" or any(project.glob("*/events.jsonl")):
+    if _holds_runs(project):
         found.insert(0, project)
+    for pattern in ("*", "*/*"):
+        for p in sorted(project.glob(pattern)):
+            if p.is_dir() and p not in found and not any(part.startswith(".") for part in p.parts[-2:]) \
+                    and (p.name == "results" or _holds_runs(p)):
+                found.append(p)
     return found
+
+
+def _holds_runs(folder: Path) -> bool:
+    try:
+        return any((child / "events.jsonl").is_file() for child in folder.iterdir() if child.is_dir())
+    except OSError:
+        return False

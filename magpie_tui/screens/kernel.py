@@ -17,6 +17,7 @@ from textual.widgets import Footer, Header, Static
 
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import check_config
+from magpie_tui.screens.reports import resolve_config_file
 from magpie_tui.screens.roofline import load_csv
 from magpie_tui.widgets.code_view import CodeView
 from magpie_tui.widgets.data_grid import Column, DataGrid
@@ -137,7 +138,7 @@ def latest_result(config: Path, kernel_id: str, runs: list[RunInfo]) -> dict[str
             continue
         try:
             cfg = yaml.safe_load((info.path / "config.yaml").read_text(encoding="utf-8")) or {}
-            if Path(str(cfg.get("config_file") or "")).resolve() != config.resolve():
+            if resolve_config_file(info.path, cfg.get("config_file")) != config.resolve():
                 continue
             report = json.loads(info.report_path.read_text(encoding="utf-8"))
         except (OSError, ValueError, yaml.YAMLError):

@@ -134,7 +134,16 @@ def _config_file_of(info: RunInfo) -> Path | None:
     except (OSError, yaml.YAMLError):
         return None
     path = cfg.get("config_file") if isinstance(cfg, dict) else None
-    return Path(path) if path and Path(path).exists() else None
+    return resolve_config_file(info.path, path)
+
+
+def resolve_config_file(run_dir: Path, recorded: str | None) -> Path | None:
+    """The kernel config a run used: absolute as runs record it, or relative to the run folder
+    (recorded demo runs that travel with their project)."""
+    if not recorded:
+        return None
+    path = (run_dir / recorded).resolve()
+    return path if path.exists() else None
 
 
 # -- benchmark -------------------------------------------------------------------------------

@@ -14,35 +14,17 @@ from magpie_tui.app import WorkbenchApp
 from magpie_tui.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
-RECORDED_RUNS = REPO / "tests" / "data" / "runs"
 # Snapshots show paths: build the project at a fixed place so the SVGs do not change per run.
 SNAPSHOT_ROOT = Path("/tmp/magpie-tui-tests")
 
 
-def copy_recorded_runs(results: Path) -> list[Path]:
-    """The recorded run folders, with their absolute paths pointed at ``results`` and this checkout."""
-    results.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for run in sorted(RECORDED_RUNS.iterdir()):
-        target = results / run.name
-        shutil.copytree(run, target)
-        for path in target.rglob("*"):
-            if path.is_file() and path.suffix in (".json", ".jsonl", ".yaml", ".txt", ".csv", ".log"):
-                text = path.read_text(encoding="utf-8")
-                # The project is a copy of examples/: runs of its configs point into the copy.
-                text = text.replace("@REPO@/examples", str(results.parent)).replace("@RESULTS@", str(results))
-                path.write_text(text.replace("@REPO@", str(REPO)), encoding="utf-8")
-        copied.append(target)
-    return copied
-
-
 def make_project(root: Path) -> Path:
-    """``examples/`` (kernels and benchmark configs) plus ``results/`` with the recorded runs."""
+    """A copy of ``examples/``: kernels, benchmark configs and the recorded runs in ``runs/``
+    (their paths are relative to their folders, so the copy is self-contained)."""
     if root.exists():
         shutil.rmtree(root)
     project = root / "project"
     shutil.copytree(REPO / "examples", project, ignore=shutil.ignore_patterns("__pycache__", "results"))
-    copy_recorded_runs(project / "results")
     return project
 
 
@@ -65,7 +47,7 @@ def project(tmp_path) -> Path:
 
 
 def build_app(project: Path, **kwargs) -> WorkbenchApp:
-    settings = load_settings(project, [project / "results"])
+    settings = load_settings(project, [project / "runs", project / "results"])
     kwargs.setdefault("watch_files", False)
     kwargs.setdefault("poll_interval", 0.1)
     return WorkbenchApp(settings, **kwargs)

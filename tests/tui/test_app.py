@@ -308,7 +308,7 @@ async def test_roofline_sort_filter_and_drill_down_to_the_kernel(app, project):
 
 def test_kernel_candidates_come_from_project_configs_with_their_latest_results(project, tmp_path):
     from engine.runs.catalog import RunCatalog
-    catalog = RunCatalog([project / "results"])
+    catalog = RunCatalog([project / "runs"])
     catalog.refresh()
     found = candidate_kernels(project, "aten::_softmax", ["triton_softmax_kernel_0d1d"], None, catalog.sorted_runs())
     by_id = {c["kernel"]: c for c in found}
@@ -317,13 +317,13 @@ def test_kernel_candidates_come_from_project_configs_with_their_latest_results(p
     assert by_id["one_pass"]["source"].name == "softmax_onepass.py"
     assert candidate_kernels(project, "aten::mm", ["nvjet_gemm"], None, []) == []
     # the op -> kernel mapping of the recorded trace analysis
-    trace = next(p for p in (project / "results").iterdir() if p.name.startswith("trace_"))
+    trace = next(p for p in (project / "runs").iterdir() if p.name.startswith("trace_"))
     assert kernels_of_op(trace, "decode_only", {"op_name": "aten::mm"}) == \
         ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize256x128x64_kernel"]
 
 
 def test_compare_rows_from_a_recorded_report(project):
-    report = json.loads(next((project / "results").glob("compare_*/compare_report.json")).read_text())
+    report = json.loads(next((project / "runs").glob("compare_*/compare_report.json")).read_text())
     rows = compare_rows(report)
     assert [r["rank"] for r in rows] == [1, 2, None]
     assert rows[2]["correct"] == "no" and "NaN" in rows[2]["why"]
