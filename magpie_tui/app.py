@@ -154,6 +154,12 @@ class WorkbenchApp(App):
         yield SystemCommand("Runs", "Every run under the results folders", lambda: self.switch_mode("runs"))
         yield SystemCommand("Help", "Key bindings and their ids", self.action_help)
         yield SystemCommand("Next theme", "Cycle the Magpie themes (saved)", self.action_cycle_theme)
+        # The actions of the screen in front, by their footer names.
+        for binding in getattr(screen, "BINDINGS", []):
+            if isinstance(binding, Binding) and binding.description and binding.id:
+                yield SystemCommand(binding.description, f"{binding.id} ({binding.key})",
+                                    lambda action=binding.action, target=screen: self.call_later(
+                                        target.run_action, action))
         for info in self.runs[:20]:
             yield SystemCommand(f"Open run {info.name}", f"{info.state} {info.mode} {info.label}",
                                 lambda info=info: self.open_run(info))

@@ -434,3 +434,14 @@ def test_sighup_ends_the_app_without_spinning(project, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_command_palette_offers_the_screens_actions(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"Configs", "Runs", "Help", "Open", "Report", "Cancel run"} <= set(titles)
+        assert any(t.startswith("Open run compare_three_pass") for t in titles)
+        report = next(c for c in app.get_system_commands(app.screen) if c.title == "Report")
+        report.callback()
+        await wait_screen(pilot, app, RooflineScreen)  # the newest run is the trace analysis
