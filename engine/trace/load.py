@@ -193,23 +193,17 @@ class Trace:
             return self.ts[uid] + self.dur[uid]
         return self.ts_of(uid) + self.dur_of(uid)
 
-    def _id(self, column: str, uid: int) -> Any:
-        v = getattr(self, column)[uid]
-        if v == NO_ID:
-            return None
-        return self.odd[(column, uid)] if v == ODD_ID else v
-
     def corr_of(self, uid: int) -> Any:
         v = self.corr[uid]
-        return v if v > ODD_ID else self._id("corr", uid)
+        return v if v > ODD_ID else None if v == NO_ID else self.odd[("corr", uid)]
 
     def ext_of(self, uid: int) -> Any:
         v = self.ext[uid]
-        return v if v > ODD_ID else self._id("ext", uid)
+        return v if v > ODD_ID else None if v == NO_ID else self.odd[("ext", uid)]
 
     def flow_of(self, uid: int) -> Any:
         v = self.flow[uid]
-        return v if v > ODD_ID else self._id("flow", uid)
+        return v if v > ODD_ID else None if v == NO_ID else self.odd[("flow", uid)]
 
     def args_of(self, uid: int) -> dict | None:
         """The event's args without correlation / External id and the per-event counters; one
@@ -227,6 +221,32 @@ class Trace:
             hit = self._args_decoded[i] = raw if type(raw) is dict else _decode_args(raw)
             self.args_pool[i] = None  # the text is not needed any more
         return hit
+
+    def event_json(self, uid: int) -> dict:
+        """The event as a Chrome-trace object again (for split traces that Perfetto can open)."""
+        ph, cat = self.kinds[self.kind[uid]]
+        ids = self.ids
+        out: dict = {"ph": ph, "name": self.names[self.name[uid]], "pid": ids[self.pid[uid]], "tid": ids[self.tid[uid]]}
+        if cat:
+            out["cat"] = cat
+        if ph != "M":
+            out["ts"] = self.ts_of(uid)
+        if ph == "X":
+            out["dur"] = self.dur_of(uid)
+        if ph == "s" or ph == "f":
+            out["id"] = self.flow_of(uid)
+            if ph == "f":
+                out["bp"] = "e"
+        ext, corr = self.ext_of(uid), self.corr_of(uid)
+        args = self.args_of(uid)
+        if args is not None or ext is not None or corr is not None:
+            ids_first: dict = {}
+            if ext is not None:
+                ids_first["External id"] = ext
+            if corr is not None:
+                ids_first["correlation"] = corr
+            out["args"] = {**ids_first, **(args or {})}
+        return out
 
     # ---------------------------------------------------------------- whole-trace helpers
 
@@ -357,24 +377,7 @@ class Event:
 
     def to_json(self) -> dict:
         """The event as a Chrome-trace object again (for split traces that Perfetto can open)."""
-        ph = self.ph
-        out: dict = {"ph": ph, "name": self.name, "pid": self.pid, "tid": self.tid}
-        cat = self.cat
-        if cat:
-            out["cat"] = cat
-        if ph != "M":
-            out["ts"] = self.ts
-        if ph == "X":
-            out["dur"] = self.dur
-        if ph in ("s", "f"):
-            out["id"] = self.flow_id
-            if ph == "f":
-                out["bp"] = "e"
-        ids = {k: v for k, v in (("External id", self.ext_id), ("correlation", self.corr)) if v is not None}
-        args = self.args
-        if args is not None or ids:
-            out["args"] = {**ids, **(args or {})}
-        return out
+        return self.trace.event_json(self.uid)
 
     def __repr__(self) -> str:
         return f"Event(uid={self.uid}, cat={self.cat!r}, name={self.name[:60]!r}, ts={self.ts}, dur={self.dur})"

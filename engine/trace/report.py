@@ -461,7 +461,7 @@ class _Report:
         self.cat_cache: dict[tuple[int, int], str] = {}  # (name, first kernel's name) as name indices
         self._model_args: dict[int, tuple] = {}  # args pool index -> the args a model result depends on
         self._bwd_perf: dict[int, tuple[Any, list[int], float]] = {}  # forward op uid -> perf(uid, bwd=True)
-        self._gpu_kind: bytearray | None = None
+        self._gpu_kind = self.trace.kinds_where(lambda ph, cat: cat in GPU_CATS)  # kernel, memcpy, memset
         self.bwd_links: dict[int, list[int]] = {}  # fwd uid -> bwd autograd uids
         self.fwd_link: dict[int, int] = {}  # bwd autograd uid -> fwd uid
         self._tup_cache: dict[str, tuple[tuple, tuple]] = {}
@@ -1134,10 +1134,8 @@ class _Report:
         tree when needed rather than kept on every row."""
         if row.kernels is not None:
             return row.kernels  # a synthetic op's one GPU event
-        t = self.trace
-        gpu_kind = t.kinds_where(lambda ph, cat: cat in GPU_CATS) if self._gpu_kind is None else self._gpu_kind
-        self._gpu_kind = gpu_kind
-        kds = [g for g in self.tree.gpu_uids_of(row.uid) if gpu_kind[t.kind[g]]]
+        kind, gpu_kind = self.trace.kind, self._gpu_kind
+        kds = [g for g in self.tree.gpu_uids_of(row.uid) if gpu_kind[kind[g]]]
         return kds if kds else None
 
     def unified_summary(self, rows: list[_UnifiedRow]) -> Table | None:

@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import csv
 import gc
-import gzip
 import json
 import math
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from engine.trace.load import Event, Trace
+from engine.trace.load import Trace
 from engine.trace.steps import StepInfo, find_steps
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
@@ -284,21 +283,19 @@ def split_trace(trace: Trace, out_dir: Path | str, *, num_steps: int = 32, conc:
     was_enabled = gc.isenabled()
     gc.disable()  # one short-lived JSON dict per event written: collector passes would only cost time
     try:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            writer = _SliceWriter(trace, steps, out, output_path_base, pool)
-            if store_single_iteration:
-                for i, s in enumerate(steps):
-                    name = f"{base}_annotation_iteration_{i}_{sanitise_annotation(s.name)}.json.gz"
-                    writer.write(i, name, i, i + 1)
-            windows = steady.windows if steady is not None else {}
-            for label in WINDOW_LABELS:
-                if label in windows:
-                    first, last = windows[label]
-                    p = _phase(steps[first:last])
-                    writer.write(0, f"{label}_prefill_{p['num_prefill']}_prefilldecode_{p['num_prefilldecode']}"
-                                    f"_decode_{p['num_decode']}_bs{p['avg_bs']}_conc{p['avg_conc']}_{base}.json.gz",
-                                 first, last)
-            writer.wait()
+        writer = _SliceWriter(trace, steps, out, output_path_base)
+        if store_single_iteration:
+            for i, s in enumerate(steps):
+                name = f"{base}_annotation_iteration_{i}_{sanitise_annotation(s.name)}.json.gz"
+                writer.write(i, name, i, i + 1)
+        windows = steady.windows if steady is not None else {}
+        for label in WINDOW_LABELS:
+            if label in windows:
+                first, last = windows[label]
+                p = _phase(steps[first:last])
+                writer.write(0, f"{label}_prefill_{p['num_prefill']}_prefilldecode_{p['num_prefilldecode']}"
+                                f"_decode_{p['num_decode']}_bs{p['avg_bs']}_conc{p['avg_conc']}_{base}.json.gz",
+                             first, last)
     finally:
         if was_enabled:
             gc.enable()
@@ -315,18 +312,15 @@ def split_trace(trace: Trace, out_dir: Path | str, *, num_steps: int = 32, conc:
 class _SliceWriter:
     """Writes the slice of one step or a window of steps and records its execution details."""
 
-    def __init__(self, trace: Trace, steps: Sequence[StepInfo], out: Path, output_path_base: Path | None,
-                 pool: ThreadPoolExecutor) -> None:
+    def __init__(self, trace: Trace, steps: Sequence[StepInfo], out: Path, output_path_base: Path | None) -> None:
         self.trace, self.steps, self.out, self.base = trace, steps, out, output_path_base
         self.index = _Extractor(trace)
-        self.pool = pool
-        self.pending: list[Future[None]] = []
         self.files: list[Path] = []
         self.details: list[dict[str, Any]] = []
 
     def write(self, idx: int, file_name: str, first: int, last: int) -> None:
         t = self.trace
-        events: list[int] = []
+        events: list[int] = []  # uids
         n_gpu = 0
         gpu_duration: float = 0  # stay int 0 without GPU events, as in TraceLens's JSON
         gpu_busy: float = 0
@@ -340,11 +334,8 @@ class _SliceWriter:
                 # max(end) - min(start) over the JSON's values (the first of equal ones, with its type)
                 gpu_duration += (t.end_of(max(gpu, key=lambda g: t.ts[g] + t.dur[g]))
                                  - t.ts_of(min(gpu, key=t.ts.__getitem__)))
-        payload = json.dumps({**t.metadata, "traceEvents": [Event(t, u).to_json() for u in events]},
-                             separators=(",", ":"), check_circular=False).encode()
         path = self.out / file_name
-        # zlib and the file write release the GIL: compress on a worker while the next slice is encoded.
-        self.pending.append(self.pool.submit(_write_gzip, path, payload))
+        self._write_json(path, events)
         self.files.append(path)
         chosen = self.steps[first:last]
         shown = os.path.relpath(path, self.base) if self.base is not None else str(path)
@@ -352,13 +343,25 @@ class _SliceWriter:
                              "num_gpu_events": n_gpu, "gpu_duration": gpu_duration, "gpu_busy_duration": gpu_busy,
                              "steps": [_step_detail(s) for s in chosen], "phase": _phase(chosen)})
 
-    def wait(self) -> None:
-        for f in self.pending:
-            f.result()  # re-raises a failed write
+    def _write_json(self, path: Path, events: list[int]) -> None:
+        """``{**metadata, "traceEvents": [...]}`` as compact JSON into a .json.gz, a batch of events
+        at a time: a window of 32 steps as one string (and its dicts) cost 100+ MB. The bytes are
+        those of gzip.compress(whole text, mtime=0): zlib's one gzip stream either way. (Compressing
+        on a worker thread was slower here, and its malloc arena cost 15 MB.)"""
+        dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+        head = dumps(self.trace.metadata)[:-1]  # '{"k":v' or '{'
+        event_json = self.trace.event_json
+        with open(path, "wb") as fh:
+            gz = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)  # wbits 31: with a gzip header
+            fh.write(gz.compress((head + (',"traceEvents":[' if self.trace.metadata else '"traceEvents":[')).encode()))
+            for i in range(0, len(events), _BATCH):
+                text = dumps([event_json(u) for u in events[i:i + _BATCH]])[1:-1]  # 'e1,e2,...'
+                fh.write(gz.compress(("," + text if i else text).encode()))
+            fh.write(gz.compress(b"]}"))
+            fh.write(gz.flush())
 
 
-def _write_gzip(path: Path, payload: bytes) -> None:
-    path.write_bytes(gzip.compress(payload, compresslevel=_GZIP_LEVEL, mtime=0))
+_BATCH = 2000  # events encoded per batch
 
 
 def _csv_row(detail: Mapping[str, Any]) -> dict[str, Any]:
