@@ -5,6 +5,8 @@ cudaLaunchKernel -> kernel with ac2g flows, GEMMs / norms / elementwise / attent
 recorded) is written to disk, then analysed in a FRESH process (so peak RSS is that run's):
 load + event tree + gap analysis + GPU idle analysis + GPU timeline + the pytorch-mode report
 with roofline (H200 arch). It prints events/s and peak RSS per size; cost should grow linearly.
+"base MB" is the process's RSS just before the load (Python, the modules: the same for every
+trace), so "peak - base" is what the analysis itself held at its peak.
 
     python benchmarks/trace_analysis.py                       # 10k .. 2M events
     python benchmarks/trace_analysis.py --sizes 10000 150000
@@ -105,6 +107,7 @@ def analyse(path: Path) -> dict:
     from engine.trace.tree import build_tree
     import gc
     times = {}
+    base_rss = _rss_mb()
     t = time.perf_counter()
     trace = load_trace(path)
     times["load"] = time.perf_counter() - t
@@ -124,10 +127,22 @@ def analyse(path: Path) -> dict:
     with tempfile.TemporaryDirectory() as d:
         write_csvs(tables, Path(d))
     times["pytorch report"] = time.perf_counter() - t
-    n_kernels = sum(1 for e in trace.events if e.cat == "kernel")
+    n_kernels = sum(1 for k in trace.kind if trace.kinds[k][1] == "kernel")
     _ = Workspace  # imported for parity with the CLI's import cost
     return {"events": len(trace.events), "kernels": n_kernels, "times": times,
-            "total_s": sum(times.values()), "peak_rss_mb": peak_rss_mb()}
+            "total_s": sum(times.values()), "peak_rss_mb": peak_rss_mb(), "base_rss_mb": base_rss}
+
+
+def _rss_mb() -> float:
+    """Current resident memory (VmRSS) in MiB; 0 where /proc is missing."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
 
 
 def _uncompressed_mb(path: Path) -> float:
@@ -167,11 +182,12 @@ def main() -> int:
         r.update(label=p.name, json_mb=_uncompressed_mb(p))
         results.append(r)
     print(f"\n{'trace':42} {'events':>9} {'kernels':>8} {'JSON MB':>8} {'total s':>8} {'events/s':>10} "
-          f"{'peak RSS MB':>11} {'RSS/JSON':>8}  breakdown (s)")
+          f"{'peak RSS MB':>11} {'RSS/JSON':>8} {'base MB':>8}  breakdown (s)")
     for r in results:
         br = ", ".join(f"{k} {v:.2f}" for k, v in r["times"].items())
         print(f"{r['label'][:42]:42} {r['events']:>9} {r['kernels']:>8} {r['json_mb']:>8.1f} {r['total_s']:>8.2f} "
-              f"{r['events'] / r['total_s']:>10.0f} {r['peak_rss_mb']:>11.0f} {r['peak_rss_mb'] / r['json_mb']:>8.2f}  {br}")
+              f"{r['events'] / r['total_s']:>10.0f} {r['peak_rss_mb']:>11.0f} {r['peak_rss_mb'] / r['json_mb']:>8.2f} "
+              f"{r['base_rss_mb']:>8.0f}  {br}")
     return 0
 
 

@@ -19,7 +19,7 @@ being lists on every node.
 from __future__ import annotations
 
 from array import array
-from itertools import repeat
+from itertools import accumulate, repeat
 from operator import add, mul
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -267,15 +267,13 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
     FLOW_START, FLOW_END, GPU = 1, 2, 3
     role = bytearray(FLOW_START if (ph, cat) == ("s", "ac2g") else FLOW_END if (ph, cat) == ("f", "ac2g")
                      else GPU if ph == "X" and cat in GPU_CATS else 0 for ph, cat in trace.kinds)
-    by_corr = tree.link_key == "correlation"
+    key_of = trace.corr_of if tree.link_key == "correlation" else trace.ext_of
     # One dict for both ends of the flows: flow id -> 2 * (uid of its end event, -1 while none)
     # + (1 once its start was seen). A second table would cost as much again.
     flows: dict = {}
     gpu_by_value: dict = {}  # link key value -> GPU uid, or a list of uids (uid order) when several
-    for uid in range(len(kind)):
+    for uid in [u for u in range(len(kind)) if role[kind[u]]]:
         r = role[kind[uid]]
-        if not r:
-            continue
         if r == FLOW_START:
             fid = trace.flow_of(uid)
             flows[fid] = flows.get(fid, -2) | 1
@@ -284,7 +282,7 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
             flows[fid] = 2 * uid + (flows.get(fid, -2) & 1)
         else:
             tree.gpu_uids.append(uid)
-            value = trace.corr_of(uid) if by_corr else trace.ext_of(uid)
+            value = key_of(uid)
             if value is not None:
                 seen = gpu_by_value.get(value)
                 if seen is None:
@@ -294,33 +292,30 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
                 else:
                     seen.append(uid)
 
-    def gpu_with(value: Any) -> list[int]:
-        seen = gpu_by_value.get(value, ())
-        return [seen] if type(seen) is int else list(seen)
-
     runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
-    parent, pos, names, name = tree.parent, tree.pos, trace.names, trace.name
-    linked = array("i")
-    launch_pos = array("i")
+    parent, pos, names, name, ids, pid, tid = tree.parent, tree.pos, trace.names, trace.name, trace.ids, trace.pid, trace.tid
+    linked: list[int] = []
+    launch_pos: list[int] = []
     for uid in tree.host_order:
         if not runtime[kind[uid]]:
             continue
-        value = trace.corr_of(uid) if by_corr else trace.ext_of(uid)
+        value = key_of(uid)
         if value is None:
             continue
         if names[name[uid]] in GRAPH_LAUNCHES:
-            children = gpu_with(value)
+            seen = gpu_by_value.get(value, ())
+            children = [seen] if type(seen) is int else seen
         else:
             flow = flows.get(value, -2)
             if flow < 0 or not flow & 1:
                 continue  # no end, or no start
             f = flow >> 1
             # The GPU event with the flow end's (pid, tid, id); the last one if several.
-            f_pid, f_tid = trace.pid_of(f), trace.tid_of(f)
-            children = []
-            for g in reversed(gpu_with(trace.flow_of(f))):
-                if trace.pid_of(g) == f_pid and trace.tid_of(g) == f_tid:
-                    children = [g]
+            seen = gpu_by_value.get(trace.flow_of(f), ())
+            children = ()
+            for g in ([seen] if type(seen) is int else reversed(seen)):
+                if ids[pid[g]] == ids[pid[f]] and ids[tid[g]] == ids[tid[f]]:
+                    children = (g,)
                     break
         for g in children:
             if parent[g] >= 0:
@@ -329,17 +324,10 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
             linked.append(g)
             launch_pos.append(pos[uid])
     del flows, gpu_by_value
-    # Counting sort by launch position (stable: link order within a launch).
-    n_pos = len(tree.preorder)
-    start = array("i", [0]) * (n_pos + 1)
+    # Linked events by launch position (a stable sort: link order within a launch), and where
+    # each position's run starts.
+    tree.linked = array("i", map(linked.__getitem__, sorted(range(len(linked)), key=launch_pos.__getitem__)))
+    counts = [0] * (len(tree.preorder) + 1)
     for p in launch_pos:
-        start[p + 1] += 1
-    for i in range(n_pos):
-        start[i + 1] += start[i]
-    tree.gpu_start = start
-    slot = start[:-1]  # next free index for each position
-    out = array("i", [0]) * len(linked)
-    for g, p in zip(linked, launch_pos):
-        out[slot[p]] = g
-        slot[p] += 1
-    tree.linked = out
+        counts[p + 1] += 1
+    tree.gpu_start = array("i", accumulate(counts))
