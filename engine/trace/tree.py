@@ -19,7 +19,7 @@ being lists on every node.
 from __future__ import annotations
 
 from array import array
-from itertools import accumulate, repeat
+from itertools import accumulate, groupby, repeat
 from operator import add, mul
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -200,26 +200,18 @@ def _host_stacks(trace: Trace, tree: EventTree) -> None:
     host.sort(key=ts.__getitem__)
     # Then group by thread (stable again): each thread's stack runs over its own events, and
     # each thread's kept events, in this order, are its pre-order.
-    thread = array("Q", map(add, map(mul, trace.pid, repeat(len(trace.ids))), trace.tid))
+    thread = array("Q", map(add, map(mul, trace.pid, repeat(len(trace.ids))), trace.tid))  # (pid, tid) as one int
     by_thread = sorted(host, key=thread.__getitem__)
-    del thread
 
     parent, pos, preorder, subtree_end = tree.parent, tree.pos, tree.preorder, tree.subtree_end
     dropped = bytearray(len(kind))
     is_root = bytearray(len(kind))
     under_cpu_op = bytearray(len(kind))  # kept events that are or sit below a cpu_op
     kept = 0  # = len(preorder)
-    first = 0
-    while first < len(by_thread):  # one thread's run of by_thread at a time
-        uid = by_thread[first]
-        p_ix, t_ix = trace.pid[uid], trace.tid[uid]
-        last = first
-        while last < len(by_thread) and trace.pid[by_thread[last]] == p_ix and trace.tid[by_thread[last]] == t_ix:
-            last += 1
+    for _, run in groupby(by_thread, key=thread.__getitem__):  # one thread at a time
         stack: list[int] = []  # open events, as positions in preorder
         stack_end: list[float] = []  # their end times
-        for i in range(first, last):
-            uid = by_thread[i]
+        for uid in run:
             start = ts[uid]
             while stack_end and stack_end[-1] <= start:
                 subtree_end[stack.pop()] = kept
@@ -254,8 +246,7 @@ def _host_stacks(trace: Trace, tree: EventTree) -> None:
             kept += 1
         for p in stack:  # still open at the end of the trace
             subtree_end[p] = kept
-        first = last
-    del by_thread
+    del by_thread, thread
     tree.host_order = array("i", [uid for uid in host if not dropped[uid]])
     tree.roots = array("i", [uid for uid in host if is_root[uid]])
     tree.dropped_uids = array("i", [uid for uid in host if dropped[uid]])
