@@ -230,6 +230,9 @@ class KernelScreen(Screen):
                 text += f"  candidates: {'; '.join(s['candidates'][:4])}\n"
         if not sources:
             text += "source: no kernel names to look up\n"
+        if not candidates:
+            text += ("candidates: none in the project (kernel configs whose kernel ids or sources share a "
+                     "distinctive word with this op or its kernels, or the same source file)\n")
         self.query_one("#kernel-info", Static).update(text.rstrip())
         rows = [{**c, "config_name": str(c["config"].relative_to(self.app.settings.project_dir))
                  if c["config"].is_relative_to(self.app.settings.project_dir) else str(c["config"])}
@@ -240,6 +243,8 @@ class KernelScreen(Screen):
     def _open_source(self, index: int) -> None:
         with_path = [s for s in self.sources if s.get("path")]
         if not with_path:
+            reasons = "; ".join(f"{s.get('status')}: {s.get('reason')}" for s in self.sources if s.get("reason"))
+            self.query_one(CodeView).show_message("no source file to open" + (f" — {reasons}" if reasons else ""))
             return
         self.source_index = index % len(with_path)
         chosen = with_path[self.source_index]

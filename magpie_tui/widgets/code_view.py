@@ -34,6 +34,11 @@ class CodeView(VerticalScroll):
     def compose(self):
         yield Static(Content("no source selected"), classes="code-view--text")
 
+    def show_message(self, text: str) -> None:
+        """Say why there is no source to show."""
+        self.path, self.line, self.text = None, None, ""
+        self.query_one(".code-view--text", Static).update(Content(text))
+
     def show(self, path: Path, line: int | None = None) -> None:
         """Open ``path`` and scroll so that ``line`` (1-based) is near the top and marked."""
         try:

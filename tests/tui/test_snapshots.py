@@ -103,3 +103,21 @@ def test_light_theme_compare_report(snap_compare, snapshot_app):
         pilot.app.theme = "magpie-light"
         await _open_report("compare_")(pilot)
     assert snap_compare(snapshot_app, terminal_size=(120, 32), run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_kernel(snap_compare, snapshot_app, size):
+    async def run_before(pilot):
+        await _open_report("trace_")(pilot)
+        grid = pilot.app.screen.query_one("#roofline-grid")
+        grid.move_cursor_to_key(next(k for k, r in zip(grid.visible_keys(), grid.visible_rows())
+                                     if r["op_name"] == "aten::mm"))
+        await pilot.press("enter")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = pilot.app.screen.query("#kernel-info")
+            if info and "searching" not in str(info.first().render()):
+                break
+            await pilot.pause(0.1)
+        await _settle(pilot)
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
