@@ -11,9 +11,11 @@ statistics follow pandas 3 (``reduceat``/pairwise or Kahan sums, Welford sample 
 ``first``); the statistics inside kernel-detail cells follow numpy (pairwise sums, population std)
 and print as ``np.float64(...)``. Sorting is stable, as pandas' is for these table sizes.
 
-Performance: one pass per sheet over the events, dicts for grouping, model results cached per
-distinct (op, shapes, annotation), no numpy import; a 150k-event trace with 19k kernels takes
-about 0.7-1 s on a 2-core machine (the cyclic GC is paused meanwhile).
+Performance: events are uids read from the trace's columns (``engine.trace.load``), rows are
+slotted records (a dict per op cost four times the memory), the largest rows are dropped before
+the next are made, dicts for grouping, model results cached per distinct (op, shapes,
+annotation), no numpy import; a 150k-event trace with 19k kernels takes about 0.7-1 s on a
+2-core machine (the cyclic GC is paused meanwhile, so nothing here may form a reference cycle).
 
 Quirks of TraceLens that are copied on purpose are listed in tracelens-reference §8 and in the
 module docstring of ``engine.trace.perf_models``; the ones that are not copied are marked
