@@ -424,7 +424,6 @@ class _UnifiedRow(_Record):
     # kernels: the GPU event of a synthetic op; None for an op (see _Report.unified_kernels)
     COLUMNS = {"name": lambda r: r.name, "op category": lambda r: r.category, "UID": lambda r: r.uid,
                "duration_us": lambda r: r.dur, "has_perf_model": lambda r: r.has_model, "argv": lambda r: r.argv,
-               "_key": lambda r: (r.name, r.category, *r.names, *r.args_s),
                "st": lambda r: r.st, "busy": lambda r: r.busy, **_names_columns()}
 
     def __init__(self, uid: int, name: str, category: str, names: tuple, dur: float, has_model: bool, argv: tuple,
@@ -432,6 +431,11 @@ class _UnifiedRow(_Record):
         self.uid, self.name, self.category, self.names, self.dur, self.has_model = \
             uid, name, category, names, dur, has_model
         self.argv, self.args_s, self.kernels, self.st, self.busy = argv, args_s, kernels, st, busy
+
+    @property
+    def key(self) -> tuple:
+        """The unified summary's group key."""
+        return (self.name, self.category, *self.names, *self.args_s)
 
 
 class _KernelRows:
@@ -756,20 +760,20 @@ class _Report:
     def ops_summary(self, kl: list[_LauncherRow]) -> Table:
         module = self.inference and self.python_frames
         with_pm = module  # the module variant groups by parent_module too
-        keys = [(r["name"], r.get("parent_module")) if with_pm else (r["name"],) for r in kl]
+        keys = [(r.name, r.parent_module) if with_pm else (r.name,) for r in kl]
         order, groups, mono = group_rows(keys, sort=True)
-        d_all = [r["total_direct_kernel_time"] for r in kl]
-        s_all = [r["total_subtree_kernel_time"] for r in kl]
+        d_all = [r.direct for r in kl]
+        s_all = [r.subtree for r in kl]
         fd, fs = _fast(mono, d_all), _fast(mono, s_all)
         recs = []
         for k in order:
             idx = groups[k]
             s_vals = [s_all[i] for i in idx]
             rec = {"key": k, "d_sum": pd_sum([d_all[i] for i in idx], fd), "count": len(idx),
-                   "cats": sorted({kl[i]["op category"] for i in idx}),
+                   "cats": sorted({kl[i].category for i in idx}),
                    "s_sum": pd_sum(s_vals, fs), "s_count": len(_vals(s_vals))}
             if module:
-                rec["cs"] = pd_first(kl[i].get("call_stack") for i in idx)
+                rec["cs"] = pd_first(kl[i].call_stack for i in idx)
             recs.append(rec)
         recs.sort(key=lambda r: _desc_key(r["d_sum"]))
         d_ms = [r["d_sum"] / 1000 for r in recs]
@@ -794,16 +798,16 @@ class _Report:
 
     def ops_by_category(self, kl: list[_LauncherRow]) -> Table:
         module = self.inference and self.python_frames
-        keys = [(r["op category"], r.get("parent_module")) if module else (r["op category"],) for r in kl]
+        keys = [(r.category, r.parent_module) if module else (r.category,) for r in kl]
         order, groups, mono = group_rows(keys, sort=True)
-        d_all = [r["total_direct_kernel_time"] for r in kl]
+        d_all = [r.direct for r in kl]
         fd = _fast(mono, d_all)
         recs = []
         for k in order:
             idx = groups[k]
             rec = {"key": k, "d_sum": pd_sum([d_all[i] for i in idx], fd), "count": len(idx)}
             if module:
-                rec["cs"] = pd_first(kl[i].get("call_stack") for i in idx)
+                rec["cs"] = pd_first(kl[i].call_stack for i in idx)
             recs.append(rec)
         recs.sort(key=lambda r: _desc_key(r["d_sum"]))
         d_ms = [r["d_sum"] / 1000 for r in recs]
@@ -825,32 +829,32 @@ class _Report:
         if group_by_num_kernels:
             gcols.append("num_kernels")
         def key(r: _LauncherRow) -> tuple:
-            k = [r["name"], r["op category"]]
+            k = [r.name, r.category]
             if self.python_frames:
-                k.append(str(r.get("parent_module")))
-            k += [r["process_name"], r["process_label"], r["thread_name"], *r["_args_s"]]
+                k.append(str(r.parent_module))
+            k += [*r.names, *r.args_s]
             if group_by_num_kernels:
-                k.append(str(r["num_kernels"]))
+                k.append(str(len(r.kernels)))
             return tuple(k)
 
         order, groups, mono = group_rows([key(r) for r in kl], sort=False)
-        d_all = [r["total_direct_kernel_time"] for r in kl]
-        s_all = [r["total_subtree_kernel_time"] for r in kl]
+        d_all = [r.direct for r in kl]
+        s_all = [r.subtree for r in kl]
         fd, fs = _fast(mono, d_all), _fast(mono, s_all)
         recs = []
         for key in order:
             rs = [kl[i] for i in groups[key]]
-            d = [r["total_direct_kernel_time"] for r in rs]
-            s = [r["total_subtree_kernel_time"] for r in rs]
+            d = [r.direct for r in rs]
+            s = [r.subtree for r in rs]
             rec: dict[str, Any] = {c: pd_first(r.get(c) for r in rs) for c in gcols}
             rec["operation_count"] = len(rs)
             for agg, dv, sv in zip((*AGG, "sum"), pd_aggs(d, (*AGG, "sum"), fd), pd_aggs(s, (*AGG, "sum"), fs)):
                 rec["d_" + agg] = dv
                 rec["s_" + agg] = sv
-            rec["ex_UID"] = rs[0]["UID"]
+            rec["ex_UID"] = rs[0].uid
             if self.python_frames:
-                rec["call_stack"] = pd_first(r.get("call_stack") for r in rs)
-            rec["kds"] = self.kernel_stats(r["kernels"] for r in rs)
+                rec["call_stack"] = pd_first(r.call_stack for r in rs)
+            rec["kds"] = self.kernel_stats(r.kernels for r in rs)
             recs.append(rec)
         recs.sort(key=lambda r: (_desc_key(r["d_sum"]), r["ex_UID"]))
         pct, cum = _percentages([r["d_sum"] for r in recs])
@@ -918,16 +922,16 @@ class _Report:
             return None
         uniq: dict[int, pm.StaticMetrics] = {}
         for r in rows:
-            uniq.setdefault(id(r["st"]), r["st"])
+            uniq.setdefault(id(r.st), r.st)
         pkeys, pstr = self._param_strings(list(uniq.values()))
         has_roof = any(st.roof is not None for st in uniq.values())
         order, groups, mono = group_rows(
-            [(r["name"], *pstr[id(r["st"])]) + ((r["num_kernels"],) if group_by_num_kernels else ()) for r in rows],
+            [(r.name, *pstr[id(r.st)]) + ((len(r.kernels),) if group_by_num_kernels else ()) for r in rows],
             sort=True)
-        tbs = [r["st"].tb_s(r["busy"]) for r in rows]
-        tfl = [r["st"].tflops_s(r["busy"]) for r in rows]
-        pct = [r["st"].pct_roofline(r["busy"]) for r in rows]
-        kt = [r["busy"] for r in rows]
+        tbs = [r.st.tb_s(r.busy) for r in rows]
+        tfl = [r.st.tflops_s(r.busy) for r in rows]
+        pct = [r.st.pct_roofline(r.busy) for r in rows]
+        kt = [r.busy for r in rows]
         f_tbs, f_tfl, f_pct, f_kt = _fast(mono, tbs), _fast(mono, tfl), _fast(mono, pct), _fast(mono, kt)
         cols = ["name", *pkeys] + (["num_kernels"] if group_by_num_kernels else [])
         cols += ["GFLOPS_first", "Data Moved (MB)_first", "FLOPS/Byte_first"]
@@ -942,23 +946,23 @@ class _Report:
         for key in order:
             idx = groups[key]
             rs = [rows[i] for i in idx]
-            sts = [r["st"] for r in rs]
+            sts = [r.st for r in rs]
             row: list[Any] = [key[0], *key[1:]]
             row += [pd_first(st.gflops for st in sts), pd_first(st.data_mb for st in sts),
                     pd_first(st.flops_per_byte for st in sts)]
             g_tbs, g_tfl = [tbs[i] for i in idx], [tfl[i] for i in idx]
             row += pd_aggs(g_tbs, AGG, f_tbs) + pd_aggs(g_tfl, AGG, f_tfl)
-            row += [rs[0]["process_name"], rs[0]["process_label"], rs[0]["thread_name"], sts[0].spec]
+            row += [*rs[0].names, sts[0].spec]
             if has_roof:
                 row += [pd_first(st.roof for st in sts), pd_first(st.bound for st in sts)]
                 g_pct = [pct[i] for i in idx]
                 row += pd_aggs(g_pct, AGG, f_pct)
-            kds = self.kernel_stats(r["kernels"] for r in rs)
+            kds = self.kernel_stats(r.kernels for r in rs)
             row += [kds, trunc_kernel_details(kds)]
-            row += [pd_first(r[a] for r in rs) for a in ARG_COLS]
+            row += [pd_first(r.args.get(a) for r in rs) for a in ARG_COLS]
             g_kt = [kt[i] for i in idx]
             row += pd_aggs(g_kt, (*AGG, "sum"), f_kt)
-            row += [len(rs), rs[0]["UID"]]
+            row += [len(rs), rs[0].uid]
             out.append(row)
         i_sum, i_uid = cols.index("Kernel Time (µs)_sum"), cols.index("UID_first")
         out.sort(key=lambda r: (_desc_key(r[i_sum]), r[i_uid]))
@@ -1145,20 +1149,20 @@ class _Report:
             return None
         head = ["name", "op category", "process_name", "process_label", "thread_name"]
         gcols = head + list(ARG_COLS)
-        ok = [r["st"] if isinstance(r["st"], pm.StaticMetrics) else None for r in rows]
+        ok = [r.st if isinstance(r.st, pm.StaticMetrics) else None for r in rows]
         any_model = any(st is not None for st in ok)
         any_roof = any(st is not None and st.roof is not None for st in ok)
-        busy = [r["busy"] for r in rows]
+        busy = [r.busy for r in rows]
         # Per-instance columns (NaN/None where a row has no value, as in TraceLens's DataFrame).
         cols_v: dict[str, list] = {
-            "duration_us": [r["duration_us"] for r in rows],
+            "duration_us": [r.dur for r in rows],
             "TB/s": [st.tb_s(b) if st else NAN for st, b in zip(ok, busy)],
             "TFLOPS/s": [st.tflops_s(b) if st else NAN for st, b in zip(ok, busy)],
             "Pct Roofline": [st.pct_roofline(b) if st else NAN for st, b in zip(ok, busy)],
             "Kernel Time (µs)": busy,
         }
         has_kt = any(not _isna(b) for b in busy)
-        order, groups, mono = group_rows([r["_key"] for r in rows], sort=False)
+        order, groups, mono = group_rows([r.key for r in rows], sort=False)
         fast = {c: _fast(mono, v) for c, v in cols_v.items()}
         static = ["GFLOPS", "Data Moved (MB)", "FLOPS/Byte", "Compute Spec"] if any_model else []
         if any_roof:
@@ -1171,8 +1175,8 @@ class _Report:
             sts = [ok[i] for i in idx]
             first = rs[0]
             rec: dict[str, Any] = {c: first[c] for c in head}
-            rec.update(zip(ARG_COLS, first["argv"]))
-            rec["ex_UID"] = first["UID"]
+            rec.update(zip(ARG_COLS, first.argv))
+            rec["ex_UID"] = first.uid
             rec["operation_count"] = len(rs)
 
             def stats(c: str, aggs: Sequence[str]) -> None:
@@ -1197,7 +1201,7 @@ class _Report:
                 stats("Kernel Time (µs)", (*AGG, "sum"))
             rec["kernel_details_summary"] = self.kernel_stats((self.unified_kernels(r) for r in rs), self.python_frames)
             rec["perf_params"] = pd_first((st.plain_params or None) if st else None for st in sts)
-            rec["has_perf_model"] = first["has_perf_model"]
+            rec["has_perf_model"] = first.has_model
             recs.append(rec)
         if has_kt:
             recs.sort(key=lambda r: (_desc_key(r["Kernel Time (µs)_sum"]), r["ex_UID"]))

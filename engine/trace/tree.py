@@ -21,7 +21,7 @@ from __future__ import annotations
 from array import array
 from itertools import accumulate, groupby, repeat
 from operator import add, mul
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from engine.trace.load import Event, Trace
 
