@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 from array import array
+from operator import add, indexOf
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 from engine.trace.load import Trace
 from engine.trace.timeline import union_length
@@ -56,6 +57,11 @@ def trace_window(trace: Trace, start_pct: float = 0.0, end_pct: float = 100.0) -
         raise ValueError(f"window {start_pct}%..{end_pct}%: need 0 <= start < end <= 100")
     timed = trace.kinds_where(lambda ph, cat: ph != "M")
     kind, ts, dur = trace.kind, trace.ts, trace.dur
+    if len(kind):  # min/max over the whole columns, in C; good unless a metadata event holds one
+        first = ts.index(min(ts))
+        last = indexOf(map(add, ts, dur), max(map(add, ts, dur)))
+        if timed[kind[first]] and timed[kind[last]]:
+            return Window(start_pct, end_pct, trace.ts_of(first), trace.end_of(last))
     first = last = -1  # the first event with the smallest start, and with the largest end
     lo = hi = 0.0
     for uid in range(len(kind)):
@@ -97,16 +103,16 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
     kind, ts, dur, names, name = trace.kind, trace.ts, trace.dur, trace.names, trace.name
     lo, hi = window.lo, window.hi
 
-    def counted() -> Iterator[int]:
-        for uid in range(len(kind)):
-            if wanted[kind[uid]]:
-                start, d = ts[uid], dur[uid]
-                if not (start + d < lo or start > hi or d < min_duration_us):
-                    yield uid
+    counted = array("i")  # the events counted, in trace order
+    for uid in range(len(kind)):
+        if wanted[kind[uid]]:
+            start, d = ts[uid], dur[uid]
+            if not (start + d < lo or start > hi or d < min_duration_us):
+                counted.append(uid)
 
     out: dict[str, KernelAgg] = {}
     exts: set = set()
-    for uid in counted():
+    for uid in counted:
         n = names[name[uid]]
         agg = out.get(n)
         if agg is None:
@@ -128,7 +134,7 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
                 args_by_ext[ext] = trace.args[uid]
     del exts
     shape_of_args: dict[int, str] = {}
-    for uid in counted():  # the same events again, in the same order
+    for uid in counted:
         ext = trace.ext_of(uid)
         pooled = args_by_ext.get(ext, -1) if ext is not None else -1
         if pooled < 0:
