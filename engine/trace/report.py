@@ -468,6 +468,7 @@ class _Report:
         self._model_args: dict[int, tuple] = {}  # args pool index -> the args a model result depends on
         self._bwd_perf: dict[int, tuple[Any, list[int], float]] = {}  # forward op uid -> perf(uid, bwd=True)
         self._gpu_kind = self.trace.kinds_where(lambda ph, cat: cat in GPU_CATS)  # kernel, memcpy, memset
+        self.cpu_ops = self.trace.uids_where(lambda ph, cat: cat == "cpu_op")  # three passes read them
         self.bwd_links: dict[int, list[int]] = {}  # fwd uid -> bwd autograd uids
         self.fwd_link: dict[int, int] = {}  # bwd autograd uid -> fwd uid
         self._tup_cache: dict[str, tuple[tuple, tuple]] = {}
@@ -607,7 +608,7 @@ class _Report:
         wanted_names = set(names)
         wanted = {i for i, n in enumerate(t.names) if n in wanted_names}  # as name indices
         name = t.name
-        for uid in t.uids_where(lambda ph, cat: cat == "cpu_op"):
+        for uid in self.cpu_ops:
             if name[uid] not in wanted:
                 continue
             end = ts[uid] + dur[uid]
@@ -629,7 +630,7 @@ class _Report:
         t = self.trace
         seq_of: dict[int, Any] = {}  # args pool index -> its Sequence number (None: none)
         by_seq: dict[Any, list[int]] = {}
-        for uid in t.uids_where(lambda ph, cat: cat == "cpu_op"):
+        for uid in self.cpu_ops:
             pooled = t.args[uid]
             if pooled < 0:
                 continue
@@ -974,7 +975,7 @@ class _Report:
         trace = self.trace
         fam_of_name = {i: fam_of.get(n) for i, n in enumerate(trace.names)}  # per name index
         by_fam: dict[str, list[int]] = {}
-        for uid in trace.uids_where(lambda ph, cat: cat == "cpu_op"):  # every op with a modelled name (§8.8)
+        for uid in self.cpu_ops:  # every op with a modelled name (§8.8)
             f = fam_of_name[trace.name[uid]]
             if f is not None:
                 by_fam.setdefault(f, []).append(uid)
