@@ -526,10 +526,13 @@ def _add_window(app: _Appender, items: list) -> None:
     kinds = [kind_get((r.ph, r.cat)) for r in items]
     if None in kinds:  # a first sighting
         kinds = [app.kind(r.ph, r.cat) for r in items]
-    name_get = app.name_index.get
-    names = [name_get(r.name) for r in items]
+    raw_names = [r.name for r in items]
+    names = [None]
+    if set(map(type, raw_names)) == {str}:
+        name_get = app.name_index.get
+        names = [name_get(n) for n in raw_names]
     if None in names:  # a first sighting, or a name that is not a string
-        names = [app.name(r.name) for r in items]
+        names = [app.name(n) for n in raw_names]
     t.kind.fromlist(kinds)
     t.name.fromlist(names)
     t.pid.fromlist(_id_indices(app, [r.pid for r in items]))
