@@ -309,6 +309,7 @@ def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report
     report["kernel_summary"] = [{"name": a.name, "time_ms": a.total / 1e3, "percent": a.total / total * 100,
                                  "calls": len(a.durations)} for a in ranked[:50]]
     report["top_bottlenecks"] = [a.name for a in ranked[:10]]
+    del trace, aggs, ranked  # the analysis loads the traces itself: do not hold a second copy
     if not (ga.enabled or cfg.profiler.tracelens.enabled):
         return
     try:

@@ -184,14 +184,14 @@ async def test_cancel_a_real_run_from_the_runs_screen(app, project):
         async with app.run_test(size=SIZE) as pilot:
             await open_runs(pilot, app)
             await wait_for(pilot, lambda: any(r.pid == started.pid and r.state == "running" for r in app.runs),
-                           timeout=60)
+                           timeout=120)
             run = next(r for r in app.runs if r.pid == started.pid)
             table = app.screen.query_one("#runs-table")
             table.move_cursor(row=[str(k.value) for k in table.rows].index(str(run.path)))
             await pilot.press("c")
             await wait_screen(pilot, app, ConfirmScreen, "#yes")
             await pilot.press("y")
-            await wait_for(pilot, lambda: run.state == "cancelled", timeout=60)
+            await wait_for(pilot, lambda: run.state == "cancelled", timeout=120)
         assert started.process.wait(timeout=30) == 130
         report = json.loads((run.path / "benchmark_report.json").read_text())
         assert report["state"] == "cancelled"
