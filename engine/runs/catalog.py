@@ -233,23 +233,6 @@ def read_new_events(info: RunInfo) -> bool:
     return changed
 
 
-def read_events(run_folder: Path, limit: Optional[int] = None) -> list[dict]:
-    """All events of a run (the last ``limit`` of them when given)."""
-    out: list[dict] = []
-    try:
-        text = (run_folder / "events.jsonl").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            out.append(event)
-    return out[-limit:] if limit else out
-
-
 class CancelRefused(RuntimeError):
     pass
 

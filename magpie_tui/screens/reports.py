@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
@@ -332,6 +332,3 @@ def open_report_screen(app, info: RunInfo) -> Screen | None:
         return RooflineScreen(info)
     return None
 
-
-__all__ = ["CompareReportScreen", "BenchmarkReportScreen", "open_report_screen", "compare_rows",
-           "benchmark_rows", "Vertical"]

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from textual.app import App
+
 from magpie_tui.app import WorkbenchApp
 from magpie_tui.settings import load_settings
+from magpie_tui.themes import load_themes, semantic_defaults
 
 REPO = Path(__file__).resolve().parents[2]
 # Snapshots show paths: build the project at a fixed place so the SVGs do not change per run.
@@ -56,3 +59,22 @@ def build_app(project: Path, **kwargs) -> WorkbenchApp:
 @pytest.fixture
 def app(project) -> WorkbenchApp:
     return build_app(project)
+
+
+class Harness(App):
+    """One widget alone in an app with the workbench's themes registered (widget tests)."""
+
+    def __init__(self, widget):
+        super().__init__()
+        self._w = widget
+
+    def get_theme_variable_defaults(self):
+        return semantic_defaults()
+
+    def compose(self):
+        yield self._w
+
+    def on_mount(self):
+        for t in load_themes()[0]:
+            self.register_theme(t)
+        self.theme = "magpie-dark"

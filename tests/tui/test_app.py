@@ -3,7 +3,6 @@ writes (or really starts) while the app watches."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -44,12 +43,6 @@ async def wait_screen(pilot, app, cls, selector: str = "Footer", timeout: float 
     """Until ``cls`` is the active screen and its widgets are mounted (``selector`` found)."""
     await wait_for(pilot, lambda: isinstance(app.screen, cls) and bool(app.screen.query(selector)), timeout)
     await pilot.pause()
-
-
-def screen_text(app) -> str:
-    """What the terminal shows, as plain text."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips()) \
-        if hasattr(app.screen._compositor, "render_strips") else app.export_screenshot()
 
 
 def find_run(app, prefix: str):

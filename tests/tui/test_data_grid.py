@@ -5,29 +5,11 @@ from __future__ import annotations
 
 import math
 
-from textual.app import App
 
-from magpie_tui.themes import load_themes, semantic_defaults
+from tui.conftest import Harness
 from magpie_tui.widgets.data_grid import Column, DataGrid
 
 NAN = float("nan")
-
-
-class Harness(App):
-    def __init__(self, widget):
-        super().__init__()
-        self._w = widget
-
-    def get_theme_variable_defaults(self):
-        return semantic_defaults()
-
-    def compose(self):
-        yield self._w
-
-    def on_mount(self):
-        for t in load_themes()[0]:
-            self.register_theme(t)
-        self.theme = "magpie-dark"
 
 
 def kernel_columns(**kwargs) -> list[Column]:

@@ -6,10 +6,10 @@ import difflib
 from pathlib import Path
 
 import pytest
-from textual.app import App
 from textual.worker import WorkerState
 
-from magpie_tui.themes import load_themes, semantic_defaults
+from magpie_tui.themes import load_themes
+from tui.conftest import Harness
 from magpie_tui.widgets import diff_view as diff_view_module
 from magpie_tui.widgets.diff_model import DiffModel, DiffRow, compute_diff, inline_spans
 from magpie_tui.widgets.diff_view import (
@@ -21,23 +21,6 @@ from magpie_tui.widgets.diff_view import (
 
 REPO = Path(__file__).resolve().parents[2]
 SOFTMAX = REPO / "examples" / "kernels" / "softmax_triton"
-
-
-class Harness(App):
-    def __init__(self, widget):
-        super().__init__()
-        self._w = widget
-
-    def get_theme_variable_defaults(self):
-        return semantic_defaults()
-
-    def compose(self):
-        yield self._w
-
-    def on_mount(self):
-        for t in load_themes()[0]:
-            self.register_theme(t)
-        self.theme = "magpie-dark"
 
 
 async def settle(pilot, view: DiffView, *, highlighted: bool = True) -> None:

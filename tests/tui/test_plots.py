@@ -5,10 +5,9 @@ import math
 import random
 
 import pytest
-from textual.app import App
 from textual.containers import Vertical
 
-from magpie_tui.themes import load_themes, semantic_defaults
+from tui.conftest import Harness
 from magpie_tui.widgets.plot_canvas import Series
 from magpie_tui.widgets.plots import (
     Histogram,
@@ -17,23 +16,6 @@ from magpie_tui.widgets.plots import (
     RooflinePoint,
     ScatterLinePlot,
 )
-
-
-class Harness(App):
-    def __init__(self, widget):
-        super().__init__()
-        self._w = widget
-
-    def get_theme_variable_defaults(self):
-        return semantic_defaults()
-
-    def compose(self):
-        yield self._w
-
-    def on_mount(self):
-        for t in load_themes()[0]:
-            self.register_theme(t)
-        self.theme = "magpie-dark"
 
 
 class SmallHarness(Harness):
