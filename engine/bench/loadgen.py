@@ -15,14 +15,19 @@ Where we deliberately differ from vLLM's client, because its behaviour hides fai
   `continuous_usage_stats`), otherwise one token per chunk with non-empty text. The latter
   undercounts when a server packs several tokens into one chunk, so ask for usage.
 
-Cheap per chunk: one `perf_counter()` per read of the response stream (every message completed by
-that read gets it), byte-level SSE splitting with no text decoding, and a typed msgspec decoder that
-skips fields we do not read.
+Cheap per chunk: the default HTTP client (`engine.bench.http_client`, "lean") parses each read
+where it arrives, in the connection's `data_received`, and stamps it there with one
+`perf_counter()` (every message completed by that read gets it), so a chunk costs no task wake-up
+and its stamp does not wait behind the other streams that became readable at the same moment.
+SSE is split at the byte level with no text decoding, and a typed msgspec decoder skips the
+fields we do not read. `http_client="aiohttp"` reads through aiohttp instead, as vLLM's client
+does; both feed the same `_CompletionStream`, so the two differ only in when a read is stamped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import threading
 import time
@@ -35,12 +40,14 @@ import msgspec
 import numpy as np
 
 from engine.bench.dataset import SampleRequest
+from engine.bench.http_client import StreamingHTTPClient
 from engine.bench.metrics import BenchmarkMetrics, RequestOutput, compute_metrics
 
 # (phase, finished so far, total in phase, the finished request); phase is "warmup" or "measure".
 ProgressCallback = Callable[[str, int, int, RequestOutput], None]
 
 _ERROR_TEXT_LIMIT = 500
+HTTP_CLIENTS = ("lean", "aiohttp")
 
 
 class _Delta(msgspec.Struct):
@@ -85,6 +92,9 @@ class LoadGenConfig:
     extra_body: dict[str, Any] | None = None
     headers: dict[str, str] | None = None
     request_id_prefix: str = ""
+    # "lean": engine.bench.http_client (parses and stamps each read where it arrives; the default);
+    # "aiohttp": aiohttp's client session, as vLLM's client uses it.
+    http_client: str = "lean"
 
     @property
     def is_chat(self) -> bool:
@@ -148,6 +158,8 @@ class LoadGenerator:
             raise ValueError("no requests to send")
         if config.is_chat and not isinstance(requests[0].prompt, str):
             raise ValueError("the chat endpoint needs text prompts; sample the dataset with a tokenizer")
+        if config.http_client not in HTTP_CLIENTS:
+            raise ValueError(f"http client {config.http_client!r}: choose one of {', '.join(HTTP_CLIENTS)}")
         if config.max_concurrency is not None and config.max_concurrency < 1:
             raise ValueError(f"max concurrency must be >= 1, got {config.max_concurrency}")
         self.config = config
@@ -163,6 +175,7 @@ class LoadGenerator:
         self._lock = threading.Lock()
         self._finished = {"warmup": 0, "measure": 0}
         self._headers = {"Content-Type": "application/json", **(config.headers or {})}
+        self._path = "/" + config.endpoint.lstrip("/")  # the lean client adds the base URL's own path
         self._timeout = (aiohttp.ClientTimeout(total=config.request_timeout_s)
                          if config.request_timeout_s else aiohttp.ClientTimeout(total=None))
 
@@ -189,11 +202,8 @@ class LoadGenerator:
             self._loop = asyncio.get_running_loop()
             if self._cancelled:
                 return LoadResult(outputs=[], cancelled=True)
-        limit = cfg.max_concurrency or 0
-        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
         sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                         skip_auto_headers=("User-Agent",)) as session:
+        async with self._client() as session:
             warm: list[RequestOutput] = []
             if cfg.num_warmups > 0:
                 first = self.requests[0]
@@ -219,6 +229,14 @@ class LoadGenerator:
         return LoadResult(outputs=list(outputs), warmup_outputs=warm, duration_s=duration,
                           cancelled=self._cancelled)
 
+    def _client(self) -> Any:
+        if self.config.http_client == "lean":
+            return StreamingHTTPClient(self.config.base_url)
+        limit = self.config.max_concurrency or 0
+        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
+        return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                     skip_auto_headers=("User-Agent",))
+
     async def _gather(self, coros: list[Any]) -> list[RequestOutput]:
         tasks = [self._track(asyncio.create_task(c)) for c in coros]
         return list(await asyncio.gather(*tasks))
@@ -228,7 +246,7 @@ class LoadGenerator:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _release(self, session: aiohttp.ClientSession, sem: asyncio.Semaphore | None,
+    async def _release(self, session: Any, sem: asyncio.Semaphore | None,
                        offsets: list[float], t0: float, tasks: list[asyncio.Task[RequestOutput]]) -> None:
         cfg = self.config
         n = len(self.requests)
@@ -243,7 +261,7 @@ class LoadGenerator:
             tasks.append(self._track(asyncio.create_task(
                 self._limited(session, sem, req, rid, time.perf_counter(), "measure", n))))
 
-    async def _limited(self, session: aiohttp.ClientSession, sem: asyncio.Semaphore | None,
+    async def _limited(self, session: Any, sem: asyncio.Semaphore | None,
                        req: SampleRequest, rid: str, arrival: float, phase: str, total: int) -> RequestOutput:
         try:
             if sem is None:
@@ -278,74 +296,23 @@ class LoadGenerator:
             body.update(cfg.extra_body)
         return _ENCODE(body)
 
-    async def _send(self, session: aiohttp.ClientSession, req: SampleRequest, rid: str) -> RequestOutput:
+    async def _send(self, client: Any, req: SampleRequest, rid: str) -> RequestOutput:
         out = RequestOutput(prompt_len=req.prompt_len, request_id=rid)
         body = self._body(req)
         headers = {**self._headers, "x-request-id": rid}
-        perf = time.perf_counter
-        st = perf()
+        st = time.perf_counter()
         out.start_time = st
-        last = st
-        got_choice = False
-        done = False
-        pieces = 0
-        running_usage: int | None = None
-        text_len = 0
-        itl = out.itl
+        stream = _CompletionStream(out, st)
         try:
-            async with session.post(self.config.url, data=body, headers=headers, timeout=self._timeout) as resp:
+            if isinstance(client, StreamingHTTPClient):
+                request = client.post(self._path, body, headers, stream.feed)
+                resp = await (asyncio.wait_for(request, self.config.request_timeout_s)
+                              if self.config.request_timeout_s else request)
                 if resp.status != 200:
-                    detail = (await resp.read())[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+                    detail = resp.error_body[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
                     out.error = f"HTTP {resp.status} {resp.reason}: {detail}".rstrip(": ")
-                    return out
-                buf = b""
-                stream = resp.content
-                while not done and not out.error:
-                    data = await stream.readany()
-                    if not data:
-                        break
-                    now = perf()
-                    buf = buf + data if buf else data
-                    if b"\r" in buf:
-                        buf = buf.replace(b"\r\n", b"\n")
-                    if b"\n\n" not in buf:
-                        continue
-                    events = buf.split(b"\n\n")
-                    buf = events.pop()
-                    for ev in events:
-                        payload = _payload(ev)
-                        if payload is None:
-                            continue
-                        if payload == b"[DONE]":
-                            done = True
-                            break
-                        chunk = _DECODE(payload)
-                        if chunk.error is not None:
-                            out.error = ("error event in stream: " + _ENCODE(chunk.error).decode())[:_ERROR_TEXT_LIMIT]
-                            break
-                        choices = chunk.choices
-                        if choices:
-                            if got_choice:
-                                itl.append(now - last)
-                            else:
-                                got_choice = True
-                                out.ttft = now - st
-                            last = now
-                            c = choices[0]
-                            text = c.text if c.text is not None else (
-                                (c.delta.content or c.delta.reasoning_content) if c.delta is not None else None)
-                            if text:
-                                pieces += 1
-                                text_len += len(text)
-                            if chunk.usage is not None and chunk.usage.completion_tokens is not None:
-                                running_usage = chunk.usage.completion_tokens
-                        elif chunk.usage is not None:
-                            out.output_tokens = chunk.usage.completion_tokens or 0
-                            if chunk.usage.prompt_tokens is not None:
-                                out.prompt_len = chunk.usage.prompt_tokens
-                if not done and not out.error:
-                    # A final `data:` line without its blank line still counts if it is [DONE].
-                    done = _payload(buf.strip()) == b"[DONE]"
+            else:
+                await self._send_aiohttp(client, body, headers, out, stream)
         except asyncio.TimeoutError:
             out.error = f"timeout after {self.config.request_timeout_s} s"
         except asyncio.CancelledError:
@@ -354,16 +321,108 @@ class LoadGenerator:
             out.error = "cancelled"
         except Exception as exc:  # a malformed chunk, a dropped connection: this request fails, the run goes on
             out.error = f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT]
-        out.counted_tokens = running_usage if running_usage is not None else pieces
-        out.generated_text_len = text_len
-        out.latency = last - st
+        stream.finish()
+        return out
+
+    async def _send_aiohttp(self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str],
+                            out: RequestOutput, stream: _CompletionStream) -> None:
+        perf = time.perf_counter
+        async with session.post(self.config.url, data=body, headers=headers, timeout=self._timeout) as resp:
+            if resp.status != 200:
+                detail = (await resp.read())[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+                out.error = f"HTTP {resp.status} {resp.reason}: {detail}".rstrip(": ")
+                return
+            content = resp.content
+            while True:
+                data = await content.readany()
+                if not data or stream.feed(data, perf()):
+                    break
+
+
+class _CompletionStream:
+    """The SSE body of one streamed completion, turned into its request's timings and counts.
+
+    `feed(data, stamp)` takes the bytes of one read and the time they arrived; every message that
+    read completes gets that stamp. It returns True when reading should stop (an error event or a
+    malformed message: the request has failed). `finish()` settles the request once the body ended.
+    """
+
+    __slots__ = ("out", "start", "last", "buf", "got_choice", "done", "pieces", "running_usage", "text_len")
+
+    def __init__(self, out: RequestOutput, start: float) -> None:
+        self.out = out
+        self.start = start
+        self.last = start
+        self.buf = b""
+        self.got_choice = False
+        self.done = False
+        self.pieces = 0
+        self.running_usage: int | None = None
+        self.text_len = 0
+
+    def feed(self, data: bytes, now: float) -> bool:
+        out = self.out
+        if self.done or out.error:
+            return bool(out.error)
+        buf = self.buf + data if self.buf else data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        if b"\n\n" not in buf:
+            self.buf = buf
+            return False
+        events = buf.split(b"\n\n")
+        self.buf = events.pop()
+        try:
+            for ev in events:
+                payload = _payload(ev)
+                if payload is None:
+                    continue
+                if payload == b"[DONE]":
+                    self.done = True
+                    return False
+                chunk = _DECODE(payload)
+                if chunk.error is not None:
+                    out.error = ("error event in stream: " + _ENCODE(chunk.error).decode())[:_ERROR_TEXT_LIMIT]
+                    return True
+                choices = chunk.choices
+                if choices:
+                    if self.got_choice:
+                        out.itl.append(now - self.last)
+                    else:
+                        self.got_choice = True
+                        out.ttft = now - self.start
+                    self.last = now
+                    c = choices[0]
+                    text = c.text if c.text is not None else (
+                        (c.delta.content or c.delta.reasoning_content) if c.delta is not None else None)
+                    if text:
+                        self.pieces += 1
+                        self.text_len += len(text)
+                    if chunk.usage is not None and chunk.usage.completion_tokens is not None:
+                        self.running_usage = chunk.usage.completion_tokens
+                elif chunk.usage is not None:
+                    out.output_tokens = chunk.usage.completion_tokens or 0
+                    if chunk.usage.prompt_tokens is not None:
+                        out.prompt_len = chunk.usage.prompt_tokens
+        except msgspec.DecodeError as exc:
+            out.error = f"malformed message in stream: {exc}"[:_ERROR_TEXT_LIMIT]
+            return True
+        return False
+
+    def finish(self) -> None:
+        out = self.out
+        if not self.done and not out.error:
+            # A final `data:` line without its blank line still counts if it is [DONE].
+            self.done = _payload(self.buf.strip()) == b"[DONE]"
+        out.counted_tokens = self.running_usage if self.running_usage is not None else self.pieces
+        out.generated_text_len = self.text_len
+        out.latency = self.last - self.start
         if not out.error:
-            if not got_choice:
+            if not self.got_choice:
                 out.error = "no message with choices received"
-            elif not done:
+            elif not self.done:
                 out.error = "stream ended before [DONE]"
         out.success = not out.error
-        return out
 
 
 def _payload(ev: bytes) -> bytes | None:
@@ -372,6 +431,14 @@ def _payload(ev: bytes) -> bytes | None:
         return ev[5:].strip()
     lines = [ln[5:].strip() for ln in ev.split(b"\n") if ln.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+def freeze_heap() -> None:
+    """Put everything alive now out of the garbage collector's reach before a measured run, as
+    `vllm bench serve` does: a full collection walking a large static heap (a tokenizer, torch)
+    would otherwise stop the event loop for milliseconds in the middle of the run."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_load(config: LoadGenConfig, requests: Sequence[SampleRequest], *,

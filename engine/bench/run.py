@@ -20,7 +20,7 @@ from engine.bench.dataset import sample_random_requests
 from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
-from engine.bench.loadgen import LoadGenConfig, LoadGenerator
+from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
 from engine.bench.metrics import aggregate_repeats, detailed_lists
 from engine.config.benchmark import BenchmarkConfig
 from engine.runs.process import CancelToken
@@ -70,7 +70,8 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         "workspace_dir": str(ws.root), "overrides": overrides, "warnings": warnings, "errors": [],
         "envs": envs, "kernel_summary": [], "top_bottlenecks": [], "tracelens_analysis": {"enabled": False},
         "gap_analysis": {"enabled": False},
-        "environment": {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node()},
+        "environment": {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
+                        "http_client": cfg.client.http_client},
     }
     trace_dir = ws.path("torch_trace") if profiled else None
     if trace_dir is not None:
@@ -131,7 +132,8 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                                                  request_rate=rate, burstiness=cfg.client.burstiness,
                                                  max_concurrency=conc, num_warmups=cfg.client.warmup,
                                                  seed=cfg.client.seed + rep,
-                                                 request_timeout_s=cfg.timeout_seconds),
+                                                 request_timeout_s=cfg.timeout_seconds,
+                                                 http_client=cfg.client.http_client),
                                    requests, on_progress=lambda phase, done, total, _o, rep=rep, point=point:
                                    ws.events.emit("progress", phase=phase, done=done, total=total, repeat=rep,
                                                   point=point) if done == total or done % 10 == 0 else None)
@@ -262,6 +264,7 @@ def _profile_body(cfg: BenchmarkConfig) -> dict:
 
 def _run(lg: LoadGenerator):
     import asyncio
+    freeze_heap()
     return asyncio.run(lg.run())
 
 

@@ -190,6 +190,9 @@ class Client(_Strict):
     base_url: Optional[str] = None
     sweep: dict[str, list[Union[int, float]]] = Field(default_factory=dict)
     goodput: dict[str, float] = Field(default_factory=dict)
+    # lean: our asyncio-Protocol client, which stamps each read where it arrives; aiohttp: the
+    # client library vLLM's benchmark uses (a cross-check, or for servers behind what lean lacks).
+    http_client: Literal["lean", "aiohttp"] = "lean"
 
     @field_validator("sweep")
     @classmethod
@@ -317,6 +320,7 @@ _CLI_FIELDS = {
     "request_rate": ("client.request_rate", None), "burstiness": ("client.burstiness", None),
     "warmup": ("client.warmup", None), "repeats": ("client.repeats", None), "seed": ("client.seed", None),
     "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
+    "http_client": ("client.http_client", None),
     "torch_profiler": ("profiler.torch_profiler.enabled", None),
     "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
 }

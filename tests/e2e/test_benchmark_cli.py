@@ -53,11 +53,15 @@ def test_base_url_server_and_failures(tmp_path):
     from bench_server import BenchServer, Script
     with BenchServer(Script(tokens=5, itl_s=0.001)) as srv:
         proc = run_magpie("benchmark", "vllm", "-m", "test-model", "--base-url", srv.url, "--concurrency", "2",
-                          "--num-prompts", "4", "--input-len", "8", "--output-len", "5", "-o", tmp_path, timeout=120)
+                          "--num-prompts", "4", "--input-len", "8", "--output-len", "5", "--http-client", "aiohttp",
+                          "-o", tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, r = _report(tmp_path)
     assert r["server"] == {"base_url": srv.url, "launched": False}
     assert r["throughput"]["completed_requests"] == 4
+    assert r["environment"]["http_client"] == "aiohttp"
+    assert {"field": "benchmark.client.http_client", "yaml": "lean", "cli": "aiohttp",
+            "flag": "--http-client"} in r["overrides"]
     assert any("VOCAB_SIZE" in w for w in r["warnings"])
 
 

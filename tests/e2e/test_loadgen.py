@@ -21,13 +21,17 @@ def _reqs(n: int, out_len: int = 6) -> list[SampleRequest]:
     return sample_random_requests(n, input_len=16, output_len=out_len, vocab_size=1000, seed=0)
 
 
-def _cfg(srv: BenchServer, **kw) -> LoadGenConfig:
-    return LoadGenConfig(base_url=srv.url, model="fake", **kw)
+@pytest.fixture(params=["lean", "aiohttp"])
+def cfg(request):
+    """Every behaviour holds for both HTTP clients."""
+    def make(srv: BenchServer, **kw) -> LoadGenConfig:
+        return LoadGenConfig(base_url=srv.url, model="fake", http_client=request.param, **kw)
+    return make
 
 
-def test_timings_match_injected_delays():
+def test_timings_match_injected_delays(cfg):
     with BenchServer(Script(ttft_s=TTFT, itl_s=ITL)) as srv:
-        res = run_load(_cfg(srv, num_warmups=1), _reqs(3, out_len=8))
+        res = run_load(cfg(srv, num_warmups=1), _reqs(3, out_len=8))
         stamps = srv.stamps
     assert [o.success for o in res.outputs] == [True] * 3
     m = res.metrics()
@@ -52,9 +56,9 @@ def test_timings_match_injected_delays():
     assert m.mean_e2el_ms == pytest.approx((TTFT + 7 * ITL) * 1000, abs=30.0)
 
 
-def test_multi_token_chunks_keep_tpot_honest_and_itl_per_chunk():
+def test_multi_token_chunks_keep_tpot_honest_and_itl_per_chunk(cfg):
     with BenchServer(Script(ttft_s=0.02, itl_s=ITL, tokens=12, tokens_per_chunk=4)) as srv:
-        res = run_load(_cfg(srv), _reqs(2))
+        res = run_load(cfg(srv), _reqs(2))
     for o in res.outputs:
         assert o.success and o.output_tokens == 12 and len(o.itl) == 2
     m = res.metrics()
@@ -62,28 +66,28 @@ def test_multi_token_chunks_keep_tpot_honest_and_itl_per_chunk():
     assert m.mean_tpot_ms == pytest.approx(2 * ITL * 1000 / 11, abs=2.0)  # 2 gaps over 11 tokens
 
 
-def test_token_count_without_final_usage():
+def test_token_count_without_final_usage(cfg):
     with BenchServer(lambda rid, _b: Script(tokens=12, tokens_per_chunk=4, usage=False,
                                             continuous_usage=rid == "0")) as srv:
-        res = run_load(_cfg(srv), _reqs(2))
+        res = run_load(cfg(srv), _reqs(2))
     running, pieces = res.outputs
     assert running.output_tokens == 0 and running.counted_tokens == 12  # running usage on content chunks
     assert pieces.output_tokens == 0 and pieces.counted_tokens == 3  # one per text chunk: undercounts
     assert res.metrics().total_output == 15
 
 
-def test_empty_chunks_count_for_ttft_and_itl_not_tokens():
+def test_empty_chunks_count_for_ttft_and_itl_not_tokens(cfg):
     with BenchServer(Script(ttft_s=0.03, itl_s=0.01, tokens=4, empty_chunks_at=(0, 3))) as srv:
-        res = run_load(_cfg(srv), _reqs(1))
+        res = run_load(cfg(srv), _reqs(1))
     (o,) = res.outputs
     assert o.success and o.output_tokens == 4 and o.counted_tokens == 4
     assert len(o.itl) == 5  # 6 messages with choices: 2 empty + 4 tokens
     assert o.ttft == pytest.approx(0.03, abs=0.02)
 
 
-def test_missing_usage_falls_back_to_counted_tokens():
+def test_missing_usage_falls_back_to_counted_tokens(cfg):
     with BenchServer(Script(tokens=5, usage=False)) as srv:
-        res = run_load(_cfg(srv), _reqs(2))
+        res = run_load(cfg(srv), _reqs(2))
     assert all(o.success and o.output_tokens == 0 and o.counted_tokens == 5 for o in res.outputs)
     assert res.metrics().total_output == 10
 
@@ -94,9 +98,9 @@ def test_missing_usage_falls_back_to_counted_tokens():
     (Script(tokens=6, close_after_chunks=2), ""),
     (Script(tokens=3, done=False), "stream ended before [DONE]"),
 ])
-def test_faults_fail_only_their_request(script, error):
+def test_faults_fail_only_their_request(cfg, script, error):
     with BenchServer(lambda rid, _b: script if rid == "1" else Script(tokens=3)) as srv:
-        res = run_load(_cfg(srv), _reqs(3))
+        res = run_load(cfg(srv), _reqs(3))
     ok = [o for o in res.outputs if o.request_id != "1"]
     (bad,) = [o for o in res.outputs if o.request_id == "1"]
     assert all(o.success for o in ok)
@@ -105,25 +109,25 @@ def test_faults_fail_only_their_request(script, error):
     assert (m.completed, m.failed) == (2, 1) and m.total_output == 6
 
 
-def test_request_timeout():
+def test_request_timeout(cfg):
     with BenchServer(Script(ttft_s=0.5, tokens=2)) as srv:
-        res = run_load(_cfg(srv, request_timeout_s=0.1), _reqs(1))
+        res = run_load(cfg(srv, request_timeout_s=0.1), _reqs(1))
     assert not res.outputs[0].success and "timeout" in res.outputs[0].error
 
 
-def test_concurrency_limit_and_queue_time():
+def test_concurrency_limit_and_queue_time(cfg):
     with BenchServer(Script(itl_s=0.005, tokens=5)) as srv:
-        res = run_load(_cfg(srv, max_concurrency=3), _reqs(12))
+        res = run_load(cfg(srv, max_concurrency=3), _reqs(12))
         assert srv.max_in_flight == 3
     assert all(o.success for o in res.outputs)
     assert max(o.queue_time for o in res.outputs) > 0.03  # later requests waited for a slot
     assert res.metrics().max_concurrent_requests >= 3
 
 
-def test_warmup_is_sent_and_excluded():
+def test_warmup_is_sent_and_excluded(cfg):
     seen: list[tuple[str, int, int]] = []
     with BenchServer(Script(tokens=2)) as srv:
-        res = run_load(_cfg(srv, num_warmups=2), _reqs(3),
+        res = run_load(cfg(srv, num_warmups=2), _reqs(3),
                        on_progress=lambda phase, done, total, _o: seen.append((phase, done, total)))
         ids = [rid for rid, _t in srv.arrivals]
     assert sorted(ids[:2]) == ["warmup-0", "warmup-1"] and sorted(ids[2:]) == ["0", "1", "2"]
@@ -132,10 +136,10 @@ def test_warmup_is_sent_and_excluded():
     assert [s for s in seen if s[0] == "measure"] == [("measure", 1, 3), ("measure", 2, 3), ("measure", 3, 3)]
 
 
-def test_poisson_arrivals_follow_seeded_schedule():
+def test_poisson_arrivals_follow_seeded_schedule(cfg):
     n, rate = 12, 20.0
     with BenchServer(Script(tokens=1)) as srv:
-        res = run_load(_cfg(srv, request_rate=rate, seed=5), _reqs(n))
+        res = run_load(cfg(srv, request_rate=rate, seed=5), _reqs(n))
         arrivals = dict(srv.arrivals)
     starts = np.array([o.start_time for o in res.outputs])
     planned = np.array(arrival_offsets(n, rate, 1.0, seed=5))
@@ -155,19 +159,19 @@ def test_poisson_arrivals_follow_seeded_schedule():
     assert res.duration_s >= n / rate
 
 
-def test_chat_endpoint_streams_deltas():
+def test_chat_endpoint_streams_deltas(cfg):
     reqs = [SampleRequest(prompt="hello there", prompt_len=2, output_len=4, request_id=str(i)) for i in range(2)]
     with BenchServer(Script(tokens=4, empty_chunks_at=(0,))) as srv:
-        res = run_load(_cfg(srv, endpoint="/v1/chat/completions"), reqs)
+        res = run_load(cfg(srv, endpoint="/v1/chat/completions"), reqs)
     for o in res.outputs:
         assert o.success and o.output_tokens == 4 and len(o.itl) == 4 and o.generated_text_len > 0
     with pytest.raises(ValueError, match="text prompts"):
         LoadGenerator(LoadGenConfig(base_url="http://x", model="m", endpoint="/v1/chat/completions"), _reqs(1))
 
 
-def test_cancel_from_another_thread():
+def test_cancel_from_another_thread(cfg):
     with BenchServer(Script(itl_s=0.05, tokens=100)) as srv:
-        gen = LoadGenerator(_cfg(srv, max_concurrency=2), _reqs(6, out_len=100))
+        gen = LoadGenerator(cfg(srv, max_concurrency=2), _reqs(6, out_len=100))
         threading.Timer(0.3, gen.cancel).start()
         t = time.perf_counter()
         res = asyncio.run(gen.run())
@@ -177,10 +181,10 @@ def test_cancel_from_another_thread():
     assert {o.error for o in res.outputs} <= {"cancelled", "cancelled before sending"}
 
 
-def test_before_measure_runs_after_the_warmup_and_before_the_measured_requests():
+def test_before_measure_runs_after_the_warmup_and_before_the_measured_requests(cfg):
     seen_at_hook: list[int] = []
     with BenchServer(Script(tokens=2)) as srv:
-        lg = LoadGenerator(_cfg(srv, num_warmups=3, max_concurrency=2), _reqs(4, out_len=2))
+        lg = LoadGenerator(cfg(srv, num_warmups=3, max_concurrency=2), _reqs(4, out_len=2))
         lg.before_measure = lambda: seen_at_hook.append(len(srv.stamps))
         res = asyncio.run(lg.run())
         total = len(srv.stamps)

@@ -1,0 +1,358 @@
+"""A lean HTTP/1.1 client for streamed POSTs, built on asyncio Protocols.
+
+Why not aiohttp for the timed path: aiohttp hands each read to the request's task through a
+StreamReader and a future, so every chunk costs a task wake-up and is stamped only when that task
+next runs — after every other stream that became readable in the same loop turn. Here the response
+is parsed where the bytes arrive (`data_received`), the read is stamped there with one
+`perf_counter()`, and the body goes straight to the caller's `on_body(data, stamp)`; the request's
+task wakes once, when the response ends. benchmarks/loadgen_overhead.py measures the difference.
+
+What it speaks: HTTP/1.1 (and 1.0 responses), keep-alive with a pool of idle connections per
+client, responses framed by `Transfer-Encoding: chunked`, `Content-Length`, or the connection's
+close; interim 1xx responses are skipped; `https://` through asyncio's TLS. No proxies, no
+redirects, no compression (it does not ask for any). A connection that the server closed while idle
+is retried once on a fresh one, and only when not a byte of the response had arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+# on_body(data, stamp) gets the body bytes of one read and the perf_counter() of that read;
+# returning True stops the response there (the connection is closed, not reused).
+BodySink = Callable[[bytes, float], "bool | None"]
+
+_MAX_HEAD = 64 * 1024
+_ERROR_BODY_LIMIT = 4096
+
+# parser states
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class HTTPError(Exception):
+    """The response could not be read: malformed, or the connection ended before it was complete."""
+
+
+@dataclass
+class Response:
+    status: int
+    reason: str
+    headers: dict[str, str]
+    # The body when the status is not 200 (its first 4 KiB): with 200 it went to on_body instead.
+    error_body: bytes = b""
+
+
+class ResponseParser:
+    """Incremental HTTP/1.1 response parser: feed it reads as they come.
+
+    With status 200 the body goes to `on_body`, one call per `feed` with everything that read
+    carried (chunk framing removed); with any other status the body is kept in `error_body`.
+    """
+
+    def __init__(self, on_body: BodySink, *, head_request: bool = False) -> None:
+        self.on_body = on_body
+        self.head_request = head_request
+        self.state = _HEAD
+        self.buf = b""
+        self.remaining = 0
+        self.response: Response | None = None
+        self.keep_alive = False
+        self.stopped = False  # on_body asked to stop
+        self.got_bytes = False
+
+    @property
+    def done(self) -> bool:
+        return self.state == _DONE
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Parse one read. Raises HTTPError on a malformed response."""
+        self.got_bytes = True
+        buf = self.buf + data if self.buf else data
+        pos = 0
+        n = len(buf)
+        pieces: list[bytes] = []
+        while pos < n or self.state == _DONE:
+            st = self.state
+            if st == _CHUNK_DATA:
+                take = min(self.remaining, n - pos)
+                pieces.append(buf[pos:pos + take])
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = _CHUNK_END
+            elif st == _CHUNK_SIZE:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    if n - pos > 1024:
+                        raise HTTPError("chunk-size line longer than 1 KiB")
+                    break
+                line = buf[pos:eol].split(b";", 1)[0].strip()
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    raise HTTPError(f"bad chunk-size line {buf[pos:eol][:40]!r}") from None
+                if size < 0:
+                    raise HTTPError(f"bad chunk-size line {buf[pos:eol][:40]!r}")
+                pos = eol + 2
+                if size == 0:
+                    self.state = _TRAILER
+                else:
+                    self.remaining = size
+                    self.state = _CHUNK_DATA
+            elif st == _CHUNK_END:
+                if n - pos < 2:
+                    break
+                if buf[pos:pos + 2] != b"\r\n":
+                    raise HTTPError("chunk data not followed by CRLF")
+                pos += 2
+                self.state = _CHUNK_SIZE
+            elif st == _LENGTH:
+                take = min(self.remaining, n - pos)
+                pieces.append(buf[pos:pos + take])
+                pos += take
+                self.remaining -= take
+                if self.remaining == 0:
+                    self.state = _DONE
+            elif st == _UNTIL_CLOSE:
+                pieces.append(buf[pos:])
+                pos = n
+            elif st == _HEAD:
+                end = buf.find(b"\r\n\r\n", pos)
+                if end < 0:
+                    if n - pos > _MAX_HEAD:
+                        raise HTTPError("response head larger than 64 KiB")
+                    break
+                head = buf[pos:end]
+                pos = end + 4
+                self._start_body(head)
+            elif st == _TRAILER:
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                empty = eol == pos
+                pos = eol + 2
+                if empty:
+                    self.state = _DONE
+            else:  # _DONE
+                if pos < n:
+                    self.keep_alive = False  # bytes after the response: do not trust this connection
+                break
+        self.buf = buf[pos:] if pos < n and self.state != _DONE else b""
+        if pieces:
+            self._deliver(b"".join(pieces) if len(pieces) > 1 else pieces[0], now)
+
+    def eof(self) -> None:
+        """The connection closed. Raises HTTPError if the response was not complete."""
+        if self.state == _UNTIL_CLOSE:
+            self.state = _DONE
+            self.keep_alive = False
+        elif self.state != _DONE:
+            where = "before the response head" if self.state == _HEAD else "in the middle of the body"
+            raise HTTPError(f"connection closed {where}")
+
+    def _deliver(self, data: bytes, now: float) -> None:
+        assert self.response is not None
+        if self.response.status == 200:
+            if not self.stopped and data and self.on_body(data, now):
+                self.stopped = True
+        elif len(self.response.error_body) < _ERROR_BODY_LIMIT:
+            self.response.error_body = (self.response.error_body + data)[:_ERROR_BODY_LIMIT]
+
+    def _start_body(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise HTTPError(f"bad status line {lines[0][:80]!r}")
+        version, status = parts[0], int(parts[1])
+        reason = parts[2].decode("latin-1") if len(parts) > 2 else ""
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise HTTPError(f"bad header line {line[:80]!r}")
+            key = name.strip().decode("latin-1").lower()
+            val = value.strip().decode("latin-1")
+            headers[key] = f"{headers[key]}, {val}" if key in headers else val
+        if 100 <= status < 200:  # interim response: the real one follows
+            return
+        self.response = Response(status=status, reason=reason, headers=headers)
+        conn = headers.get("connection", "").lower()
+        self.keep_alive = "close" not in conn and (version == b"HTTP/1.1" or "keep-alive" in conn)
+        te = headers.get("transfer-encoding", "").lower()
+        if self.head_request or status in (204, 304):
+            self.state = _DONE
+        elif te:
+            if te.rsplit(",", 1)[-1].strip() != "chunked":
+                raise HTTPError(f"unsupported Transfer-Encoding {te!r}")
+            self.state = _CHUNK_SIZE
+        elif "content-length" in headers:
+            try:
+                self.remaining = int(headers["content-length"])
+            except ValueError:
+                raise HTTPError(f"bad Content-Length {headers['content-length']!r}") from None
+            self.state = _LENGTH if self.remaining > 0 else _DONE
+        else:
+            self.state = _UNTIL_CLOSE
+            self.keep_alive = False
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection; it carries one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser: ResponseParser | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        parser, waiter = self.parser, self.waiter
+        if parser is None or waiter is None or waiter.done():
+            self._close()  # bytes nobody asked for: this connection cannot be trusted for the next request
+            return
+        try:
+            parser.feed(data, now)
+        except Exception as exc:  # a malformed response, or on_body raised: this request fails
+            self._fail(exc)
+            return
+        if parser.stopped:
+            self._close()
+            waiter.set_result(None)
+        elif parser.done:
+            waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        parser, waiter = self.parser, self.waiter
+        if parser is None or waiter is None or waiter.done():
+            return
+        try:
+            parser.eof()
+        except HTTPError as err:
+            waiter.set_exception(err)
+            return
+        waiter.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost decides whether the response was complete
+
+    def _fail(self, exc: BaseException) -> None:
+        self._close()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+
+    def _close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class StreamingHTTPClient:
+    """POSTs to one origin over a pool of keep-alive connections.
+
+    The caller bounds concurrency (the load generator's semaphore); the pool keeps every idle
+    connection so that a concurrency level, once warm, reconnects nothing.
+    """
+
+    def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"base URL {base_url!r}: the scheme must be http or https")
+        if not parts.hostname:
+            raise ValueError(f"base URL {base_url!r} has no host")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        default_port = 443 if parts.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if self.port == default_port else f"{host}:{self.port}"
+        self.base_path = parts.path.rstrip("/")
+        self.ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl,
+                                               server_hostname=self.host if self.ssl else None)
+        self._open.add(conn)
+        return conn
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+            self._open.discard(conn)
+        return None
+
+    async def post(self, path: str, body: bytes, headers: Mapping[str, str], on_body: BodySink) -> Response:
+        """Send one POST and read its response to the end (or until on_body returns True).
+
+        Raises HTTPError when the response cannot be read, OSError when the server cannot be reached.
+        """
+        lines = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self.host_header}",
+                 f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("host", "content-length")]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        conn = self._take_idle()
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect()
+            parser = ResponseParser(on_body)
+            try:
+                return await self._exchange(conn, request, parser)
+            except HTTPError:
+                # A kept-alive connection the server had already closed: nothing of this request
+                # was answered, so one more try on a fresh connection is safe.
+                if reused and not parser.got_bytes:
+                    reused = False
+                    conn = None
+                    continue
+                raise
+
+    async def _exchange(self, conn: _Connection, request: bytes, parser: ResponseParser) -> Response:
+        conn.parser = parser
+        conn.waiter = waiter = asyncio.get_running_loop().create_future()
+        keep = False
+        try:
+            if conn.closed or conn.transport is None:
+                raise HTTPError("connection closed before the request was sent")
+            conn.transport.write(request)
+            await waiter
+            assert parser.response is not None
+            keep = parser.done and parser.keep_alive and not parser.stopped and not conn.closed
+            return parser.response
+        finally:
+            conn.parser = None
+            conn.waiter = None
+            if keep:
+                self._idle.append(conn)
+            else:
+                # Cancelled, failed, stopped early or not reusable: close it (what is in flight
+                # on it is not ours to read any more).
+                conn._close()
+                self._open.discard(conn)
+
+    async def close(self) -> None:
+        for conn in list(self._open):
+            conn._close()
+        self._open.clear()
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports run their close callbacks
+
+    async def __aenter__(self) -> StreamingHTTPClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
