@@ -357,14 +357,23 @@ def table(name: str, levels: list[Level]) -> str:
         rows.append(f"{lv.concurrency:>5} {lv.offered_tok_s:>14.0f} {lv.achieved_tok_s:>15.0f} {lv.p50_lag_ms:>11.3f} "
                     f"{lv.p99_lag_ms:>11.3f} {lv.p99_gap_err_ms:>15.3f} {lv.cpu_us_per_token:>13.1f} {lv.failed:>7} "
                     f"{'yes' if lv.ok else 'no':>3}")
-    rate = sustained(levels)
-    rows.append(f"sustained: {rate:.0f} tok/s" if rate else "sustained: none (even C=1 exceeds the limit)")
+    rate, strict = sustained(levels), before_first_miss(levels)
+    rows.append(f"sustained: {rate:.0f} tok/s (before the first miss: {strict or 0:.0f} tok/s)" if rate
+                else "sustained: none (no level met the limit)")
     return "\n".join(rows)
 
 
 def sustained(levels: list[Level]) -> float | None:
-    """The achieved rate of the last level before the first one whose p99 lag exceeds the limit
-    (levels further up that happen to pass again do not count)."""
+    """The highest achieved rate of a level whose p99 lag met the limit. A client's own lag only
+    grows with its load, so a level that passes above one that missed shows the miss came from the
+    machine (an idle vCPU waking late), not from the client."""
+    ok = [lv.achieved_tok_s for lv in levels if lv.ok]
+    return max(ok) if ok else None
+
+
+def before_first_miss(levels: list[Level]) -> float | None:
+    """The stricter reading: the achieved rate of the last level before the first miss, however
+    the miss came about (on a shared machine this is often decided by one noisy level)."""
     best = None
     for lv in levels:
         if not lv.ok:
@@ -447,12 +456,14 @@ def main() -> None:
     for name, levels in results.items():
         print()
         print(table(name, levels))
-    rates = {name: {"sustained_tok_s": sustained(levels), "saturation_tok_s": saturation(levels)}
+    rates = {name: {"sustained_tok_s": sustained(levels), "before_first_miss_tok_s": before_first_miss(levels),
+                    "saturation_tok_s": saturation(levels)}
              for name, levels in results.items()}
     if "vllm" in rates:
         for name in [n for n in rates if n != "vllm"]:
             print()
             for key, what in (("sustained_tok_s", f"sustained within {LIMIT_MS} ms p99 lag"),
+                              ("before_first_miss_tok_s", "the same, before the first level that missed"),
                               ("saturation_tok_s", "highest rate kept up with (>= 80% of offered)")):
                 a, b = rates[name][key], rates["vllm"][key]
                 ratio = f"{a / b:.2f}x" if a and b else "n/a"
