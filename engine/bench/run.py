@@ -22,6 +22,7 @@ from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, sel
 from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
 from engine.bench.metrics import aggregate_repeats, detailed_lists
+from engine.bench.tokenizers import TokenizerError, load_tokenizer
 from engine.config.benchmark import BenchmarkConfig
 from engine.runs.process import CancelToken
 from engine.runs.workspace import Workspace
@@ -80,7 +81,12 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     monitor: Optional[GpuMonitor] = None
     chosen: list[GpuState] = []
     state = "failed"
+    tokenizer_name = cfg.effective_tokenizer()
+    report["dataset"] = {"name": "random", "prompts": "text" if tokenizer_name else "token ids",
+                         "tokenizer": tokenizer_name}
     try:
+        # Before the server starts: a tokenizer that cannot load should not cost a server start.
+        tokenizer = load_tokenizer(tokenizer_name) if tokenizer_name else None
         if cfg.client.base_url:
             base_url, model = cfg.client.base_url.rstrip("/"), cfg.model or cfg.server.size
             report["server"] = {"base_url": base_url, "launched": False}
@@ -106,7 +112,9 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
             ids = [s.uuid if s.vendor == "nvidia" else str(s.smi_index) for s in chosen] if cfg.client.base_url is None \
                 else []
             monitor = GpuMonitor(ids or None, cfg.profiler.gpu_monitor.interval_sec).start()
-        if cfg.framework == "builtin":
+        if tokenizer is not None:
+            vocab, special = None, ()
+        elif cfg.framework == "builtin":
             vocab, special = _BUILTIN_VOCAB.get(cfg.server.size, 512), _BUILTIN_SPECIAL
         else:
             vocab, special = int(envs.get("VOCAB_SIZE", "32000")), ()
@@ -125,7 +133,8 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                     break
                 requests = sample_random_requests(num_prompts, input_len=isl, output_len=osl,
                                                   range_ratio=float(envs["RANDOM_RANGE_RATIO"]),
-                                                  seed=cfg.client.seed + rep, vocab_size=vocab, special_ids=special)
+                                                  seed=cfg.client.seed + rep, vocab_size=vocab, special_ids=special,
+                                                  tokenizer=tokenizer)
                 lg = LoadGenerator(LoadGenConfig(base_url=base_url, model=model,
                                                  endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
                                                  else "/v1/completions",
@@ -182,7 +191,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         if first.get("failed"):
             report["errors"].append(f"{first['failed']} request(s) failed: {'; '.join(first.get('errors', []))}")
         state = "cancelled" if cancel.cancelled else ("completed" if report["success"] else "failed")
-    except (LaunchError, OSError) as exc:
+    except (LaunchError, OSError, TokenizerError) as exc:
         report["errors"].append(str(exc))
     finally:
         if monitor is not None:

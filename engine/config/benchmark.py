@@ -193,6 +193,9 @@ class Client(_Strict):
     # lean: our asyncio-Protocol client, which stamps each read where it arrives; aiohttp: the
     # client library vLLM's benchmark uses (a cross-check, or for servers behind what lean lacks).
     http_client: Literal["lean", "aiohttp"] = "lean"
+    # Text prompts through this tokenizer (a Hugging Face name or folder, or "builtin"), as
+    # `vllm bench serve` sends them; unset: token-id prompts (the chat endpoint needs text).
+    tokenizer: Optional[str] = None
 
     @field_validator("sweep")
     @classmethod
@@ -265,9 +268,19 @@ class BenchmarkConfig(_Strict):
         if self.run_kind == "measurement" and (self.profiler.torch_profiler.enabled or self.gap_analysis.enabled):
             raise ValueError("run_kind measurement excludes the torch profiler and gap analysis "
                              "(profiling perturbs latency): use run_kind diagnostic or auto")
+        if self.client.endpoint == "chat" and not self.effective_tokenizer():
+            raise ValueError("client.endpoint chat sends text messages: set client.tokenizer (--tokenizer) to the "
+                             "model's tokenizer (a Hugging Face name or folder) so that the random prompts are text")
         if self.server_lifecycle.enabled and not self.server_lifecycle.cleanup and self.profiler.torch_profiler.enabled:
             raise ValueError("server_lifecycle reuse without cleanup cannot be combined with the torch profiler")
         return self
+
+    def effective_tokenizer(self) -> Optional[str]:
+        """The tokenizer for text prompts, or None for token ids. The built-in server's chat
+        endpoint gets its own byte tokenizer without being asked."""
+        if self.client.tokenizer:
+            return self.client.tokenizer
+        return "builtin" if self.framework == "builtin" and self.client.endpoint == "chat" else None
 
     def effective_run_kind(self) -> str:
         if self.run_kind != "auto":
@@ -320,7 +333,8 @@ _CLI_FIELDS = {
     "request_rate": ("client.request_rate", None), "burstiness": ("client.burstiness", None),
     "warmup": ("client.warmup", None), "repeats": ("client.repeats", None), "seed": ("client.seed", None),
     "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
-    "http_client": ("client.http_client", None),
+    "http_client": ("client.http_client", None), "tokenizer": ("client.tokenizer", None),
+    "endpoint": ("client.endpoint", None),
     "torch_profiler": ("profiler.torch_profiler.enabled", None),
     "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
 }

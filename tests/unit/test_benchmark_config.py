@@ -120,3 +120,17 @@ def test_shipped_benchmark_examples_load_and_pair_up():
         a, b = cfg.model_dump(), prof.model_dump()
         a.pop("profiler"), b.pop("profiler")
         assert a == b and prof.profiler.tracelens.enabled and prof.profiler.torch_profiler.enabled
+
+
+def test_chat_needs_text_prompts(tmp_path):
+    with pytest.raises(ConfigError, match="client.endpoint chat sends text messages: set client.tokenizer"):
+        load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: a/b\n  client: {endpoint: chat}\n"))
+    cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: a/b\n"
+                                                    "  client: {endpoint: chat, tokenizer: a/b}\n"))
+    assert cfg.effective_tokenizer() == "a/b"
+    cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n  client: {endpoint: chat}\n"))
+    assert cfg.effective_tokenizer() == "builtin"  # the built-in server's own tokenizer
+    cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n"))
+    assert cfg.effective_tokenizer() is None  # token ids unless asked
+    new, overrides = apply_cli_overrides(cfg, {"endpoint": "chat", "tokenizer": "builtin"})
+    assert new.client.endpoint == "chat" and {o["flag"] for o in overrides} == {"--endpoint", "--tokenizer"}
