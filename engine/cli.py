@@ -84,6 +84,8 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--sweep", action="append", help="KEY=V1,V2,... (concurrency, input_len, output_len, request_rate)")
     b.add_argument("--base-url", help="benchmark a server that is already running")
     b.add_argument("--seed", type=int, help="dataset and arrival seed")
+    b.add_argument("--prefix-len", type=int, help="tokens of a prefix shared by every prompt, before its "
+                                                  "input-len tokens (vLLM's --random-prefix-len; default 0)")
     b.add_argument("--endpoint", choices=["completions", "chat"],
                    help="the API the load uses (default completions; chat needs text prompts: --tokenizer)")
     b.add_argument("--tokenizer", help="text prompts through this tokenizer (Hugging Face name or folder, or "
@@ -349,7 +351,7 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "request_rate": args.request_rate, "burstiness": args.burstiness, "range_ratio": args.range_ratio,
              "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
              "base_url": args.base_url, "seed": args.seed, "http_client": args.http_client,
-             "tokenizer": args.tokenizer, "endpoint": args.endpoint,
+             "tokenizer": args.tokenizer, "endpoint": args.endpoint, "prefix_len": args.prefix_len,
              "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
              "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}

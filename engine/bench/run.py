@@ -83,7 +83,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     state = "failed"
     tokenizer_name = cfg.effective_tokenizer()
     report["dataset"] = {"name": "random", "prompts": "text" if tokenizer_name else "token ids",
-                         "tokenizer": tokenizer_name}
+                         "tokenizer": tokenizer_name, "prefix_len": cfg.client.prefix_len}
     try:
         # Before the server starts: a tokenizer that cannot load should not cost a server start.
         tokenizer = load_tokenizer(tokenizer_name) if tokenizer_name else None
@@ -133,6 +133,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
                     break
                 requests = sample_random_requests(num_prompts, input_len=isl, output_len=osl,
                                                   range_ratio=float(envs["RANDOM_RANGE_RATIO"]),
+                                                  prefix_len=cfg.client.prefix_len,
                                                   seed=cfg.client.seed + rep, vocab_size=vocab, special_ids=special,
                                                   tokenizer=tokenizer)
                 lg = LoadGenerator(LoadGenConfig(base_url=base_url, model=model,

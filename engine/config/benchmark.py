@@ -196,6 +196,8 @@ class Client(_Strict):
     # Text prompts through this tokenizer (a Hugging Face name or folder, or "builtin"), as
     # `vllm bench serve` sends them; unset: token-id prompts (the chat endpoint needs text).
     tokenizer: Optional[str] = None
+    # A shared prefix of this many tokens in front of every prompt (vLLM's --random-prefix-len).
+    prefix_len: int = Field(default=0, ge=0)
 
     @field_validator("sweep")
     @classmethod
@@ -334,7 +336,7 @@ _CLI_FIELDS = {
     "warmup": ("client.warmup", None), "repeats": ("client.repeats", None), "seed": ("client.seed", None),
     "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
     "http_client": ("client.http_client", None), "tokenizer": ("client.tokenizer", None),
-    "endpoint": ("client.endpoint", None),
+    "endpoint": ("client.endpoint", None), "prefix_len": ("client.prefix_len", None),
     "torch_profiler": ("profiler.torch_profiler.enabled", None),
     "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
 }

@@ -70,7 +70,7 @@ def test_chat_endpoint_with_text_prompts(tmp_path):
                       "--output-len", "4", "--num-prompts", "4", "--range-ratio", "0", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ws, r = _report(tmp_path)
-    assert r["dataset"] == {"name": "random", "prompts": "text", "tokenizer": "builtin"}
+    assert r["dataset"] == {"name": "random", "prompts": "text", "tokenizer": "builtin", "prefix_len": 0}
     assert r["throughput"]["completed_requests"] == 4 and r["throughput"]["total_output_tokens"] == 16
     detail = json.loads((ws / "requests" / "point0_repeat0.json").read_text())
     # server-counted: 16 prompt tokens, the chat template around them, and the BOS
@@ -84,6 +84,16 @@ def test_a_tokenizer_that_cannot_load_fails_before_any_server_starts(tmp_path):
     ws, r = _report(tmp_path)
     assert r["state"] == "failed" and "no-such-tokenizer" in r["errors"][0]
     assert "server" not in r and not (ws / "server.log").exists()
+
+
+def test_shared_prefix(tmp_path):
+    proc = run_magpie("benchmark", "builtin", "--concurrency", "2", "--input-len", "12", "--output-len", "2",
+                      "--num-prompts", "4", "--range-ratio", "0", "--prefix-len", "8", "--repeats", "1", "-o", tmp_path,
+                      timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path)
+    assert r["dataset"]["prefix_len"] == 8
+    assert r["throughput"]["total_input_tokens"] == 4 * (8 + 12)  # server-counted: prefix + input
 
 
 def test_config_errors(tmp_path):
