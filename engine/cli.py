@@ -84,6 +84,8 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--sweep", action="append", help="KEY=V1,V2,... (concurrency, input_len, output_len, request_rate)")
     b.add_argument("--base-url", help="benchmark a server that is already running")
     b.add_argument("--seed", type=int, help="dataset and arrival seed")
+    b.add_argument("--goodput", nargs="+", metavar="KEY:MS",
+                   help="SLOs for goodput, as vllm bench serve takes them: ttft:MS tpot:MS e2el:MS")
     b.add_argument("--prefix-len", type=int, help="tokens of a prefix shared by every prompt, before its "
                                                   "input-len tokens (vLLM's --random-prefix-len; default 0)")
     b.add_argument("--endpoint", choices=["completions", "chat"],
@@ -339,6 +341,21 @@ def _parse_sweep(items: Optional[list[str]]) -> Optional[dict]:
     return out
 
 
+def _parse_goodput(items: Optional[list[str]]) -> Optional[dict]:
+    if not items:
+        return None
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        try:
+            out[key.strip().lower()] = float(value)
+        except ValueError:
+            raise ConfigError([f"--goodput {item}: expected KEY:MS (ttft, tpot or e2el, in ms), e.g. ttft:200"]) from None
+        if not sep:
+            raise ConfigError([f"--goodput {item}: expected KEY:MS (ttft, tpot or e2el, in ms), e.g. ttft:200"])
+    return out
+
+
 def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
     from engine.bench.run import run_benchmark
     from engine.config.benchmark import BenchmarkConfig, apply_cli_overrides, load_benchmark_config
@@ -352,6 +369,7 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
              "base_url": args.base_url, "seed": args.seed, "http_client": args.http_client,
              "tokenizer": args.tokenizer, "endpoint": args.endpoint, "prefix_len": args.prefix_len,
+             "goodput": _parse_goodput(args.goodput),
              "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
              "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}

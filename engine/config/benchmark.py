@@ -208,6 +208,18 @@ class Client(_Strict):
             raise ValueError(f"cannot sweep {', '.join(bad)}; sweepable: {', '.join(sorted(known))}")
         return v
 
+    @field_validator("goodput")
+    @classmethod
+    def _goodput_keys(cls, v: dict) -> dict:
+        # Checked here, not when the metrics are computed: a typo must not cost a server start.
+        bad = [k for k in v if k not in ("ttft", "tpot", "e2el")]
+        if bad:
+            raise ValueError(f"goodput SLOs are ttft, tpot and e2el (in ms); unknown: {', '.join(bad)}")
+        negative = [k for k, ms in v.items() if ms < 0]
+        if negative:
+            raise ValueError(f"goodput SLOs must be >= 0 ms: {', '.join(negative)}")
+        return v
+
 
 class BenchmarkConfig(_Strict):
     framework: Literal["vllm", "sglang", "atom", "builtin"]
@@ -337,6 +349,7 @@ _CLI_FIELDS = {
     "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
     "http_client": ("client.http_client", None), "tokenizer": ("client.tokenizer", None),
     "endpoint": ("client.endpoint", None), "prefix_len": ("client.prefix_len", None),
+    "goodput": ("client.goodput", None),
     "torch_profiler": ("profiler.torch_profiler.enabled", None),
     "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
 }

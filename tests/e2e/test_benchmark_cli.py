@@ -88,11 +88,13 @@ def test_a_tokenizer_that_cannot_load_fails_before_any_server_starts(tmp_path):
 
 def test_shared_prefix(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "2", "--input-len", "12", "--output-len", "2",
-                      "--num-prompts", "4", "--range-ratio", "0", "--prefix-len", "8", "--repeats", "1", "-o", tmp_path,
-                      timeout=300)
+                      "--num-prompts", "4", "--range-ratio", "0", "--prefix-len", "8", "--repeats", "1",
+                      "--goodput", "ttft:60000", "e2el:0.001", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, r = _report(tmp_path)
     assert r["dataset"]["prefix_len"] == 8
+    # no request ends within 1 us: goodput 0 (a generous TTFT alone would pass them all)
+    assert r["result"]["request_goodput"] == 0.0
     assert r["throughput"]["total_input_tokens"] == 4 * (8 + 12)  # server-counted: prefix + input
 
 
@@ -105,6 +107,10 @@ def test_config_errors(tmp_path):
     assert proc.returncode == 2 and f"{bad}:1: benchmark.framework: required field is missing" in proc.stderr
     proc = run_magpie("benchmark", "vllm")
     assert proc.returncode == 2 and "needs a model" in proc.stderr
+    proc = run_magpie("benchmark", "builtin", "--goodput", "ttft:100", "itl:5")
+    assert proc.returncode == 2 and "goodput SLOs are ttft, tpot and e2el (in ms); unknown: itl" in proc.stderr
+    proc = run_magpie("benchmark", "builtin", "--goodput", "ttft=100")
+    assert proc.returncode == 2 and "--goodput ttft=100: expected KEY:MS" in proc.stderr
     proc = run_magpie("benchmark", "vllm", "-m", "m", "--endpoint", "chat")
     assert proc.returncode == 2 and "set client.tokenizer (--tokenizer)" in proc.stderr
     assert not (tmp_path / "o").exists()
