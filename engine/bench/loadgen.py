@@ -234,8 +234,9 @@ class LoadGenerator:
             return StreamingHTTPClient(self.config.base_url)
         limit = self.config.max_concurrency or 0
         connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit, keepalive_timeout=60)
+        # trust_env: HTTP(S)_PROXY / NO_PROXY apply, as in vLLM's client (the lean client has no proxy).
         return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                     skip_auto_headers=("User-Agent",))
+                                     skip_auto_headers=("User-Agent",), trust_env=True)
 
     async def _gather(self, coros: list[Any]) -> list[RequestOutput]:
         tasks = [self._track(asyncio.create_task(c)) for c in coros]

@@ -190,3 +190,17 @@ def test_before_measure_runs_after_the_warmup_and_before_the_measured_requests(c
         total = len(srv.stamps)
     assert seen_at_hook == [3]  # exactly the warm-up requests had been served
     assert total == 7 and len(res.outputs) == 4 and len(res.warmup_outputs) == 3
+
+
+def test_aiohttp_client_goes_through_the_proxy_of_the_environment(monkeypatch):
+    # The bench server stands in for the proxy: aiohttp sends it the absolute URL of a host that
+    # does not exist, which it serves by its path. The lean client has no proxy and cannot reach it.
+    with BenchServer(Script(tokens=2)) as srv:
+        monkeypatch.setenv("HTTP_PROXY", srv.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        base = "http://no-such-host.invalid:8000"
+        via_proxy = run_load(LoadGenConfig(base_url=base, model="fake", http_client="aiohttp"), _reqs(1, out_len=2))
+        direct = run_load(LoadGenConfig(base_url=base, model="fake", http_client="lean"), _reqs(1, out_len=2))
+    assert via_proxy.outputs[0].success and via_proxy.outputs[0].output_tokens == 2
+    assert not direct.outputs[0].success and direct.outputs[0].error
