@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from engine.runs.catalog import RunInfo
-from engine.runs.launch import check_config
+from engine.runs.launch import check_config, classify
 from magpie_tui.screens.reports import resolve_config_file
 from magpie_tui.screens.roofline import load_csv
 from magpie_tui.widgets.code_view import CodeView
@@ -96,6 +96,8 @@ def candidate_kernels(project: Path, op_name: str, kernel_names: list[str], sour
     found = []
     for config in sorted(project.rglob("*.y*ml")):
         if any(part.startswith(".") or part == "results" for part in config.relative_to(project).parts):
+            continue
+        if classify(config) != "kernel":  # a cheap look first: only kernel configs get validated
             continue
         check = check_config(config)
         if check.kind != "kernel" or not check.kernel_ids:
