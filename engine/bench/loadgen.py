@@ -203,11 +203,11 @@ class LoadGenerator:
             if self._cancelled:
                 return LoadResult(outputs=[], cancelled=True)
         sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
-        async with self._client() as session:
+        async with self._client() as client:
             warm: list[RequestOutput] = []
             if cfg.num_warmups > 0:
                 first = self.requests[0]
-                jobs = [self._limited(session, sem, first, f"{cfg.request_id_prefix}warmup-{i}",
+                jobs = [self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i}",
                                       time.perf_counter(), "warmup", cfg.num_warmups)
                         for i in range(cfg.num_warmups)]
                 warm = await self._gather(jobs)
@@ -218,7 +218,7 @@ class LoadGenerator:
             offsets = arrival_offsets(len(self.requests), cfg.request_rate, cfg.burstiness, cfg.seed)
             tasks: list[asyncio.Task[RequestOutput]] = []
             t0 = time.perf_counter()
-            self._arrivals = asyncio.create_task(self._release(session, sem, offsets, t0, tasks))
+            self._arrivals = asyncio.create_task(self._release(client, sem, offsets, t0, tasks))
             try:
                 await self._arrivals
             except asyncio.CancelledError:
@@ -247,7 +247,7 @@ class LoadGenerator:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _release(self, session: Any, sem: asyncio.Semaphore | None,
+    async def _release(self, client: Any, sem: asyncio.Semaphore | None,
                        offsets: list[float], t0: float, tasks: list[asyncio.Task[RequestOutput]]) -> None:
         cfg = self.config
         n = len(self.requests)
@@ -260,16 +260,16 @@ class LoadGenerator:
                 return
             rid = f"{cfg.request_id_prefix}{req.request_id or i}"
             tasks.append(self._track(asyncio.create_task(
-                self._limited(session, sem, req, rid, time.perf_counter(), "measure", n))))
+                self._limited(client, sem, req, rid, time.perf_counter(), "measure", n))))
 
-    async def _limited(self, session: Any, sem: asyncio.Semaphore | None,
+    async def _limited(self, client: Any, sem: asyncio.Semaphore | None,
                        req: SampleRequest, rid: str, arrival: float, phase: str, total: int) -> RequestOutput:
         try:
             if sem is None:
-                out = await self._send(session, req, rid)
+                out = await self._send(client, req, rid)
             else:
                 async with sem:
-                    out = await self._send(session, req, rid)
+                    out = await self._send(client, req, rid)
         except asyncio.CancelledError:
             if not self._cancelled:
                 raise
