@@ -209,6 +209,22 @@ def request_latencies(run_dir: Path) -> dict[str, list[float]]:
     return {"TTFT": ttft, "ITL": itl, "E2EL": e2el}
 
 
+def load_facts(report: dict) -> str:
+    """How the load was made, when the report says (reports before these keys say nothing)."""
+    facts = []
+    dataset = report.get("dataset") or {}
+    if dataset.get("prompts") == "text":
+        facts.append(f"text prompts ({dataset.get('tokenizer')})")
+    elif dataset.get("prompts"):
+        facts.append("token-id prompts")
+    if dataset.get("prefix_len"):
+        facts.append(f"shared prefix {dataset['prefix_len']}")
+    client = (report.get("environment") or {}).get("http_client")
+    if client:
+        facts.append(f"{client} HTTP client")
+    return "".join(f" · {f}" for f in facts)
+
+
 def sweep_points(report: dict) -> list[tuple[float, float, str]]:
     """(output tok/s, median TTFT ms... TPOT, label) per sweep point."""
     out = []
@@ -253,7 +269,7 @@ class BenchmarkReportScreen(Screen):
         r = self.report
         yield Header()
         yield Static(f"{r.get('framework', '?')} {r.get('model', '')} · {r.get('state', '?')} · "
-                     f"{r.get('run_kind', '')} · envs {r.get('envs', {})}", classes="report-title")
+                     f"{r.get('run_kind', '')} · envs {r.get('envs', {})}{load_facts(r)}", classes="report-title")
         with TabbedContent(id="bench-tabs"):
             with TabPane("Metrics", id="tab-metrics"):
                 yield DataGrid(BENCH_COLUMNS, id="bench-grid", classes="report-table")

@@ -20,7 +20,7 @@ from magpie_tui.screens.diff import DiffScreen
 from magpie_tui.screens.help import HelpScreen
 from magpie_tui.screens.kernel import KernelScreen, candidate_kernels, kernels_of_op
 from magpie_tui.screens.launch import LaunchScreen
-from magpie_tui.screens.reports import BenchmarkReportScreen, CompareReportScreen, compare_rows
+from magpie_tui.screens.reports import BenchmarkReportScreen, CompareReportScreen, compare_rows, load_facts
 from magpie_tui.screens.roofline import RooflineScreen
 from magpie_tui.screens.run import RunScreen
 from magpie_tui.screens.runs import RunsScreen
@@ -260,6 +260,14 @@ async def test_benchmark_report_metrics_distributions_sweep_and_side_by_side(app
         await wait_for(pilot, lambda: app.screen.query_one("#delta-grid", DataGrid).row_count > 0)
         deltas = {r["metric"]: r for r in app.screen.query_one("#delta-grid", DataGrid).visible_rows()}
         assert deltas["output_throughput"]["noise"] in ("inside", "outside")
+
+
+def test_benchmark_title_says_how_the_load_was_made():
+    assert load_facts({"dataset": {"prompts": "text", "tokenizer": "builtin", "prefix_len": 8},
+                       "environment": {"http_client": "lean"}}) == \
+        " · text prompts (builtin) · shared prefix 8 · lean HTTP client"
+    assert load_facts({"dataset": {"prompts": "token ids", "prefix_len": 0}}) == " · token-id prompts"
+    assert load_facts({}) == ""  # a report from before these keys
 
 
 async def test_roofline_sort_filter_and_drill_down_to_the_kernel(app, project):
