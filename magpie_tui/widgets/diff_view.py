@@ -332,6 +332,13 @@ class DiffView(ScrollView, can_focus=True):
     def action_next_hunk(self) -> None:
         self.scroll_to_hunk(self.current_hunk + 1)
 
+    # Home / End jump like the hunk keys do: an animated scroll over SSH only costs frames.
+    def action_scroll_home(self) -> None:
+        self.scroll_to(y=0, animate=False, immediate=True)
+
+    def action_scroll_end(self) -> None:
+        self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+
     def action_prev_hunk(self) -> None:
         self.scroll_to_hunk(self.current_hunk - 1)
 
