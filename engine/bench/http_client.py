@@ -78,13 +78,13 @@ class ResponseParser:
         pieces: list[bytes] = []
         while pos < n or self.state == _DONE:
             st = self.state
-            if st == _CHUNK_DATA:
+            if st == _CHUNK_DATA or st == _LENGTH:
                 take = min(self.remaining, n - pos)
                 pieces.append(buf[pos:pos + take])
                 pos += take
                 self.remaining -= take
                 if self.remaining == 0:
-                    self.state = _CHUNK_END
+                    self.state = _CHUNK_END if st == _CHUNK_DATA else _DONE
             elif st == _CHUNK_SIZE:
                 eol = buf.find(b"\r\n", pos)
                 if eol < 0:
@@ -111,13 +111,6 @@ class ResponseParser:
                     raise HTTPError("chunk data not followed by CRLF")
                 pos += 2
                 self.state = _CHUNK_SIZE
-            elif st == _LENGTH:
-                take = min(self.remaining, n - pos)
-                pieces.append(buf[pos:pos + take])
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.state = _DONE
             elif st == _UNTIL_CLOSE:
                 pieces.append(buf[pos:])
                 pos = n
@@ -230,6 +223,8 @@ class _Connection(asyncio.Protocol):
         elif parser.done:
             waiter.set_result(None)
 
+    # eof_received is left as asyncio's default (close the transport): connection_lost then decides
+    # whether the response was complete.
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         parser, waiter = self.parser, self.waiter
@@ -241,9 +236,6 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(err)
             return
         waiter.set_result(None)
-
-    def eof_received(self) -> bool | None:
-        return None  # close the transport; connection_lost decides whether the response was complete
 
     def _fail(self, exc: BaseException) -> None:
         self._close()
@@ -269,10 +261,9 @@ class StreamingHTTPClient:
             raise ValueError(f"base URL {base_url!r}: the scheme must be http or https")
         if not parts.hostname:
             raise ValueError(f"base URL {base_url!r} has no host")
-        self.scheme = parts.scheme
-        self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
         default_port = 443 if parts.scheme == "https" else 80
+        self.host = parts.hostname
+        self.port = parts.port or default_port
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if self.port == default_port else f"{host}:{self.port}"
         self.base_path = parts.path.rstrip("/")
