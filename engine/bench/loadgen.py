@@ -176,8 +176,6 @@ class LoadGenerator:
         self._finished = {"warmup": 0, "measure": 0}
         self._headers = {"Content-Type": "application/json", **(config.headers or {})}
         self._path = "/" + config.endpoint.lstrip("/")  # the lean client adds the base URL's own path
-        self._timeout = (aiohttp.ClientTimeout(total=config.request_timeout_s)
-                         if config.request_timeout_s else aiohttp.ClientTimeout(total=None))
 
     # ---- control ----------------------------------------------------------------------------
 
@@ -304,18 +302,15 @@ class LoadGenerator:
         st = time.perf_counter()
         out.start_time = st
         stream = _CompletionStream(out, st)
+        exchange = self._exchange_lean if isinstance(client, StreamingHTTPClient) else self._exchange_aiohttp
+        timeout = self.config.request_timeout_s
         try:
-            if isinstance(client, StreamingHTTPClient):
-                request = client.post(self._path, body, headers, stream.feed)
-                resp = await (asyncio.wait_for(request, self.config.request_timeout_s)
-                              if self.config.request_timeout_s else request)
-                if resp.status != 200:
-                    detail = resp.error_body[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
-                    out.error = f"HTTP {resp.status} {resp.reason}: {detail}".rstrip(": ")
-            else:
-                await self._send_aiohttp(client, body, headers, out, stream)
+            request = exchange(client, body, headers, stream)
+            status_error = await (asyncio.wait_for(request, timeout) if timeout else request)
+            if status_error:
+                out.error = status_error
         except asyncio.TimeoutError:
-            out.error = f"timeout after {self.config.request_timeout_s} s"
+            out.error = f"timeout after {timeout} s"
         except asyncio.CancelledError:
             if not self._cancelled:
                 raise
@@ -325,19 +320,30 @@ class LoadGenerator:
         stream.finish()
         return out
 
-    async def _send_aiohttp(self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str],
-                            out: RequestOutput, stream: _CompletionStream) -> None:
+    # Each exchange streams a 200 response into `stream` and returns "", or returns the error of any
+    # other status.
+
+    async def _exchange_lean(self, client: StreamingHTTPClient, body: bytes, headers: dict[str, str],
+                             stream: _CompletionStream) -> str:
+        resp = await client.post(self._path, body, headers, stream.feed)
+        return "" if resp.status == 200 else _status_error(resp.status, resp.reason, resp.error_body)
+
+    async def _exchange_aiohttp(self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str],
+                                stream: _CompletionStream) -> str:
         perf = time.perf_counter
-        async with session.post(self.config.url, data=body, headers=headers, timeout=self._timeout) as resp:
+        async with session.post(self.config.url, data=body, headers=headers) as resp:
             if resp.status != 200:
-                detail = (await resp.read())[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
-                out.error = f"HTTP {resp.status} {resp.reason}: {detail}".rstrip(": ")
-                return
+                return _status_error(resp.status, resp.reason or "", await resp.read())
             content = resp.content
             while True:
                 data = await content.readany()
                 if not data or stream.feed(data, perf()):
-                    break
+                    return ""
+
+
+def _status_error(status: int, reason: str, body: bytes) -> str:
+    detail = body[:_ERROR_TEXT_LIMIT].decode("utf-8", "replace")
+    return f"HTTP {status} {reason}: {detail}".rstrip(": ")
 
 
 class _CompletionStream:
