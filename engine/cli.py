@@ -348,11 +348,11 @@ def _parse_goodput(items: Optional[list[str]]) -> Optional[dict]:
     for item in items:
         key, sep, value = item.partition(":")
         try:
+            if not sep:
+                raise ValueError
             out[key.strip().lower()] = float(value)
         except ValueError:
             raise ConfigError([f"--goodput {item}: expected KEY:MS (ttft, tpot or e2el, in ms), e.g. ttft:200"]) from None
-        if not sep:
-            raise ConfigError([f"--goodput {item}: expected KEY:MS (ttft, tpot or e2el, in ms), e.g. ttft:200"])
     return out
 
 
