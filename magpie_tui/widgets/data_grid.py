@@ -155,6 +155,20 @@ def _fit(text: str, width: int, align: Align) -> str:
     return pad + text if align == "right" else text + pad
 
 
+class _RowMessage(Message):
+    """A message about one row of a DataGrid: the grid, the row's key and the row."""
+
+    def __init__(self, grid: DataGrid, row_key: RowKey, row: Any) -> None:
+        super().__init__()
+        self.grid = grid
+        self.row_key = row_key
+        self.row = row
+
+    @property
+    def control(self) -> DataGrid:
+        return self.grid
+
+
 class DataGrid(ScrollView, can_focus=True):
     """A sortable, filterable table that renders only the rows on screen.
 
@@ -259,34 +273,14 @@ class DataGrid(ScrollView, can_focus=True):
     }
     """
 
-    class RowHighlighted(Message):
+    class RowHighlighted(_RowMessage):
         """The cursor moved to another row (only the latest one queued is delivered)."""
-
-        def __init__(self, grid: DataGrid, row_key: RowKey, row: Any) -> None:
-            super().__init__()
-            self.grid = grid
-            self.row_key = row_key
-            self.row = row
-
-        @property
-        def control(self) -> DataGrid:
-            return self.grid
 
         def can_replace(self, message: Message) -> bool:
             return isinstance(message, DataGrid.RowHighlighted) and message.grid is self.grid
 
-    class RowSelected(Message):
+    class RowSelected(_RowMessage):
         """Enter was pressed on a row (or a highlighted row was clicked)."""
-
-        def __init__(self, grid: DataGrid, row_key: RowKey, row: Any) -> None:
-            super().__init__()
-            self.grid = grid
-            self.row_key = row_key
-            self.row = row
-
-        @property
-        def control(self) -> DataGrid:
-            return self.grid
 
     class Sorted(Message):
         """The sort order changed (by ``sort_by``, ``s`` or a header click)."""
