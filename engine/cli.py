@@ -35,13 +35,16 @@ def _add_kernel_flags(p: argparse.ArgumentParser, compare: bool) -> None:
     if compare:
         p.add_argument("--baseline", help="baseline kernel: index (0-based) or id; default: the entry marked "
                                           "'baseline: true', else the first")
+        p.add_argument("--tie-margin", type=float, help="practical-equivalence margin: 'faster' only when the whole "
+                                                        "speedup interval lies above 1 + margin (default 0.02)")
     p.add_argument("--only", help="comma-separated kernel ids to run from -k (the baseline is always kept)")
     p.add_argument("--no-perf", action="store_true", help="check correctness only; no timing")
     p.add_argument("-o", "--output-dir", default="./results", help="results root (default ./results)")
     p.add_argument("--repeats", type=int, help="timed repeats per kernel (default: enough for a stable median)")
     p.add_argument("--warmup", type=int, help="untimed warm-up calls (harness; default 10)")
     p.add_argument("--timeout", type=float, help="seconds allowed for each command (compile, testcase, profiler)")
-    p.add_argument("--seed", type=int, help="first random seed for harness inputs (default 0)")
+    p.add_argument("--seed", type=int, help="first random seed for harness inputs (default: hidden seeds drawn "
+                                            "for each run and written to the report)")
     p.add_argument("--rtol", type=float, help="relative tolerance of the output comparison (default by dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance of the output comparison (default by dtype)")
 
@@ -166,7 +169,8 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
         compile_cmd=args.compile_cmd, baseline=getattr(args, "baseline", None), no_perf=args.no_perf,
         repeats=args.repeats, warmup=args.warmup, timeout=args.timeout, seed=args.seed, rtol=args.rtol,
         atol=args.atol, workers=args.workers, environment=args.environment,
-        only=[i.strip() for i in args.only.split(",") if i.strip()] if args.only else None)
+        only=[i.strip() for i in args.only.split(",") if i.strip()] if args.only else None,
+        tie_margin=getattr(args, "tie_margin", None))
     if args.repeats is not None and args.repeats < 3:
         raise ConfigError([f"--repeats {args.repeats}: at least 3 repeats are needed for a median and its spread"])
     plan = build_plan(args.command, opts, framework)

@@ -77,6 +77,11 @@ class PerformanceSettings(_Strict):
     warmup: Optional[int] = Field(default=None, ge=0)
     l2_flush: bool = True
     cuda_graph: bool = False
+    timer: Literal["auto", "trace", "events", "graph"] = Field(
+        default="auto", description="GPU timer of the harness: trace (every stream's kernels from the device "
+                                    "trace; the default), events (launching stream only), graph (CUDA-graph replay)")
+    tie_margin: float = Field(default=0.02, ge=0, lt=1, description="practical-equivalence margin of a compare")
+    rounds: int = Field(default=10, ge=1, le=1000, description="interleaved timing rounds")
     ncu: NcuSettings = Field(default_factory=NcuSettings)
     rocprofv3: RocprofSettings = Field(default_factory=RocprofSettings)
     # Magpie's counter-based backends; named so the error can say what to use instead.
@@ -148,6 +153,7 @@ class KernelEntry(_Strict):
         default=None, description="Python module (Model/get_inputs) whose outputs this kernel must match")
     model_class: Optional[str] = Field(
         default=None, description="class to instantiate; default ModelNew if defined, else Model")
+    inplace: bool = Field(default=False, description="the kernel writes its result into its inputs on purpose")
 
     @field_validator("type", mode="before")
     @classmethod

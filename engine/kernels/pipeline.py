@@ -13,7 +13,7 @@ import re
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -22,7 +22,7 @@ from engine.kernels.stats import summarize
 from engine.runs.process import CancelToken, ProcessResult, command_text, run_process
 from engine.runs.workspace import Workspace
 
-SUCCESS, FAILED, SKIPPED = "SUCCESS", "FAILED", "SKIPPED"
+SUCCESS, FAILED, SKIPPED, CANCELLED = "SUCCESS", "FAILED", "SKIPPED", "CANCELLED"
 TIMING_MARKER = "MAGPIE_TIMING_JSON:"
 _TIMING_LINE = re.compile(r"^\s*MAGPIE_TIMING_JSON:\s*(\{.*\})\s*$", re.MULTILINE)
 
@@ -43,7 +43,10 @@ class KernelOutcome:
     timing: Optional[dict] = None  # summarize() of the samples
     samples_ms: list[float] = field(default_factory=list)
     testcase_stdout: str = ""
-    reference_path: Optional[Path] = None  # the baseline's saved inputs/outputs (compare)
+    sample_rounds: list[list[float]] = field(default_factory=list)  # interleaved rounds of samples_ms
+    rejections: list[str] = field(default_factory=list)  # guard violations: never ranked
+    flags: list[dict] = field(default_factory=list)  # guard findings that did not reject
+    cancelled_stage: Optional[str] = None  # the stage a cancel interrupted
 
     @property
     def correct(self) -> bool:
@@ -51,7 +54,13 @@ class KernelOutcome:
 
     @property
     def errors(self) -> list[str]:
-        return self.compile.errors + self.correctness.errors + self.performance.errors
+        errs = self.compile.errors + self.correctness.errors + self.performance.errors
+        return errs + [r for r in self.rejections if r not in errs]
+
+    @property
+    def guards(self) -> dict:
+        flags = [{"guard": _guard_name(r), "message": r} for r in self.rejections] + list(self.flags)
+        return {"flags": flags, "rejected": bool(self.rejections)}
 
 
 @dataclass
@@ -113,6 +122,11 @@ class Evaluator:
         for i, cmd in enumerate(k.compile, 1):
             r = self._run(k, cmd, f"compile_{i}", self.s.compile_timeout_s)
             runs.append(r.to_dict())
+            if r.cancelled:
+                o.compile = StageResult(CANCELLED, details={"commands": runs, "reason": "interrupted by the cancel"})
+                o.cancelled_stage = "compile"
+                self._event(k, "compile", CANCELLED)
+                return
             if not r.ok:
                 tail = r.stderr_tail(2000)
                 o.compile = StageResult(FAILED, [f"compile command {i}/{len(k.compile)} failed: {r.describe_failure()}"
@@ -135,6 +149,9 @@ class Evaluator:
                 r = self._run(k, cmd, f"testcase_{i}{suffix}", self.s.correctness_timeout_s)
                 runs.append(r.to_dict())
                 stdout.append(r.stdout)
+                if r.cancelled:
+                    o.cancelled_stage = "correctness"
+                    break
                 if not r.ok:
                     tail = r.stderr_tail(1500)
                     errors.append(f"testcase failed: {r.describe_failure()}" + (f"\n{tail}" if tail else ""))
@@ -142,69 +159,112 @@ class Evaluator:
             if errors or self.cancel.cancelled:
                 break
         o.testcase_stdout = "\n".join(stdout)
+        if o.cancelled_stage == "correctness":
+            o.correctness.details["testcase"] = {"commands": runs, "passed": None, "cancelled": True}
+            self._event(k, "testcase", CANCELLED)
+            return
         o.correctness.details["testcase"] = {"commands": runs, "passed": not errors}
         o.correctness.errors.extend(errors)
         self._event(k, "testcase", FAILED if errors else SUCCESS)
 
-    def harness(self, o: KernelOutcome, baseline: Optional[KernelOutcome]) -> None:
-        """Output comparison (and, when performance uses it, timing) through engine.kernels.harness."""
-        k = o.spec
+    def harness_all(self, outcomes: list[KernelOutcome], base: Optional[KernelOutcome]) -> None:
+        """Output comparison (and, where performance uses it, interleaved timing) of every kernel
+        the Python harness can run, through engine.kernels.session: one worker process each."""
+        from engine.kernels.session import HarnessSession, Member, SessionSettings
         s = self.s
-        if not k.harness or s.correctness_backend == "testcase":
+        runnable = [o for o in outcomes if o.spec.harness and s.correctness_backend != "testcase"
+                    and o.compile.state != FAILED]
+        if not runnable:
             return
-        spec: dict[str, Any] = {
-            "module": str(k.source_files[0]), "model_class": k.model_class,
-            "get_inputs_func": k.get_inputs_func, "get_init_inputs_func": k.get_init_inputs_func,
-            "seeds": s.seeds, "rtol": s.rtol, "atol": s.atol,
-            "result": str(self.ws.path("harness", f"{k.id}.result.json")),
-            "timing": {"enabled": self._backend(o) == "harness", "repeats": s.repeats, "warmup": s.warmup,
-                       "l2_flush": s.l2_flush, "cuda_graph": s.cuda_graph},
-        }
+        groups: list[tuple[Optional[Member], list[Member]]] = []
+        members: dict[int, Member] = {}
+
+        def member(o: KernelOutcome, role: str) -> Member:
+            m = Member(key=o.spec.id, spec=o.spec, role=role, timed=self._backend(o) == "harness")
+            members[o.spec.index] = m
+            return m
+
+        if self.plan.mode == "compare":
+            if base is not None and base in runnable:
+                ref = member(base, "reference")
+                groups.append((ref, [ref] + [member(o, "kernel") for o in runnable if o is not base]))
+            else:
+                for o in runnable:
+                    o.correctness.errors.append("cannot compare outputs with the baseline: the baseline cannot run in "
+                                                "the Python harness (it defines no Model and get_inputs())")
+                    o.correctness.details["harness"] = {"checked": False}
+        else:
+            by_ref: dict[Optional[Path], list[KernelOutcome]] = {}
+            for o in runnable:
+                by_ref.setdefault(o.spec.reference_file, []).append(o)
+            for ref_file, group in by_ref.items():
+                if ref_file is None:
+                    for o in group:
+                        m = member(o, "self")
+                        groups.append((None, [m]))
+                    continue
+                from engine.kernels.harness import follows_convention
+                k0 = group[0].spec
+                ref_spec = replace(k0, id=f"reference_{ref_file.stem}", source_files=[ref_file],
+                                   model_class="Model" if follows_convention(ref_file, k0.get_inputs_func, "Model") else None,
+                                   baseline=False)
+                ref = Member(key=f"reference:{ref_file.name}", spec=ref_spec, role="reference")
+                groups.append((ref, [member(o, "kernel") for o in group]))
+        settings = SessionSettings(
+            seeds=s.seeds, seeds_hidden=s.seed is None, rtol=s.rtol, atol=s.atol, timer=s.timer,
+            repeats=s.repeats, warmup=s.warmup, rounds=s.rounds, l2_flush=s.l2_flush, device="auto",
+            load_timeout_s=s.correctness_timeout_s, correctness_timeout_s=s.correctness_timeout_s,
+            perf_timeout_s=s.perf_timeout_s, bandwidth_tbs=self.machine.bandwidth_tbs)
         self.ws.path("harness").mkdir(exist_ok=True)
-        if self.plan.mode == "compare" and k.baseline:
-            o.reference_path = self.ws.path("harness", f"{k.id}.reference.pt")
-            spec["save_reference"] = str(o.reference_path)
-        if self.plan.mode == "compare" and not k.baseline:
-            if baseline is None or baseline.reference_path is None or not baseline.reference_path.exists():
-                o.correctness.errors.append("cannot compare outputs with the baseline: the baseline did not pass "
-                                            "its own checks, so it produced no reference outputs")
-                o.correctness.details["harness"] = {"checked": False}
-                return
-            spec["reference_data"] = str(baseline.reference_path)
-        elif k.reference_file is not None:
-            spec["reference"] = {"module": str(k.reference_file), "model_class": None,
-                                 "get_inputs_func": k.get_inputs_func, "get_init_inputs_func": k.get_init_inputs_func}
-            from engine.kernels.harness import follows_convention
-            if follows_convention(k.reference_file, k.get_inputs_func, "Model"):
-                spec["reference"]["model_class"] = "Model"
-        spec_path = self.ws.path("harness", f"{k.id}.spec.json")
-        spec_path.write_text(json.dumps(spec, indent=1))
-        self._event(k, "harness", "running")
-        timeout = s.correctness_timeout_s + (s.perf_timeout_s if spec["timing"]["enabled"] else 0)
-        r = self._run(k, [self.machine.python, "-m", "engine.kernels.harness", str(spec_path)], "harness", timeout)
-        result_path = Path(spec["result"])
-        result = json.loads(result_path.read_text()) if result_path.exists() else None
-        if result is None or not r.ok:
-            why = r.describe_failure()
-            if result and result.get("errors"):
-                why += ": " + "; ".join(result["errors"])
-            elif r.stderr_tail(800):
-                why += "\n" + r.stderr_tail(800)
-            o.correctness.errors.append(f"harness failed: {why}")
-            o.correctness.details["harness"] = {"checked": False, "run": r.to_dict(),
-                                                "errors": (result or {}).get("errors", [])}
-            self._event(k, "harness", FAILED)
-            return
-        corr = result.get("correctness", {})
-        o.correctness.details["harness"] = {**corr, "device": result.get("device"), "versions": result.get("versions")}
-        o.correctness.details["harness_run"] = r.to_dict()
-        if not corr.get("passed"):
-            bad = next((e for e in corr.get("seeds", []) if not e.get("passed")), {})
-            o.correctness.errors.append(f"outputs differ from the {corr.get('reference') or 'expected result'} "
-                                        f"(seed {bad.get('seed')}): {bad.get('reason', 'mismatch')}")
-        if result.get("timing"):
-            o.performance.details["harness_timing"] = result["timing"]
-        self._event(k, "harness", SUCCESS if corr.get("passed") else FAILED)
+        by_key = {o.spec.id: o for o in outcomes}
+
+        def emit(m: Member, stage: str, state: str) -> None:
+            if m.key in by_key:
+                self._event(by_key[m.key].spec, stage, state)
+
+        def group_owner(m: Member) -> str:
+            for ref, ms in groups:
+                if ref is m and ms:
+                    return ms[0].spec.id
+            return m.spec.id
+
+        for ref, ms in groups:
+            if self.cancel.cancelled:
+                break
+            session = HarnessSession(members=ms, reference=ref, settings=settings, python=self.machine.python,
+                                     env_for=self._env, cancel=self.cancel, emit=emit,
+                                     log_stem_for=lambda m: self.ws.log_stem(
+                                         m.key if m.key in by_key else group_owner(m),
+                                         "harness" if m.key in by_key else "reference"))
+            session.run()
+            self.degenerate = self.degenerate or session.degenerate
+            for m in ms:
+                self._take_member(by_key[m.key], m, ref, session)
+
+    def _take_member(self, o: KernelOutcome, m, ref, session) -> None:
+        corr = o.correctness
+        mode = "self-check" if m.role == "self" else ("compared with reference" if m.role == "kernel" else "reference")
+        corr.details["harness"] = {
+            "checked": bool(m.seeds), "passed": bool(m.seeds) and not m.errors and not m.rejections,
+            "reference": ("baseline outputs" if self.plan.mode == "compare" and m.role == "kernel" else
+                          (str(ref.spec.source_files[0]) if ref is not None and m.role == "kernel" else None)),
+            "mode": mode, "seeds": m.seeds, "device": m.load.get("device"), "versions": m.load.get("versions"),
+            "seeds_hidden": session.s.seeds_hidden, "weights_from_reference": m.adopted,
+            "input_sets": len(m.load.get("set_meta", [])), "checked_timed_calls": m.checked_calls,
+        }
+        corr.errors.extend(m.errors)
+        # A guard tripped before timing (tampering, background threads) fails correctness; one that
+        # tripped while timing (the hardware floor, the clock check) rejects the measured kernel.
+        corr.errors.extend(m.rejections)
+        o.rejections = list(m.rejections) + list(m.timing_rejections)
+        o.flags = list(m.flags)
+        if m.cancelled_in == "correctness":
+            o.cancelled_stage = "correctness"
+        elif m.cancelled_in == "performance":
+            o.cancelled_stage = "performance"
+        if m.timing:
+            o.performance.details["harness_timing"] = dict(m.timing)
+            o.sample_rounds = [list(r) for r in m.rounds]
 
     def finish_correctness(self, o: KernelOutcome) -> None:
         checked = bool(o.correctness.details.get("testcase") or
@@ -272,10 +332,10 @@ class Evaluator:
                 f"and the testcase printed no '{TIMING_MARKER} {{\"samples_ms\": [...]}}' line")
         if backend == "harness":
             t = o.performance.details.pop("harness_timing", None)
-            if not t:
-                raise MeasurementError("the harness did not time the kernel (it needs a module with Model and "
-                                       f"{k.get_inputs_func}(); see the harness log)")
-            samples = t.pop("samples_ms")
+            if not t or t.get("error"):
+                raise MeasurementError((t or {}).get("error") or "the harness did not time the kernel (it needs a module "
+                                       f"with Model and {k.get_inputs_func}(); see the harness log)")
+            samples = [x for r in o.sample_rounds for x in r]
             return samples, {"backend": t.pop("backend"), "method": t}
         if backend == "timing_json":
             stdout = o.testcase_stdout
@@ -373,12 +433,13 @@ class Evaluator:
         if self.plan.baseline_index is not None:
             base = self.outcomes[self.plan.baseline_index]
             order = [base] + [o for o in self.outcomes if o is not base]
+        self.degenerate = None
 
         def phase_a(o: KernelOutcome) -> None:
             if self.cancel.cancelled:
                 return
             self.compile(o)
-            if o.compile.state != FAILED and not self.cancel.cancelled:
+            if o.compile.state not in (FAILED, CANCELLED) and not self.cancel.cancelled:
                 self.testcase(o)
 
         if self.s.workers > 1:
@@ -388,17 +449,27 @@ class Evaluator:
             for o in order:
                 phase_a(o)
 
-        for o in order:  # serial: harness (needs the baseline's outputs) and every timing run
-            if self.cancel.cancelled:
-                break
+        if not self.cancel.cancelled:
+            self.harness_all(order, base)
+        for o in order:  # serial: every timing run that is not the harness's own
             if o.compile.state == FAILED:
                 o.correctness = StageResult(SKIPPED, details={"reason": "compile failed"})
                 o.performance = StageResult(SKIPPED, details={"reason": "compile failed"})
                 continue
-            self.harness(o, base)
-            self.finish_correctness(o)
+            if o.compile.state == CANCELLED:
+                continue
+            if o.cancelled_stage == "correctness":
+                o.correctness.state = CANCELLED
+                o.correctness.details["reason"] = f"interrupted: run {self.cancel.reason}"
+                continue
+            if self._checks_finished(o):
+                self.finish_correctness(o)
+            if o.cancelled_stage == "performance":
+                o.performance.state = CANCELLED
+                o.performance.details["reason"] = f"interrupted: run {self.cancel.reason}"
+                continue
             if self.cancel.cancelled:
-                break
+                continue
             self.performance(o)
         if self.cancel.cancelled:
             for o in self.outcomes:
@@ -407,9 +478,30 @@ class Evaluator:
                         stage.details["reason"] = f"not reached: run {self.cancel.reason}"
         return self.outcomes
 
+    def _checks_finished(self, o: KernelOutcome) -> bool:
+        """Every correctness check this kernel needs ran to its end (a cancel may have cut it)."""
+        if o.cancelled_stage:
+            return o.cancelled_stage != "correctness"
+        needs_testcase = bool(o.spec.testcase) and self.s.correctness_backend != "harness"
+        needs_harness = o.spec.harness and self.s.correctness_backend != "testcase"
+        if needs_testcase and "testcase" not in o.correctness.details:
+            return False
+        if needs_harness and "harness" not in o.correctness.details:
+            return False
+        return True
+
 
 class MeasurementError(Exception):
     pass
+
+
+def _guard_name(message: str) -> str:
+    for key, name in (("tampering", "tamper"), ("outlive its call", "threads"), ("faster than the hardware", "hardware_floor"),
+                      ("clock disagrees", "clock"), ("aliases input", "output_alias"), ("not a plain torch.Tensor", "output_type"),
+                      ("wrote into input", "input_mutation"), ("timed call", "timed_outputs")):
+        if key in message:
+            return name
+    return "correctness"
 
 
 def parse_timing_json(text: str) -> list[float]:

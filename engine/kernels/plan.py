@@ -40,6 +40,7 @@ class KernelSpec:
     reference_file: Optional[Path] = None
     baseline: bool = False
     harness: bool = False  # its first source file follows the Model/get_inputs convention
+    inplace: bool = False  # declared: writes its inputs on purpose
     origin: str = ""  # file:line where the entry was defined, or "command line"
 
     def to_config(self) -> dict:
@@ -54,7 +55,7 @@ class KernelSpec:
             "prof_command": cmds(self.prof), "get_inputs_func": self.get_inputs_func,
             "get_init_inputs_func": self.get_init_inputs_func, "model_class": self.model_class,
             "reference_file": str(self.reference_file) if self.reference_file else None,
-            "baseline": self.baseline,
+            "baseline": self.baseline, "inplace": self.inplace,
         }
 
 
@@ -67,7 +68,7 @@ class RunSettings:
     compile_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
     correctness_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
     perf_timeout_s: float = DEFAULT_COMMAND_TIMEOUT_S
-    seed: int = 0
+    seed: Optional[int] = None  # None: hidden random seeds, drawn per run and reported afterwards
     n_seeds: int = DEFAULT_SEEDS
     rtol: Optional[float] = None
     atol: Optional[float] = None
@@ -75,6 +76,9 @@ class RunSettings:
     iteration_count: int = 1
     l2_flush: bool = True
     cuda_graph: bool = False
+    timer: str = "auto"
+    tie_margin: float = 0.02
+    rounds: int = 10
     ncu_args: list[str] = field(default_factory=list)
     ncu_metrics: list[str] = field(default_factory=list)
     ncu_kernel_name: Optional[str] = None
@@ -83,10 +87,21 @@ class RunSettings:
 
     @property
     def seeds(self) -> list[int]:
-        return [self.seed + i for i in range(self.n_seeds)]
+        """Fixed seeds with --seed; otherwise drawn once per run, so a kernel cannot know them."""
+        if self.seed is not None:
+            return [self.seed + i for i in range(self.n_seeds)]
+        if not hasattr(self, "_drawn"):
+            from engine.kernels.session import secret_seeds
+            self._drawn = secret_seeds(self.n_seeds)
+        return self._drawn
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        # Hidden seeds are written only once drawn, i.e. in the report at the end of the run.
+        d["seeds_used"] = list(self._drawn) if hasattr(self, "_drawn") else (
+            self.seeds if self.seed is not None else None)
+        d["seeds_hidden"] = self.seed is None
+        return d
 
 
 @dataclass
@@ -134,6 +149,7 @@ class CliOptions:
     workers: Optional[int] = None
     environment: Optional[str] = None
     only: Optional[list[str]] = None
+    tie_margin: Optional[float] = None
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -166,7 +182,7 @@ def _entry_to_spec(entry: KernelEntry, index: int, base: Path, origin: str, prob
         get_inputs_func=entry.get_inputs_func, get_init_inputs_func=entry.get_init_inputs_func,
         model_class=entry.model_class,
         reference_file=_resolve(base, entry.reference_file) if entry.reference_file else None,
-        baseline=entry.baseline, origin=origin,
+        baseline=entry.baseline, origin=origin, inplace=entry.inplace,
     )
     return spec
 
@@ -299,6 +315,8 @@ def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOp
         problems.append(f"framework config performance.backend {s.perf_backend!r} is not provided; use rocprofv3 or ncu")
     s.repeats, s.warmup = perf.repeats, perf.warmup
     s.l2_flush, s.cuda_graph = perf.l2_flush, perf.cuda_graph
+    s.timer = "graph" if (perf.cuda_graph and perf.timer == "auto") else perf.timer
+    s.tie_margin, s.rounds = perf.tie_margin, perf.rounds
     s.ncu_args = list(perf.ncu.args or (fw_perf.get("ncu") or {}).get("args") or [])
     s.ncu_metrics = list(perf.ncu.metrics)
     s.ncu_kernel_name = perf.ncu.kernel_name
@@ -323,6 +341,10 @@ def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOp
     s.warmup = cli("performance.warmup", s.warmup, opts.warmup, "--warmup")
     s.rtol = cli("correctness.rtol", s.rtol, opts.rtol, "--rtol")
     s.atol = cli("correctness.atol", s.atol, opts.atol, "--atol")
+    if opts.tie_margin is not None:
+        if not 0 <= opts.tie_margin < 1:
+            problems.append(f"--tie-margin {opts.tie_margin}: give a fraction in [0, 1), e.g. 0.02 for 2%")
+        s.tie_margin = cli("performance.tie_margin", s.tie_margin, opts.tie_margin, "--tie-margin")
     if opts.seed is not None:
         s.seed = opts.seed
     if opts.timeout is not None:

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 import engine
-from engine.kernels.pipeline import FAILED, SKIPPED, SUCCESS, KernelOutcome
+from engine.kernels.pipeline import CANCELLED, FAILED, SKIPPED, SUCCESS, KernelOutcome
 from engine.kernels.plan import Plan
-from engine.kernels.stats import bootstrap_speedup, verdict
+from engine.kernels.stats import bootstrap_speedup, bootstrap_speedup_rounds, verdict_with_margin
 
 
 def _score(o: KernelOutcome) -> float:
@@ -52,6 +52,7 @@ def kernel_state(o: KernelOutcome) -> dict:
             **{key: v for key, v in perf.items() if key not in ("command", "summary", "kernels")},
         },
         "timing": o.timing,
+        "guards": o.guards,
         "extra": {"kernel_id": k.id, "kernel_type": k.type, "index": k.index, "baseline": k.baseline,
                   "origin": k.origin},
     }
@@ -97,10 +98,11 @@ def _fmt_ms(v: Optional[float]) -> str:
     return f"{v / 1e3:.3g} s"
 
 
-_STATE = {SUCCESS: "ok", FAILED: "FAIL", SKIPPED: "-"}
+_STATE = {SUCCESS: "ok", FAILED: "FAIL", SKIPPED: "-", CANCELLED: "cancelled"}
 _BACKEND = {"harness-cpu-perf_counter": "cpu timer", "harness-cuda-events": "cuda events",
             "harness-cuda-events+graph": "cuda graph", "harness-hip-events": "hip events",
-            "harness-hip-events+graph": "hip graph", "timing_json": "testcase json", "prof_command": "prof cmd"}
+            "harness-hip-events+graph": "hip graph", "harness-cuda-trace": "device trace",
+            "harness-hip-trace": "device trace", "timing_json": "testcase json", "prof_command": "prof cmd"}
 
 
 def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, dict]) -> Table:
@@ -123,8 +125,7 @@ def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, d
             if sp and not k.baseline:
                 row += [f"{sp['speedup']:.2f}x", f"{sp['speedup_ci'][0]:.2f}-{sp['speedup_ci'][1]:.2f}", sp["verdict"]]
             else:
-                row += ["1.00x" if sp else "-", "-", "baseline" if k.baseline else
-                        ("incorrect" if not o.correct else "-")]
+                row += ["1.00x" if sp else "-", "-", "baseline" if k.baseline else _verdict_without_speed(o)]
         table.add_row(*row)
     if plan.mode == "compare":
         table.caption = "* baseline"
@@ -155,7 +156,7 @@ def _problem_lines(outcomes: list[KernelOutcome]) -> list[str]:
 
 
 def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, ws_dir: str,
-                         gpu: Optional[dict]) -> tuple[dict, list[Any]]:
+                         gpu: Optional[dict], degenerate: Optional[str] = None) -> tuple[dict, list[Any]]:
     results = [kernel_state(o) for o in outcomes]
     incorrect = [o.spec.id for o in outcomes if not o.correct]
     report = {
@@ -164,6 +165,7 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "state": state,
         "results": results,
         "all_correct": not incorrect,
+        "degenerate_test": degenerate,
         "workspace_dir": ws_dir,
         "overrides": plan.overrides,
         "warnings": plan.warnings,
@@ -172,43 +174,69 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     }
     renderables: list[Any] = [_summary_table(plan, outcomes, {})]
     renderables += _problem_lines(outcomes)
+    if degenerate:
+        renderables.append(degenerate)
     renderables.append(f"state: {state}; all correct: {not incorrect}" +
                        (f" (incorrect: {', '.join(incorrect)})" if incorrect else ""))
     return report, renderables
 
 
-def compare_results(plan: Plan, outcomes: list[KernelOutcome]) -> dict:
+def _verdict_without_speed(o: KernelOutcome) -> str:
+    if o.rejections:
+        return "rejected"
+    if CANCELLED in (o.compile.state, o.correctness.state, o.performance.state):
+        return "cancelled"
+    if not o.correct:
+        return "cancelled" if o.correctness.state == SKIPPED and o.cancelled_stage else "incorrect"
+    return "not measured"
+
+
+def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool = False,
+                    degenerate: Optional[str] = None) -> dict:
     """Speedups against the named baseline, with bootstrap intervals, verdicts, ranking and winner."""
     b = plan.baseline_index
     base = outcomes[b]
+    margin = plan.settings.tie_margin
     speed: dict[int, dict] = {}
-    if base.correct and len(base.samples_ms) >= 2:
+    if base.correct and len(base.samples_ms) >= 2 and not base.rejections:
         for o in outcomes:
             if not o.correct or len(o.samples_ms) < 2:
                 continue
             if o is base:
                 speed[o.spec.index] = {"speedup": 1.0, "speedup_ci": [1.0, 1.0], "verdict": "baseline"}
                 continue
-            sp, lo, hi = bootstrap_speedup(base.samples_ms, o.samples_ms, seed=plan.settings.seed)
-            speed[o.spec.index] = {"speedup": sp, "speedup_ci": [lo, hi], "verdict": verdict(lo, hi)}
+            paired = (base.sample_rounds and o.sample_rounds and len(base.sample_rounds) == len(o.sample_rounds))
+            if paired:
+                sp, lo, hi = bootstrap_speedup_rounds(base.sample_rounds, o.sample_rounds, seed=plan.settings.seed or 0)
+            else:
+                sp, lo, hi = bootstrap_speedup(base.samples_ms, o.samples_ms, seed=plan.settings.seed or 0)
+            v = "rejected" if o.rejections else verdict_with_margin(lo, hi, margin)
+            speed[o.spec.index] = {"speedup": sp, "speedup_ci": [lo, hi], "verdict": v,
+                                   "interval": "paired rounds" if paired else "independent samples"}
     correctness = [o.correct for o in outcomes]
     perf_scores = [speed[o.spec.index]["speedup"] if o.spec.index in speed else None for o in outcomes]
-    ranked = sorted(speed.items(), key=lambda kv: -kv[1]["speedup"])
+    ranked = sorted(((i, v) for i, v in speed.items() if v["verdict"] != "rejected"), key=lambda kv: -kv[1]["speedup"])
     rankings = [[idx, v["speedup"]] for idx, v in ranked]
     faster = [(idx, v) for idx, v in ranked if v["verdict"] == "faster"]
-    if faster:
-        winner, why = faster[0][0], "fastest correct candidate whose speedup interval lies above 1.0"
+    if cancelled:
+        winner, why = None, "the run was cancelled before every kernel was measured; no winner is declared"
+    elif degenerate:
+        winner, why = None, degenerate + "; no winner is declared"
+    elif faster:
+        winner, why = faster[0][0], (f"fastest correct candidate whose speedup interval lies above 1 + "
+                                     f"{margin:g} (the tie margin)")
     elif base.correct and speed:
-        winner, why = b, "no correct candidate is faster beyond the noise; the baseline stands"
+        winner, why = b, "no correct candidate is faster beyond the noise and the tie margin; the baseline stands"
     else:
-        winner, why = None, ("the baseline is incorrect" if not base.correct else "nothing could be measured")
+        winner, why = None, ("the baseline is incorrect" if not base.correct else
+                             "the baseline was rejected" if base.rejections else "nothing could be measured")
     return {"speed": speed, "correctness": correctness, "perf_scores": perf_scores, "rankings": rankings,
             "winner": winner, "winner_reason": why}
 
 
 def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, ws_dir: str,
-                         gpu: Optional[dict]) -> tuple[dict, list[Any]]:
-    cmp = compare_results(plan, outcomes)
+                         gpu: Optional[dict], degenerate: Optional[str] = None) -> tuple[dict, list[Any]]:
+    cmp = compare_results(plan, outcomes, cancelled=state == "cancelled", degenerate=degenerate)
     speed = cmp["speed"]
     kernel_results = []
     for o in outcomes:
@@ -216,7 +244,8 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         sp = speed.get(o.spec.index)
         st["speedup"] = sp["speedup"] if sp else None
         st["speedup_ci"] = sp["speedup_ci"] if sp else None
-        st["verdict"] = sp["verdict"] if sp else ("incorrect" if not o.correct else "not measured")
+        st["verdict"] = sp["verdict"] if sp else ("baseline" if o.spec.baseline and o.correct and not o.rejections
+                                                  else _verdict_without_speed(o))
         kernel_results.append(st)
     ids = [o.spec.id for o in outcomes]
     winner = cmp["winner"]
@@ -245,6 +274,8 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "baseline": {"index": plan.baseline_index, "id": ids[plan.baseline_index], "chosen_by": plan.baseline_source},
         "winner_id": ids[winner] if winner is not None else None,
         "winner_reason": cmp["winner_reason"],
+        "tie_margin": plan.settings.tie_margin,
+        "degenerate_test": degenerate,
         "workspace_dir": ws_dir,
         "overrides": plan.overrides,
         "warnings": plan.warnings,
@@ -253,6 +284,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     }
     renderables: list[Any] = [_summary_table(plan, outcomes, speed)]
     renderables += _problem_lines(outcomes)
+    renderables += [f"{o.spec.id}: {f['message']}" for o in outcomes for f in o.flags]
     renderables.append(f"Winner: {ids[winner] if winner is not None else 'none'} — {cmp['winner_reason']}")
     return report, renderables
 

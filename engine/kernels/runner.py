@@ -69,7 +69,8 @@ def run_plan(plan: Plan, output_dir: Path | str, cancel: CancelToken, *,
     finally:
         build = build_compare_report if plan.mode == "compare" else build_analyze_report
         gpu_dict = gpu_info.to_dict() if gpu_info is not None else None
-        report, renderables = build(plan, outcomes, state, str(ws.root), gpu_dict)
+        report, renderables = build(plan, outcomes, state, str(ws.root), gpu_dict,
+                                    degenerate=getattr(evaluator, "degenerate", None))
         report["execution_time"] = round(time.time() - started, 3)
         if error:
             report["error"] = error

@@ -49,10 +49,51 @@ def bootstrap_speedup(baseline_ms: Sequence[float], candidate_ms: Sequence[float
     return float(np.median(b) / np.median(c)), float(lo), float(hi)
 
 
-def verdict(ci_low: float, ci_high: float) -> str:
-    """'faster' / 'slower' only when the whole interval is on one side of 1.0; otherwise a tie."""
-    if ci_low > 1.0:
+def verdict(ci_low: float, ci_high: float, margin: float = 0.0) -> str:
+    """'faster' / 'slower' only when the whole interval is beyond the tie margin; otherwise a tie."""
+    return verdict_with_margin(ci_low, ci_high, margin)
+
+
+DEFAULT_TIE_MARGIN = 0.02
+
+
+def bootstrap_speedup_rounds(baseline_rounds: Sequence[Sequence[float]], candidate_rounds: Sequence[Sequence[float]], *,
+                             confidence: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Speedup = median(baseline) / median(candidate) over samples taken in interleaved rounds.
+
+    The interval comes from a two-level bootstrap that keeps the rounds paired: draw rounds with
+    replacement (the same rounds for both kernels, so a slow spell of the machine hits both),
+    then samples within each drawn round. Drift between rounds widens the interval instead of
+    deciding the verdict.
+    """
+    pairs = [(np.asarray(b, float), np.asarray(c, float)) for b, c in zip(baseline_rounds, candidate_rounds)
+             if len(b) and len(c)]
+    if not pairs:
+        raise ValueError("no round has samples of both kernels")
+    b_all = np.concatenate([b for b, _ in pairs])
+    c_all = np.concatenate([c for _, c in pairs])
+    if b_all.size < 2 or c_all.size < 2:
+        raise ValueError("a speedup interval needs at least 2 samples on each side")
+    if len(pairs) < 2:
+        return bootstrap_speedup(b_all, c_all, confidence=confidence, n_boot=n_boot, seed=seed)
+    rng = np.random.default_rng(seed)
+    ratios = np.empty(n_boot)
+    r = len(pairs)
+    for i in range(n_boot):
+        pick = rng.integers(0, r, size=r)
+        bs = np.concatenate([pairs[j][0][rng.integers(0, pairs[j][0].size, size=pairs[j][0].size)] for j in pick])
+        cs = np.concatenate([pairs[j][1][rng.integers(0, pairs[j][1].size, size=pairs[j][1].size)] for j in pick])
+        ratios[i] = np.median(bs) / np.median(cs)
+    alpha = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(ratios, [alpha, 1.0 - alpha])
+    return float(np.median(b_all) / np.median(c_all)), float(lo), float(hi)
+
+
+def verdict_with_margin(ci_low: float, ci_high: float, margin: float = DEFAULT_TIE_MARGIN) -> str:
+    """'faster' only when the whole interval lies above 1 + margin, 'slower' only when it lies
+    below 1 / (1 + margin); anything else, inside the margin or not established, is a tie."""
+    if ci_low > 1.0 + margin:
         return "faster"
-    if ci_high < 1.0:
+    if ci_high < 1.0 / (1.0 + margin):
         return "slower"
     return "tie"

@@ -1,0 +1,523 @@
+"""The parent side of the harness: one worker process per kernel, all alive at once.
+
+Correctness: for every input set, the reference's worker (the compare baseline, or the entry's
+reference module) computes the expected outputs; each kernel's worker computes its own on a
+clone of the same inputs and hands the outputs and its inputs after the call over
+(``engine.kernels.tensor_share``); the reference's worker judges them. Nothing is saved to disk.
+
+Timing: the kernels are timed in interleaved rounds (baseline, A, B, then A, B, baseline, ...),
+so slow drift of clocks or temperature lands on all of them; after each round, the outputs the
+workers kept from timed calls are judged like correctness outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from engine.runs.process import CancelToken, stop_process_group
+
+
+class WorkerError(Exception):
+    """The worker could not answer: it died, timed out or was cancelled."""
+
+
+class KernelRaised(Exception):
+    """User code raised inside the worker; the worker is still alive."""
+
+    def __init__(self, message: str, tb: str = "") -> None:
+        super().__init__(message)
+        self.traceback = tb
+
+
+class WorkerProcess:
+    def __init__(self, name: str, python: str, cwd: Path, env: dict, log_stem: Path, scratch: Path,
+                 cancel: CancelToken) -> None:
+        self.name, self.cancel = name, cancel
+        log_stem.parent.mkdir(parents=True, exist_ok=True)
+        self.stdout_path = log_stem.with_name(log_stem.name + ".stdout.log")
+        self.stderr_path = log_stem.with_name(log_stem.name + ".stderr.log")
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        full_env = dict(os.environ)
+        full_env.update({k: str(v) for k, v in env.items()})
+        self._out = open(self.stdout_path, "ab")
+        self._err = open(self.stderr_path, "ab")
+        argv = [python, "-m", "engine.kernels.worker", str(to_child_r), str(from_child_w), str(scratch)]
+        try:
+            self.proc = subprocess.Popen(argv, cwd=str(cwd), env=full_env, stdout=self._out, stderr=self._err,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         pass_fds=(to_child_r, from_child_w))
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self._w = os.fdopen(to_child_w, "w", encoding="utf-8")
+        self._r = from_child_r
+        self._buf = b""
+        self.closed = False
+
+    def request(self, op: str, timeout_s: float, **fields: Any) -> dict:
+        if self.closed:
+            raise WorkerError(f"{self.name}: the worker was already stopped")
+        started = time.monotonic()
+        try:
+            self._w.write(json.dumps({"op": op, **fields}) + "\n")
+            self._w.flush()
+        except (BrokenPipeError, OSError):
+            raise WorkerError(self._died(op)) from None
+        while b"\n" not in self._buf:
+            if self.cancel.cancelled:
+                self.stop()
+                raise WorkerError(f"{self.name}: cancelled during {op}")
+            if time.monotonic() - started > timeout_s:
+                self.stop()
+                raise WorkerError(f"{self.name}: {op} timed out after {timeout_s:.0f} s (worker's process group killed)")
+            ready, _, _ = select.select([self._r], [], [], 0.05)
+            if ready:
+                chunk = os.read(self._r, 1 << 20)
+                if not chunk:
+                    raise WorkerError(self._died(op))
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        reply = json.loads(line)
+        reply["_wall_s"] = time.monotonic() - started
+        if not reply.get("ok"):
+            raise KernelRaised(reply.get("error", "error"), reply.get("traceback", ""))
+        return reply
+
+    def _died(self, op: str) -> str:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.stop()
+        tail = ""
+        try:
+            tail = self.stderr_path.read_text(errors="replace").strip()[-1500:]
+        except OSError:
+            pass
+        return f"{self.name}: the worker exited (code {code}) during {op}" + (f"\n{tail}" if tail else "")
+
+    def stop(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._w.close()
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            stop_process_group(self.proc, grace_s=3.0)
+        else:
+            stop_process_group(self.proc, grace_s=0.1)
+        os.close(self._r)
+        self._out.close()
+        self._err.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._w.write(json.dumps({"op": "exit"}) + "\n")
+            self._w.flush()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.stop()
+
+
+@dataclass
+class Member:
+    """One kernel in the session, with what its worker reported."""
+    key: str
+    spec: Any  # engine.kernels.plan.KernelSpec
+    role: str  # "reference" (judges others), "kernel" (judged), "self" (no reference: self-check)
+    timed: bool = False
+    worker: Optional[WorkerProcess] = None
+    load: dict = field(default_factory=dict)
+    seeds: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # correctness failures
+    rejections: list[str] = field(default_factory=list)  # guard violations before timing: never timed
+    timing_rejections: list[str] = field(default_factory=list)  # found while timing: never ranked
+    flags: list[dict] = field(default_factory=list)
+    rounds: list[list[float]] = field(default_factory=list)
+    events_rounds: list[list[float]] = field(default_factory=list)
+    timing: dict = field(default_factory=dict)
+    checked_calls: int = 0
+    state: str = "pending"  # pending -> checked -> timed; or failed / cancelled
+    cancelled_in: Optional[str] = None
+    output_bytes: int = 0
+    adopted: Optional[bool] = None
+
+
+def secret_seeds(n: int) -> list[int]:
+    return [int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF for _ in range(n)]
+
+
+@dataclass
+class SessionSettings:
+    seeds: list[int]
+    seeds_hidden: bool
+    rtol: Optional[float]
+    atol: Optional[float]
+    timer: str  # auto | trace | events | graph  (wall on a CPU)
+    repeats: Optional[int]
+    warmup: Optional[int]
+    rounds: int
+    l2_flush: bool
+    device: str
+    load_timeout_s: float
+    correctness_timeout_s: float
+    perf_timeout_s: float
+    bandwidth_tbs: Optional[float]
+
+
+class HarnessSession:
+    """Correctness for every member against one reference, then interleaved timing of the timed ones."""
+
+    def __init__(self, *, members: list[Member], reference: Optional[Member], settings: SessionSettings,
+                 python: str, env_for, log_stem_for, cancel: CancelToken, emit) -> None:
+        self.members, self.reference, self.s = members, reference, settings
+        self.python, self.env_for, self.log_stem_for = python, env_for, log_stem_for
+        self.cancel, self.emit = cancel, emit
+        self.degenerate: Optional[str] = None
+        self.timer_used: Optional[str] = None
+        self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
+
+    # ------------------------------------------------------------ life cycle
+    def _everyone(self) -> list[Member]:
+        out = list(self.members)
+        if self.reference is not None and self.reference not in out:
+            out.insert(0, self.reference)
+        return out
+
+    def run(self) -> None:
+        try:
+            self._start()
+            if not self.cancel.cancelled:
+                self._correctness()
+            if not self.cancel.cancelled:
+                self._timing()
+        finally:
+            for m in self._everyone():
+                if m.worker is not None:
+                    m.worker.close()
+            for p in self._scratch.glob("*"):
+                p.unlink(missing_ok=True)
+            self._scratch.rmdir()
+            if self.cancel.cancelled:
+                for m in self.members:
+                    if m.state in ("pending", "checked", "timing"):
+                        m.cancelled_in = "correctness" if m.state == "pending" else "performance"
+
+    def _fail(self, m: Member, message: str) -> None:
+        m.errors.append(message)
+        m.state = "failed"
+
+    def _start(self) -> None:
+        ref = self.reference
+        for m in self._everyone():
+            k = m.spec
+            src = ref.spec if (ref is not None and m.role != "self") else k  # every input comes from the reference
+            m.worker = WorkerProcess(m.key, self.python, k.working_dir, self.env_for(k), self.log_stem_for(m),
+                                     self._scratch, self.cancel)
+            m._load_req = {"kernel": {"module": str(k.source_files[0]), "model_class": k.model_class,
+                                      "get_init_inputs_func": k.get_init_inputs_func},
+                           "inputs": {"module": str(src.source_files[0]), "get_inputs_func": src.get_inputs_func,
+                                      "get_init_inputs_func": src.get_init_inputs_func},
+                           "seeds": self.s.seeds, "device": self.s.device, "init_seed": self.s.seeds[0],
+                           "inplace": bool(getattr(k, "inplace", False)), "share_state": m.role == "reference"}
+        # Every worker imports torch at once; the replies are read in order.
+        for m in self._everyone():
+            self.emit(m, "harness", "running")
+            self._send(m, "load", m._load_req)
+        for m in self._everyone():
+            try:
+                m.load = self._receive(m, "load", self.s.load_timeout_s)
+            except (KernelRaised, WorkerError) as exc:
+                self._fail(m, f"harness failed: could not load the kernel: {exc}")
+                continue
+            for i, meta in enumerate(m.load.get("set_meta", [])):
+                meta["seed"] = self.s.seeds[i] if meta["shape"] == "main" else self.s.seeds[0]
+            if m.load.get("guard_errors"):
+                m.rejections.extend(m.load["guard_errors"])
+        if ref is not None and ref.state != "failed" and ref.load.get("state"):
+            for m in self.members:
+                if m is ref or m.state == "failed" or m.role != "kernel":
+                    continue
+                try:
+                    m.adopted = m.worker.request("adopt", self.s.load_timeout_s, state=ref.load["state"])["adopted"]
+                except (KernelRaised, WorkerError) as exc:
+                    self._fail(m, f"harness failed: could not take the reference's weights: {exc}")
+
+    def _send(self, m: Member, op: str, fields: dict) -> None:
+        try:
+            m.worker._w.write(json.dumps({"op": op, **fields}) + "\n")
+            m.worker._w.flush()
+        except OSError:
+            pass
+        m._sent_at = time.monotonic()
+
+    def _receive(self, m: Member, op: str, timeout_s: float) -> dict:
+        # request() with the line already written: read the reply the same way.
+        w = m.worker
+        started = getattr(m, "_sent_at", time.monotonic())
+        while b"\n" not in w._buf:
+            if self.cancel.cancelled:
+                w.stop()
+                raise WorkerError(f"{m.key}: cancelled during {op}")
+            if time.monotonic() - started > timeout_s:
+                w.stop()
+                raise WorkerError(f"{m.key}: {op} timed out after {timeout_s:.0f} s (worker's process group killed)")
+            ready, _, _ = select.select([w._r], [], [], 0.05)
+            if ready:
+                chunk = os.read(w._r, 1 << 20)
+                if not chunk:
+                    raise WorkerError(w._died(op))
+                w._buf += chunk
+        line, w._buf = w._buf.split(b"\n", 1)
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise KernelRaised(reply.get("error", "error"), reply.get("traceback", ""))
+        return reply
+
+    # ------------------------------------------------------------ correctness
+    def _classify(self, m: Member, reply: dict) -> list[str]:
+        m.rejections.extend(e for e in reply.get("guard_errors", []) if e not in m.rejections)
+        return list(reply.get("errors", []))
+
+    def _correctness(self) -> None:
+        ref = self.reference
+        judged = [m for m in self.members if m.role == "kernel"]
+        if ref is not None and ref.state == "failed":
+            for m in judged:
+                if m.state != "failed":
+                    self._fail(m, "cannot compare outputs with the reference: it did not load "
+                                  f"({ref.errors[0] if ref.errors else 'see its log'})")
+        judges = [ref] if ref is not None else []
+        selfs = [m for m in self.members if m.role == "self"]
+        sets = (ref.load if ref is not None and ref.state != "failed" else
+                (selfs[0].load if selfs and selfs[0].state != "failed" else {})).get("set_meta", [])
+        for idx, meta in enumerate(sets):
+            for j in judges + selfs:
+                if j.state == "failed" or self.cancel.cancelled:
+                    continue
+                try:
+                    r = j.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="reference")
+                except (KernelRaised, WorkerError) as exc:
+                    self._fail(j, f"harness failed: {exc}")
+                    continue
+                errs = self._classify(j, r)
+                sc = r.get("self_check", {})
+                entry = {"seed": meta["seed"], "shape": meta["shape"], **sc}
+                if r.get("inputs_check"):
+                    errs.append(r["inputs_check"])
+                if errs:
+                    entry["passed"], entry["reason"] = False, errs[0]
+                j.seeds.append(entry)
+                j.output_bytes = max(j.output_bytes, int(r.get("output_bytes", 0)))
+                if not entry.get("passed"):
+                    self._fail(j, f"outputs failed the reference's self-check (seed {meta['seed']}, {meta['shape']} "
+                                  f"inputs): {entry.get('reason', 'mismatch')}")
+            if ref is not None and ref.state == "failed":
+                for m in judged:
+                    if m.state != "failed":
+                        self._fail(m, "cannot compare outputs with the reference: it failed its own checks")
+                break
+            for m in judged:
+                if m.state == "failed" or self.cancel.cancelled:
+                    continue
+                try:
+                    c = m.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="kernel")
+                    local = self._classify(m, c)
+                    res = ref.worker.request("judge", self.s.correctness_timeout_s, index=idx, perturb=None,
+                                             outputs=c["outputs"], inputs=c["inputs"], rtol=self.s.rtol,
+                                             atol=self.s.atol, inplace=bool(getattr(m.spec, "inplace", False)))
+                    m.worker.request("release", self.s.correctness_timeout_s, handles=[c["handle"]])
+                except KernelRaised as exc:
+                    self._fail(m, f"the kernel raised on seed {meta['seed']} ({meta['shape']} inputs): {exc}")
+                    continue
+                except WorkerError as exc:
+                    if self.cancel.cancelled:
+                        break
+                    self._fail(m, f"harness failed: {exc}")
+                    continue
+                m.output_bytes = max(m.output_bytes, int(c.get("output_bytes", 0)))
+                entry = {"seed": meta["seed"], "shape": meta["shape"],
+                         **{k: v for k, v in res.items() if k not in ("ok", "inputs_check")}}
+                problems = local + ([res["inputs_check"]] if res.get("inputs_check") else [])
+                if problems:
+                    entry["passed"], entry["reason"] = False, problems[0]
+                m.seeds.append(entry)
+                if not entry.get("passed"):
+                    self._fail(m, f"outputs differ from the {self._ref_name()} (seed {meta['seed']}, {meta['shape']} "
+                                  f"inputs): {entry.get('reason', 'mismatch')}")
+        for m in self.members:
+            if m.state == "pending" and not self.cancel.cancelled:
+                m.state = "checked"
+            self.emit(m, "harness", {"failed": "FAILED", "checked": "SUCCESS"}.get(m.state, "CANCELLED"))
+        if self.cancel.cancelled:
+            return
+        if ref is not None and ref.state != "failed":
+            try:
+                d = ref.worker.request("degenerate", self.s.correctness_timeout_s, rtol=self.s.rtol, atol=self.s.atol)
+                self.degenerate = d.get("degenerate")
+                ref.worker.request("release", self.s.correctness_timeout_s, references=True)
+            except (KernelRaised, WorkerError) as exc:
+                self.degenerate = None
+                ref.flags.append({"guard": "degenerate_test", "message": f"the degenerate-test check failed: {exc}"})
+
+    def _ref_name(self) -> str:
+        ref = self.reference
+        if ref is None:
+            return "expected result"
+        return "baseline" if not ref.key.startswith("reference:") else f"reference {ref.spec.reference_file.name}"
+
+    # ------------------------------------------------------------ timing
+    def _timer(self, m: Member) -> str:
+        dev = (m.load.get("device") or {}).get("type")
+        if dev != "cuda":
+            return "wall"
+        t = self.s.timer
+        return "trace" if t == "auto" else t
+
+    def _timing(self) -> None:
+        timed = [m for m in self.members if m.timed and m.state == "checked" and not m.rejections]
+        if not timed:
+            return
+        plans: dict[str, dict] = {}
+        for m in timed:
+            timer = self._timer(m)
+            m.state = "timing"
+            self.emit(m, "performance", "running")
+            try:
+                w = m.worker.request("warm", self.s.perf_timeout_s, warmup=self.s.warmup, l2_flush=self.s.l2_flush,
+                                     timer=timer)
+            except (KernelRaised, WorkerError) as exc:
+                if self.cancel.cancelled:
+                    return
+                m.timing = {"error": f"warm-up failed: {exc}"}
+                m.state = "failed_timing"
+                continue
+            if w.get("guard_errors"):
+                m.rejections.extend(e for e in w["guard_errors"] if e not in m.rejections)
+            est_s = max(w["estimate_ms"] / 1e3, 1e-7)
+            if self.s.repeats:
+                repeats = int(self.s.repeats)
+            elif timer == "wall":
+                repeats = int(min(200, max(10, math.ceil(2.0 / est_s))))
+            else:
+                repeats = int(min(1000, max(100, math.ceil(0.5 / est_s))))
+            rounds = max(1, min(self.s.rounds, repeats))
+            plans[m.key] = {"timer": timer, "repeats": repeats, "rounds": rounds,
+                            "per_round": math.ceil(repeats / rounds), "warm": w}
+        timed = [m for m in timed if m.key in plans and not m.rejections]
+        n_rounds = max((plans[m.key]["rounds"] for m in timed), default=0)
+        judge = self.reference
+        for r in range(n_rounds):
+            order = timed[r % len(timed):] + timed[:r % len(timed)] if timed else []
+            if r % 2:
+                order = order[::-1]
+            for m in order:
+                if self.cancel.cancelled:
+                    return
+                if m.state != "timing" or r >= plans[m.key]["rounds"]:
+                    continue
+                p = plans[m.key]
+                try:
+                    rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
+                                           keep=1 if judge is not None and judge is not m else 0)
+                except (KernelRaised, WorkerError) as exc:
+                    if self.cancel.cancelled:
+                        return
+                    m.timing = {"error": f"timing failed in round {r + 1}: {exc}"}
+                    m.state = "failed_timing"
+                    continue
+                if rep.get("guard_errors"):
+                    m.timing_rejections.extend(e for e in rep["guard_errors"] if e not in m.timing_rejections)
+                wall, span = rep["_wall_s"], rep["round_span_s"]
+                if span < 0.5 * wall - 0.05:
+                    m.timing_rejections.append(f"the kernel's process clock disagrees with the harness's: it counted "
+                                        f"{span:.3f} s for a round the harness saw take {wall:.3f} s (clock tampered?)")
+                m.rounds.append(rep["samples_ms"])
+                if rep.get("events_ms"):
+                    m.events_rounds.append(rep["events_ms"])
+                self._judge_kept(m, rep.get("kept", []))
+        for m in timed:
+            if m.state == "timing":
+                m.state = "timed"
+                self._finish_timing(m, plans[m.key])
+
+    def _judge_kept(self, m: Member, kept: list[dict]) -> None:
+        judge = self.reference
+        if not kept or judge is None:
+            return
+        handles = [k["handle"] for k in kept]
+        try:
+            for k in kept:
+                res = judge.worker.request("judge", self.s.correctness_timeout_s, index=k["index"], perturb=k["perturb"],
+                                           outputs=k["outputs"], inputs=k["inputs"], rtol=self.s.rtol, atol=self.s.atol,
+                                           inplace=bool(getattr(m.spec, "inplace", False)))
+                m.checked_calls += 1
+                problem = (None if res.get("passed") else res.get("reason", "mismatch")) or res.get("inputs_check")
+                if problem:
+                    seed = (judge.load.get("set_meta") or [{}] * (k["index"] + 1))[k["index"]].get("seed")
+                    self._fail(m, f"timed call {m.checked_calls} (input set of seed {seed}, perturbed): outputs differ "
+                                  f"from the reference: {problem}" if not res.get("passed") else
+                               f"timed call {m.checked_calls}: {problem}")
+                    break
+            m.worker.request("release", self.s.correctness_timeout_s, handles=handles)
+        except (KernelRaised, WorkerError) as exc:
+            if not self.cancel.cancelled:
+                self._fail(m, f"harness failed while judging timed outputs: {exc}")
+
+    def _finish_timing(self, m: Member, plan: dict) -> None:
+        import statistics
+        samples = [x for r in m.rounds for x in r]
+        events = [x for r in m.events_rounds for x in r]
+        timer = plan["timer"]
+        backend = {"wall": "harness-cpu-perf_counter", "trace": "harness-cuda-trace", "events": "harness-cuda-events",
+                   "graph": "harness-cuda-events+graph"}[timer]
+        if (m.load.get("versions") or {}).get("hip"):
+            backend = backend.replace("cuda", "hip")
+        w = plan["warm"]
+        m.timing = {"backend": backend, "timer": timer, "rounds": len(m.rounds), "per_round": plan["per_round"],
+                    "repeats": len(samples), "warmup": w["warmup"], "estimate_ms": w["estimate_ms"],
+                    "l2_flush": bool(w.get("l2_flush_bytes")), "l2_flush_bytes": w.get("l2_flush_bytes", 0),
+                    "inputs": f"a fresh clone of one of {len(self.s.seeds)} input sets per call, sparsely perturbed",
+                    "checked_timed_calls": m.checked_calls, "interleaved": True,
+                    "method_note": {
+                        "trace": "device trace (CUPTI/roctracer via torch.profiler): from the first to the last kernel "
+                                 "the call put on any stream; L2 flushed and the device synchronised between calls",
+                        "events": "device events on the launching stream around each call (includes launch latency)",
+                        "graph": "device events around a CUDA-graph replay of the call",
+                        "wall": "time.perf_counter around each call (bound before the kernel's module was imported)",
+                    }[timer]}
+        if events:
+            m.timing["events_median_ms"] = statistics.median(events)
+        if samples and events and timer == "trace":
+            span, ev = statistics.median(samples), statistics.median(events)
+            if span > ev * 1.10 + 0.002:
+                m.flags.append({"guard": "escaped_stream", "message":
+                                f"work ran outside the timed stream: the device trace shows {span * 1e3:.1f} us per "
+                                f"call over all streams, the launching stream's events {ev * 1e3:.1f} us; "
+                                "it is timed for what it costs"})
+        bw = self.s.bandwidth_tbs
+        if samples and timer != "wall" and bw and m.timing["l2_flush"]:
+            l2 = int(m.load.get("l2_bytes") or 0)
+            moved = int(m.load.get("input_bytes") or 0) + max(0, m.output_bytes - l2)
+            floor_ms = moved / (bw * 1e12) * 1e3
+            m.timing["hardware_floor_ms"] = floor_ms
+            med = statistics.median(samples)
+            if moved and med < floor_ms:
+                m.timing_rejections.append(f"median {med * 1e3:.2f} us is faster than the hardware allows: reading its "
+                                    f"{moved / 1e6:.1f} MB of inputs (and outputs beyond L2) at {bw:g} TB/s takes "
+                                    f"at least {floor_ms * 1e3:.2f} us")

@@ -1,0 +1,630 @@
+"""A harness worker: one process per kernel, driven by ``engine.kernels.session``.
+
+``python -m engine.kernels.worker READ_FD WRITE_FD SCRATCH_DIR`` reads one JSON request a line
+from READ_FD and answers each with one JSON line on WRITE_FD; the kernel's own prints go to
+the log files that are its stdout and stderr.
+
+What makes its numbers hard to game:
+* the clocks, event and profiler APIs are bound here, before any user module is imported,
+  and a kernel whose code replaces them (or a torch function, or the input functions) is
+  rejected by name;
+* inputs come from the reference's ``get_inputs`` under seeds the kernel does not know,
+  generated before the kernel's module is imported;
+* every timed call gets its own inputs: a clone of one of several input sets, sparsely
+  perturbed with a fresh seed, so no two calls see the same values; which outputs are kept
+  for checking is drawn after each call returns;
+* outputs and inputs are judged in the reference's worker, a process the kernel never ran in
+  (``engine.kernels.tensor_share``);
+* on a GPU the default timer reads every kernel the call put on any stream from the device
+  trace (CUPTI / roctracer through torch.profiler), not only the launching stream's events.
+"""
+
+from __future__ import annotations
+
+# Bound first: nothing a kernel module does later can change what these names refer to.
+import time as _time_module
+
+_perf_counter = _time_module.perf_counter
+_monotonic = _time_module.monotonic
+
+import gc  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Optional  # noqa: E402
+
+import torch  # noqa: E402
+
+from engine.kernels import tensor_share  # noqa: E402
+from engine.kernels.harness import (  # noqa: E402
+    _flatten, _load_module, _map_tensors, _pick_class, compare_outputs, poisoned_allocations,
+)
+
+_HAS_CUDA = torch.cuda.is_available()
+if _HAS_CUDA:
+    _Event = torch.cuda.Event
+    _event_record = torch.cuda.Event.record
+    _event_elapsed = torch.cuda.Event.elapsed_time
+    _cuda_sync = torch.cuda.synchronize
+    from torch.profiler import ProfilerActivity as _Activity
+    from torch.profiler import profile as _profile
+    from torch.profiler import record_function as _record_function
+_clone = torch.Tensor.clone
+
+# What a kernel must not replace: the clocks and event APIs the harness times with, the
+# profiler, and the public functions of torch (a kernel that swaps torch.softmax for its own
+# would change the reference it is judged against).
+_CLOCK_NAMES = ("perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+                "process_time", "sleep")
+
+
+def _watch_table(extra_modules: list) -> dict[str, Any]:
+    import time
+    table: dict[str, Any] = {f"time.{n}": getattr(time, n) for n in _CLOCK_NAMES if hasattr(time, n)}
+    spaces: list[tuple[str, Any]] = [("torch", torch), ("torch.nn.functional", torch.nn.functional),
+                                     ("torch.Tensor", torch.Tensor), ("torch.linalg", torch.linalg)]
+    if _HAS_CUDA:
+        spaces += [("torch.cuda", torch.cuda), ("torch.cuda.Event", torch.cuda.Event)]
+        import torch.profiler as tprof
+        spaces.append(("torch.profiler", tprof))
+    spaces += extra_modules
+    for prefix, space in spaces:
+        for name, obj in list(vars(space).items()):
+            if name.startswith("__") or isinstance(obj, type(sys)):
+                continue
+            if callable(obj) or isinstance(obj, (staticmethod, classmethod)):
+                table[f"{prefix}.{name}"] = obj
+    me = sys.modules[__name__]
+    for name in ("_perf_counter", "_monotonic", "_Event", "_event_record", "_event_elapsed", "_cuda_sync",
+                 "_profile", "_record_function", "_clone", "_time_call", "_device_spans"):
+        if hasattr(me, name):
+            table[f"{__name__}.{name}"] = getattr(me, name)
+    return table
+
+
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+
+
+def _torch_own_wrapper(new: Any, old: Any) -> bool:
+    """torch wraps some of its own functions when a submodule loads (torch._dynamo wraps
+    torch.manual_seed, for one): a wrapper whose code lives in torch and unwraps to the original."""
+    import inspect
+    try:
+        code_file = getattr(getattr(new, "__code__", None), "co_filename", "") or ""
+        return inspect.unwrap(new) is old and str(Path(code_file).resolve()).startswith(_TORCH_DIR)
+    except Exception:
+        return False
+
+
+def _tampered(before: dict[str, Any], extra_modules: list) -> list[str]:
+    now = _watch_table(extra_modules)
+    changed = [k for k, v in before.items() if k in now and now[k] is not v and not _torch_own_wrapper(now[k], v)]
+    # A new attribute on torch.Tensor shadows the C base class's method of that name.
+    base = vars(torch._C.TensorBase)
+    changed += [k for k in now if k not in before and k.startswith("torch.Tensor.")
+                and k.split(".")[-1] in base]
+    return sorted(set(changed))
+
+
+def _tensors(obj: Any) -> list:
+    return [t for _, t in _flatten(obj) if isinstance(t, torch.Tensor)]
+
+
+def _storage_span(t) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def _nbytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(obj))
+
+
+def perturb_(inputs: list, seed: int) -> None:
+    """Give a clone of an input set values no earlier call saw: about one element in 1024 of each
+    contiguous floating-point tensor takes the value of another element of the same tensor
+    (the distribution is kept; integer and boolean tensors, often indices, are left alone)."""
+    g = torch.Generator().manual_seed(seed)
+    for t in _tensors(inputs):
+        if not (t.is_floating_point() and t.is_contiguous() and t.numel() > 1):
+            continue
+        n = t.numel()
+        m = max(1, n >> 10)
+        dst = torch.unique(torch.randint(0, n, (m,), generator=g))
+        src = torch.randint(0, n, (dst.numel(),), generator=g)
+        flat = t.view(-1)
+        with torch.no_grad():
+            flat[dst.to(t.device)] = flat[src.to(t.device)].clone()
+
+
+def _same_bits(a, b) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.device != b.device:
+        b = b.to(a.device)
+    if a.is_floating_point() or a.is_complex():
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        return bool(((a == b) | both_nan).all())
+    return bool(torch.equal(a, b))
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        _cuda_sync(device)
+
+
+class Worker:
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch
+        self.device = torch.device("cpu")
+        self.sets: list[list] = []
+        self.set_meta: list[dict] = []
+        self.main_sets: list[int] = []
+        self.ref_outputs: dict[int, Any] = {}
+        self.held: dict[int, dict] = {}
+        self.next_handle = 1
+        self.model: Any = None
+        self.watch: dict[str, Any] = {}
+        self.watch_modules: list = []
+        self.threads_before: set[int] = set()
+        self.flush = None
+        self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        self.graph = None
+        self.inplace = False
+
+    # ----------------------------------------------------------------- helpers
+    def _call(self, inputs):
+        with torch.no_grad():
+            return self.model(*inputs)
+
+    def _fresh(self, index: int, perturb: Optional[int]) -> list:
+        inputs = _map_tensors(self.sets[index], lambda t: _clone(t))
+        if perturb is not None:
+            perturb_(inputs, perturb)
+        return inputs
+
+    def _guard_errors(self) -> list[str]:
+        errors = []
+        bad = _tampered(self.watch, self.watch_modules)
+        if bad:
+            errors.append(f"tampering: the kernel's code replaced {', '.join(bad[:6])}"
+                          + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+                          + " (clocks, event and profiler APIs, torch functions and the input functions "
+                          "must stay as the harness found them)")
+        new = [t for t in threading.enumerate() if t.ident not in self.threads_before and t.is_alive()]
+        if new:
+            errors.append(f"the kernel started Python threads that outlive its call ({', '.join(t.name for t in new)}): "
+                          "work on background threads escapes the timed window")
+        return errors
+
+    def _output_checks(self, out, inputs) -> list[str]:
+        errors = []
+        for name, t in _flatten(out):
+            if isinstance(t, torch.Tensor) and type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+                errors.append(f"output {name} is a {type(t).__name__}, not a plain torch.Tensor "
+                              "(a subclass can defer or fake its values)")
+        if not self.inplace:
+            spans = [_storage_span(t) for t in _tensors(inputs)]
+            for name, t in _flatten(out):
+                if not isinstance(t, torch.Tensor) or t.numel() == 0:
+                    continue
+                lo, hi = _storage_span(t)
+                for i, (a, b) in enumerate(spans):
+                    if lo < b and a < hi:
+                        errors.append(f"output {name} aliases input {i} (its storage overlaps the input's); "
+                                      "declare `inplace: true` on the entry if the kernel works in place")
+                        break
+        return errors
+
+    def _hold(self, out, inputs, meta: dict) -> int:
+        h = self.next_handle
+        self.next_handle += 1
+        self.held[h] = {"out": out, "inputs": inputs, "meta": meta, "files": []}
+        return h
+
+    def _export(self, h: int) -> dict:
+        e = self.held[h]
+        return {"handle": h, **e["meta"], "outputs": tensor_share.export_tree(e["out"], e["files"]),
+                "inputs": tensor_share.export_tree(e["inputs"], e["files"])}
+
+    # ----------------------------------------------------------------- operations
+    def op_load(self, req: dict) -> dict:
+        want = req.get("device", "auto")
+        self.device = torch.device("cuda" if _HAS_CUDA and want != "cpu" else "cpu")
+        if self.device.type == "cpu" and "TRITON_INTERPRET" not in os.environ:
+            os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run in its interpreter on the CPU
+        self.inplace = bool(req.get("inplace"))
+        info: dict = {"device": {"type": self.device.type,
+                                 "name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+                                 "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1"},
+                      "versions": {"torch": torch.__version__, "hip": torch.version.hip, "cuda": torch.version.cuda}}
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            info["l2_bytes"] = int(getattr(props, "L2_cache_size", 0) or 0)
+        try:
+            import triton
+            info["versions"]["triton"] = triton.__version__
+        except Exception:
+            info["versions"]["triton"] = None
+        spec_in = req["inputs"]
+        in_mod = _load_module(spec_in["module"], "_magpie_inputs")
+        get_inputs = getattr(in_mod, spec_in.get("get_inputs_func") or "get_inputs", None)
+        if get_inputs is None:
+            raise AttributeError(f"{spec_in['module']} defines no {spec_in.get('get_inputs_func') or 'get_inputs'}()")
+        more = getattr(in_mod, "get_correctness_inputs", None)
+        # Inputs first, before the kernel's module exists in this process.
+        for seed in req["seeds"]:
+            torch.manual_seed(seed)
+            self.sets.append(self._on_device(get_inputs()))
+            self.set_meta.append({"shape": "main"})
+            self.main_sets.append(len(self.sets) - 1)
+        if more is not None:
+            torch.manual_seed(req["seeds"][0])
+            for i, extra in enumerate(more()):
+                self.sets.append(self._on_device(extra))
+                self.set_meta.append({"shape": f"extra {i}"})
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        self.watch_modules = [(f"inputs module {Path(spec_in['module']).name}", in_mod)]
+        self.watch = _watch_table(self.watch_modules)
+        self.threads_before = {t.ident for t in threading.enumerate()}
+        spec_k = req["kernel"]
+        same = Path(spec_k["module"]).resolve() == Path(spec_in["module"]).resolve()
+        module = in_mod if same else _load_module(spec_k["module"], "_magpie_kernel")
+        cls = _pick_class(module, spec_k.get("model_class"))
+        get_init = getattr(in_mod, spec_in.get("get_init_inputs_func") or "get_init_inputs", None) or \
+            getattr(module, spec_k.get("get_init_inputs_func") or "get_init_inputs", None)
+        torch.manual_seed(req.get("init_seed", 0))
+        init_inputs = get_init() if get_init else []
+        self.model = cls(*init_inputs)
+        if isinstance(self.model, torch.nn.Module):
+            self.model = self.model.to(self.device).eval()
+        # The generator must not tell the kernel which seeds made its inputs (torch.initial_seed()).
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        info["n_sets"] = len(self.sets)
+        info["set_meta"] = self.set_meta
+        info["input_bytes"] = _nbytes(self.sets[0])
+        info["guard_errors"] = self._guard_errors()
+        if req.get("share_state") and isinstance(self.model, torch.nn.Module):
+            files: list[str] = []
+            self.state_files = files
+            info["state"] = tensor_share.export_tree(dict(self.model.state_dict()), files)
+        return info
+
+    def _on_device(self, inputs) -> list:
+        return _map_tensors(list(inputs), lambda t: t.to(self.device))
+
+    def op_adopt(self, req: dict) -> dict:
+        state = tensor_share.import_tree(req["state"])
+        if not isinstance(self.model, torch.nn.Module) or not state:
+            return {"adopted": False}
+        own = self.model.state_dict()
+        if set(own) != set(state) or any(own[k].shape != state[k].shape for k in own):
+            return {"adopted": False}
+        self.model.load_state_dict({k: v.to(self.device) for k, v in state.items()})
+        return {"adopted": True}
+
+    def op_run_set(self, req: dict) -> dict:
+        """A correctness call on a clone of input set ``index``, with fresh allocations poisoned."""
+        index = int(req["index"])
+        inputs = self._fresh(index, None)
+        with poisoned_allocations(self.device):
+            out = self._call(inputs)
+        _sync(self.device)
+        reply: dict = {"errors": self._output_checks(out, inputs), "guard_errors": self._guard_errors(),
+                       "output_bytes": _nbytes(out)}
+        if req.get("role") == "reference":
+            self.ref_outputs[index] = out
+            # The reference must at least be finite where it is written, and give the same
+            # answer twice; NaN in its output means an element it never wrote.
+            again_in = self._fresh(index, None)
+            with poisoned_allocations(self.device):
+                again = self._call(again_in)
+            _sync(self.device)
+            reply["self_check"] = self._self_check(out, again)
+            reply["inputs_check"] = self._inputs_check(index, None, inputs)
+            return reply
+        h = self._hold(out, inputs, {"index": index, "perturb": None})
+        reply.update(self._export(h))
+        return reply
+
+    def _self_check(self, out, again) -> dict:
+        cmp = compare_outputs(out, again, None, None)
+        nonfinite = [n for n, t in _flatten(out) if isinstance(t, torch.Tensor)
+                     and (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
+        entry = dict(cmp)
+        entry["self_check"] = "finite, fully written, same result on a second run"
+        if nonfinite:
+            entry["passed"] = False
+            entry["reason"] = f"{nonfinite[0]}: NaN/Inf in the output (unwritten elements are poisoned with NaN)"
+        elif not cmp["passed"]:
+            entry["reason"] = "two runs on the same inputs disagree: " + cmp["reason"]
+        return entry
+
+    def _inputs_check(self, index: int, perturb: Optional[int], after) -> Optional[str]:
+        if self.inplace:
+            return None
+        pristine = self._fresh(index, perturb) if perturb is not None else self.sets[index]
+        for i, (p, a) in enumerate(zip(pristine, after)):
+            if isinstance(p, torch.Tensor) and isinstance(a, torch.Tensor) and not _same_bits(p, a):
+                return (f"wrote into input {i} during the call (its values changed); declare `inplace: true` on the "
+                        "entry if the kernel is meant to work in place")
+        return None
+
+    def op_judge(self, req: dict) -> dict:
+        """Compare another worker's outputs (and its inputs after the call) with this reference."""
+        index = int(req["index"])
+        perturb = req.get("perturb")
+        if perturb is None:
+            ref = self.ref_outputs[index]
+        else:
+            ref = self._call(self._fresh(index, perturb))
+            _sync(self.device)
+        out = tensor_share.import_tree(req["outputs"])
+        after = tensor_share.import_tree(req["inputs"])
+        result = compare_outputs(ref, out, req.get("rtol"), req.get("atol"))
+        result["inputs_check"] = None if req.get("inplace") else self._inputs_check(index, perturb, after)
+        del out, after
+        return result
+
+    def op_degenerate(self, req: dict) -> dict:
+        """Would an all-zeros output, a constant, or the input itself pass this test?"""
+        index = int(req.get("index", self.main_sets[0]))
+        ref = self.ref_outputs.get(index)
+        if ref is None:
+            return {"degenerate": None}
+        tensors = [t for t in _tensors(ref) if t.is_floating_point() or t.is_complex()]
+        if not tensors:
+            return {"degenerate": None}
+        rtol, atol = req.get("rtol"), req.get("atol")
+        zeros = _map_tensors(ref, lambda t: torch.zeros_like(t))
+        if compare_outputs(ref, zeros, rtol, atol)["passed"]:
+            mx = max(float(t.abs().max()) for t in tensors if t.numel())
+            return {"degenerate": f"degenerate test: an all-zeros output passes it (the reference's largest "
+                                  f"magnitude is {mx:.3g}, inside the tolerance): it cannot tell kernels apart; "
+                                  "use inputs with larger outputs or set correctness.atol lower"}
+        const = _map_tensors(ref, lambda t: torch.full_like(t, float(t.double().mean())) if t.numel() and
+                             (t.is_floating_point()) else t)
+        if compare_outputs(ref, const, rtol, atol)["passed"]:
+            return {"degenerate": "degenerate test: a constant output (the reference's mean) passes it: it cannot "
+                                  "tell kernels apart"}
+        first = self.sets[index][0] if self.sets[index] else None
+        if isinstance(ref, torch.Tensor) and isinstance(first, torch.Tensor) and first.shape == ref.shape \
+                and first.dtype == ref.dtype and compare_outputs(ref, first, rtol, atol)["passed"]:
+            return {"degenerate": "degenerate test: returning the input unchanged passes it: it cannot tell "
+                                  "kernels apart"}
+        return {"degenerate": None}
+
+    def op_release(self, req: dict) -> dict:
+        handles = req.get("handles")
+        for h in list(self.held) if handles is None else handles:
+            e = self.held.pop(int(h), None)
+            if e:
+                tensor_share.remove_files(e["files"])
+        if req.get("references"):
+            self.ref_outputs.clear()
+        gc.collect()
+        return {"held": len(self.held)}
+
+    def op_warm(self, req: dict) -> dict:
+        """The first call compiles or loads and is never timed; its length sets the warm-up."""
+        inputs = self._fresh(self.main_sets[0], self.rng.getrandbits(62))
+        t0 = _perf_counter()
+        self._call(inputs)
+        _sync(self.device)
+        first_s = _perf_counter() - t0
+        n = req.get("warmup")
+        n = int(n) if n is not None else (10 if first_s < 0.05 else 2)
+        t0 = _perf_counter()
+        for _ in range(n):
+            self._call(inputs)
+        _sync(self.device)
+        est_s = (_perf_counter() - t0) / n if n else first_s
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+            if req.get("l2_flush", True) and self.flush is None:
+                # Twice the last-level cache (MI300's 256 MB Infinity Cache included), at least 256 MB.
+                self.flush = torch.empty(max(2 * l2, 256 << 20), dtype=torch.int8, device=self.device)
+            if req.get("timer") == "trace":
+                with _profile(activities=[_Activity.CPU, _Activity.CUDA]):  # CUPTI's first start is slow
+                    self._call(inputs)
+                    _sync(self.device)
+            if req.get("timer") == "graph":
+                self._capture_graph()
+        return {"warmup": n, "first_call_ms": first_s * 1e3, "estimate_ms": est_s * 1e3,
+                "l2_flush_bytes": int(self.flush.numel()) if self.flush is not None else 0,
+                "guard_errors": self._guard_errors()}
+
+    def _capture_graph(self) -> None:
+        static_in = self._fresh(self.main_sets[0], None)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._call(static_in)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self._call(static_in)
+        self.graph = (graph, static_in, static_out)
+
+    def op_time(self, req: dict) -> dict:
+        """``n`` timed calls, each on its own fresh inputs; a few outputs kept for the judge."""
+        n, timer = int(req["n"]), req["timer"]
+        keep_max = int(req.get("keep", 1))
+        keep_p = min(1.0, keep_max / max(n, 1)) if keep_max else 0.0
+        plan = [(self.rng.choice(self.main_sets), self.rng.getrandbits(62)) for _ in range(n)]
+        t_start = _perf_counter()
+        samples, events_ms, kept = _time_call(self, plan, timer, keep_p, keep_max)
+        span_s = _perf_counter() - t_start
+        reply: dict = {"samples_ms": samples, "round_span_s": span_s, "guard_errors": self._guard_errors()}
+        if events_ms is not None:
+            reply["events_ms"] = events_ms
+        reply["kept"] = [self._export(h) for h in kept]
+        return reply
+
+
+def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int):
+    """Run the planned calls; return (samples in ms, per-call event times or None, kept handles)."""
+    samples: list[float] = []
+    events_ms: Optional[list[float]] = None
+    kept: list[int] = []
+
+    def maybe_keep(out, inputs, index, perturb):
+        # Drawn after the call returned: the kernel cannot know which of its outputs are checked.
+        if len(kept) < keep_max and w.rng.random() < keep_p:
+            kept.append(w._hold(out, inputs, {"index": index, "perturb": perturb}))
+
+    if w.device.type != "cuda":
+        for index, perturb in plan:
+            inputs = w._fresh(index, perturb)
+            t0 = _perf_counter()
+            out = w._call(inputs)
+            samples.append((_perf_counter() - t0) * 1e3)
+            maybe_keep(out, inputs, index, perturb)
+            del out
+        return samples, None, kept
+
+    dev = w.device
+    prof = None
+    if timer == "trace":
+        prof = _profile(activities=[_Activity.CPU, _Activity.CUDA])
+        prof.start()
+    events_ms = []
+    try:
+        for index, perturb in plan:
+            ctx = _record_function("magpie_prep") if prof is not None else _nullcontext()
+            with ctx:
+                inputs = w._fresh(index, perturb)
+                if timer == "graph":
+                    _, static_in, _ = w.graph
+                    for dst, src in zip(_tensors(static_in), _tensors(inputs)):
+                        dst.copy_(src)
+                if w.flush is not None:
+                    w.flush.zero_()
+            _cuda_sync(dev)
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            ctx = _record_function("magpie_call") if prof is not None else _nullcontext()
+            with ctx:
+                _event_record(start)
+                if timer == "graph":
+                    w.graph[0].replay()
+                    out = None
+                else:
+                    out = w._call(inputs)
+                _event_record(end)
+                _cuda_sync(dev)  # device-wide: every stream's work is done before the next call
+            events_ms.append(_event_elapsed(start, end))
+            if timer == "graph":
+                out = _map_tensors(w.graph[2], lambda t: _clone(t))
+                inputs = w.graph[1]
+            maybe_keep(out, inputs if timer != "graph" else _map_tensors(inputs, lambda t: _clone(t)), index, perturb)
+            del out
+    finally:
+        if prof is not None:
+            prof.stop()
+    if prof is None:
+        return list(events_ms), None, kept
+    path = w.scratch / f"trace_{os.getpid()}_{w.next_handle}.json"
+    prof.export_chrome_trace(str(path))
+    try:
+        spans = _device_spans(json.loads(path.read_text()), len(plan))
+    finally:
+        path.unlink(missing_ok=True)
+    samples = [s if s is not None else e for s, e in zip(spans, events_ms)]
+    return samples, events_ms, kept
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _device_spans(trace: dict, n_calls: int) -> list[Optional[float]]:
+    """Per timed call, the device time from its first kernel's start to its last kernel's end, over
+    every stream, in ms. A kernel belongs to the call during whose host window it was launched
+    (by any thread); the harness's own kernels (clone, perturbation, cache flush) are those the
+    main thread launched inside a ``magpie_prep`` range."""
+    events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
+    calls, preps, launches, device = [], [], {}, []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat"), e.get("name")
+        if cat == "user_annotation" and name == "magpie_call":
+            calls.append((float(e["ts"]), e.get("tid")))
+        elif cat == "user_annotation" and name == "magpie_prep":
+            preps.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e.get("tid")))
+        elif cat in _DEVICE_CATS:
+            device.append(e)
+        else:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None and cat in ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_api", "runtime"):
+                launches[corr] = (float(e["ts"]), e.get("tid"))
+    calls.sort()
+    starts = [c[0] for c in calls]
+    main_tid = calls[0][1] if calls else None
+    per_call: list[list[tuple[float, float]]] = [[] for _ in range(len(calls))]
+    import bisect
+    for e in device:
+        ts, dur = float(e["ts"]), float(e.get("dur", 0))
+        corr = (e.get("args") or {}).get("correlation")
+        launch = launches.get(corr)
+        at, tid = launch if launch else (ts, None)
+        if tid == main_tid and any(a <= at <= b for a, b, _ in preps):
+            continue
+        i = bisect.bisect_right(starts, at) - 1
+        if i < 0:
+            i = 0
+        if calls:
+            per_call[i].append((ts, ts + dur))
+    out: list[Optional[float]] = []
+    for i in range(n_calls):
+        k = per_call[i] if i < len(per_call) else []
+        out.append((max(b for _, b in k) - min(a for a, _ in k)) / 1e3 if k else None)
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 3:
+        print("usage: python -m engine.kernels.worker READ_FD WRITE_FD SCRATCH_DIR", file=sys.stderr)
+        return 2
+    rfd, wfd = int(argv[0]), int(argv[1])
+    reader = os.fdopen(rfd, "r", encoding="utf-8")
+    writer = os.fdopen(wfd, "w", encoding="utf-8")
+    worker = Worker(Path(argv[2]))
+    for line in reader:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        op = req.get("op")
+        if op == "exit":
+            break
+        try:
+            reply = {"ok": True, **getattr(worker, f"op_{op}")(req)}
+        except BaseException as exc:  # noqa: BLE001 - whatever user code raised goes back to the parent
+            traceback.print_exc()
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                writer.write(json.dumps(reply, default=str) + "\n")
+                writer.flush()
+                break
+        writer.write(json.dumps(reply, default=str) + "\n")
+        writer.flush()
+    for h in list(worker.held):
+        tensor_share.remove_files(worker.held[h]["files"])
+    tensor_share.remove_files(getattr(worker, "state_files", []))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
