@@ -115,11 +115,16 @@ def poisoned_allocations(device):
     and on a GPU first dirty the caching allocator's free blocks the same way."""
     import torch
     if device.type == "cuda":
-        free = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        # Up to 2 GiB of the allocator's free blocks (the ones a fresh output most likely gets);
+        # more could push another worker on the same GPU out of memory.
+        free = min(torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), 2 << 30)
         if free > 0:
-            block = torch.empty(free // 4, dtype=torch.float32, device=device)
-            block.fill_(float("nan"))
-            del block
+            try:
+                block = torch.empty(free // 4, dtype=torch.float32, device=device)
+                block.fill_(float("nan"))
+                del block
+            except torch.OutOfMemoryError:
+                pass
     names = ("empty", "empty_like", "empty_strided")
     originals = {n: getattr(torch, n) for n in names}
     orig_new_empty = torch.Tensor.new_empty

@@ -152,6 +152,7 @@ class Member:
     events_rounds: list[list[float]] = field(default_factory=list)
     timing: dict = field(default_factory=dict)
     checked_calls: int = 0
+    other_stream_calls: int = 0
     state: str = "pending"  # pending -> checked -> timed; or failed / cancelled
     cancelled_in: Optional[str] = None
     output_bytes: int = 0
@@ -448,13 +449,36 @@ class HarnessSession:
                     m.timing_rejections.append(f"the kernel's process clock disagrees with the harness's: it counted "
                                         f"{span:.3f} s for a round the harness saw take {wall:.3f} s (clock tampered?)")
                 m.rounds.append(rep["samples_ms"])
+                m.other_stream_calls += int(rep.get("other_stream_calls", 0))
                 if rep.get("events_ms"):
                     m.events_rounds.append(rep["events_ms"])
                 self._judge_kept(m, rep.get("kept", []))
         for m in timed:
+            if m.state == "timing" and plans[m.key]["timer"] in ("events", "graph"):
+                self._audit_streams(m)
+        for m in timed:
             if m.state == "timing":
                 m.state = "timed"
                 self._finish_timing(m, plans[m.key])
+
+    def _audit_streams(self, m: Member) -> None:
+        """Events time only the launching stream: a few calls under the device trace show whether
+        the kernel puts work elsewhere, which the events cannot see."""
+        try:
+            rep = m.worker.request("time", self.s.perf_timeout_s, n=5, timer="trace", keep=0)
+        except (KernelRaised, WorkerError) as exc:
+            m.flags.append({"guard": "escaped_stream", "message": f"the stream audit could not run: {exc}"})
+            return
+        import statistics
+        spans = [x for x in rep.get("trace_spans_ms", []) if x is not None]
+        ev = statistics.median(rep["events_ms"]) if rep.get("events_ms") else None
+        span = statistics.median(spans) if spans else None
+        if rep.get("other_stream_calls") or (span is not None and ev is not None and span > ev * 1.10 + 0.002):
+            m.timing_rejections.append(
+                "work ran outside the timed stream: the device trace shows "
+                + (f"{span * 1e3:.1f} us per call" if span is not None else "kernels")
+                + f" on streams the events do not cover (events: {ev * 1e3 if ev else 0:.1f} us); the events "
+                "timer cannot time this kernel: use the default timer (trace)")
 
     def _judge_kept(self, m: Member, kept: list[dict]) -> None:
         judge = self.reference
@@ -503,13 +527,10 @@ class HarnessSession:
                     }[timer]}
         if events:
             m.timing["events_median_ms"] = statistics.median(events)
-        if samples and events and timer == "trace":
-            span, ev = statistics.median(samples), statistics.median(events)
-            if span > ev * 1.10 + 0.002:
-                m.flags.append({"guard": "escaped_stream", "message":
-                                f"work ran outside the timed stream: the device trace shows {span * 1e3:.1f} us per "
-                                f"call over all streams, the launching stream's events {ev * 1e3:.1f} us; "
-                                "it is timed for what it costs"})
+        if samples and timer == "trace" and m.other_stream_calls:
+            m.flags.append({"guard": "escaped_stream", "message":
+                            f"work ran outside the timed stream: {m.other_stream_calls} timed call(s) put kernels on "
+                            "another stream than the call's; the device trace times them for what they cost"})
         bw = self.s.bandwidth_tbs
         if samples and timer != "wall" and bw and m.timing["l2_flush"]:
             l2 = int(m.load.get("l2_bytes") or 0)

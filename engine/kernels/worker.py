@@ -171,6 +171,7 @@ class Worker:
         self.watch_modules: list = []
         self.threads_before: set[int] = set()
         self.flush = None
+        self.flush_sink = 0
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.graph = None
         self.inplace = False
@@ -236,6 +237,10 @@ class Worker:
         self.device = torch.device("cuda" if _HAS_CUDA and want != "cpu" else "cpu")
         if self.device.type == "cpu" and "TRITON_INTERPRET" not in os.environ:
             os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run in its interpreter on the CPU
+        if self.device.type == "cpu":
+            # One intra-op thread: a multi-threaded op stalls whenever any other process takes a
+            # core, which on a small shared machine decides a verdict more than the kernel does.
+            torch.set_num_threads(1)
         self.inplace = bool(req.get("inplace"))
         info: dict = {"device": {"type": self.device.type,
                                  "name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
@@ -258,12 +263,12 @@ class Worker:
         # Inputs first, before the kernel's module exists in this process.
         for seed in req["seeds"]:
             torch.manual_seed(seed)
-            self.sets.append(self._on_device(get_inputs()))
+            self.sets.append(self._make(get_inputs))
             self.set_meta.append({"shape": "main"})
             self.main_sets.append(len(self.sets) - 1)
         if more is not None:
             torch.manual_seed(req["seeds"][0])
-            for i, extra in enumerate(more()):
+            for i, extra in enumerate(self._make(more)):
                 self.sets.append(self._on_device(extra))
                 self.set_meta.append({"shape": f"extra {i}"})
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
@@ -292,6 +297,18 @@ class Worker:
             self.state_files = files
             info["state"] = tensor_share.export_tree(dict(self.model.state_dict()), files)
         return info
+
+    def _make(self, fn) -> list:
+        """Inputs made on the device when the function allows it (a KernelBench problem's
+        torch.rand of several GB takes seconds on a CPU, milliseconds on a GPU), else on the CPU.
+        Every worker takes the same path, so every worker gets the same values."""
+        if self.device.type != "cpu":
+            try:
+                with torch.device(self.device):
+                    return self._on_device(fn())
+            except Exception:
+                pass
+        return self._on_device(fn())
 
     def _on_device(self, inputs) -> list:
         return _map_tensors(list(inputs), lambda t: t.to(self.device))
@@ -427,7 +444,7 @@ class Worker:
             l2 = int(getattr(props, "L2_cache_size", 0) or 0)
             if req.get("l2_flush", True) and self.flush is None:
                 # Twice the last-level cache (MI300's 256 MB Infinity Cache included), at least 256 MB.
-                self.flush = torch.empty(max(2 * l2, 256 << 20), dtype=torch.int8, device=self.device)
+                self.flush = torch.ones(max(2 * l2, 256 << 20) // 8, dtype=torch.int64, device=self.device)
             if req.get("timer") == "trace":
                 with _profile(activities=[_Activity.CPU, _Activity.CUDA]):  # CUPTI's first start is slow
                     self._call(inputs)
@@ -435,7 +452,7 @@ class Worker:
             if req.get("timer") == "graph":
                 self._capture_graph()
         return {"warmup": n, "first_call_ms": first_s * 1e3, "estimate_ms": est_s * 1e3,
-                "l2_flush_bytes": int(self.flush.numel()) if self.flush is not None else 0,
+                "l2_flush_bytes": int(self.flush.numel() * 8) if self.flush is not None else 0,
                 "guard_errors": self._guard_errors()}
 
     def _capture_graph(self) -> None:
@@ -460,6 +477,9 @@ class Worker:
         samples, events_ms, kept = _time_call(self, plan, timer, keep_p, keep_max)
         span_s = _perf_counter() - t_start
         reply: dict = {"samples_ms": samples, "round_span_s": span_s, "guard_errors": self._guard_errors()}
+        if timer == "trace":
+            reply["other_stream_calls"] = getattr(self, "other_stream_calls", 0)
+            reply["trace_spans_ms"] = getattr(self, "trace_spans", [])
         if events_ms is not None:
             reply["events_ms"] = events_ms
         reply["kept"] = [self._export(h) for h in kept]
@@ -503,8 +523,12 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int):
                     for dst, src in zip(_tensors(static_in), _tensors(inputs)):
                         dst.copy_(src)
                 if w.flush is not None:
-                    w.flush.zero_()
-            _cuda_sync(dev)
+                    # A read, not a write: writing the buffer would leave L2 full of dirty lines
+                    # that the timed kernel pays to write back; a read leaves clean ones, the
+                    # state ncu's --cache-control all leaves.
+                    w.flush_sink = w.flush.sum(dtype=torch.int64)  # stays on the device: no sync
+            if prof is not None:
+                _cuda_sync(dev)  # the trace times the device; the host's dispatch is not in it
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
             ctx = _record_function("magpie_call") if prof is not None else _nullcontext()
             with ctx:
@@ -530,9 +554,10 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int):
     path = w.scratch / f"trace_{os.getpid()}_{w.next_handle}.json"
     prof.export_chrome_trace(str(path))
     try:
-        spans = _device_spans(json.loads(path.read_text()), len(plan))
+        spans, w.other_stream_calls = _device_spans(json.loads(path.read_text()), len(plan))
     finally:
         path.unlink(missing_ok=True)
+    w.trace_spans = list(spans)
     samples = [s if s is not None else e for s, e in zip(spans, events_ms)]
     return samples, events_ms, kept
 
@@ -548,7 +573,7 @@ class _nullcontext:
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _device_spans(trace: dict, n_calls: int) -> list[Optional[float]]:
+def _device_spans(trace: dict, n_calls: int) -> tuple[list[Optional[float]], int]:
     """Per timed call, the device time from its first kernel's start to its last kernel's end, over
     every stream, in ms. A kernel belongs to the call during whose host window it was launched
     (by any thread); the harness's own kernels (clone, perturbation, cache flush) are those the
@@ -573,24 +598,31 @@ def _device_spans(trace: dict, n_calls: int) -> list[Optional[float]]:
     starts = [c[0] for c in calls]
     main_tid = calls[0][1] if calls else None
     per_call: list[list[tuple[float, float]]] = [[] for _ in range(len(calls))]
+    harness_streams: set = set()
+    user: list[tuple[int, Any]] = []
     import bisect
     for e in device:
         ts, dur = float(e["ts"]), float(e.get("dur", 0))
         corr = (e.get("args") or {}).get("correlation")
         launch = launches.get(corr)
         at, tid = launch if launch else (ts, None)
+        stream = (e.get("args") or {}).get("stream", e.get("tid"))
         if tid == main_tid and any(a <= at <= b for a, b, _ in preps):
+            harness_streams.add(stream)
             continue
         i = bisect.bisect_right(starts, at) - 1
         if i < 0:
             i = 0
         if calls:
             per_call[i].append((ts, ts + dur))
+            user.append((i, stream))
     out: list[Optional[float]] = []
     for i in range(n_calls):
         k = per_call[i] if i < len(per_call) else []
         out.append((max(b for _, b in k) - min(a for a, _ in k)) / 1e3 if k else None)
-    return out
+    # Calls that put work on a stream other than the one the harness (and so the call) runs on.
+    other = {i for i, st in user if harness_streams and st not in harness_streams}
+    return out, len(other)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
