@@ -77,7 +77,7 @@ class RunSettings:
     l2_flush: bool = True
     cuda_graph: bool = False
     timer: str = "auto"
-    tie_margin: float = 0.02
+    tie_margin: Optional[float] = None  # None: 0.02 with a GPU timer, 0.10 with the CPU one
     rounds: int = 10
     ncu_args: list[str] = field(default_factory=list)
     ncu_metrics: list[str] = field(default_factory=list)

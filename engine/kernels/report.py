@@ -191,12 +191,25 @@ def _verdict_without_speed(o: KernelOutcome) -> str:
     return "not measured"
 
 
+CPU_TIE_MARGIN = 0.10
+
+
+def effective_tie_margin(plan: Plan, base: KernelOutcome) -> float:
+    """The margin set in the YAML or with --tie-margin; else 2% with a device timer and 10% with
+    the CPU timer, where two processes running the same code differ by that much (memory layout,
+    the other load of a shared machine)."""
+    if plan.settings.tie_margin is not None:
+        return plan.settings.tie_margin
+    backend = str(base.performance.details.get("backend", ""))
+    return CPU_TIE_MARGIN if "cpu" in backend else 0.02
+
+
 def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool = False,
                     degenerate: Optional[str] = None) -> dict:
     """Speedups against the named baseline, with bootstrap intervals, verdicts, ranking and winner."""
     b = plan.baseline_index
     base = outcomes[b]
-    margin = plan.settings.tie_margin
+    margin = effective_tie_margin(plan, base)
     speed: dict[int, dict] = {}
     if base.correct and len(base.samples_ms) >= 2 and not base.rejections:
         for o in outcomes:
@@ -274,7 +287,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "baseline": {"index": plan.baseline_index, "id": ids[plan.baseline_index], "chosen_by": plan.baseline_source},
         "winner_id": ids[winner] if winner is not None else None,
         "winner_reason": cmp["winner_reason"],
-        "tie_margin": plan.settings.tie_margin,
+        "tie_margin": effective_tie_margin(plan, outcomes[plan.baseline_index]),
         "degenerate_test": degenerate,
         "workspace_dir": ws_dir,
         "overrides": plan.overrides,
