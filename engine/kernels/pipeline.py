@@ -498,7 +498,8 @@ class MeasurementError(Exception):
 def _guard_name(message: str) -> str:
     for key, name in (("tampering", "tamper"), ("outlive its call", "threads"), ("faster than the hardware", "hardware_floor"),
                       ("clock disagrees", "clock"), ("aliases input", "output_alias"), ("not a plain torch.Tensor", "output_type"),
-                      ("wrote into input", "input_mutation"), ("timed call", "timed_outputs")):
+                      ("wrote into input", "input_mutation"), ("timed call", "timed_outputs"),
+                      ("outside the timed stream", "escaped_stream")):
         if key in message:
             return name
     return "correctness"

@@ -21,7 +21,7 @@ from magpie_tui.widgets.data_grid import Column, DataGrid
 # -- compare ---------------------------------------------------------------------------------
 
 VERDICT_CLASS = {"faster": "correct", "baseline": None, "tie": "tie", "slower": "incorrect",
-                 "incorrect": "incorrect", "not measured": "muted"}
+                 "incorrect": "incorrect", "rejected": "incorrect", "not measured": "muted", "cancelled": "muted"}
 
 
 def load_report(path: Path) -> dict:

@@ -94,6 +94,83 @@ kernels:
     assert not _alive(int(pid_file.read_text()))
 
 
+def _cancel_when(pid_file, argv, sig=signal.SIGTERM):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "the step to interrupt never started"
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=90)
+    return proc, out + err
+
+
+def test_cancel_keeps_the_states_reached(tmp_path, write_yaml):
+    """SIGTERM while the third testcase runs: the two that passed stay passed, only the
+    interrupted one is CANCELLED, and the winner line blames the cancel, not the baseline."""
+    cfg = write_yaml(f"""
+kernels:
+  - id: base
+    type: cuda
+    testcase_command: "true"
+    baseline: true
+  - id: second
+    type: cuda
+    testcase_command: "true"
+  - id: third
+    type: cuda
+    testcase_command: "echo $$ > {tmp_path}/pid; sleep 120"
+""")
+    proc, text = _cancel_when(tmp_path / "pid", [PY, "-m", "engine.cli", "compare", "-k", str(cfg), "--no-perf",
+                                                  "-o", str(tmp_path / "out")])
+    assert proc.returncode == 130, text
+    report = json.loads((only_workspace(tmp_path / "out") / "compare_report.json").read_text())
+    base, second, third = report["results"]["kernel_results"]
+    assert base["correctness_state"] == "SUCCESS" and second["correctness_state"] == "SUCCESS"
+    assert third["correctness_state"] == "CANCELLED" and third["verdict"] == "cancelled"
+    assert report["winner_id"] is None and "cancelled" in report["winner_reason"]
+    assert "baseline is incorrect" not in report["winner_reason"]
+
+
+def test_cancel_during_harness_timing_keeps_correctness(tmp_path, write_yaml):
+    """A harness compare cancelled while timing: both kernels keep their passed correctness and
+    their performance is CANCELLED."""
+    slow = tmp_path / "slow.py"
+    slow.write_text(f"""import os, time, torch
+class Model(torch.nn.Module):
+    calls = 0
+    def forward(self, x):
+        Model.calls += 1
+        if Model.calls > 12:  # past correctness (3 seeds x 2 runs) and the warm-up: timing
+            open({str(tmp_path / 'pid')!r}, "w").write(str(os.getpid()))
+            time.sleep(0.5)
+        return x * 2
+def get_inputs():
+    return [torch.randn(64)]
+def get_init_inputs():
+    return []
+""")
+    cfg = write_yaml(f"""
+kernels:
+  - id: base
+    type: pytorch
+    source_files: [{slow}]
+    baseline: true
+  - id: copy
+    type: pytorch
+    source_files: [{slow}]
+""")
+    proc, text = _cancel_when(tmp_path / "pid", [PY, "-m", "engine.cli", "compare", "-k", str(cfg), "--seed", "1",
+                                                  "--repeats", "50", "-o", str(tmp_path / "out")])
+    assert proc.returncode == 130, text
+    report = json.loads((only_workspace(tmp_path / "out") / "compare_report.json").read_text())
+    for k in report["results"]["kernel_results"]:
+        assert k["correctness_state"] == "SUCCESS", k["errors"]
+        assert k["performance_state"] == "CANCELLED"
+    assert report["winner_id"] is None and "cancelled" in report["winner_reason"]
+
+
 def test_config_error_names_file_line_and_field(tmp_path, write_yaml):
     cfg = write_yaml("""
 kernels:

@@ -1,0 +1,93 @@
+"""The pieces under the verdicts: device-trace attribution, perturbation, tensor hand-over,
+tamper detection and the paired interval with its tie margin."""
+
+import time
+
+import numpy as np
+import torch
+
+from engine.kernels import tensor_share, worker
+from engine.kernels.stats import bootstrap_speedup_rounds, verdict_with_margin
+
+
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
+
+
+def test_device_spans_count_every_stream_and_skip_the_harness_kernels():
+    ev = [
+        _x("user_annotation", "magpie_prep", 0, 10), _x("cuda_runtime", "cudaLaunchKernel", 2, 1, correlation=1),
+        _x("kernel", "flush", 20, 30, tid=7, correlation=1, stream=7),
+        _x("user_annotation", "magpie_call", 60, 40), _x("cuda_runtime", "cudaLaunchKernel", 61, 1, correlation=2),
+        _x("kernel", "softmax", 100, 25, tid=9, correlation=2, stream=9),  # a private stream
+        _x("user_annotation", "magpie_prep", 110, 5), _x("cuda_runtime", "cudaLaunchKernel", 111, 1, correlation=3),
+        _x("kernel", "flush", 130, 30, tid=7, correlation=3, stream=7),
+        _x("user_annotation", "magpie_call", 170, 40), _x("cuda_runtime", "cudaLaunchKernel", 171, 1, correlation=4),
+        _x("kernel", "a", 180, 10, tid=7, correlation=4, stream=7),
+        # launched by another thread during the next prep: still the kernel's work, not the harness's
+        _x("cuda_runtime", "cudaLaunchKernel", 112, 1, tid=2, correlation=5),
+        _x("kernel", "late", 200, 20, tid=7, correlation=5, stream=7),
+    ]
+    spans, other = worker._device_spans({"traceEvents": ev}, 2)
+    # call 0: softmax (100-125) plus the late kernel launched in its window (200-220)
+    assert abs(spans[0] - (220 - 100) / 1e3) < 1e-9
+    assert abs(spans[1] - (190 - 180) / 1e3) < 1e-9
+    assert other == 1  # only call 0 put work on a stream the harness does not use
+
+
+def test_perturbation_is_sparse_deterministic_and_keeps_values():
+    x = torch.randn(64, 1000)
+    a, b = x.clone(), x.clone()
+    worker.perturb_([a], 42)
+    worker.perturb_([b], 42)
+    assert torch.equal(a, b)
+    changed = int((a != x).sum())
+    assert 0 < changed <= x.numel() // 512
+    c = x.clone()
+    worker.perturb_([c], 43)
+    assert not torch.equal(a, c)
+    ints = torch.arange(100)
+    worker.perturb_([ints], 1)
+    assert torch.equal(ints, torch.arange(100))  # indices are left alone
+
+
+def test_tensor_hand_over_round_trip():
+    files = []
+    tree = (torch.randn(3, 4), {"m": torch.tensor([True, False])}, 7, torch.zeros(0))
+    back = tensor_share.import_tree(tensor_share.export_tree(tree, files))
+    assert torch.equal(back[0], tree[0]) and torch.equal(back[1]["m"], tree[1]["m"]) and back[2] == 7
+    assert back[3].numel() == 0
+    tensor_share.remove_files(files)
+    assert files == []
+
+
+def test_replacing_a_clock_or_a_torch_function_is_seen():
+    table = worker._watch_table([])
+    assert worker._tampered(table, []) == []
+    real = time.perf_counter
+    try:
+        time.perf_counter = lambda: 0.0
+        assert "time.perf_counter" in worker._tampered(table, [])
+    finally:
+        time.perf_counter = real
+    real_softmax = torch.softmax
+    try:
+        torch.softmax = lambda *a, **k: None
+        assert "torch.softmax" in worker._tampered(table, [])
+    finally:
+        torch.softmax = real_softmax
+    assert worker._tampered(table, []) == []
+
+
+def test_paired_rounds_and_the_tie_margin():
+    rng = np.random.default_rng(0)
+    drift = np.linspace(1.0, 1.3, 10)  # the machine slows down over the run
+    base = [list(d * (1 + 0.01 * rng.standard_normal(20))) for d in drift]
+    same = [list(d * (1 + 0.01 * rng.standard_normal(20))) for d in drift]
+    sp, lo, hi = bootstrap_speedup_rounds(base, same)
+    assert lo <= sp <= hi and verdict_with_margin(lo, hi) == "tie"
+    fast = [list(np.asarray(r) / 1.2) for r in same]
+    _, lo, hi = bootstrap_speedup_rounds(base, fast)
+    assert verdict_with_margin(lo, hi) == "faster"
+    assert verdict_with_margin(1.01, 1.015, 0.02) == "tie"  # real but inside the margin
+    assert verdict_with_margin(0.90, 0.95, 0.02) == "slower"
