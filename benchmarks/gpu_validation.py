@@ -3,13 +3,13 @@
 1. ``magpie --gpu-info``;
 2. the CUDA vector_add examples analysed and compared (ncu backend);
 3. the Triton examples (vector_add, softmax) and the PyTorch RMSNorm analysed/compared (harness, CUDA events);
-4. harness vs ncu: the harness's median for the Triton vector_add (2^26 floats) against the
-   median ``gpu__time_duration`` that ncu reports for the same kernel's launches, run by the
-   same harness spec under ncu;
-5. the softmax compare run three times: same verdicts? CV of each median?
+4. the softmax compare run three times: same verdicts? CV of each median?
+
+The harness against ncu is ``benchmarks/gpu_timing_vs_ncu.py``; verdicts on identical and cheating
+kernels ``benchmarks/gpu_verdicts.py``; KernelBench ties ``benchmarks/gpu_kernelbench_ties.py``.
 
 Usage (from the repository root):  python benchmarks/gpu_validation.py OUT_DIR [--graph]
-(--graph: only the CUDA-graph replay checks)
+(--graph: only the softmax compare with CUDA-graph replay)
 Prints a short table last and writes OUT_DIR/validation.json; the workspaces stay in OUT_DIR/results.
 """
 
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -65,42 +63,8 @@ def brief(report: dict | None) -> list[dict]:
     return out
 
 
-def harness_vs_ncu(work: Path, cuda_graph: bool = False) -> dict:
-    """Same spec, two runs: plain (CUDA events) and under ncu (gpu__time_duration per launch)."""
-    from engine.kernels.profilers.ncu import build_ncu_command, parse_ncu_csv
-    work.mkdir(parents=True, exist_ok=True)
-    folder = EX / "vector_add" / "triton"
-    spec = {"module": str(folder / "vector_add.py"), "model_class": None, "get_inputs_func": "get_inputs",
-            "get_init_inputs_func": "get_init_inputs", "seeds": [0], "rtol": None, "atol": None,
-            "reference": {"module": str(folder / "reference.py"), "model_class": "Model",
-                          "get_inputs_func": "get_inputs", "get_init_inputs_func": "get_init_inputs"},
-            "timing": {"enabled": True, "repeats": 200, "warmup": 20, "l2_flush": True, "cuda_graph": cuda_graph}}
-    env = dict(os.environ, PYTHONPATH=f"{REPO}:{folder}:{os.environ.get('PYTHONPATH', '')}")
-    results = {}
-    for name in ("plain", "ncu"):
-        s = dict(spec, result=str(work / f"{name}.result.json"))
-        sp = work / f"{name}.spec.json"
-        sp.write_text(json.dumps(s))
-        argv = [sys.executable, "-m", "engine.kernels.harness", str(sp)]
-        if name == "ncu":
-            ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-            argv = build_ncu_command(ncu, argv, work / "ncu.csv", kernel_name="regex:add_kernel")
-        p = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=540)
-        print(f"harness {name}: rc={p.returncode}", p.stderr[-1500:], flush=True)
-        results[name] = json.loads(Path(s["result"]).read_text()) if Path(s["result"]).exists() else {}
-    t = results["plain"].get("timing") or {}
-    harness_median = statistics.median(t["samples_ms"]) if t.get("samples_ms") else None
-    launches = parse_ncu_csv((work / "ncu.csv").read_text()) if (work / "ncu.csv").exists() else []
-    durations = [x.duration_ns / 1e6 for x in launches if "add_kernel" in x.name]
-    ncu_median = statistics.median(durations) if durations else None
-    diff = (harness_median / ncu_median - 1.0) if harness_median and ncu_median else None
-    return {"kernel": "triton add_kernel, 2^26 fp32", "harness_median_ms": harness_median,
-            "harness_backend": t.get("backend"), "harness_n": len(t.get("samples_ms") or []),
-            "ncu_median_ms": ncu_median, "ncu_launches": len(durations), "relative_difference": diff}
-
-
 def graph_checks(out: Path) -> int:
-    """CUDA-graph replay: the softmax compare with performance.cuda_graph, and harness vs ncu."""
+    """CUDA-graph replay: the softmax compare with performance.cuda_graph."""
     cfg = out / "softmax_compare_graph.yaml"
     out.mkdir(parents=True, exist_ok=True)
     folder = EX / "softmax_triton"
@@ -112,9 +76,7 @@ def graph_checks(out: Path) -> int:
         ci = k["ci"] or [None, None]
         print(f"graph compare rc={rc} {k['id']:12} {k['correct']:8} {k['backend']:28} "
               f"median={k['median_ms']} cv={k['cv']} n={k['n']} speedup={k['speedup']} ci={ci} {k['verdict']}")
-    h = harness_vs_ncu(out / "harness_vs_ncu_graph", cuda_graph=True)
-    print(json.dumps(h))
-    (out / "graph.json").write_text(json.dumps({"compare": brief(report), "harness_vs_ncu": h}, indent=1))
+    (out / "graph.json").write_text(json.dumps({"compare": brief(report)}, indent=1))
     return 0
 
 
@@ -145,12 +107,6 @@ def main() -> int:
         rc, report, _ = magpie("compare", "-k", str(EX / "softmax_triton/compare.yaml"), out=res_dir / f"softmax_compare_{i}")
         repeats.append({"rc": rc, "kernels": brief(report)})
     summary["softmax_compare_x3"] = repeats
-    try:
-        summary["harness_vs_ncu"] = harness_vs_ncu(out / "harness_vs_ncu")
-    except Exception as exc:  # keep the rest of the results
-        summary["harness_vs_ncu"] = {"kernel": "triton add_kernel", "error": repr(exc), "harness_median_ms": None,
-                                     "harness_backend": None, "harness_n": 0, "ncu_median_ms": None,
-                                     "ncu_launches": 0, "relative_difference": None}
     (out / "validation.json").write_text(json.dumps(summary, indent=1, default=str))
 
     print("\n=== table ===")
@@ -169,10 +125,6 @@ def main() -> int:
     for i, st in enumerate(repeats):
         for k in st["kernels"]:
             line(f"softmax_compare_{i}", st["rc"], k)
-    h = summary["harness_vs_ncu"]
-    print(f"harness vs ncu ({h['kernel']}): harness {h['harness_median_ms']} ms ({h['harness_backend']}, "
-          f"n={h['harness_n']}), ncu {h['ncu_median_ms']} ms over {h['ncu_launches']} launches, "
-          f"difference {h['relative_difference']}")
     verdicts = [[k["verdict"] for k in r["kernels"]] for r in repeats]
     print("softmax verdicts x3:", verdicts, "same:", all(v == verdicts[0] for v in verdicts))
     return 0

@@ -177,12 +177,9 @@ class Evaluator:
         if not runnable:
             return
         groups: list[tuple[Optional[Member], list[Member]]] = []
-        members: dict[int, Member] = {}
 
         def member(o: KernelOutcome, role: str) -> Member:
-            m = Member(key=o.spec.id, spec=o.spec, role=role, timed=self._backend(o) == "harness")
-            members[o.spec.index] = m
-            return m
+            return Member(key=o.spec.id, spec=o.spec, role=role, timed=self._backend(o) == "harness")
 
         if self.plan.mode == "compare":
             if base is not None and base in runnable:
@@ -222,20 +219,18 @@ class Evaluator:
             if m.key in by_key:
                 self._event(by_key[m.key].spec, stage, state)
 
-        def group_owner(m: Member) -> str:
-            for ref, ms in groups:
-                if ref is m and ms:
-                    return ms[0].spec.id
-            return m.spec.id
+        def log_stem(m: Member, first: str) -> Path:
+            # A kernel's worker logs to logs/<id>/harness.*; a reference module's to the first
+            # kernel it judges, logs/<id>/reference.*.
+            return self.ws.log_stem(m.key, "harness") if m.key in by_key else self.ws.log_stem(first, "reference")
 
         for ref, ms in groups:
             if self.cancel.cancelled:
                 break
+            first = ms[0].spec.id
             session = HarnessSession(members=ms, reference=ref, settings=settings, python=self.machine.python,
                                      env_for=self._env, cancel=self.cancel, emit=emit,
-                                     log_stem_for=lambda m: self.ws.log_stem(
-                                         m.key if m.key in by_key else group_owner(m),
-                                         "harness" if m.key in by_key else "reference"))
+                                     log_stem_for=lambda m, first=first: log_stem(m, first))
             session.run()
             self.degenerate = self.degenerate or session.degenerate
             for m in ms:

@@ -67,17 +67,22 @@ class WorkerProcess:
         self._w = os.fdopen(to_child_w, "w", encoding="utf-8")
         self._r = from_child_r
         self._buf = b""
+        self._sent_at = time.monotonic()
         self.closed = False
 
-    def request(self, op: str, timeout_s: float, **fields: Any) -> dict:
+    def send(self, op: str, **fields: Any) -> None:
         if self.closed:
             raise WorkerError(f"{self.name}: the worker was already stopped")
-        started = time.monotonic()
+        self._sent_at = time.monotonic()
         try:
             self._w.write(json.dumps({"op": op, **fields}) + "\n")
             self._w.flush()
         except (BrokenPipeError, OSError):
             raise WorkerError(self._died(op)) from None
+
+    def receive(self, op: str, timeout_s: float) -> dict:
+        """The reply to the request sent last; the worker is stopped on a timeout or a cancel."""
+        started = self._sent_at
         while b"\n" not in self._buf:
             if self.cancel.cancelled:
                 self.stop()
@@ -97,6 +102,10 @@ class WorkerProcess:
         if not reply.get("ok"):
             raise KernelRaised(reply.get("error", "error"), reply.get("traceback", ""))
         return reply
+
+    def request(self, op: str, timeout_s: float, **fields: Any) -> dict:
+        self.send(op, **fields)
+        return self.receive(op, timeout_s)
 
     def _died(self, op: str) -> str:
         try:
@@ -244,10 +253,15 @@ class HarnessSession:
         # Every worker imports torch at once; the replies are read in order.
         for m in self._everyone():
             self.emit(m, "harness", "running")
-            self._send(m, "load", m._load_req)
-        for m in self._everyone():
             try:
-                m.load = self._receive(m, "load", self.s.load_timeout_s)
+                m.worker.send("load", **m._load_req)
+            except WorkerError as exc:
+                self._fail(m, f"harness failed: could not start the worker: {exc}")
+        for m in self._everyone():
+            if m.state == "failed":
+                continue
+            try:
+                m.load = m.worker.receive("load", self.s.load_timeout_s)
             except (KernelRaised, WorkerError) as exc:
                 self._fail(m, f"harness failed: could not load the kernel: {exc}")
                 continue
@@ -263,37 +277,6 @@ class HarnessSession:
                     m.adopted = m.worker.request("adopt", self.s.load_timeout_s, state=ref.load["state"])["adopted"]
                 except (KernelRaised, WorkerError) as exc:
                     self._fail(m, f"harness failed: could not take the reference's weights: {exc}")
-
-    def _send(self, m: Member, op: str, fields: dict) -> None:
-        try:
-            m.worker._w.write(json.dumps({"op": op, **fields}) + "\n")
-            m.worker._w.flush()
-        except OSError:
-            pass
-        m._sent_at = time.monotonic()
-
-    def _receive(self, m: Member, op: str, timeout_s: float) -> dict:
-        # request() with the line already written: read the reply the same way.
-        w = m.worker
-        started = getattr(m, "_sent_at", time.monotonic())
-        while b"\n" not in w._buf:
-            if self.cancel.cancelled:
-                w.stop()
-                raise WorkerError(f"{m.key}: cancelled during {op}")
-            if time.monotonic() - started > timeout_s:
-                w.stop()
-                raise WorkerError(f"{m.key}: {op} timed out after {timeout_s:.0f} s (worker's process group killed)")
-            ready, _, _ = select.select([w._r], [], [], 0.05)
-            if ready:
-                chunk = os.read(w._r, 1 << 20)
-                if not chunk:
-                    raise WorkerError(w._died(op))
-                w._buf += chunk
-        line, w._buf = w._buf.split(b"\n", 1)
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            raise KernelRaised(reply.get("error", "error"), reply.get("traceback", ""))
-        return reply
 
     # ------------------------------------------------------------ correctness
     def _classify(self, m: Member, reply: dict) -> list[str]:
