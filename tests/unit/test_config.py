@@ -146,3 +146,26 @@ def test_only_runs_a_subset_and_keeps_the_baseline():
     assert plan.kernels[plan.baseline_index].id == "one_pass"
     with pytest.raises(ConfigError, match="--only: no kernel with id nope"):
         build_plan("compare", CliOptions(kernel_config=str(cfg), only=["nope"]))
+
+
+def test_verdict_settings_from_yaml_and_flags(tmp_path):
+    (tmp_path / "m.py").write_text("class Model: pass\ndef get_inputs(): return []\n")
+    p = tmp_path / "k.yaml"
+    p.write_text("kernels:\n  - {id: a, type: pytorch, source_files: [m.py]}\n"
+                 "  - {id: b, type: pytorch, source_files: [m.py], inplace: true}\n"
+                 "performance: {timer: events, tie_margin: 0.05, rounds: 4}\n")
+    plan = build_plan("compare", CliOptions(kernel_config=str(p)))
+    s = plan.settings
+    assert (s.timer, s.tie_margin, s.rounds) == ("events", 0.05, 4)
+    assert [k.inplace for k in plan.kernels] == [False, True]
+    # hidden seeds: drawn once per run, not written before they are drawn
+    assert s.to_dict()["seeds_used"] is None and s.to_dict()["seeds_hidden"] is True
+    assert s.seeds == s.seeds and len(set(s.seeds)) == 3
+    plan = build_plan("compare", CliOptions(kernel_config=str(p), tie_margin=0.01, seed=7))
+    assert plan.settings.tie_margin == 0.01 and plan.settings.seeds == [7, 8, 9]
+    assert {"field": "performance.tie_margin", "yaml": 0.05, "cli": 0.01, "flag": "--tie-margin"} in plan.overrides
+    with pytest.raises(ConfigError, match="--tie-margin 1.5"):
+        build_plan("compare", CliOptions(kernel_config=str(p), tie_margin=1.5))
+    p.write_text("kernel: {id: a, type: pytorch, source_files: [m.py]}\nperformance: {timer: cupti}\n")
+    with pytest.raises(ConfigError, match="timer"):
+        build_plan("analyze", CliOptions(kernel_config=str(p)))
