@@ -16,7 +16,6 @@ Prints a short table last and writes OUT_DIR/validation.json; the workspaces sta
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

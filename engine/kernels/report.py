@@ -17,7 +17,7 @@ from rich.table import Table
 import engine
 from engine.kernels.pipeline import CANCELLED, FAILED, SKIPPED, SUCCESS, KernelOutcome
 from engine.kernels.plan import Plan
-from engine.kernels.stats import bootstrap_speedup, bootstrap_speedup_rounds, verdict_with_margin
+from engine.kernels.stats import DEFAULT_TIE_MARGIN, bootstrap_speedup, bootstrap_speedup_rounds, verdict
 
 
 def _score(o: KernelOutcome) -> float:
@@ -201,7 +201,7 @@ def effective_tie_margin(plan: Plan, base: KernelOutcome) -> float:
     if plan.settings.tie_margin is not None:
         return plan.settings.tie_margin
     backend = str(base.performance.details.get("backend", ""))
-    return CPU_TIE_MARGIN if "cpu" in backend else 0.02
+    return CPU_TIE_MARGIN if "cpu" in backend else DEFAULT_TIE_MARGIN
 
 
 def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool = False,
@@ -223,7 +223,7 @@ def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool =
                 sp, lo, hi = bootstrap_speedup_rounds(base.sample_rounds, o.sample_rounds, seed=plan.settings.seed or 0)
             else:
                 sp, lo, hi = bootstrap_speedup(base.samples_ms, o.samples_ms, seed=plan.settings.seed or 0)
-            v = "rejected" if o.rejections else verdict_with_margin(lo, hi, margin)
+            v = "rejected" if o.rejections else verdict(lo, hi, margin)
             speed[o.spec.index] = {"speedup": sp, "speedup_ci": [lo, hi], "verdict": v,
                                    "interval": "paired rounds" if paired else "independent samples"}
     correctness = [o.correct for o in outcomes]

@@ -173,6 +173,11 @@ class Member:
     adopted: Optional[bool] = None
 
 
+def _add_new(dst: list[str], items: list[str]) -> None:
+    """Append the messages ``dst`` does not hold yet (a guard reports on every request)."""
+    dst.extend(e for e in items if e not in dst)
+
+
 def secret_seeds(n: int) -> list[int]:
     return [int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF for _ in range(n)]
 
@@ -239,22 +244,20 @@ class HarnessSession:
 
     def _start(self) -> None:
         ref = self.reference
+        # Every worker imports torch at once; the replies are read in order below.
         for m in self._everyone():
             k = m.spec
             src = ref.spec if (ref is not None and m.role != "self") else k  # every input comes from the reference
             m.worker = WorkerProcess(m.key, self.python, k.working_dir, self.env_for(k), self.log_stem_for(m),
                                      self._scratch, self.cancel)
-            m._load_req = {"kernel": {"module": str(k.source_files[0]), "model_class": k.model_class,
-                                      "get_init_inputs_func": k.get_init_inputs_func},
-                           "inputs": {"module": str(src.source_files[0]), "get_inputs_func": src.get_inputs_func,
-                                      "get_init_inputs_func": src.get_init_inputs_func},
-                           "seeds": self.s.seeds, "device": self.s.device, "init_seed": self.s.seeds[0],
-                           "inplace": bool(getattr(k, "inplace", False)), "share_state": m.role == "reference"}
-        # Every worker imports torch at once; the replies are read in order.
-        for m in self._everyone():
             self.emit(m, "harness", "running")
             try:
-                m.worker.send("load", **m._load_req)
+                m.worker.send("load", kernel={"module": str(k.source_files[0]), "model_class": k.model_class,
+                                              "get_init_inputs_func": k.get_init_inputs_func},
+                              inputs={"module": str(src.source_files[0]), "get_inputs_func": src.get_inputs_func,
+                                      "get_init_inputs_func": src.get_init_inputs_func},
+                              seeds=self.s.seeds, device=self.s.device, init_seed=self.s.seeds[0],
+                              inplace=bool(getattr(k, "inplace", False)), share_state=m.role == "reference")
             except WorkerError as exc:
                 self._fail(m, f"harness failed: could not start the worker: {exc}")
         for m in self._everyone():
@@ -267,8 +270,7 @@ class HarnessSession:
                 continue
             for i, meta in enumerate(m.load.get("set_meta", [])):
                 meta["seed"] = self.s.seeds[i] if meta["shape"] == "main" else self.s.seeds[0]
-            if m.load.get("guard_errors"):
-                m.rejections.extend(m.load["guard_errors"])
+            _add_new(m.rejections, m.load.get("guard_errors", []))
         if ref is not None and ref.state != "failed" and ref.load.get("state"):
             for m in self.members:
                 if m is ref or m.state == "failed" or m.role != "kernel":
@@ -280,7 +282,7 @@ class HarnessSession:
 
     # ------------------------------------------------------------ correctness
     def _classify(self, m: Member, reply: dict) -> list[str]:
-        m.rejections.extend(e for e in reply.get("guard_errors", []) if e not in m.rejections)
+        _add_new(m.rejections, reply.get("guard_errors", []))
         return list(reply.get("errors", []))
 
     def _correctness(self) -> None:
@@ -395,13 +397,10 @@ class HarnessSession:
                 w = m.worker.request("warm", self.s.perf_timeout_s, warmup=self.s.warmup, l2_flush=self.s.l2_flush,
                                      timer=timer)
             except (KernelRaised, WorkerError) as exc:
-                if self.cancel.cancelled:
+                if self._timing_failed(m, f"warm-up failed: {exc}"):
                     return
-                m.timing = {"error": f"warm-up failed: {exc}"}
-                m.state = "failed_timing"
                 continue
-            if w.get("guard_errors"):
-                m.rejections.extend(e for e in w["guard_errors"] if e not in m.rejections)
+            _add_new(m.rejections, w.get("guard_errors", []))
             est_s = max(w["estimate_ms"] / 1e3, 1e-7)
             if self.s.repeats:
                 repeats = int(self.s.repeats)
@@ -413,6 +412,8 @@ class HarnessSession:
             plans[m.key] = {"timer": timer, "repeats": repeats, "rounds": rounds,
                             "per_round": math.ceil(repeats / rounds), "warm": w}
         timed = [m for m in timed if m.key in plans and not m.rejections]
+        if not timed:
+            return
         n_rounds = max((plans[m.key]["rounds"] for m in timed), default=0)
         judge = self.reference
         for r in range(-1, n_rounds):
@@ -437,13 +438,10 @@ class HarnessSession:
                     rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
                                            keep=1 if judge is not None else 0)
                 except (KernelRaised, WorkerError) as exc:
-                    if self.cancel.cancelled:
+                    if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}"):
                         return
-                    m.timing = {"error": f"timing failed in round {r + 1}: {exc}"}
-                    m.state = "failed_timing"
                     continue
-                if rep.get("guard_errors"):
-                    m.timing_rejections.extend(e for e in rep["guard_errors"] if e not in m.timing_rejections)
+                _add_new(m.timing_rejections, rep.get("guard_errors", []))
                 wall, span = rep["_wall_s"], rep["round_span_s"]
                 if span < 0.5 * wall - 0.05:
                     m.timing_rejections.append(f"the kernel's process clock disagrees with the harness's: it counted "
@@ -470,6 +468,14 @@ class HarnessSession:
             if m.state == "timing":
                 m.state = "timed"
                 self._finish_timing(m, plans[m.key])
+
+    def _timing_failed(self, m: Member, why: str) -> bool:
+        """Record why ``m`` could not be timed; True when the run was cancelled (stop timing)."""
+        if self.cancel.cancelled:
+            return True
+        m.timing = {"error": why}
+        m.state = "failed_timing"
+        return False
 
     def _audit_streams(self, m: Member) -> None:
         """Events time only the launching stream: a few calls under the device trace show whether

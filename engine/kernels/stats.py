@@ -50,8 +50,13 @@ def bootstrap_speedup(baseline_ms: Sequence[float], candidate_ms: Sequence[float
 
 
 def verdict(ci_low: float, ci_high: float, margin: float = 0.0) -> str:
-    """'faster' / 'slower' only when the whole interval is beyond the tie margin; otherwise a tie."""
-    return verdict_with_margin(ci_low, ci_high, margin)
+    """'faster' only when the whole interval lies above 1 + margin, 'slower' only when it lies
+    below 1 / (1 + margin); anything else, inside the margin or not established, is a tie."""
+    if ci_low > 1.0 + margin:
+        return "faster"
+    if ci_high < 1.0 / (1.0 + margin):
+        return "slower"
+    return "tie"
 
 
 DEFAULT_TIE_MARGIN = 0.02
@@ -87,13 +92,3 @@ def bootstrap_speedup_rounds(baseline_rounds: Sequence[Sequence[float]], candida
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(ratios, [alpha, 1.0 - alpha])
     return float(np.median(b_all) / np.median(c_all)), float(lo), float(hi)
-
-
-def verdict_with_margin(ci_low: float, ci_high: float, margin: float = DEFAULT_TIE_MARGIN) -> str:
-    """'faster' only when the whole interval lies above 1 + margin, 'slower' only when it lies
-    below 1 / (1 + margin); anything else, inside the margin or not established, is a tie."""
-    if ci_low > 1.0 + margin:
-        return "faster"
-    if ci_high < 1.0 / (1.0 + margin):
-        return "slower"
-    return "tie"

@@ -27,6 +27,7 @@ import time as _time_module
 _perf_counter = _time_module.perf_counter
 _monotonic = _time_module.monotonic
 
+import contextlib  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -175,6 +176,7 @@ class Worker:
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.graph = None
         self.inplace = False
+        self.state_files: list[str] = []  # the reference's weights, shared with the others
 
     # ----------------------------------------------------------------- helpers
     def _call(self, inputs):
@@ -293,9 +295,7 @@ class Worker:
         info["input_bytes"] = _nbytes(self.sets[0])
         info["guard_errors"] = self._guard_errors()
         if req.get("share_state") and isinstance(self.model, torch.nn.Module):
-            files: list[str] = []
-            self.state_files = files
-            info["state"] = tensor_share.export_tree(dict(self.model.state_dict()), files)
+            info["state"] = tensor_share.export_tree(dict(self.model.state_dict()), self.state_files)
         return info
 
     def _make(self, fn) -> list:
@@ -478,27 +478,24 @@ class Worker:
         self._call(self._fresh(plan[0][0], self.rng.getrandbits(62)))
         _sync(self.device)
         t_start = _perf_counter()
-        samples, events_ms, kept = _time_call(self, plan, timer, keep_p, keep_max)
-        span_s = _perf_counter() - t_start
-        reply: dict = {"samples_ms": samples, "round_span_s": span_s, "guard_errors": self._guard_errors()}
-        if timer == "trace":
-            reply["other_stream_calls"] = getattr(self, "other_stream_calls", 0)
-            reply["trace_spans_ms"] = getattr(self, "trace_spans", [])
-        if events_ms is not None:
-            reply["events_ms"] = events_ms
-        reply["kept"] = [self._export(h) for h in kept]
+        reply = _time_call(self, plan, timer, keep_p, keep_max)
+        reply["round_span_s"] = _perf_counter() - t_start
+        reply["guard_errors"] = self._guard_errors()
+        reply["kept"] = [self._export(h) for h in reply["kept"]]
         return reply
 
 
-def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int):
-    """Run the planned calls; return (samples in ms, per-call event times or None, kept handles)."""
+def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) -> dict:
+    """Run the planned calls. Returns ``samples_ms``, the handles ``kept`` for the judge and, on
+    a GPU, ``events_ms``; with the trace timer also ``trace_spans_ms`` and ``other_stream_calls``."""
     samples: list[float] = []
-    events_ms: Optional[list[float]] = None
     kept: list[int] = []
 
-    def maybe_keep(out, inputs, index, perturb):
+    def maybe_keep(out, inputs, index, perturb, copy_graph_buffers=False):
         # Drawn after the call returned: the kernel cannot know which of its outputs are checked.
         if len(kept) < keep_max and w.rng.random() < keep_p:
+            if copy_graph_buffers:  # the next replay overwrites them; copied only when kept
+                out, inputs = _map_tensors(out, _clone), _map_tensors(inputs, _clone)
             kept.append(w._hold(out, inputs, {"index": index, "perturb": perturb}))
 
     if w.device.type != "cuda":
@@ -509,17 +506,17 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int):
             samples.append((_perf_counter() - t0) * 1e3)
             maybe_keep(out, inputs, index, perturb)
             del out
-        return samples, None, kept
+        return {"samples_ms": samples, "kept": kept}
 
     dev = w.device
     prof = None
     if timer == "trace":
         prof = _profile(activities=[_Activity.CPU, _Activity.CUDA])
         prof.start()
-    events_ms = []
+    events_ms: list[float] = []
     try:
         for index, perturb in plan:
-            ctx = _record_function("magpie_prep") if prof is not None else _nullcontext()
+            ctx = _record_function("magpie_prep") if prof is not None else contextlib.nullcontext()
             with ctx:
                 inputs = w._fresh(index, perturb)
                 if timer == "graph":
@@ -534,7 +531,7 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int):
             if prof is not None:
                 _cuda_sync(dev)  # the trace times the device; the host's dispatch is not in it
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            ctx = _record_function("magpie_call") if prof is not None else _nullcontext()
+            ctx = _record_function("magpie_call") if prof is not None else contextlib.nullcontext()
             with ctx:
                 _event_record(start)
                 if timer == "graph":
@@ -546,32 +543,24 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int):
                 _cuda_sync(dev)  # device-wide: every stream's work is done before the next call
             events_ms.append(_event_elapsed(start, end))
             if timer == "graph":
-                out = _map_tensors(w.graph[2], lambda t: _clone(t))
-                inputs = w.graph[1]
-            maybe_keep(out, inputs if timer != "graph" else _map_tensors(inputs, lambda t: _clone(t)), index, perturb)
+                maybe_keep(w.graph[2], w.graph[1], index, perturb, copy_graph_buffers=True)
+            else:
+                maybe_keep(out, inputs, index, perturb)
             del out
     finally:
         if prof is not None:
             prof.stop()
     if prof is None:
-        return list(events_ms), None, kept
+        return {"samples_ms": list(events_ms), "events_ms": events_ms, "kept": kept}
     path = w.scratch / f"trace_{os.getpid()}_{w.next_handle}.json"
     prof.export_chrome_trace(str(path))
     try:
-        spans, w.other_stream_calls = _device_spans(json.loads(path.read_text()), len(plan))
+        spans, other = _device_spans(json.loads(path.read_text()), len(plan))
     finally:
         path.unlink(missing_ok=True)
-    w.trace_spans = list(spans)
     samples = [s if s is not None else e for s, e in zip(spans, events_ms)]
-    return samples, events_ms, kept
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+    return {"samples_ms": samples, "events_ms": events_ms, "kept": kept, "trace_spans_ms": spans,
+            "other_stream_calls": other}
 
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -658,7 +647,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         writer.flush()
     for h in list(worker.held):
         tensor_share.remove_files(worker.held[h]["files"])
-    tensor_share.remove_files(getattr(worker, "state_files", []))
+    tensor_share.remove_files(worker.state_files)
     return 0
 
 

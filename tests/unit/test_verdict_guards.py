@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from engine.kernels import tensor_share, worker
-from engine.kernels.stats import bootstrap_speedup_rounds, verdict_with_margin
+from engine.kernels.stats import DEFAULT_TIE_MARGIN, bootstrap_speedup_rounds, verdict
 
 
 def _x(cat, name, ts, dur, tid=1, **args):
@@ -85,9 +85,9 @@ def test_paired_rounds_and_the_tie_margin():
     base = [list(d * (1 + 0.01 * rng.standard_normal(20))) for d in drift]
     same = [list(d * (1 + 0.01 * rng.standard_normal(20))) for d in drift]
     sp, lo, hi = bootstrap_speedup_rounds(base, same)
-    assert lo <= sp <= hi and verdict_with_margin(lo, hi) == "tie"
+    assert lo <= sp <= hi and verdict(lo, hi, DEFAULT_TIE_MARGIN) == "tie"
     fast = [list(np.asarray(r) / 1.2) for r in same]
     _, lo, hi = bootstrap_speedup_rounds(base, fast)
-    assert verdict_with_margin(lo, hi) == "faster"
-    assert verdict_with_margin(1.01, 1.015, 0.02) == "tie"  # real but inside the margin
-    assert verdict_with_margin(0.90, 0.95, 0.02) == "slower"
+    assert verdict(lo, hi, DEFAULT_TIE_MARGIN) == "faster"
+    assert verdict(1.01, 1.015, 0.02) == "tie"  # real but inside the margin
+    assert verdict(0.90, 0.95, 0.02) == "slower"
