@@ -3,19 +3,9 @@
 x is ROWS x COLS = 4096 x 393216 fp32 (6 GiB; the output as much again). KB_SCALE scales both.
 """
 
-import os
-
 import torch
 
-
-def _scaled(n: int, minimum: int = 1) -> int:
-    """n times $KB_SCALE (default 1.0), at least `minimum`, with n's parity kept."""
-    scale = float(os.environ.get("KB_SCALE", "1.0"))
-    if scale <= 0:
-        raise ValueError(f"KB_SCALE must be > 0, got {scale}")
-    v = max(minimum, round(n * scale))
-    return v + 1 if v % 2 != n % 2 else v
-
+from _kb_scale import scaled as _scaled
 
 ROWS = _scaled(4096)
 COLS = _scaled(393216)

@@ -5,19 +5,9 @@ Caution: with U[0,1) inputs every output is about 1/COLS (2.5e-6 at full size), 
 default atol of 1e-5, so an all-zeros output passes an allclose check at full size (KernelBench #165).
 """
 
-import os
-
 import torch
 
-
-def _scaled(n: int, minimum: int = 1) -> int:
-    """n times $KB_SCALE (default 1.0), at least `minimum`, with n's parity kept."""
-    scale = float(os.environ.get("KB_SCALE", "1.0"))
-    if scale <= 0:
-        raise ValueError(f"KB_SCALE must be > 0, got {scale}")
-    v = max(minimum, round(n * scale))
-    return v + 1 if v % 2 != n % 2 else v
-
+from _kb_scale import scaled as _scaled
 
 ROWS = _scaled(4096)
 COLS = _scaled(393216)

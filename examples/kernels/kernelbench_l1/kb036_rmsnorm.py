@@ -5,19 +5,9 @@ y = x / sqrt(mean(x**2 over dim 1) + eps), no weight; eps = 1e-5. x is 112 x 64 
 not the 64 features.
 """
 
-import os
-
 import torch
 
-
-def _scaled(n: int, minimum: int = 1) -> int:
-    """n times $KB_SCALE (default 1.0), at least `minimum`, with n's parity kept."""
-    scale = float(os.environ.get("KB_SCALE", "1.0"))
-    if scale <= 0:
-        raise ValueError(f"KB_SCALE must be > 0, got {scale}")
-    v = max(minimum, round(n * scale))
-    return v + 1 if v % 2 != n % 2 else v
-
+from _kb_scale import scaled as _scaled
 
 BATCH = _scaled(112)
 FEATURES = 64

@@ -5,19 +5,9 @@ x is 32 x 64 x 512 x 512 fp32 (2 GiB); constructor args (kernel_size, stride, pa
 dims (at least 8), not the 64 channels.
 """
 
-import os
-
 import torch
 
-
-def _scaled(n: int, minimum: int = 1) -> int:
-    """n times $KB_SCALE (default 1.0), at least `minimum`, with n's parity kept."""
-    scale = float(os.environ.get("KB_SCALE", "1.0"))
-    if scale <= 0:
-        raise ValueError(f"KB_SCALE must be > 0, got {scale}")
-    v = max(minimum, round(n * scale))
-    return v + 1 if v % 2 != n % 2 else v
-
+from _kb_scale import scaled as _scaled
 
 BATCH = _scaled(32)
 CHANNELS = 64

@@ -4,19 +4,9 @@ x is 128 x 4096 x 4095 fp32 (8 GiB; note the odd last dim); constructor args (di
 output is 128 x 1 x 4095. KB_SCALE scales all three sizes (4095 stays odd).
 """
 
-import os
-
 import torch
 
-
-def _scaled(n: int, minimum: int = 1) -> int:
-    """n times $KB_SCALE (default 1.0), at least `minimum`, with n's parity kept."""
-    scale = float(os.environ.get("KB_SCALE", "1.0"))
-    if scale <= 0:
-        raise ValueError(f"KB_SCALE must be > 0, got {scale}")
-    v = max(minimum, round(n * scale))
-    return v + 1 if v % 2 != n % 2 else v
-
+from _kb_scale import scaled as _scaled
 
 BATCH = _scaled(128)
 DIM1 = _scaled(4096)

@@ -4,19 +4,9 @@ x is 32768 x 32768 fp32 (4 GiB); constructor args (dim,) = (1,). The last column
 about 16384, so fp32 rounding grows along the row. KB_SCALE scales both sizes.
 """
 
-import os
-
 import torch
 
-
-def _scaled(n: int, minimum: int = 1) -> int:
-    """n times $KB_SCALE (default 1.0), at least `minimum`, with n's parity kept."""
-    scale = float(os.environ.get("KB_SCALE", "1.0"))
-    if scale <= 0:
-        raise ValueError(f"KB_SCALE must be > 0, got {scale}")
-    v = max(minimum, round(n * scale))
-    return v + 1 if v % 2 != n % 2 else v
-
+from _kb_scale import scaled as _scaled
 
 BATCH = _scaled(32768)
 LENGTH = _scaled(32768)

@@ -6,19 +6,9 @@ must reach the model unchanged: they are integers (no float cast) and indices (a
 [0, 4096) raises). KB_SCALE scales the batch and the class count.
 """
 
-import os
-
 import torch
 
-
-def _scaled(n: int, minimum: int = 1) -> int:
-    """n times $KB_SCALE (default 1.0), at least `minimum`, with n's parity kept."""
-    scale = float(os.environ.get("KB_SCALE", "1.0"))
-    if scale <= 0:
-        raise ValueError(f"KB_SCALE must be > 0, got {scale}")
-    v = max(minimum, round(n * scale))
-    return v + 1 if v % 2 != n % 2 else v
-
+from _kb_scale import scaled as _scaled
 
 BATCH = _scaled(32768)
 NUM_CLASSES = _scaled(4096)
