@@ -198,6 +198,9 @@ class SessionSettings:
     correctness_timeout_s: float
     perf_timeout_s: float
     bandwidth_tbs: Optional[float]
+    # Main input sets larger than this in all are made again from their seeds instead of kept
+    # (default on a GPU: 1/16 of its memory; on a CPU, kept).
+    keep_sets_bytes: Optional[int] = None
 
 
 class HarnessSession:
@@ -257,7 +260,8 @@ class HarnessSession:
                               inputs={"module": str(src.source_files[0]), "get_inputs_func": src.get_inputs_func,
                                       "get_init_inputs_func": src.get_init_inputs_func},
                               seeds=self.s.seeds, device=self.s.device, init_seed=self.s.seeds[0],
-                              inplace=bool(getattr(k, "inplace", False)), share_state=m.role == "reference")
+                              inplace=bool(getattr(k, "inplace", False)), share_state=m.role == "reference",
+                              keep_sets_bytes=self.s.keep_sets_bytes)
             except WorkerError as exc:
                 self._fail(m, f"harness failed: could not start the worker: {exc}")
         for m in self._everyone():
@@ -456,6 +460,8 @@ class HarnessSession:
                     m.events_rounds.append(rep["events_ms"])
                 pending.append((m, rep.get("kept", [])))
             # Judged once the round is over: judging never sits between two kernels' timing.
+            # The judge's own kept calls go first: it needs the memory to judge the others.
+            pending.sort(key=lambda mk: mk[0] is not judge)
             for m, kept in pending:
                 if m is judge:
                     self._release(m, kept)
@@ -510,8 +516,10 @@ class HarnessSession:
         handles = [k["handle"] for k in kept]
         try:
             for k in kept:
+                shared = m.worker.request("export", self.s.correctness_timeout_s, handle=k["handle"])
                 res = judge.worker.request("judge", self.s.correctness_timeout_s, index=k["index"], perturb=k["perturb"],
-                                           outputs=k["outputs"], inputs=k["inputs"], rtol=self.s.rtol, atol=self.s.atol,
+                                           outputs=shared["outputs"], inputs=shared["inputs"], rtol=self.s.rtol,
+                                           atol=self.s.atol,
                                            inplace=bool(getattr(m.spec, "inplace", False)))
                 m.checked_calls += 1
                 problem = (None if res.get("passed") else res.get("reason", "mismatch")) or res.get("inputs_check")

@@ -51,6 +51,7 @@ if _HAS_CUDA:
     _event_record = torch.cuda.Event.record
     _event_elapsed = torch.cuda.Event.elapsed_time
     _cuda_sync = torch.cuda.synchronize
+    _gpu_spin = getattr(torch.cuda, "_sleep", None)  # a kernel that spins for a number of cycles
     from torch.profiler import ProfilerActivity as _Activity
     from torch.profiler import profile as _profile
     from torch.profiler import record_function as _record_function
@@ -81,7 +82,7 @@ def _watch_table(extra_modules: list) -> dict[str, Any]:
                 table[f"{prefix}.{name}"] = obj
     me = sys.modules[__name__]
     for name in ("_perf_counter", "_monotonic", "_Event", "_event_record", "_event_elapsed", "_cuda_sync",
-                 "_profile", "_record_function", "_clone", "_time_call", "_device_spans"):
+                 "_profile", "_record_function", "_clone", "_time_call", "_device_spans", "_gpu_spin"):
         if hasattr(me, name):
             table[f"{__name__}.{name}"] = getattr(me, name)
     return table
@@ -141,15 +142,22 @@ def perturb_(inputs: list, seed: int) -> None:
             flat[dst.to(t.device)] = flat[src.to(t.device)].clone()
 
 
+_CHUNK = 1 << 26  # elements compared at a time: the temporaries of a whole 8 GB tensor would not fit
+
+
 def _same_bits(a, b) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.device != b.device:
         b = b.to(a.device)
-    if a.is_floating_point() or a.is_complex():
-        both_nan = torch.isnan(a) & torch.isnan(b)
-        return bool(((a == b) | both_nan).all())
-    return bool(torch.equal(a, b))
+    if not (a.is_floating_point() or a.is_complex()):
+        return bool(torch.equal(a, b))
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    for i in range(0, fa.numel(), _CHUNK):
+        x, y = fa[i:i + _CHUNK], fb[i:i + _CHUNK]
+        if not bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all()):
+            return False
+    return True
 
 
 def _sync(device) -> None:
@@ -177,14 +185,37 @@ class Worker:
         self.graph = None
         self.inplace = False
         self.state_files: list[str] = []  # the reference's weights, shared with the others
+        # Main input sets too large to keep (several GB each, KernelBench's sizes) are made again
+        # from their seeds whenever a call needs one: on a GPU that costs what a clone costs.
+        self.regen: Optional[tuple] = None  # (get_inputs, made on the device)
+        self.set_seeds: dict[int, int] = {}
+        self.sleep_cycles = 0  # a spin kernel before the start event hides the host's dispatch
 
     # ----------------------------------------------------------------- helpers
     def _call(self, inputs):
         with torch.no_grad():
             return self.model(*inputs)
 
+    def _pristine(self, index: int) -> list:
+        """Input set ``index`` as made; a new copy when sets are made again, else the kept one
+        (never hand that to a kernel: use ``_fresh``)."""
+        if self.regen is None or index not in self.set_seeds:
+            return self.sets[index]
+        fn, on_device = self.regen
+        torch.manual_seed(self.set_seeds[index])
+        try:
+            if on_device:
+                with torch.device(self.device):
+                    return self._on_device(fn())
+            return self._on_device(fn())
+        finally:
+            torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+
     def _fresh(self, index: int, perturb: Optional[int]) -> list:
-        inputs = _map_tensors(self.sets[index], lambda t: _clone(t))
+        if self.regen is not None and index in self.set_seeds:
+            inputs = self._pristine(index)
+        else:
+            inputs = _map_tensors(self.sets[index], lambda t: _clone(t))
         if perturb is not None:
             perturb_(inputs, perturb)
         return inputs
@@ -263,14 +294,25 @@ class Worker:
             raise AttributeError(f"{spec_in['module']} defines no {spec_in.get('get_inputs_func') or 'get_inputs'}()")
         more = getattr(in_mod, "get_correctness_inputs", None)
         # Inputs first, before the kernel's module exists in this process.
+        keep_limit = req.get("keep_sets_bytes")
+        if keep_limit is None and self.device.type == "cuda":
+            keep_limit = torch.cuda.get_device_properties(self.device).total_memory // 16
         for seed in req["seeds"]:
             torch.manual_seed(seed)
-            self.sets.append(self._make(get_inputs))
+            made, on_device = self._make(get_inputs)
+            self.set_seeds[len(self.sets)] = seed
+            self.main_sets.append(len(self.sets))
             self.set_meta.append({"shape": "main"})
-            self.main_sets.append(len(self.sets) - 1)
+            if on_device and keep_limit is not None and _nbytes(made) * len(req["seeds"]) > keep_limit:
+                self.regen = (get_inputs, on_device)
+            self.sets.append(made)
+        if self.regen is not None:
+            main_bytes = _nbytes(self.sets[self.main_sets[0]])
+            for i in self.main_sets:
+                self.sets[i] = None  # made again from its seed when needed
         if more is not None:
             torch.manual_seed(req["seeds"][0])
-            for i, extra in enumerate(self._make(more)):
+            for i, extra in enumerate(self._make(more)[0]):
                 self.sets.append(self._on_device(extra))
                 self.set_meta.append({"shape": f"extra {i}"})
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
@@ -292,23 +334,25 @@ class Worker:
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         info["n_sets"] = len(self.sets)
         info["set_meta"] = self.set_meta
-        info["input_bytes"] = _nbytes(self.sets[0])
+        info["input_bytes"] = main_bytes if self.regen is not None else _nbytes(self.sets[0])
+        info["input_sets_kept"] = self.regen is None
         info["guard_errors"] = self._guard_errors()
         if req.get("share_state") and isinstance(self.model, torch.nn.Module):
             info["state"] = tensor_share.export_tree(dict(self.model.state_dict()), self.state_files)
         return info
 
-    def _make(self, fn) -> list:
+    def _make(self, fn) -> tuple[list, bool]:
         """Inputs made on the device when the function allows it (a KernelBench problem's
-        torch.rand of several GB takes seconds on a CPU, milliseconds on a GPU), else on the CPU.
-        Every worker takes the same path, so every worker gets the same values."""
+        torch.rand of several GB takes seconds on a CPU, milliseconds on a GPU), else on the CPU;
+        and whether they were made on the device. Every worker takes the same path, so every
+        worker gets the same values."""
         if self.device.type != "cpu":
             try:
                 with torch.device(self.device):
-                    return self._on_device(fn())
+                    return self._on_device(fn()), True
             except Exception:
                 pass
-        return self._on_device(fn())
+        return self._on_device(fn()), self.device.type == "cpu"
 
     def _on_device(self, inputs) -> list:
         return _map_tensors(list(inputs), lambda t: t.to(self.device))
@@ -333,15 +377,18 @@ class Worker:
         reply: dict = {"errors": self._output_checks(out, inputs), "guard_errors": self._guard_errors(),
                        "output_bytes": _nbytes(out)}
         if req.get("role") == "reference":
-            self.ref_outputs[index] = out
+            if self.regen is None or index not in self.set_seeds:
+                self.ref_outputs[index] = out  # sets made again are judged against a new call
+            reply["inputs_check"] = self._inputs_check(index, None, inputs)
+            del inputs  # one input set alive at a time: KernelBench's take GBs each
             # The reference must at least be finite where it is written, and give the same
             # answer twice; NaN in its output means an element it never wrote.
             again_in = self._fresh(index, None)
             with poisoned_allocations(self.device):
                 again = self._call(again_in)
             _sync(self.device)
+            del again_in
             reply["self_check"] = self._self_check(out, again)
-            reply["inputs_check"] = self._inputs_check(index, None, inputs)
             return reply
         h = self._hold(out, inputs, {"index": index, "perturb": None})
         reply.update(self._export(h))
@@ -363,22 +410,31 @@ class Worker:
     def _inputs_check(self, index: int, perturb: Optional[int], after) -> Optional[str]:
         if self.inplace:
             return None
-        pristine = self._fresh(index, perturb) if perturb is not None else self.sets[index]
+        pristine = self._fresh(index, perturb) if perturb is not None else self._pristine(index)
         for i, (p, a) in enumerate(zip(pristine, after)):
             if isinstance(p, torch.Tensor) and isinstance(a, torch.Tensor) and not _same_bits(p, a):
                 return (f"wrote into input {i} during the call (its values changed); declare `inplace: true` on the "
                         "entry if the kernel is meant to work in place")
         return None
 
+    def _reference_output(self, index: int, perturb: Optional[int]):
+        """This reference's output on input set ``index`` (perturbed): kept from the correctness
+        run when the set is kept, else computed again (the reference is deterministic: checked)."""
+        if perturb is None and index in self.ref_outputs:
+            return self.ref_outputs[index]
+        if perturb is None and self.regen is None:
+            return None
+        out = self._call(self._fresh(index, perturb))
+        _sync(self.device)
+        return out
+
     def op_judge(self, req: dict) -> dict:
         """Compare another worker's outputs (and its inputs after the call) with this reference."""
         index = int(req["index"])
         perturb = req.get("perturb")
-        if perturb is None:
-            ref = self.ref_outputs[index]
-        else:
-            ref = self._call(self._fresh(index, perturb))
-            _sync(self.device)
+        ref = self._reference_output(index, perturb)
+        if ref is None:
+            raise RuntimeError(f"the reference has no output for input set {index}: run it on that set first")
         out = tensor_share.import_tree(req["outputs"])
         after = tensor_share.import_tree(req["inputs"])
         result = compare_outputs(ref, out, req.get("rtol"), req.get("atol"))
@@ -389,7 +445,7 @@ class Worker:
     def op_degenerate(self, req: dict) -> dict:
         """Would an all-zeros output, a constant, or the input itself pass this test?"""
         index = int(req.get("index", self.main_sets[0]))
-        ref = self.ref_outputs.get(index)
+        ref = self._reference_output(index, None) if self.sets else None
         if ref is None:
             return {"degenerate": None}
         tensors = [t for t in _tensors(ref) if t.is_floating_point() or t.is_complex()]
@@ -407,12 +463,16 @@ class Worker:
         if compare_outputs(ref, const, rtol, atol)["passed"]:
             return {"degenerate": "degenerate test: a constant output (the reference's mean) passes it: it cannot "
                                   "tell kernels apart"}
-        first = self.sets[index][0] if self.sets[index] else None
+        inputs = self._pristine(index)
+        first = inputs[0] if inputs else None
         if isinstance(ref, torch.Tensor) and isinstance(first, torch.Tensor) and first.shape == ref.shape \
                 and first.dtype == ref.dtype and compare_outputs(ref, first, rtol, atol)["passed"]:
             return {"degenerate": "degenerate test: returning the input unchanged passes it: it cannot tell "
                                   "kernels apart"}
         return {"degenerate": None}
+
+    def op_export(self, req: dict) -> dict:
+        return self._export(int(req["handle"]))
 
     def op_release(self, req: dict) -> dict:
         handles = req.get("handles")
@@ -451,9 +511,40 @@ class Worker:
                     _sync(self.device)
             if req.get("timer") == "graph":
                 self._capture_graph()
+            if req.get("timer") in ("events", "graph"):
+                self.sleep_cycles = self._spin_cycles(inputs, req.get("timer"))
         return {"warmup": n, "first_call_ms": first_s * 1e3, "estimate_ms": est_s * 1e3,
+                "spin_cycles": self.sleep_cycles,
                 "l2_flush_bytes": int(self.flush.numel() * 8) if self.flush is not None else 0,
                 "guard_errors": self._guard_errors()}
+
+    def _spin_cycles(self, inputs, timer: str) -> int:
+        """Cycles of a spin kernel that keeps the GPU busy while the host records the start event
+        and dispatches the call: without it the events also time the host's dispatch (the flush
+        alone finishes first when a launch takes longer than a read of 2xL2). The spin covers
+        three times the dispatch measured here, and at least 100 us."""
+        if _gpu_spin is None:
+            return 0
+        dispatch = []
+        for _ in range(5):
+            _cuda_sync(self.device)
+            t0 = _perf_counter()
+            if timer == "graph":
+                self.graph[0].replay()
+            else:
+                self._call(inputs)
+            dispatch.append(_perf_counter() - t0)
+        _cuda_sync(self.device)
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        probe = 1_000_000
+        _gpu_spin(probe // 10)
+        _event_record(start)
+        _gpu_spin(probe)
+        _event_record(end)
+        _cuda_sync(self.device)
+        cycles_per_us = probe / max(_event_elapsed(start, end) * 1e3, 1e-3)
+        need_us = max(100.0, 3 * sorted(dispatch)[2] * 1e6)
+        return int(cycles_per_us * need_us)
 
     def _capture_graph(self) -> None:
         static_in = self._fresh(self.main_sets[0], None)
@@ -481,7 +572,9 @@ class Worker:
         reply = _time_call(self, plan, timer, keep_p, keep_max)
         reply["round_span_s"] = _perf_counter() - t_start
         reply["guard_errors"] = self._guard_errors()
-        reply["kept"] = [self._export(h) for h in reply["kept"]]
+        # Handed over only when the judge asks (op_export): a CUDA tensor shared by IPC stays
+        # allocated in this process until a receiver has opened and dropped it.
+        reply["kept"] = [{"handle": h, **self.held[h]["meta"]} for h in reply["kept"]]
         return reply
 
 
@@ -505,7 +598,7 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
             out = w._call(inputs)
             samples.append((_perf_counter() - t0) * 1e3)
             maybe_keep(out, inputs, index, perturb)
-            del out
+            out = inputs = None  # freed before the next call's inputs are made
         return {"samples_ms": samples, "kept": kept}
 
     dev = w.device
@@ -528,6 +621,8 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
                     # that the timed kernel pays to write back; a read leaves clean ones, the
                     # state ncu's --cache-control all leaves.
                     w.flush_sink = w.flush.sum(dtype=torch.int64)  # stays on the device: no sync
+                if prof is None and w.sleep_cycles:
+                    _gpu_spin(w.sleep_cycles)  # the start event runs only once the call is queued
             if prof is not None:
                 _cuda_sync(dev)  # the trace times the device; the host's dispatch is not in it
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
@@ -546,7 +641,7 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
                 maybe_keep(w.graph[2], w.graph[1], index, perturb, copy_graph_buffers=True)
             else:
                 maybe_keep(out, inputs, index, perturb)
-            del out
+            out = inputs = None  # freed before the next call's inputs are made
     finally:
         if prof is not None:
             prof.stop()

@@ -91,3 +91,42 @@ def test_paired_rounds_and_the_tie_margin():
     assert verdict(lo, hi, DEFAULT_TIE_MARGIN) == "faster"
     assert verdict(1.01, 1.015, 0.02) == "tie"  # real but inside the margin
     assert verdict(0.90, 0.95, 0.02) == "slower"
+
+
+def test_input_sets_made_again_from_their_seeds_match_kept_ones(tmp_path):
+    """Sets too large to keep are regenerated per call; every call must see the same values a
+    worker that kept them would, and the pristine set must not be handed out."""
+    problem = tmp_path / "problem.py"
+    problem.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, x, y):\n"
+        "        return x + y\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(64, 33), torch.rand(64, 33)]\n"
+        "def get_init_inputs():\n"
+        "    return []\n")
+    req = {"kernel": {"module": str(problem)}, "inputs": {"module": str(problem)}, "seeds": [11, 12],
+           "device": "cpu"}
+    kept, regen = worker.Worker(tmp_path), worker.Worker(tmp_path)
+    info_kept = kept.op_load(dict(req))
+    info_regen = regen.op_load(dict(req, keep_sets_bytes=1))
+    assert info_kept["input_sets_kept"] and not info_regen["input_sets_kept"]
+    assert info_regen["input_bytes"] == info_kept["input_bytes"] == 2 * 64 * 33 * 4
+    assert all(regen.sets[i] is None for i in regen.main_sets)
+    for index in regen.main_sets:
+        for perturb in (None, 99):
+            a, b = kept._fresh(index, perturb), regen._fresh(index, perturb)
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+            a[0].zero_()  # a fresh set is the caller's: the next one is untouched
+            assert not torch.equal(regen._fresh(index, perturb)[0], a[0])
+    # The generator is reseeded at random afterwards: the kernel cannot read the seed back.
+    assert torch.initial_seed() not in (11, 12)
+    assert regen._inputs_check(regen.main_sets[0], None, kept._fresh(kept.main_sets[0], None)) is None
+    # As the judge it keeps no outputs of those sets and computes them again for each judgement.
+    ref_reply = regen.op_run_set({"index": regen.main_sets[1], "role": "reference"})
+    assert ref_reply["self_check"]["passed"] and ref_reply["inputs_check"] is None and regen.ref_outputs == {}
+    cand = kept.op_run_set({"index": kept.main_sets[1]})
+    verdict_ = regen.op_judge({"index": kept.main_sets[1], "outputs": cand["outputs"], "inputs": cand["inputs"]})
+    assert verdict_["passed"] and verdict_["inputs_check"] is None
+    kept.op_release({})
