@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -14,15 +12,11 @@ from typing import Any, Optional, Sequence
 from rich.console import Console
 
 from engine import __version__
-from engine.config.yamlfile import ConfigError, load_located_yaml
+from engine.config.yamlfile import ConfigError
+from engine.errors import MagpieError, format_error
+from engine.runs.process import CancelToken, install_signal_handlers
 
 EXIT_CONFIG = 2
-
-# Framework-config keys this tool reads; the rest of Magpie's framework config is reported, not dropped.
-_FRAMEWORK_KEYS_USED = {
-    "scheduler": {"max_workers", "environment"},
-    "performance": {"backend", "timeout_seconds", "ncu"},
-}
 
 
 def _add_kernel_flags(p: argparse.ArgumentParser, compare: bool) -> None:
@@ -129,148 +123,73 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
                         "trace, else ./results)")
 
 
-def _load_framework_config(path: Optional[str], warnings: list[str]) -> dict:
-    if not path:
-        return {}
-    doc = load_located_yaml(path)
-    data = doc.data or {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}:1: expected a mapping at the top level"])
-    for section, value in data.items():
-        used = _FRAMEWORK_KEYS_USED.get(section)
-        keys = set(value) if isinstance(value, dict) else set()
-        unused = sorted(keys - used) if used is not None else sorted(keys) or [section]
-        if unused:
-            warnings.append(f"{doc.where((section,))}: framework config {section}: "
-                            f"{', '.join(unused)} not used by this tool")
-    return data
-
-
-def _install_signal_handlers(cancel) -> None:
-    def handler(signum, _frame):
-        if cancel.cancelled and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # second Ctrl-C: stop now (the report is still written)
-        cancel.cancel("cancelled by SIGINT" if signum == signal.SIGINT else f"cancelled by signal {signum}")
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, handler)
-
-
-def _run_kernels(args: argparse.Namespace, console: Console) -> int:
-    from engine.kernels.plan import CliOptions, build_plan
-    from engine.kernels.runner import run_plan
-    from engine.runs.process import CancelToken
-
-    fw_warnings: list[str] = []
-    framework = _load_framework_config(args.config, fw_warnings)
-    opts = CliOptions(
-        kernels=args.kernels, kernel_config=args.kernel_config, testcase=args.testcase, type=args.type,
-        compile_cmd=args.compile_cmd, baseline=getattr(args, "baseline", None), no_perf=args.no_perf,
-        repeats=args.repeats, warmup=args.warmup, timeout=args.timeout, seed=args.seed, rtol=args.rtol,
-        atol=args.atol, workers=args.workers, environment=args.environment,
-        only=[i.strip() for i in args.only.split(",") if i.strip()] if args.only else None,
-        tie_margin=getattr(args, "tie_margin", None))
-    if args.repeats is not None and args.repeats < 3:
-        raise ConfigError([f"--repeats {args.repeats}: at least 3 repeats are needed for a median and its spread"])
-    plan = build_plan(args.command, opts, framework)
-    if args.docker_image and plan.environment != "container":
-        fw_warnings.append(f"--docker-image {args.docker_image} is not used: kernels run in the "
-                           f"{plan.environment!r} environment")
-    plan.warnings = fw_warnings + plan.warnings
+def _print_prepared(prepared: Any) -> None:
     # Plain prints: messages that name files and lines must not be re-wrapped.
-    for w in plan.warnings:
+    for w in prepared.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    for o in plan.overrides:
+    for o in prepared.overrides:
         print(f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})", file=sys.stderr)
-    cancel = CancelToken()
-    _install_signal_handlers(cancel)
 
-    def show(renderables: list[Any]) -> None:
-        for r in renderables:
-            console.print(r, highlight=False)
 
-    def progress(event: dict) -> None:
-        # One line per stage transition on stderr, so a long run is never silent.
+class _KernelProgress:
+    """One line per stage transition on stderr, so a long run is never silent."""
+
+    def __init__(self, mode: str, n_kernels: int, verbose: bool) -> None:
+        self.mode, self.n_kernels, self.verbose = mode, n_kernels, verbose
+
+    def __call__(self, event: dict) -> None:
         if event["event"] == "run_started":
-            print(f"magpie {plan.mode}: {len(plan.kernels)} kernel(s), workspace {event['workspace']}",
+            print(f"magpie {self.mode}: {self.n_kernels} kernel(s), workspace {event['workspace']}",
                   file=sys.stderr, flush=True)
-        elif event["event"] == "stage" and (args.verbose or event["state"] != "running"):
+        elif event["event"] == "stage" and (self.verbose or event["state"] != "running"):
             extra = f" ({event['backend']})" if event.get("backend") else ""
             print(f"  [{event['kernel']}] {event['stage']}{extra}: {event['state']}", file=sys.stderr, flush=True)
 
-    code, _ws, _report = run_plan(plan, args.output_dir, cancel, show=show, on_event=progress)
-    return code
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _run_kernels(args: argparse.Namespace, console: Console) -> int:
+    from engine.jobs import KernelRequest, run_request
+
+    request = KernelRequest(
+        mode=args.command, kernels=list(args.kernels), kernel_config=args.kernel_config,
+        framework_config=args.config, testcase=args.testcase, type=args.type, compile_cmd=args.compile_cmd,
+        baseline=getattr(args, "baseline", None), no_perf=args.no_perf, repeats=args.repeats, warmup=args.warmup,
+        timeout=args.timeout, seed=args.seed, rtol=args.rtol, atol=args.atol, workers=args.workers,
+        environment=args.environment, docker_image=args.docker_image,
+        only=[i.strip() for i in args.only.split(",") if i.strip()] if args.only else None,
+        tie_margin=getattr(args, "tie_margin", None))
+    prepared = request.prepare()
+    _print_prepared(prepared)
+    cancel = CancelToken()
+    install_signal_handlers(cancel)
+    outcome = run_request(request, args.output_dir, cancel=cancel, prepared=prepared,
+                          sink=_KernelProgress(args.command, len(prepared.plan.kernels), args.verbose))
+    for r in outcome.display:
+        console.print(r, highlight=False)
+    return outcome.exit_code
 
 
 def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from engine.runs.workspace import Workspace
-    from engine.trace.analyze import STAGES, TraceAnalysisOptions, run_trace_analysis
-    from engine.trace.discover import workspace_of
-    from engine.trace.gaps import DEFAULT_CATEGORIES, DEFAULT_IGNORE
+    from engine.jobs import TraceRequest, run_request
 
-    target = Path(args.trace_dir).expanduser().resolve()
-    if not target.exists():
-        raise ConfigError([f"--trace-dir {args.trace_dir}: no such file or folder"])
-    stages = list(STAGES) if args.stages.strip() == "all" else [s.strip() for s in args.stages.split(",") if s.strip()]
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        raise ConfigError([f"--stages: unknown stage(s) {', '.join(unknown)}; use all or a comma list of "
-                           f"{', '.join(STAGES)}"])
-    if not 0.0 <= args.start_pct < args.end_pct <= 100.0:
-        raise ConfigError([f"--start-pct {args.start_pct} / --end-pct {args.end_pct}: need 0 <= start < end <= 100"])
-    if args.top_k < 1:
-        raise ConfigError([f"--top-k {args.top_k}: must be at least 1"])
-    if args.kernel_source_repos and not args.find_kernel_sources:
-        raise ConfigError(["--kernel-source-repos is only used with --find-kernel-sources; add that flag"])
-    if args.find_kernel_sources and not args.kernel_source_repos:
-        raise ConfigError(["--find-kernel-sources needs --kernel-source-repos PATH ... (local checkouts; "
-                           "this tool never clones repositories)"])
-    if args.gpu_arch:
-        from engine.hw.specs import ARCH_SPECS
-        from engine.trace.arch import resolve_arch
-        try:
-            resolve_arch(args.gpu_arch)
-        except (ValueError, OSError) as exc:
-            raise ConfigError([f"{exc} (known names: {', '.join(sorted(ARCH_SPECS))}; or a TraceLens-style "
-                               "arch JSON file with mem_bw_gbps and max_achievable_tflops)"]) from None
-    repos = [Path(r).expanduser().resolve() for r in args.kernel_source_repos]
-    missing = [str(r) for r in repos if not r.is_dir()]
-    if missing:
-        raise ConfigError([f"--kernel-source-repos: not a folder: {m}" for m in missing])
-    opts = TraceAnalysisOptions(
-        top_k=args.top_k, start_pct=args.start_pct, end_pct=args.end_pct, min_duration_us=args.min_duration_us,
-        categories=tuple(args.categories) if args.categories is not None else DEFAULT_CATEGORIES,
-        ignore_categories=tuple(args.ignore_categories) if args.ignore_categories is not None else DEFAULT_IGNORE,
-        rank_csv=not args.no_rank_csv, find_kernel_sources=args.find_kernel_sources, kernel_source_repos=repos,
-        gpu_arch=args.gpu_arch, stages=stages)
-    existing = workspace_of(target) if args.output_dir is None else None
-    if existing is not None:
-        ws = Workspace(existing)  # output goes into the workspace of the run that recorded the trace
-        config_name = "trace_analysis_config.yaml"
-    else:
-        ws = Workspace.create(args.output_dir or "./results", "trace", target.stem.split(".")[0])
-        config_name = "config.yaml"
-    ws.write_yaml(config_name, {"mode": "trace_analysis", "trace_dir": str(target), "options": opts.to_dict()})
-    ws.events.emit("run_started", mode="trace_analysis", pid=os.getpid(), workspace=str(ws.root), target=str(target))
-    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    from engine.trace.load import TraceError
-    try:
-        result = run_trace_analysis(target, opts, ws, log)
-    except (FileNotFoundError, ValueError, TraceError) as exc:
-        ws.events.emit("run_finished", state="failed", exit_code=1, error=str(exc))
-        ws.write_json("trace_analysis_report.json", {"mode": "trace_analysis", "target": str(target),
-                                                     "state": "failed", "error": str(exc)})
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    result.report["workspace_dir"] = str(ws.root)
-    result.report["state"] = "completed" if result.exit_code == 0 else "failed"
-    ws.write_json("trace_analysis_report.json", result.report)
-    ws.events.emit("run_finished", state=result.report["state"], exit_code=result.exit_code,
-                   report="trace_analysis_report.json")
-    ws.events.close()
+    request = TraceRequest(
+        trace_dir=args.trace_dir, stages=args.stages, top_k=args.top_k, start_pct=args.start_pct,
+        end_pct=args.end_pct, min_duration_us=args.min_duration_us, categories=args.categories,
+        ignore_categories=args.ignore_categories, rank_csv=not args.no_rank_csv,
+        find_kernel_sources=args.find_kernel_sources, kernel_source_repos=[str(r) for r in args.kernel_source_repos],
+        gpu_arch=args.gpu_arch)
+    prepared = request.prepare()
+    opts = prepared.options
+    outcome = run_request(request, args.output_dir, prepared=prepared, log=_log)
+    result = outcome.details
+    if result is None:
+        print(f"error: {outcome.report.get('error')}", file=sys.stderr)
+        return outcome.exit_code
     table = Table(title=f"GPU kernel time, top {opts.top_k} ({opts.start_pct:g}-{opts.end_pct:g}% of the trace)")
     for col in ("Name", "Calls", "Self CUDA (us)", "Avg (us)", "% Total"):
         table.add_column(col, justify="left" if col == "Name" else "right", overflow="fold")
@@ -285,7 +204,7 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
         console.print(f"tracelens: {e}", highlight=False, markup=False)
     if result.exit_code:
         print("error: no kernel events found in the trace window", file=sys.stderr)
-    console.print(f"workspace: {ws.root} ({result.report['elapsed_s']:.2f} s)", highlight=False)
+    console.print(f"workspace: {outcome.workspace} ({result.report['elapsed_s']:.2f} s)", highlight=False)
     return result.exit_code
 
 
@@ -361,12 +280,8 @@ def _parse_goodput(items: Optional[list[str]]) -> Optional[dict]:
 
 
 def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
-    from engine.bench.run import run_benchmark
-    from engine.config.benchmark import BenchmarkConfig, apply_cli_overrides, load_benchmark_config
-    from engine.runs.process import CancelToken
-    from engine.runs.workspace import Workspace
+    from engine.jobs import BenchmarkRequest, run_request
 
-    warnings: list[str] = []
     flags = {"model": args.model, "precision": args.precision, "tp": args.tp, "concurrency": args.concurrency,
              "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
              "request_rate": args.request_rate, "burstiness": args.burstiness, "range_ratio": args.range_ratio,
@@ -377,44 +292,15 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
              "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}
-    if args.benchmark_config:
-        cfg, _doc = load_benchmark_config(args.benchmark_config, warnings)
-        if args.framework and args.framework != cfg.framework:
-            raise ConfigError([f"framework {args.framework} on the command line, {cfg.framework} in "
-                               f"{args.benchmark_config}: say one"])
-    else:
-        if not args.framework:
-            raise ConfigError(["magpie benchmark: give a framework (vllm, sglang, atom, builtin) and -m MODEL, "
-                               "or -b CONFIG.yaml, or --trace-dir DIR to analyse traces"])
-        try:
-            cfg = BenchmarkConfig.model_validate({"framework": args.framework, "model": args.model or ""})
-        except Exception as exc:  # pydantic's message names the field
-            raise ConfigError([f"command line: {exc}"]) from None
-    if flags["torch_profiler"] is False:
-        if flags["tracelens"] or flags["gap_analysis"]:
-            raise ConfigError(["--no-torch-profiler with --tracelens/--gap-analysis: the analysis needs traces"])
-        flags["tracelens"] = flags["gap_analysis"] = False  # nothing to analyse without traces
-    if flags["gap_analysis"] and not (flags["torch_profiler"] or cfg.profiler.torch_profiler.enabled):
-        flags["torch_profiler"] = True  # the analysis needs traces
-    cfg, overrides = apply_cli_overrides(cfg, flags)
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    for o in overrides:
-        print(f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})", file=sys.stderr)
-    label = cfg.framework if cfg.framework != "builtin" else f"builtin-{cfg.server.size}"
-    ws = Workspace.create(args.output_dir or "./results", "benchmark", label)
-    ws.write_yaml("config.yaml", {"benchmark": cfg.model_dump(by_alias=True), "overrides": overrides,
-                                  "warnings": warnings})
-    ws.events.emit("run_started", mode="benchmark", pid=os.getpid(), workspace=str(ws.root), label=label)
+    request = BenchmarkRequest(benchmark_config=args.benchmark_config, framework=args.framework, flags=flags)
+    prepared = request.prepare()
+    _print_prepared(prepared)
     cancel = CancelToken()
-    _install_signal_handlers(cancel)
-    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"magpie benchmark: workspace {ws.root}")
-    code, report = run_benchmark(cfg, ws, cancel, overrides=overrides, warnings=warnings, log=log)
-    ws.events.emit("run_finished", state=report["state"], exit_code=code, report="benchmark_report.json")
-    ws.events.close()
-    console.print((ws.root / "summary.txt").read_text(), highlight=False, markup=False)
-    return code
+    install_signal_handlers(cancel)
+    outcome = run_request(request, args.output_dir or "./results", cancel=cancel, prepared=prepared, log=_log)
+    for text in outcome.display:
+        console.print(text, highlight=False, markup=False)
+    return outcome.exit_code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -449,6 +335,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for p in exc.problems:
             print(f"  {p}", file=sys.stderr)
         return EXIT_CONFIG
+    except MagpieError as exc:
+        print(format_error(exc), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

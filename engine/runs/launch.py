@@ -1,13 +1,13 @@
-"""Start a run of the command line from a config file, as a detached process.
+"""What the workbench needs to start a run from a config file: what the file is, whether it
+checks out, and a launch through the job API (``engine.jobs``) as a detached process.
 
-Front ends (the workbench) use this instead of running the engine in their own process:
-the run gets its own session and process group, writes its own run folder, and keeps
-going when the front end exits or its terminal disappears.
+The run gets its own session and process group, writes its own run folder, and keeps going
+when the front end exits or its terminal disappears. ``LaunchRequest.argv`` is the equivalent
+command line, shown to the user; the run itself is the typed request, not those flags.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -125,9 +125,23 @@ class LaunchRequest:
     num_prompts: Optional[int] = None
     profiler: Optional[bool] = None
     only: Optional[list[str]] = None  # kernel ids (analyze/compare); the baseline is always kept
-    extra_args: list[str] = field(default_factory=list)
+
+    def to_request(self) -> Any:
+        """The typed request this launch runs (``engine.jobs.requests``)."""
+        from engine.jobs.requests import BenchmarkRequest, KernelRequest
+        config = str(Path(self.config).resolve())
+        if self.mode in ("analyze", "compare"):
+            return KernelRequest(mode=self.mode, kernel_config=config, repeats=self.repeats,
+                                 baseline=self.baseline if self.mode == "compare" else None,
+                                 only=list(self.only) if self.only else None)
+        if self.mode == "benchmark":
+            flags = {"repeats": self.repeats, "concurrency": self.concurrency, "input_len": self.input_len,
+                     "output_len": self.output_len, "num_prompts": self.num_prompts, "torch_profiler": self.profiler}
+            return BenchmarkRequest(benchmark_config=config, flags={k: v for k, v in flags.items() if v is not None})
+        raise ValueError(f"unknown mode {self.mode!r}: analyze, compare or benchmark")
 
     def argv(self, python: str = sys.executable) -> list[str]:
+        """The equivalent command line (what the launch screen shows)."""
         args = [python, "-m", "engine.cli", self.mode]
         config, output = str(Path(self.config).resolve()), str(Path(self.output_dir).resolve())
         if self.mode in ("analyze", "compare"):
@@ -151,46 +165,29 @@ class LaunchRequest:
                 args.append("--no-torch-profiler")
         else:
             raise ValueError(f"unknown mode {self.mode!r}: analyze, compare or benchmark")
-        return args + list(self.extra_args)
+        return args
 
 
 def effective_config(req: LaunchRequest) -> tuple[dict[str, Any], list[dict], list[str]]:
     """(config after overrides, the overrides, warnings): what the run would record in config.yaml.
-    Raises ConfigError with file:line problems, as the command line would."""
-    warnings: list[str] = []
+    Raises ConfigError with file:line problems, as the command line would (the same checks)."""
+    prepared = req.to_request().prepare()
     if req.mode == "benchmark":
-        from engine.config.benchmark import apply_cli_overrides, load_benchmark_config
-        cfg, _doc = load_benchmark_config(req.config, warnings)
-        flags = {"repeats": req.repeats, "concurrency": req.concurrency, "input_len": req.input_len,
-                 "output_len": req.output_len, "num_prompts": req.num_prompts, "torch_profiler": req.profiler}
-        if req.profiler is False:
-            flags["tracelens"] = flags["gap_analysis"] = False
-        cfg, overrides = apply_cli_overrides(cfg, flags)
-        return {"benchmark": cfg.model_dump(by_alias=True)}, overrides, warnings
-    from engine.kernels.plan import CliOptions, build_plan
-    if req.repeats is not None and req.repeats < 3:
-        raise ConfigError([f"repeats {req.repeats}: at least 3 repeats are needed for a median and its spread"])
-    plan = build_plan(req.mode, CliOptions(kernel_config=str(req.config), repeats=req.repeats,
-                                           baseline=req.baseline if req.mode == "compare" else None,
-                                           only=list(req.only) if req.only else None), {})
-    return plan.effective_config(), plan.overrides, plan.warnings
+        return {"benchmark": prepared.config.model_dump(by_alias=True)}, prepared.overrides, prepared.warnings
+    return prepared.plan.effective_config(), prepared.overrides, prepared.warnings
 
 
 @dataclass
 class StartedRun:
     process: subprocess.Popen
-    argv: list[str]
+    argv: list[str]  # the equivalent command line
     console_log: Path
     started: float
+    run_dir: Optional[Path] = None
 
     @property
     def pid(self) -> int:
         return self.process.pid
-
-
-def console_log_path(output_dir: Path, pid: int, started: float) -> Path:
-    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(started))
-    return output_dir / ".console" / f"{stamp}_{pid}.log"
 
 
 def find_console_log(output_dir: Path, pid: Optional[int]) -> Optional[Path]:
@@ -206,21 +203,10 @@ def find_console_log(output_dir: Path, pid: Optional[int]) -> Optional[Path]:
 
 
 def start_run(req: LaunchRequest, cwd: Optional[Path] = None) -> StartedRun:
-    """Start the run detached: new session (so a terminal hang-up or Ctrl-C in the front end
-    does not reach it), console output to ``<output>/.console/<stamp>_<pid>.log``."""
-    req.output_dir.mkdir(parents=True, exist_ok=True)
-    (req.output_dir / ".console").mkdir(exist_ok=True)
-    argv = req.argv()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    # The engine must be importable in the child even when the front end was started from a
-    # source checkout that is not installed.
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    started = time.time()
-    pending = req.output_dir / ".console" / f".starting_{os.getpid()}_{int(started * 1e6)}.log"
-    with open(pending, "wb") as out:
-        proc = subprocess.Popen(argv, cwd=str(cwd or req.config.parent), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    final = console_log_path(req.output_dir, proc.pid, started)
-    os.replace(pending, final)  # the child keeps writing to the same open file
-    return StartedRun(process=proc, argv=argv, console_log=final, started=started)
+    """Submit the launch to the job API's detached local-process executor; the console output
+    goes to ``<output>/.console/<stamp>_<pid>.log``."""
+    from engine.jobs.api import submit
+    job = submit(req.to_request(), req.output_dir, executor="local-process", cwd=cwd or Path(req.config).parent)
+    ex = job.execution
+    return StartedRun(process=ex.process, argv=req.argv(), console_log=ex.console_log, started=time.time(),
+                      run_dir=job.run_dir)

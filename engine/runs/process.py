@@ -43,6 +43,19 @@ class CancelToken:
         return self._event.is_set()
 
 
+def install_signal_handlers(cancel: CancelToken) -> None:
+    """SIGINT, SIGTERM and SIGHUP cancel the run (its report is still written); a second Ctrl-C
+    stops at once. Only in the main thread of the process that runs the mode."""
+    def handler(signum, _frame):
+        if cancel.cancelled and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl-C: stop now (the report is still written)
+        cancel.cancel("cancelled by SIGINT" if signum == signal.SIGINT else f"cancelled by signal {signum}")
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, handler)
+
+
 @dataclass
 class ProcessResult:
     command: str

@@ -1,0 +1,296 @@
+"""The job API: submit a request, get a job whose run folder is the truth.
+
+    job = submit(KernelRequest(mode="compare", kernel_config="k.yaml"), "./results")
+    job.id, job.run_dir          # known at once: the folder exists before the work starts
+    job.state(), job.progress()  # read from the folder's events.jsonl
+    job.wait(); job.result()     # the report, as written
+    job.cancel()                 # the report is still written, state "cancelled"
+    attach(job.run_dir)          # the same job from another process, after the caller went away
+
+Where the work runs is an executor behind one small protocol (``Executor.start`` returns an
+``Execution``): ``in-process`` (a thread of the caller) and ``local-process`` (a detached child
+in its own session and process group that outlives the caller) ship here; the container and Ray
+executors register the same way. What crosses to an executor is plain data: the request (JSON),
+the run folder's path, a cancel that is a call or a signal, never a closure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Protocol, Union
+
+from engine.errors import MagpieError
+from engine.jobs.modes import JobOutcome, run_request, workspace_for
+from engine.jobs.requests import REQUEST_FILE, parse_request
+from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_alive, read_new_events
+from engine.runs.process import CancelToken
+
+JOB_FILE = "job.json"
+JOB_SCHEMA_VERSION = 1
+
+
+class JobError(MagpieError):
+    title = "job"
+
+
+class Execution(Protocol):
+    """A started job, as its executor sees it."""
+    pid: Optional[int]
+
+    def alive(self) -> bool: ...
+
+    def cancel(self, reason: str) -> None: ...
+
+    def wait(self, timeout: Optional[float]) -> Optional[int]:
+        """The exit code once finished, None while it still runs after ``timeout`` seconds."""
+        ...
+
+
+class Executor(Protocol):
+    name: str
+
+    def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Execution: ...
+
+
+# --------------------------------------------------------------------------- in-process
+class _ThreadExecution:
+    def __init__(self, request: Any, run_dir: Path, prepared: Any) -> None:
+        from engine.runs.workspace import Workspace
+        self.pid: Optional[int] = os.getpid()
+        self.token = CancelToken()
+        self.outcome: Optional[JobOutcome] = None
+        self.error: Optional[BaseException] = None
+        ws = Workspace(run_dir)
+
+        def work() -> None:
+            try:
+                self.outcome = run_request(request, cancel=self.token, workspace=ws, prepared=prepared)
+            except BaseException as exc:  # kept for wait(); the mode already wrote its report
+                self.error = exc
+        self.thread = threading.Thread(target=work, name=f"magpie-job-{run_dir.name}", daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def cancel(self, reason: str) -> None:
+        self.token.cancel(reason)
+
+    def wait(self, timeout: Optional[float]) -> Optional[int]:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            return None
+        return self.outcome.exit_code if self.outcome is not None else 1
+
+
+class InProcessExecutor:
+    """The work runs on a thread of this process: for tests, notebooks and an MCP server that
+    wants results in memory. It ends with its process."""
+    name = "in-process"
+
+    def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Execution:
+        return _ThreadExecution(request, run_dir, prepared)
+
+
+# --------------------------------------------------------------------------- detached local process
+def console_log_path(output_dir: Path, pid: int, started: float) -> Path:
+    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(started))
+    return output_dir / ".console" / f"{stamp}_{pid}.log"
+
+
+class _ProcessExecution:
+    def __init__(self, proc: subprocess.Popen, console_log: Path, argv: list[str]) -> None:
+        self.process, self.console_log, self.argv = proc, console_log, argv
+        self.pid: Optional[int] = proc.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def cancel(self, reason: str) -> None:
+        import signal
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)  # the child's handler cancels and writes its report
+
+    def wait(self, timeout: Optional[float]) -> Optional[int]:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def engine_env() -> dict[str, str]:
+    """The environment of an engine child: importable even from a source checkout that is not installed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class LocalProcessExecutor:
+    """A detached child (``python -m engine.jobs.child RUN_DIR``): a new session, so a terminal
+    hang-up or Ctrl-C in the front end does not reach it; console output to
+    ``<results>/.console/<stamp>_<pid>.log``; it keeps going when the caller exits."""
+    name = "local-process"
+
+    def __init__(self, python: str = sys.executable, cwd: Optional[Path] = None) -> None:
+        self.python, self.cwd = python, cwd
+
+    def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Execution:
+        console_dir = run_dir.parent / ".console"
+        console_dir.mkdir(parents=True, exist_ok=True)
+        argv = [self.python, "-m", "engine.jobs.child", str(run_dir), request_file]
+        started = time.time()
+        pending = console_dir / f".starting_{os.getpid()}_{int(started * 1e6)}.log"
+        with open(pending, "wb") as out:
+            proc = subprocess.Popen(argv, cwd=str(self.cwd or Path.cwd()), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True)
+        final = console_log_path(run_dir.parent, proc.pid, started)
+        os.replace(pending, final)  # the child keeps writing to the same open file
+        return _ProcessExecution(proc, final, argv)
+
+
+EXECUTORS: dict[str, Any] = {"in-process": InProcessExecutor, "local-process": LocalProcessExecutor}
+
+
+def register_executor(name: str, factory: Any) -> None:
+    """Plug in an executor (container, Ray): ``factory(**options)`` returns an ``Executor``."""
+    EXECUTORS[name] = factory
+
+
+# --------------------------------------------------------------------------- the job
+@dataclass
+class Progress:
+    state: str
+    stage: str
+    done: Optional[int]
+    total: Optional[int]
+    elapsed_s: Optional[float]
+
+
+class Job:
+    """A run, by its folder. With an ``execution`` (this process submitted it) state and cancel go
+    through the executor too; attached (``attach``) they come from the folder and the pid."""
+
+    def __init__(self, run_dir: Path, execution: Optional[Execution] = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.execution = execution
+        self._info = RunInfo(path=self.run_dir)
+
+    @property
+    def id(self) -> str:
+        return self.run_dir.name
+
+    @property
+    def record(self) -> dict:
+        try:
+            return json.loads((self.run_dir / JOB_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    @property
+    def pid(self) -> Optional[int]:
+        if self.execution is not None and self.execution.pid is not None:
+            return self.execution.pid
+        self._refresh()
+        return self._info.pid if self._info.pid is not None else self.record.get("pid")
+
+    def _refresh(self) -> RunInfo:
+        read_new_events(self._info)
+        return self._info
+
+    def state(self) -> str:
+        """pending (submitted, not started), running, completed, failed, cancelled, or lost
+        (the process is gone and never said it finished)."""
+        info = self._refresh()
+        if info.is_finished:
+            return info.state
+        if self.execution is not None:
+            if self.execution.alive():
+                return info.state
+            self._refresh()
+            return info.state if info.is_finished else "lost"
+        pid = info.pid if info.pid is not None else self.record.get("pid")
+        if isinstance(pid, int) and not process_alive(pid):
+            self._refresh()
+            return info.state if info.is_finished else "lost"
+        return info.state
+
+    def progress(self) -> Progress:
+        info = self._refresh()
+        return Progress(self.state(), info.stage, info.done, info.total, info.elapsed())
+
+    def result(self) -> Optional[dict]:
+        """The report once written (None before)."""
+        info = self._refresh()
+        path = info.report_path
+        if path is None:
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def wait(self, timeout: Optional[float] = None, poll_s: float = 0.1) -> str:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.execution is not None:
+            self.execution.wait(timeout)
+        while self.state() not in FINISHED_STATES:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        return self.state()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        if self.execution is not None:
+            self.execution.cancel(reason)
+            return
+        info = self._refresh()
+        cancel_run(info)
+
+    @property
+    def outcome(self) -> Optional[JobOutcome]:
+        """In-process only: the mode's return value."""
+        return getattr(self.execution, "outcome", None)
+
+
+def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor: Union[str, Executor] = "local-process",
+           **executor_options: Any) -> Job:
+    """Check the request (a ConfigError before anything starts), make its run folder, start it."""
+    if isinstance(request, dict):
+        request = parse_request(request)
+    prepared = request.prepare()
+    ws = workspace_for(prepared, output_dir)
+    run_dir = ws.root
+    ws.events.close()  # the executor's process opens its own
+    request_file = REQUEST_FILE if not (run_dir / "config.yaml").exists() else "trace_analysis_request.json"
+    (run_dir / request_file).write_text(request.to_json() + "\n")
+    if isinstance(executor, str):
+        try:
+            factory = EXECUTORS[executor]
+        except KeyError:
+            raise JobError(f"unknown executor {executor!r}", hint=f"one of {', '.join(sorted(EXECUTORS))}") from None
+        executor = factory(**executor_options)
+    execution = executor.start(request, run_dir, request_file, prepared)
+    record = {"schema_version": JOB_SCHEMA_VERSION, "id": run_dir.name, "mode": request.mode,
+              "executor": executor.name, "pid": execution.pid, "host": socket.gethostname(),
+              "submitted": round(time.time(), 3), "request": request_file}
+    from engine.runs.workspace import atomic_write_json
+    atomic_write_json(run_dir / JOB_FILE, record)
+    return Job(run_dir, execution)
+
+
+def attach(run_dir: Union[Path, str]) -> Job:
+    """The job of an existing run folder (from any process)."""
+    run_dir = Path(run_dir).expanduser().resolve()
+    if not (run_dir / "events.jsonl").exists() and not (run_dir / JOB_FILE).exists():
+        raise JobError(f"{run_dir}: not a run folder (no events.jsonl or {JOB_FILE})",
+                       hint="give the folder a run wrote under the results root")
+    return Job(run_dir)

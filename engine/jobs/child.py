@@ -1,0 +1,57 @@
+"""``python -m engine.jobs.child RUN_DIR [REQUEST_FILE]``: run the request recorded in a run folder.
+
+The local-process executor starts this detached; a container or a Ray worker can run the same
+line where the run folder is visible. SIGTERM, SIGINT and SIGHUP cancel (the report is still
+written). A request that no longer checks out (its config changed since it was submitted) ends
+the run as failed, with the problems in its events, never as a folder left pending.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from engine.errors import MagpieError, format_error
+from engine.jobs.modes import EXIT_FAIL, run_request
+from engine.jobs.requests import REQUEST_FILE, read_request
+from engine.runs.process import CancelToken, install_signal_handlers
+from engine.runs.workspace import Workspace
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m engine.jobs.child RUN_DIR [REQUEST_FILE]", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    request_file = args[1] if len(args) > 1 else REQUEST_FILE
+    cancel = CancelToken()
+    install_signal_handlers(cancel)
+    log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    ws = Workspace(run_dir)
+    try:
+        request = read_request(run_dir / request_file)
+        prepared = request.prepare()
+    except MagpieError as exc:
+        log(format_error(exc))
+        ws.events.emit("run_started", pid=os.getpid(), workspace=str(run_dir), mode="?")
+        ws.events.emit("run_finished", state="failed", exit_code=EXIT_FAIL, error=format_error(exc))
+        ws.events.close()
+        return EXIT_FAIL
+    for w in prepared.warnings:
+        log(f"warning: {w}")
+    for o in prepared.overrides:
+        log(f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})")
+    kw = {"log": log} if request.mode in ("benchmark", "trace") else {}
+    outcome = run_request(request, cancel=cancel, workspace=ws, prepared=prepared, **kw)
+    summary = run_dir / "summary.txt"
+    if summary.is_file():
+        log(summary.read_text())
+    log(f"workspace: {run_dir} ({outcome.state}, exit {outcome.exit_code})")
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""One entry point per mode: a typed request and a run folder in, the whole life cycle done.
+
+``run_analyze``, ``run_compare``, ``run_benchmark`` and ``run_trace`` each create (or take) the
+workspace, record the request and the effective config, emit ``run_started``, do the work,
+write the report and ``summary.txt`` whatever happened (a crash, a timeout or a cancel keeps the
+states really reached), emit ``run_finished`` and close the event log. The command line, the
+workbench (through the job API) and the MCP server call these and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from engine.jobs.requests import (
+    REQUEST_FILE, BenchmarkRequest, KernelRequest, PreparedBenchmark, PreparedKernels, PreparedTrace, TraceRequest,
+)
+from engine.runs.process import CancelToken
+from engine.runs.workspace import Workspace
+
+EXIT_OK, EXIT_FAIL, EXIT_CANCELLED = 0, 1, 130
+
+# An event listener: called in this process with each event dict as it is written. It is a
+# convenience for a front end in the same process; the run folder's events.jsonl is the contract.
+EventSink = Callable[[dict], None]
+
+
+@dataclass
+class JobOutcome:
+    """What a mode returns: the exit code the command line would give, the run's final state,
+    its folder and its report (as written). ``display`` holds rich renderables for a terminal in
+    the same process; it does not cross a process boundary."""
+    exit_code: int
+    state: str
+    workspace: Path
+    report_name: str
+    report: dict
+    display: list = field(default_factory=list, repr=False)
+    details: Any = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "display": [], "details": None}
+
+
+def _begin(ws: Workspace, request: Any, sink: Optional[EventSink], config_name: str, config: dict,
+           request_name: str = REQUEST_FILE, **started: Any) -> None:
+    if sink is not None:
+        ws.events.listeners.append(sink)
+    ws.write_text(request_name, request.to_json() + "\n")
+    ws.write_yaml(config_name, config)
+    ws.events.emit("run_started", pid=os.getpid(), workspace=str(ws.root), **started)
+
+
+def _end(ws: Workspace, state: str, code: int, report_name: str, **extra: Any) -> None:
+    ws.events.emit("run_finished", state=state, exit_code=code, report=report_name, **extra)
+    ws.events.close()
+
+
+# --------------------------------------------------------------------------- analyze / compare
+def kernel_workspace_label(plan: Any) -> str:
+    if plan.mode == "compare" and plan.baseline_index is not None:
+        return plan.kernels[plan.baseline_index].id
+    return plan.kernels[0].id if plan.kernels else plan.mode
+
+
+def _kernel_exit_code(plan: Any, outcomes: list, cancelled: bool) -> int:
+    if cancelled:
+        return EXIT_CANCELLED
+    if plan.mode == "analyze":
+        return EXIT_OK if all(o.correct for o in outcomes) else EXIT_FAIL
+    if not outcomes[plan.baseline_index].correct:
+        return EXIT_FAIL
+    if plan.settings.perf_enabled and not [o for o in outcomes if o.timing]:
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def run_analyze(request: KernelRequest, output_dir: Union[Path, str, None] = None, **kw: Any) -> JobOutcome:
+    if request.mode != "analyze":
+        raise ValueError(f"run_analyze got a {request.mode} request")
+    return _run_kernels(request, output_dir, **kw)
+
+
+def run_compare(request: KernelRequest, output_dir: Union[Path, str, None] = None, **kw: Any) -> JobOutcome:
+    if request.mode != "compare":
+        raise ValueError(f"run_compare got a {request.mode} request")
+    return _run_kernels(request, output_dir, **kw)
+
+
+def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, cancel: Optional[CancelToken] = None,
+                 sink: Optional[EventSink] = None, workspace: Optional[Workspace] = None,
+                 prepared: Optional[PreparedKernels] = None, detect_gpu: Optional[Callable[[], Any]] = None
+                 ) -> JobOutcome:
+    from engine.kernels.pipeline import Evaluator, Machine
+    from engine.kernels.report import build_analyze_report, build_compare_report, render_text
+    prepared = prepared or request.prepare()
+    plan = prepared.plan
+    cancel = cancel or CancelToken()
+    if detect_gpu is None:
+        from engine.hw.detect import detect_gpu
+    gpu_info = detect_gpu()
+    ws = workspace or workspace_for(prepared, output_dir)
+    _begin(ws, request, sink, "config.yaml", plan.effective_config(), mode=plan.mode,
+           kernels=[k.id for k in plan.kernels], label=kernel_workspace_label(plan))
+    started = time.time()
+    evaluator = Evaluator(plan, ws, Machine.from_gpu_info(gpu_info), cancel)
+    outcomes = evaluator.outcomes
+    state, error = "failed", None
+    try:
+        outcomes = evaluator.run()
+        state = "cancelled" if cancel.cancelled else "completed"
+    except BaseException as exc:  # the report is still written, with what was reached
+        state = "cancelled" if isinstance(exc, KeyboardInterrupt) or cancel.cancelled else "failed"
+        error = f"{type(exc).__name__}: {exc}"
+        (ws.logs_dir / "engine_error.log").write_text(traceback.format_exc())
+        if not isinstance(exc, Exception):
+            cancel.cancel("interrupted")
+    finally:
+        build = build_compare_report if plan.mode == "compare" else build_analyze_report
+        gpu_dict = gpu_info.to_dict() if gpu_info is not None else None
+        report, renderables = build(plan, outcomes, state, str(ws.root), gpu_dict,
+                                    degenerate=getattr(evaluator, "degenerate", None))
+        report["execution_time"] = round(time.time() - started, 3)
+        if error:
+            report["error"] = error
+        if cancel.cancelled:
+            report["cancel_reason"] = cancel.reason
+        code = _kernel_exit_code(plan, outcomes, cancel.cancelled)
+        if state == "failed" and code == EXIT_OK:
+            code = EXIT_FAIL
+        report["exit_code"] = code
+        name = "compare_report.json" if plan.mode == "compare" else "analyze_report.json"
+        ws.write_json(name, report)
+        display = renderables + [f"workspace: {ws.root}"]
+        ws.write_text("summary.txt", render_text(display))
+        _end(ws, state, code, name)
+    return JobOutcome(code, state, ws.root, name, report, display=display)
+
+
+# --------------------------------------------------------------------------- benchmark
+def run_benchmark(request: BenchmarkRequest, output_dir: Union[Path, str, None] = None, *,
+                  cancel: Optional[CancelToken] = None, sink: Optional[EventSink] = None,
+                  workspace: Optional[Workspace] = None, prepared: Optional[PreparedBenchmark] = None,
+                  log: Callable[[str], None] = lambda s: None) -> JobOutcome:
+    from engine.bench.run import run_benchmark as drive
+    prepared = prepared or request.prepare()
+    cfg = prepared.config
+    cancel = cancel or CancelToken()
+    ws = workspace or workspace_for(prepared, output_dir)
+    _begin(ws, request, sink, "config.yaml", {"benchmark": cfg.model_dump(by_alias=True),
+                                              "overrides": prepared.overrides, "warnings": prepared.warnings},
+           mode="benchmark", label=prepared.label)
+    log(f"magpie benchmark: workspace {ws.root}")
+    code, state, report = EXIT_FAIL, "failed", {}
+    try:
+        code, report = drive(cfg, ws, cancel, overrides=prepared.overrides, warnings=prepared.warnings, log=log)
+        state = report.get("state", "failed")
+    finally:
+        _end(ws, state, code, "benchmark_report.json")
+    return JobOutcome(code, state, ws.root, "benchmark_report.json", report,
+                      display=[(ws.root / "summary.txt").read_text()] if (ws.root / "summary.txt").is_file() else [])
+
+
+# --------------------------------------------------------------------------- trace analysis
+def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, *,
+              cancel: Optional[CancelToken] = None, sink: Optional[EventSink] = None,
+              workspace: Optional[Workspace] = None, prepared: Optional[PreparedTrace] = None,
+              log: Callable[[str], None] = lambda s: None) -> JobOutcome:
+    from engine.trace.analyze import run_trace_analysis
+    from engine.trace.load import TraceError
+    prepared = prepared or request.prepare()
+    target, opts = prepared.target, prepared.options
+    ws = workspace or workspace_for(prepared, output_dir)
+    # Into a benchmark's own folder the config keeps its name; a trace run of its own has config.yaml.
+    into_other = (ws.root / "config.yaml").exists()
+    name = "trace_analysis_report.json"
+    _begin(ws, request, sink, "trace_analysis_config.yaml" if into_other else "config.yaml",
+           {"mode": "trace_analysis", "trace_dir": str(target), "options": opts.to_dict()},
+           request_name="trace_analysis_request.json" if into_other else REQUEST_FILE,
+           mode="trace_analysis", target=str(target))
+    try:
+        result = run_trace_analysis(target, opts, ws, log)
+    except (FileNotFoundError, ValueError, TraceError) as exc:
+        report = {"mode": "trace_analysis", "target": str(target), "state": "failed", "error": str(exc)}
+        ws.write_json(name, report)
+        _end(ws, "failed", EXIT_FAIL, name, error=str(exc))
+        return JobOutcome(EXIT_FAIL, "failed", ws.root, name, report, display=[f"error: {exc}"])
+    except BaseException as exc:
+        report = {"mode": "trace_analysis", "target": str(target), "state": "failed",
+                  "error": f"{type(exc).__name__}: {exc}"}
+        ws.write_json(name, report)
+        _end(ws, "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed", EXIT_FAIL, name, error=str(exc))
+        raise
+    result.report["workspace_dir"] = str(ws.root)
+    result.report["state"] = "completed" if result.exit_code == 0 else "failed"
+    ws.write_json(name, result.report)
+    _end(ws, result.report["state"], result.exit_code, name)
+    return JobOutcome(result.exit_code, result.report["state"], ws.root, name, result.report, details=result)
+
+
+# --------------------------------------------------------------------------- shared
+def workspace_for(prepared: Any, output_dir: Union[Path, str, None]) -> Workspace:
+    """The run folder a prepared request writes into (created here, never reused, except a trace
+    analysed into the folder of the benchmark that recorded it)."""
+    if isinstance(prepared, PreparedKernels):
+        return Workspace.create(output_dir or "./results", prepared.plan.mode, kernel_workspace_label(prepared.plan))
+    if isinstance(prepared, PreparedBenchmark):
+        return Workspace.create(output_dir or "./results", "benchmark", prepared.label)
+    if isinstance(prepared, PreparedTrace):
+        from engine.trace.discover import workspace_of
+        existing = workspace_of(prepared.target) if output_dir is None and prepared.request.into_recording_run \
+            else None
+        if existing is not None:
+            return Workspace(existing)
+        return Workspace.create(output_dir or "./results", "trace", prepared.target.stem.split(".")[0])
+    raise TypeError(f"not a prepared request: {type(prepared).__name__}")
+
+
+MODES: dict[str, Callable[..., JobOutcome]] = {
+    "analyze": run_analyze, "compare": run_compare, "benchmark": run_benchmark, "trace": run_trace,
+}
+
+
+def run_request(request: Any, output_dir: Union[Path, str, None] = None, **kw: Any) -> JobOutcome:
+    """The mode's entry point for any request."""
+    return MODES[request.mode](request, output_dir, **kw)

@@ -1,0 +1,245 @@
+"""What a front end asks for: one typed request per mode, plain data that survives JSON and pickle.
+
+The command line builds one from its flags, the workbench from its launch form, an MCP client
+from its tool arguments; ``prepare()`` checks it the way the command line always did (a
+``ConfigError`` naming the file, the field and the fix) and turns it into what the mode runs.
+A request is written into its run folder as ``request.json``, so a run records exactly what was
+asked and a detached process or another machine can run it from there.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from engine.config.yamlfile import ConfigError, load_located_yaml
+
+REQUEST_FILE = "request.json"
+
+# Framework-config keys this tool reads; the rest of Magpie's framework config is reported, not dropped.
+_FRAMEWORK_KEYS_USED = {
+    "scheduler": {"max_workers", "environment"},
+    "performance": {"backend", "timeout_seconds", "ncu"},
+}
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+class KernelRequest(_Request):
+    """``magpie analyze`` / ``magpie compare``: the same fields as their flags."""
+    mode: Literal["analyze", "compare"]
+    kernels: list[str] = Field(default_factory=list, description="kernel source files (instead of kernel_config)")
+    kernel_config: Optional[str] = Field(None, description="kernel YAML (kernel: / kernels:)")
+    framework_config: Optional[str] = Field(None, description="framework config YAML (scheduler, performance)")
+    testcase: Optional[str] = None
+    type: Optional[str] = None
+    compile_cmd: Optional[str] = None
+    baseline: Optional[str] = Field(None, description="compare: baseline index or id")
+    no_perf: bool = False
+    repeats: Optional[int] = None
+    warmup: Optional[int] = None
+    timeout: Optional[float] = None
+    seed: Optional[int] = None
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
+    workers: Optional[int] = None
+    environment: Optional[str] = None
+    docker_image: Optional[str] = None
+    only: Optional[list[str]] = None
+    tie_margin: Optional[float] = None
+
+    def prepare(self) -> "PreparedKernels":
+        from engine.kernels.plan import CliOptions, build_plan
+        if self.repeats is not None and self.repeats < 3:
+            raise ConfigError([f"--repeats {self.repeats}: at least 3 repeats are needed for a median and its spread"])
+        warnings: list[str] = []
+        framework = load_framework_config(self.framework_config, warnings)
+        opts = CliOptions(
+            kernels=list(self.kernels), kernel_config=self.kernel_config, testcase=self.testcase, type=self.type,
+            compile_cmd=self.compile_cmd, baseline=self.baseline if self.mode == "compare" else None,
+            no_perf=self.no_perf, repeats=self.repeats, warmup=self.warmup, timeout=self.timeout, seed=self.seed,
+            rtol=self.rtol, atol=self.atol, workers=self.workers, environment=self.environment,
+            only=list(self.only) if self.only else None,
+            tie_margin=self.tie_margin if self.mode == "compare" else None)
+        plan = build_plan(self.mode, opts, framework)
+        if self.docker_image and plan.environment != "container":
+            warnings.append(f"--docker-image {self.docker_image} is not used: kernels run in the "
+                            f"{plan.environment!r} environment")
+        plan.warnings = warnings + plan.warnings
+        return PreparedKernels(request=self, plan=plan, warnings=plan.warnings, overrides=plan.overrides)
+
+
+class BenchmarkRequest(_Request):
+    """``magpie benchmark``: a benchmark YAML and/or a framework, plus the flags that override it."""
+    mode: Literal["benchmark"] = "benchmark"
+    benchmark_config: Optional[str] = None
+    framework: Optional[str] = None
+    # Command-line overrides (None: keep the YAML's value); the keys of apply_cli_overrides.
+    flags: dict[str, Any] = Field(default_factory=dict)
+
+    def prepare(self) -> "PreparedBenchmark":
+        from engine.config.benchmark import BenchmarkConfig, apply_cli_overrides, load_benchmark_config
+        warnings: list[str] = []
+        flags = dict(self.flags)
+        if self.benchmark_config:
+            cfg, _doc = load_benchmark_config(self.benchmark_config, warnings)
+            if self.framework and self.framework != cfg.framework:
+                raise ConfigError([f"framework {self.framework} on the command line, {cfg.framework} in "
+                                   f"{self.benchmark_config}: say one"])
+        else:
+            if not self.framework:
+                raise ConfigError(["magpie benchmark: give a framework (vllm, sglang, atom, builtin) and -m MODEL, "
+                                   "or -b CONFIG.yaml, or --trace-dir DIR to analyse traces"])
+            try:
+                cfg = BenchmarkConfig.model_validate({"framework": self.framework, "model": flags.get("model") or ""})
+            except Exception as exc:  # pydantic's message names the field
+                raise ConfigError([f"command line: {exc}"]) from None
+        if flags.get("torch_profiler") is False:
+            if flags.get("tracelens") or flags.get("gap_analysis"):
+                raise ConfigError(["--no-torch-profiler with --tracelens/--gap-analysis: the analysis needs traces"])
+            flags["tracelens"] = flags["gap_analysis"] = False  # nothing to analyse without traces
+        if flags.get("gap_analysis") and not (flags.get("torch_profiler") or cfg.profiler.torch_profiler.enabled):
+            flags["torch_profiler"] = True  # the analysis needs traces
+        cfg, overrides = apply_cli_overrides(cfg, flags)
+        label = cfg.framework if cfg.framework != "builtin" else f"builtin-{cfg.server.size}"
+        return PreparedBenchmark(request=self, config=cfg, label=label, warnings=warnings, overrides=overrides)
+
+
+class TraceRequest(_Request):
+    """``magpie benchmark --trace-dir``: analyse torch-profiler traces already recorded."""
+    mode: Literal["trace"] = "trace"
+    trace_dir: str
+    stages: str = "all"
+    top_k: int = 20
+    start_pct: float = 0.0
+    end_pct: float = 100.0
+    min_duration_us: float = 0.0
+    categories: Optional[list[str]] = None
+    ignore_categories: Optional[list[str]] = None
+    rank_csv: bool = True
+    find_kernel_sources: bool = False
+    kernel_source_repos: list[str] = Field(default_factory=list)
+    gpu_arch: Optional[str] = None
+    # Analyse into the workspace of the run that recorded the trace when there is one (no
+    # output folder given); else into a new trace run.
+    into_recording_run: bool = True
+
+    def prepare(self) -> "PreparedTrace":
+        from engine.trace.analyze import STAGES, TraceAnalysisOptions
+        from engine.trace.gaps import DEFAULT_CATEGORIES, DEFAULT_IGNORE
+        target = Path(self.trace_dir).expanduser().resolve()
+        if not target.exists():
+            raise ConfigError([f"--trace-dir {self.trace_dir}: no such file or folder"])
+        stages = list(STAGES) if self.stages.strip() == "all" else [s.strip() for s in self.stages.split(",") if s.strip()]
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            raise ConfigError([f"--stages: unknown stage(s) {', '.join(unknown)}; use all or a comma list of "
+                               f"{', '.join(STAGES)}"])
+        if not 0.0 <= self.start_pct < self.end_pct <= 100.0:
+            raise ConfigError([f"--start-pct {self.start_pct} / --end-pct {self.end_pct}: need 0 <= start < end <= 100"])
+        if self.top_k < 1:
+            raise ConfigError([f"--top-k {self.top_k}: must be at least 1"])
+        if self.kernel_source_repos and not self.find_kernel_sources:
+            raise ConfigError(["--kernel-source-repos is only used with --find-kernel-sources; add that flag"])
+        if self.find_kernel_sources and not self.kernel_source_repos:
+            raise ConfigError(["--find-kernel-sources needs --kernel-source-repos PATH ... (local checkouts; "
+                               "this tool never clones repositories)"])
+        if self.gpu_arch:
+            from engine.hw.specs import ARCH_SPECS
+            from engine.trace.arch import resolve_arch
+            try:
+                resolve_arch(self.gpu_arch)
+            except (ValueError, OSError) as exc:
+                raise ConfigError([f"{exc} (known names: {', '.join(sorted(ARCH_SPECS))}; or a TraceLens-style "
+                                   "arch JSON file with mem_bw_gbps and max_achievable_tflops)"]) from None
+        repos = [Path(r).expanduser().resolve() for r in self.kernel_source_repos]
+        missing = [str(r) for r in repos if not r.is_dir()]
+        if missing:
+            raise ConfigError([f"--kernel-source-repos: not a folder: {m}" for m in missing])
+        opts = TraceAnalysisOptions(
+            top_k=self.top_k, start_pct=self.start_pct, end_pct=self.end_pct, min_duration_us=self.min_duration_us,
+            categories=tuple(self.categories) if self.categories is not None else DEFAULT_CATEGORIES,
+            ignore_categories=tuple(self.ignore_categories) if self.ignore_categories is not None else DEFAULT_IGNORE,
+            rank_csv=self.rank_csv, find_kernel_sources=self.find_kernel_sources, kernel_source_repos=repos,
+            gpu_arch=self.gpu_arch, stages=stages)
+        return PreparedTrace(request=self, target=target, options=opts)
+
+
+JobRequest = Annotated[Union[KernelRequest, BenchmarkRequest, TraceRequest], Field(discriminator="mode")]
+_ADAPTER: TypeAdapter = TypeAdapter(JobRequest)
+
+
+def parse_request(data: Union[str, bytes, dict]) -> Union[KernelRequest, BenchmarkRequest, TraceRequest]:
+    """A request from JSON text or a dict; a ConfigError naming the field when it is not one."""
+    try:
+        if isinstance(data, (str, bytes)):
+            return _ADAPTER.validate_json(data)
+        return _ADAPTER.validate_python(data)
+    except Exception as exc:
+        raise ConfigError([f"request: {exc}"]) from None
+
+
+def read_request(path: Path) -> Union[KernelRequest, BenchmarkRequest, TraceRequest]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read the request ({exc.strerror})"]) from None
+    return parse_request(text)
+
+
+def load_framework_config(path: Optional[str], warnings: list[str]) -> dict:
+    """Magpie's framework config (``-c``): the sections this tool reads; the rest is reported."""
+    if not path:
+        return {}
+    doc = load_located_yaml(path)
+    data = doc.data or {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}:1: expected a mapping at the top level"])
+    for section, value in data.items():
+        used = _FRAMEWORK_KEYS_USED.get(section)
+        keys = set(value) if isinstance(value, dict) else set()
+        unused = sorted(keys - used) if used is not None else sorted(keys) or [section]
+        if unused:
+            warnings.append(f"{doc.where((section,))}: framework config {section}: "
+                            f"{', '.join(unused)} not used by this tool")
+    return data
+
+
+@dataclass
+class PreparedKernels:
+    request: KernelRequest
+    plan: Any  # engine.kernels.plan.Plan
+    warnings: list[str] = field(default_factory=list)
+    overrides: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class PreparedBenchmark:
+    request: BenchmarkRequest
+    config: Any  # engine.config.benchmark.BenchmarkConfig
+    label: str
+    warnings: list[str] = field(default_factory=list)
+    overrides: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class PreparedTrace:
+    request: TraceRequest
+    target: Path
+    options: Any  # engine.trace.analyze.TraceAnalysisOptions
+    warnings: list[str] = field(default_factory=list)
+    overrides: list[dict] = field(default_factory=list)
+
+
+def describe(request: Any) -> str:
+    """One line for logs and notifications."""
+    return json.dumps(request.model_dump(exclude_defaults=True), default=str)
