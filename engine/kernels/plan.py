@@ -200,56 +200,90 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
     framework = framework or {}
     cfg: KernelConfigFile | None = None
     doc: LocatedYaml | None = None
-    kernels: list[KernelSpec] = []
-
     if opts.kernel_config:
         cfg, doc = load_kernel_config(opts.kernel_config, warnings)
-        base = doc.path.resolve().parent
-        for i, entry in enumerate(cfg.entries()):
-            loc = ("kernel",) if (cfg.kernel is not None and i == 0) else (
-                "kernels", i - (1 if cfg.kernel is not None else 0))
-            where = f"{doc.where(loc)}: {loc[0]}" + (f"[{loc[1]}]" if len(loc) > 1 else "")
-            kernels.append(_entry_to_spec(entry, i, base, doc.where(loc), problems, where))
-        if opts.kernels:
-            warnings.append(f"positional kernel files {opts.kernels} ignored: --kernel-config gives the kernels")
-            overrides.append({"field": "kernels", "yaml": [k.id for k in kernels], "cli": opts.kernels,
-                              "flag": "positional", "note": "ignored in favour of --kernel-config"})
+        kernels = _kernels_from_config(cfg, doc, opts, overrides, warnings, problems)
     else:
-        if not opts.kernels:
-            raise ConfigError(["no kernels: give kernel files, or a kernel config with -k/--kernel-config"])
-        ktype = (opts.type or "hip")
-        for i, f in enumerate(opts.kernels):
-            path = Path(f).expanduser().resolve()
-            if not path.is_file():
-                problems.append(f"kernel file {f}: not found")
-                continue
-            kid = path.stem if mode == "analyze" else f"kernel_{i}_{path.stem}"
-            kernels.append(KernelSpec(index=i, id=kid, type=ktype, source_files=[path], working_dir=path.parent,
-                                      env={}, compile=[], testcase=[], prof=[], origin="command line"))
-
+        kernels = _kernels_from_files(mode, opts, problems)
     if opts.only:
         kernels = _select_only(kernels, opts, overrides, problems)
-
-    # CLI flags that replace per-entry fields.
     for k in kernels:
-        if opts.testcase:
-            new = _shell_command(opts.testcase)
-            if cfg is not None and k.testcase and k.testcase != new:
-                _record(overrides, f"{k.id}.testcase_command", k.testcase, new, "--testcase")
-            k.testcase = new
-        if opts.compile_cmd:
-            new = _shell_command(opts.compile_cmd)
-            if cfg is not None and k.compile and k.compile != new:
-                _record(overrides, f"{k.id}.compile_command", k.compile, new, "--compile-cmd")
-            k.compile = new
-        if opts.type and cfg is not None:
-            alias = {"torch": "pytorch", "py": "pytorch"}.get(opts.type, opts.type)
-            _record(overrides, f"{k.id}.type", k.type, alias, "--type")
-            k.type = alias
-        k.harness = (k.type in ("pytorch", "triton") and bool(k.source_files)
-                     and k.source_files[0].is_file()
-                     and follows_convention(k.source_files[0], k.get_inputs_func, k.model_class))
+        _apply_entry_flags(k, opts, cfg is not None, overrides)
+    _check_kernels(kernels, problems)
 
+    settings = _settings(cfg, doc, opts, framework, overrides, problems)
+    plan = Plan(mode=mode, kernels=kernels, settings=settings, overrides=overrides, warnings=warnings,
+                config_file=doc.path.resolve() if doc else None)
+    plan.environment = _environment(cfg, doc, opts, framework, overrides)
+    if plan.environment != "local":
+        problems.append(f"execution environment {plan.environment!r} is not supported: kernels run on this "
+                        "machine (use --environment local, or run the tool inside the container / on the node)")
+    if mode == "compare":
+        if len(kernels) < 2:
+            problems.append(f"compare needs at least 2 kernels, got {len(kernels)}")
+        else:
+            _choose_baseline(plan, opts, problems)
+    _check_correctness_paths(plan, problems)
+    if problems:
+        raise ConfigError(problems)
+    return plan
+
+
+def _kernels_from_config(cfg: KernelConfigFile, doc: LocatedYaml, opts: CliOptions, overrides: list[dict],
+                         warnings: list[str], problems: list[str]) -> list[KernelSpec]:
+    kernels: list[KernelSpec] = []
+    base = doc.path.resolve().parent
+    for i, entry in enumerate(cfg.entries()):
+        loc = ("kernel",) if (cfg.kernel is not None and i == 0) else (
+            "kernels", i - (1 if cfg.kernel is not None else 0))
+        where = f"{doc.where(loc)}: {loc[0]}" + (f"[{loc[1]}]" if len(loc) > 1 else "")
+        kernels.append(_entry_to_spec(entry, i, base, doc.where(loc), problems, where))
+    if opts.kernels:
+        warnings.append(f"positional kernel files {opts.kernels} ignored: --kernel-config gives the kernels")
+        overrides.append({"field": "kernels", "yaml": [k.id for k in kernels], "cli": opts.kernels,
+                          "flag": "positional", "note": "ignored in favour of --kernel-config"})
+    return kernels
+
+
+def _kernels_from_files(mode: str, opts: CliOptions, problems: list[str]) -> list[KernelSpec]:
+    if not opts.kernels:
+        raise ConfigError(["no kernels: give kernel files, or a kernel config with -k/--kernel-config"])
+    kernels: list[KernelSpec] = []
+    ktype = (opts.type or "hip")
+    for i, f in enumerate(opts.kernels):
+        path = Path(f).expanduser().resolve()
+        if not path.is_file():
+            problems.append(f"kernel file {f}: not found")
+            continue
+        kid = path.stem if mode == "analyze" else f"kernel_{i}_{path.stem}"
+        kernels.append(KernelSpec(index=i, id=kid, type=ktype, source_files=[path], working_dir=path.parent,
+                                  env={}, compile=[], testcase=[], prof=[], origin="command line"))
+    return kernels
+
+
+def _apply_entry_flags(k: KernelSpec, opts: CliOptions, from_config: bool, overrides: list[dict]) -> None:
+    """Command-line flags that replace per-entry fields (recorded as overrides), then whether
+    the entry runs in the harness."""
+    if opts.testcase:
+        new = _shell_command(opts.testcase)
+        if from_config and k.testcase and k.testcase != new:
+            _record(overrides, f"{k.id}.testcase_command", k.testcase, new, "--testcase")
+        k.testcase = new
+    if opts.compile_cmd:
+        new = _shell_command(opts.compile_cmd)
+        if from_config and k.compile and k.compile != new:
+            _record(overrides, f"{k.id}.compile_command", k.compile, new, "--compile-cmd")
+        k.compile = new
+    if opts.type and from_config:
+        alias = {"torch": "pytorch", "py": "pytorch"}.get(opts.type, opts.type)
+        _record(overrides, f"{k.id}.type", k.type, alias, "--type")
+        k.type = alias
+    k.harness = (k.type in ("pytorch", "triton") and bool(k.source_files)
+                 and k.source_files[0].is_file()
+                 and follows_convention(k.source_files[0], k.get_inputs_func, k.model_class))
+
+
+def _check_kernels(kernels: list[KernelSpec], problems: list[str]) -> None:
     seen: dict[str, int] = {}
     for k in kernels:
         if k.id in seen:
@@ -261,24 +295,6 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
                 problems.append(f"{k.origin}: {k.id}.source_files: {src} does not exist")
         if k.reference_file is not None and not k.reference_file.is_file():
             problems.append(f"{k.origin}: {k.id}.reference_file: {k.reference_file} does not exist")
-
-    settings = _settings(cfg, doc, opts, framework, overrides, problems)
-    plan = Plan(mode=mode, kernels=kernels, settings=settings, overrides=overrides, warnings=warnings,
-                config_file=doc.path.resolve() if doc else None)
-    plan.environment = _environment(cfg, doc, opts, framework, overrides)
-    if plan.environment != "local":
-        problems.append(f"execution environment {plan.environment!r} is not supported: kernels run on this "
-                        "machine (use --environment local, or run the tool inside the container / on the node)")
-
-    if mode == "compare":
-        if len(kernels) < 2:
-            problems.append(f"compare needs at least 2 kernels, got {len(kernels)}")
-        else:
-            _choose_baseline(plan, opts, problems)
-    _check_correctness_paths(plan, problems)
-    if problems:
-        raise ConfigError(problems)
-    return plan
 
 
 def _select_only(kernels: list[KernelSpec], opts: CliOptions, overrides: list[dict],

@@ -23,19 +23,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from engine.errors import MagpieError
 from engine.runs.process import CancelToken, stop_process_group
 
 
-class WorkerError(Exception):
+class WorkerError(MagpieError):
     """The worker could not answer: it died, timed out or was cancelled."""
 
+    title = "kernel worker failed"
 
-class KernelRaised(Exception):
+
+class KernelRaised(MagpieError):
     """User code raised inside the worker; the worker is still alive."""
+
+    title = "kernel raised an exception"
 
     def __init__(self, message: str, tb: str = "") -> None:
         super().__init__(message)
         self.traceback = tb
+
+    def details(self) -> list[str]:
+        return self.traceback.rstrip().splitlines()
 
 
 class WorkerProcess:
@@ -303,25 +311,8 @@ class HarnessSession:
                 (selfs[0].load if selfs and selfs[0].state != "failed" else {})).get("set_meta", [])
         for idx, meta in enumerate(sets):
             for j in judges + selfs:
-                if j.state == "failed" or self.cancel.cancelled:
-                    continue
-                try:
-                    r = j.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="reference")
-                except (KernelRaised, WorkerError) as exc:
-                    self._fail(j, f"harness failed: {exc}")
-                    continue
-                errs = self._classify(j, r)
-                sc = r.get("self_check", {})
-                entry = {"seed": meta["seed"], "shape": meta["shape"], **sc}
-                if r.get("inputs_check"):
-                    errs.append(r["inputs_check"])
-                if errs:
-                    entry["passed"], entry["reason"] = False, errs[0]
-                j.seeds.append(entry)
-                j.output_bytes = max(j.output_bytes, int(r.get("output_bytes", 0)))
-                if not entry.get("passed"):
-                    self._fail(j, f"outputs failed the reference's self-check (seed {meta['seed']}, {meta['shape']} "
-                                  f"inputs): {entry.get('reason', 'mismatch')}")
+                if j.state != "failed" and not self.cancel.cancelled:
+                    self._self_check_set(j, idx, meta)
             if ref is not None and ref.state == "failed":
                 for m in judged:
                     if m.state != "failed":
@@ -330,45 +321,75 @@ class HarnessSession:
             for m in judged:
                 if m.state == "failed" or self.cancel.cancelled:
                     continue
-                try:
-                    c = m.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="kernel")
-                    local = self._classify(m, c)
-                    res = ref.worker.request("judge", self.s.correctness_timeout_s, index=idx, perturb=None,
-                                             outputs=c["outputs"], inputs=c["inputs"], rtol=self.s.rtol,
-                                             atol=self.s.atol, inplace=bool(getattr(m.spec, "inplace", False)))
-                    m.worker.request("release", self.s.correctness_timeout_s, handles=[c["handle"]])
-                except KernelRaised as exc:
-                    self._fail(m, f"the kernel raised on seed {meta['seed']} ({meta['shape']} inputs): {exc}")
-                    continue
-                except WorkerError as exc:
-                    if self.cancel.cancelled:
-                        break
-                    self._fail(m, f"harness failed: {exc}")
-                    continue
-                m.output_bytes = max(m.output_bytes, int(c.get("output_bytes", 0)))
-                entry = {"seed": meta["seed"], "shape": meta["shape"],
-                         **{k: v for k, v in res.items() if k not in ("ok", "inputs_check")}}
-                problems = local + ([res["inputs_check"]] if res.get("inputs_check") else [])
-                if problems:
-                    entry["passed"], entry["reason"] = False, problems[0]
-                m.seeds.append(entry)
-                if not entry.get("passed"):
-                    self._fail(m, f"outputs differ from the {self._ref_name()} (seed {meta['seed']}, {meta['shape']} "
-                                  f"inputs): {entry.get('reason', 'mismatch')}")
+                if not self._judge_set(m, idx, meta):
+                    break
         for m in self.members:
             if m.state == "pending" and not self.cancel.cancelled:
                 m.state = "checked"
             self.emit(m, "harness", {"failed": "FAILED", "checked": "SUCCESS"}.get(m.state, "CANCELLED"))
-        if self.cancel.cancelled:
+        if not self.cancel.cancelled and ref is not None and ref.state != "failed":
+            self._check_degenerate(ref)
+
+    def _self_check_set(self, j: Member, idx: int, meta: dict) -> None:
+        """The reference (or a kernel checked against itself) on input set ``idx``: finite, fully
+        written, the same answer twice, its inputs left alone."""
+        try:
+            r = j.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="reference")
+        except (KernelRaised, WorkerError) as exc:
+            self._fail(j, f"harness failed: {exc}")
             return
-        if ref is not None and ref.state != "failed":
-            try:
-                d = ref.worker.request("degenerate", self.s.correctness_timeout_s, rtol=self.s.rtol, atol=self.s.atol)
-                self.degenerate = d.get("degenerate")
-                ref.worker.request("release", self.s.correctness_timeout_s, references=True)
-            except (KernelRaised, WorkerError) as exc:
-                self.degenerate = None
-                ref.flags.append({"guard": "degenerate_test", "message": f"the degenerate-test check failed: {exc}"})
+        errs = self._classify(j, r)
+        entry = {"seed": meta["seed"], "shape": meta["shape"], **r.get("self_check", {})}
+        if r.get("inputs_check"):
+            errs.append(r["inputs_check"])
+        if errs:
+            entry["passed"], entry["reason"] = False, errs[0]
+        j.seeds.append(entry)
+        j.output_bytes = max(j.output_bytes, int(r.get("output_bytes", 0)))
+        if not entry.get("passed"):
+            self._fail(j, f"outputs failed the reference's self-check (seed {meta['seed']}, {meta['shape']} "
+                          f"inputs): {entry.get('reason', 'mismatch')}")
+
+    def _judge_set(self, m: Member, idx: int, meta: dict) -> bool:
+        """Kernel ``m`` on input set ``idx``, judged in the reference's worker. False when a cancel
+        stopped it (the caller stops judging)."""
+        ref = self.reference
+        try:
+            c = m.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="kernel")
+            local = self._classify(m, c)
+            res = ref.worker.request("judge", self.s.correctness_timeout_s, index=idx, perturb=None,
+                                     outputs=c["outputs"], inputs=c["inputs"], rtol=self.s.rtol,
+                                     atol=self.s.atol, inplace=bool(getattr(m.spec, "inplace", False)))
+            m.worker.request("release", self.s.correctness_timeout_s, handles=[c["handle"]])
+        except KernelRaised as exc:
+            self._fail(m, f"the kernel raised on seed {meta['seed']} ({meta['shape']} inputs): {exc}")
+            return True
+        except WorkerError as exc:
+            if self.cancel.cancelled:
+                return False
+            self._fail(m, f"harness failed: {exc}")
+            return True
+        m.output_bytes = max(m.output_bytes, int(c.get("output_bytes", 0)))
+        entry = {"seed": meta["seed"], "shape": meta["shape"],
+                 **{k: v for k, v in res.items() if k not in ("ok", "inputs_check")}}
+        problems = local + ([res["inputs_check"]] if res.get("inputs_check") else [])
+        if problems:
+            entry["passed"], entry["reason"] = False, problems[0]
+        m.seeds.append(entry)
+        if not entry.get("passed"):
+            self._fail(m, f"outputs differ from the {self._ref_name()} (seed {meta['seed']}, {meta['shape']} "
+                          f"inputs): {entry.get('reason', 'mismatch')}")
+        return True
+
+    def _check_degenerate(self, ref: Member) -> None:
+        """Would zeros, a constant or the input pass this test? Then it cannot tell kernels apart."""
+        try:
+            d = ref.worker.request("degenerate", self.s.correctness_timeout_s, rtol=self.s.rtol, atol=self.s.atol)
+            self.degenerate = d.get("degenerate")
+            ref.worker.request("release", self.s.correctness_timeout_s, references=True)
+        except (KernelRaised, WorkerError) as exc:
+            self.degenerate = None
+            ref.flags.append({"guard": "degenerate_test", "message": f"the degenerate-test check failed: {exc}"})
 
     def _ref_name(self) -> str:
         ref = self.reference
@@ -390,83 +411,26 @@ class HarnessSession:
             if m.worker is not None and m is not self.reference and (m.state == "failed" or m.rejections):
                 m.worker.close()
         timed = [m for m in self.members if m.timed and m.state == "checked" and not m.rejections]
-        if not timed:
-            return
         plans: dict[str, dict] = {}
         for m in timed:
-            timer = self._timer(m)
-            m.state = "timing"
-            self.emit(m, "performance", "running")
-            try:
-                w = m.worker.request("warm", self.s.perf_timeout_s, warmup=self.s.warmup, l2_flush=self.s.l2_flush,
-                                     timer=timer)
-            except (KernelRaised, WorkerError) as exc:
-                if self._timing_failed(m, f"warm-up failed: {exc}"):
-                    return
-                continue
-            _add_new(m.rejections, w.get("guard_errors", []))
-            est_s = max(w["estimate_ms"] / 1e3, 1e-7)
-            if self.s.repeats:
-                repeats = int(self.s.repeats)
-            elif timer == "wall":
-                repeats = int(min(200, max(10, math.ceil(2.0 / est_s))))
-            else:
-                repeats = int(min(1000, max(100, math.ceil(0.5 / est_s))))
-            rounds = max(1, min(self.s.rounds, repeats))
-            plans[m.key] = {"timer": timer, "repeats": repeats, "rounds": rounds,
-                            "per_round": math.ceil(repeats / rounds), "warm": w}
+            plan = self._warm(m)
+            if self.cancel.cancelled:
+                return
+            if plan is not None:
+                plans[m.key] = plan
         timed = [m for m in timed if m.key in plans and not m.rejections]
         if not timed:
             return
         n_rounds = max((plans[m.key]["rounds"] for m in timed), default=0)
-        judge = self.reference
         for r in range(-1, n_rounds):
             # Round -1 warms every kernel up under the same conditions as the timed rounds (the
             # first rounds after the others' start-up and correctness ran slow on a busy CPU);
-            # its samples are dropped. ABBA: rotate every second round and reverse every other one, so no kernel always
-            # runs first, or right after the judge's work.
+            # its samples are dropped. ABBA: rotate every second round and reverse every other
+            # one, so no kernel always runs first, or right after the judge's work.
             k = (max(r, 0) // 2) % len(timed)
             order = timed[k:] + timed[:k]
-            if r % 2:
-                order = order[::-1]
-            pending: list[tuple[Member, list[dict]]] = []
-            for m in order:
-                if self.cancel.cancelled:
-                    return
-                if m.state != "timing" or r >= plans[m.key]["rounds"]:
-                    continue
-                p = plans[m.key]
-                try:
-                    # Every timed kernel keeps outputs the same way (the judge's own are dropped
-                    # unjudged), so none of them runs under other allocation conditions.
-                    rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
-                                           keep=1 if judge is not None else 0)
-                except (KernelRaised, WorkerError) as exc:
-                    if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}"):
-                        return
-                    continue
-                _add_new(m.timing_rejections, rep.get("guard_errors", []))
-                wall, span = rep["_wall_s"], rep["round_span_s"]
-                if span < 0.5 * wall - 0.05:
-                    m.timing_rejections.append(f"the kernel's process clock disagrees with the harness's: it counted "
-                                               f"{span:.3f} s for a round the harness saw take {wall:.3f} s "
-                                               "(clock tampered?)")
-                if r < 0:
-                    pending.append((m, rep.get("kept", [])))
-                    continue
-                m.rounds.append(rep["samples_ms"])
-                m.other_stream_calls += int(rep.get("other_stream_calls", 0))
-                if rep.get("events_ms"):
-                    m.events_rounds.append(rep["events_ms"])
-                pending.append((m, rep.get("kept", [])))
-            # Judged once the round is over: judging never sits between two kernels' timing.
-            # The judge's own kept calls go first: it needs the memory to judge the others.
-            pending.sort(key=lambda mk: mk[0] is not judge)
-            for m, kept in pending:
-                if m is judge:
-                    self._release(m, kept)
-                else:
-                    self._judge_kept(m, kept)
+            if not self._round(r, order[::-1] if r % 2 else order, plans):
+                return
         for m in timed:
             if m.state == "timing" and plans[m.key]["timer"] in ("events", "graph"):
                 self._audit_streams(m)
@@ -474,6 +438,71 @@ class HarnessSession:
             if m.state == "timing":
                 m.state = "timed"
                 self._finish_timing(m, plans[m.key])
+
+    def _warm(self, m: Member) -> Optional[dict]:
+        """Warm ``m`` up and plan its timing (repeats from the measured call time), or None."""
+        timer = self._timer(m)
+        m.state = "timing"
+        self.emit(m, "performance", "running")
+        try:
+            w = m.worker.request("warm", self.s.perf_timeout_s, warmup=self.s.warmup, l2_flush=self.s.l2_flush,
+                                 timer=timer)
+        except (KernelRaised, WorkerError) as exc:
+            self._timing_failed(m, f"warm-up failed: {exc}")
+            return None
+        _add_new(m.rejections, w.get("guard_errors", []))
+        est_s = max(w["estimate_ms"] / 1e3, 1e-7)
+        if self.s.repeats:
+            repeats = int(self.s.repeats)
+        elif timer == "wall":
+            repeats = int(min(200, max(10, math.ceil(2.0 / est_s))))
+        else:
+            repeats = int(min(1000, max(100, math.ceil(0.5 / est_s))))
+        rounds = max(1, min(self.s.rounds, repeats))
+        return {"timer": timer, "repeats": repeats, "rounds": rounds, "per_round": math.ceil(repeats / rounds),
+                "warm": w}
+
+    def _round(self, r: int, order: list[Member], plans: dict[str, dict]) -> bool:
+        """One round of every timed kernel in ``order``, then the judging of what they kept.
+        False when the run was cancelled."""
+        judge = self.reference
+        pending: list[tuple[Member, list[dict]]] = []
+        for m in order:
+            if self.cancel.cancelled:
+                return False
+            if m.state != "timing" or r >= plans[m.key]["rounds"]:
+                continue
+            p = plans[m.key]
+            try:
+                # Every timed kernel keeps outputs the same way (the judge's own are dropped
+                # unjudged), so none of them runs under other allocation conditions.
+                rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
+                                       keep=1 if judge is not None else 0)
+            except (KernelRaised, WorkerError) as exc:
+                if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}"):
+                    return False
+                continue
+            _add_new(m.timing_rejections, rep.get("guard_errors", []))
+            wall, span = rep["_wall_s"], rep["round_span_s"]
+            if span < 0.5 * wall - 0.05:
+                m.timing_rejections.append(f"the kernel's process clock disagrees with the harness's: it counted "
+                                           f"{span:.3f} s for a round the harness saw take {wall:.3f} s "
+                                           "(clock tampered?)")
+            if r >= 0:  # round -1's samples are dropped
+                m.rounds.append(rep["samples_ms"])
+                m.other_stream_calls += int(rep.get("other_stream_calls", 0))
+                if rep.get("events_ms"):
+                    m.events_rounds.append(rep["events_ms"])
+            pending.append((m, rep.get("kept", [])))
+        # Judged once the round is over: judging never sits between two kernels' timing.
+        # The judge's own kept calls go first: it needs the memory to judge the others.
+        pending.sort(key=lambda mk: mk[0] is not judge)
+        for m, kept in pending:
+            if m is judge:
+                self._release(m, kept)
+            else:
+                self._judge_kept(m, kept)
+        return True
 
     def _timing_failed(self, m: Member, why: str) -> bool:
         """Record why ``m`` could not be timed; True when the run was cancelled (stop timing)."""
