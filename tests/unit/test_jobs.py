@@ -169,3 +169,13 @@ def test_benchmark_and_trace_modes_in_process(tmp_path):
     assert len(trace.report["gap_analysis"]["top_kernels"]) == 3
     with pytest.raises(ConfigError):
         run_request(TraceRequest(trace_dir=str(SYNTHETIC), top_k=0), tmp_path / "trace")
+
+
+def test_analyze_in_process_with_an_event_listener(tmp_path):
+    seen = []
+    out = run_request(KernelRequest(mode="analyze", kernel_config=str(RMSNORM.parent / "analyze.yaml"), no_perf=True),
+                      tmp_path, sink=seen.append)
+    assert out.exit_code == 0 and out.state == "completed" and out.report_name == "analyze_report.json"
+    assert seen[0]["event"] == "run_started" and seen[-1]["event"] == "run_finished"
+    assert [e["event"] for e in seen] == [e["event"] for e in _events(out.workspace)]
+    assert any("workspace:" in str(d) for d in out.display)
