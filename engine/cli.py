@@ -15,6 +15,7 @@ from engine import __version__
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError, format_error
 from engine.runs.process import CancelToken, install_signal_handlers
+from engine.runs.schema import BENCHMARK_REPORT
 
 EXIT_CONFIG = 2
 
@@ -221,7 +222,7 @@ def _compare_reports(paths: list[str], console: Console) -> int:
     sides = []
     for p in paths:
         path = Path(p)
-        path = path / "benchmark_report.json" if path.is_dir() else path
+        path = path / BENCHMARK_REPORT if path.is_dir() else path
         try:
             report = json.loads(path.read_text())
         except (OSError, ValueError) as exc:

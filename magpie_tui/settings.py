@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from engine.errors import MagpieError
 from engine.runs.workspace import atomic_write_text
 
 
@@ -29,8 +30,10 @@ def config_path() -> Path:
     return base / "magpie" / "tui.yaml"
 
 
-class SettingsError(ValueError):
-    pass
+class SettingsError(MagpieError, ValueError):
+    """A settings file value that cannot be used; the message names the file and the key."""
+
+    title = "settings problem"
 
 
 @dataclass

@@ -13,13 +13,18 @@ from typing import Iterable
 import yaml
 from textual.theme import Theme
 
+from engine.errors import MagpieError
+
 DEFAULT_THEME = "magpie-dark"
 _THEME_FIELDS = ("primary", "secondary", "accent", "warning", "error", "success", "foreground",
                  "background", "surface", "panel", "boost", "dark", "luminosity_spread", "text_alpha", "ansi")
 
 
-class ThemeFileError(ValueError):
-    pass
+class ThemeFileError(MagpieError, ValueError):
+    """A theme file that cannot be used; the message names the file."""
+
+    title = "theme file problem"
+    hint = "see themes/magpie-dark.yaml for a complete theme"
 
 
 def theme_from_file(path: Path) -> Theme:

@@ -68,7 +68,7 @@ def container_spec(cfg: BenchmarkConfig, command: ServerCommand, *, arch: Option
 
 
 class DockerServer:
-    """A server container; the ``LocalServer`` interface (start, stop, model_id, ready_s)."""
+    """A server container; the ``launch.Server`` interface (start, stop, model_id, ready_s, base_url)."""
 
     def __init__(self, spec: dict[str, Any], base_url: str, log_path: Path, *, ready_timeout_s: float = 2700.0,
                  docker_url: Optional[str] = None, cancelled: Callable[[], bool] = lambda: False) -> None:

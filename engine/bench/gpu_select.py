@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional, Sequence
 
+from engine.errors import MagpieError
 from engine.hw.detect import find_tool, run_tool
 
 Runner = Callable[[Sequence[str]], "tuple[int, str]"]
@@ -34,8 +35,10 @@ class GpuState:
         return asdict(self)
 
 
-class GpuSelectionError(Exception):
-    pass
+class GpuSelectionError(MagpieError):
+    """No usable set of GPUs could be chosen, or the vendor tool's output was not understood."""
+
+    title = "GPU selection failed"
 
 
 def parse_nvidia(gpus_csv: str, apps_csv: str) -> list[GpuState]:

@@ -23,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from engine.errors import MagpieError
+
 # on_body(data, stamp) gets the body bytes of one read and the perf_counter() of that read;
 # returning True stops the response there (the connection is closed, not reused).
 BodySink = Callable[[bytes, float], "bool | None"]
@@ -34,8 +36,10 @@ _ERROR_BODY_LIMIT = 4096
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
 
-class HTTPError(Exception):
+class HTTPError(MagpieError):
     """The response could not be read: malformed, or the connection ended before it was complete."""
+
+    title = "bad HTTP response"
 
 
 @dataclass
@@ -45,6 +49,18 @@ class Response:
     headers: dict[str, str]
     # The body when the status is not 200 (its first 4 KiB): with 200 it went to on_body instead.
     error_body: bytes = b""
+
+
+def _check_partial_head(size: int) -> None:
+    """A read ended inside the response head, ``size`` bytes of it so far: refuse a head that is too large."""
+    if size > _MAX_HEAD:
+        raise HTTPError("response head larger than 64 KiB")
+
+
+def _check_partial_chunk_size(size: int) -> None:
+    """A read ended inside a chunk-size line, ``size`` bytes of it so far: refuse a line that is too long."""
+    if size > 1024:
+        raise HTTPError("chunk-size line longer than 1 KiB")
 
 
 class ResponseParser:
@@ -87,9 +103,8 @@ class ResponseParser:
                     self.state = _CHUNK_END if st == _CHUNK_DATA else _DONE
             elif st == _CHUNK_SIZE:
                 eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    if n - pos > 1024:
-                        raise HTTPError("chunk-size line longer than 1 KiB")
+                if eol < 0:  # the read ended inside the chunk-size line
+                    _check_partial_chunk_size(n - pos)
                     break
                 line = buf[pos:eol].split(b";", 1)[0].strip()
                 try:
@@ -116,21 +131,16 @@ class ResponseParser:
                 pos = n
             elif st == _HEAD:
                 end = buf.find(b"\r\n\r\n", pos)
-                if end < 0:
-                    if n - pos > _MAX_HEAD:
-                        raise HTTPError("response head larger than 64 KiB")
+                if end < 0:  # the read ended inside the head
+                    _check_partial_head(n - pos)
                     break
                 head = buf[pos:end]
                 pos = end + 4
                 self._start_body(head)
-            elif st == _TRAILER:
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
+            elif st == _TRAILER:  # once a response, after the last chunk
+                pos = self._skip_trailer(buf, pos)
+                if self.state != _DONE:
                     break
-                empty = eol == pos
-                pos = eol + 2
-                if empty:
-                    self.state = _DONE
             else:  # _DONE
                 if pos < n:
                     self.keep_alive = False  # bytes after the response: do not trust this connection
@@ -138,6 +148,19 @@ class ResponseParser:
         self.buf = buf[pos:] if pos < n and self.state != _DONE else b""
         if pieces:
             self._deliver(b"".join(pieces) if len(pieces) > 1 else pieces[0], now)
+
+    def _skip_trailer(self, buf: bytes, pos: int) -> int:
+        """Skip the complete trailer lines from ``pos`` (trailers are not kept); the empty line that ends them
+        ends the response. Returns where the unread bytes start."""
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return pos
+            empty = eol == pos
+            pos = eol + 2
+            if empty:
+                self.state = _DONE
+                return pos
 
     def eof(self) -> None:
         """The connection closed. Raises HTTPError if the response was not complete."""

@@ -23,17 +23,20 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 from engine.config.benchmark import BenchmarkConfig
+from engine.errors import MagpieError
 from engine.runs.process import stop_process_group
 
 READY_POLL_S = 0.5
 STOP_GRACE_S = 15.0
 
 
-class LaunchError(Exception):
-    pass
+class LaunchError(MagpieError):
+    """The inference server could not be started or did not become ready."""
+
+    title = "server launch failed"
 
 
 @dataclass
@@ -198,6 +201,21 @@ def local_argv(argv: list[str], env: dict[str, str]) -> tuple[list[str], Optiona
                  f"starting the same server as `{python} -m vllm.entrypoints.openai.api_server --model ...`")
 
 
+@runtime_checkable
+class Server(Protocol):
+    """A started inference server, whichever run mode started it (``LocalServer``, ``DockerServer``):
+    the model id it serves (from ``/v1/models``), how long it took to answer, where it answers, and
+    how to stop it (idempotent; it also cleans up after a failed start)."""
+
+    model_id: Optional[str]
+    ready_s: Optional[float]
+
+    @property
+    def base_url(self) -> str: ...
+
+    def stop(self) -> object: ...
+
+
 class LocalServer:
     """A server process in its own process group. Use as a context manager.
 
@@ -214,6 +232,10 @@ class LocalServer:
         self.proc: Optional[subprocess.Popen] = None
         self.model_id: Optional[str] = None
         self.ready_s: Optional[float] = None
+
+    @property
+    def base_url(self) -> str:
+        return self.command.base_url
 
     def start(self) -> "LocalServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

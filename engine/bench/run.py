@@ -13,18 +13,20 @@ import os
 import platform
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from engine.bench.dataset import sample_random_requests
 from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
-from engine.bench.launch import LaunchError, LocalServer, free_port, server_command
+from engine.bench.launch import LaunchError, LocalServer, Server, ServerCommand, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
 from engine.bench.metrics import aggregate_repeats, detailed_lists
 from engine.bench.tokenizers import TokenizerError, load_tokenizer
 from engine.config.benchmark import BenchmarkConfig
 from engine.runs.process import CancelToken
+from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, RunState, StageState
 from engine.runs.workspace import Workspace
 
 # Token ids a random prompt may use, per built-in preset (its byte tokenizer reserves 256/257).
@@ -66,6 +68,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     envs = cfg.effective_envs()
     profiled = cfg.profiler.torch_profiler.enabled
     report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "success": False, "framework": cfg.framework, "model": cfg.model or cfg.server.size,
         "run_kind": cfg.effective_run_kind(), "profiling_enabled": profiled, "reward_eligible": False,
         "workspace_dir": str(ws.root), "overrides": overrides, "warnings": warnings, "errors": [],
@@ -77,10 +80,11 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     trace_dir = ws.path("torch_trace") if profiled else None
     if trace_dir is not None:
         trace_dir.mkdir(exist_ok=True)
-    server: Any = None  # LocalServer or DockerServer
+    run = BenchRun(cfg, ws, cancel, report, warnings, log, envs, trace_dir)
+    server: Optional[Server] = None
     monitor: Optional[GpuMonitor] = None
     chosen: list[GpuState] = []
-    state = "failed"
+    state = RunState.FAILED
     tokenizer_name = cfg.effective_tokenizer()
     report["dataset"] = {"name": "random", "prompts": "text" if tokenizer_name else "token ids",
                          "tokenizer": tokenizer_name, "prefix_len": cfg.client.prefix_len}
@@ -88,110 +92,12 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         # Before the server starts: a tokenizer that cannot load should not cost a server start.
         tokenizer = load_tokenizer(tokenizer_name) if tokenizer_name else None
         if cfg.client.base_url:
-            base_url, model = cfg.client.base_url.rstrip("/"), cfg.model or cfg.server.size
-            report["server"] = {"base_url": base_url, "launched": False}
+            report["server"] = {"base_url": cfg.client.base_url.rstrip("/"), "launched": False}
         else:
-            ready_timeout = min(cfg.server_lifecycle.server_ready_timeout_s, cfg.timeout_seconds)
             chosen = _select_gpus(cfg, report, log)
-            if cfg.run_mode == "docker":
-                server, cmd, base_url, extra = _start_container(cfg, ws, trace_dir, ready_timeout, cancel, log,
-                                                                chosen)
-            else:
-                cmd = server_command(cfg, free_port(), trace_dir)
-                cmd.env.update(visible_devices(chosen))
-                ws.events.emit("stage", stage="server", state="running", argv=cmd.argv)
-                log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
-                server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=ready_timeout,
-                                     cancelled=lambda: cancel.cancelled).start()
-                base_url, extra = cmd.base_url, {}
-            model = server.model_id or cfg.model or cfg.server.size
-            report["server"] = {"base_url": base_url, "launched": True, "run_mode": cfg.run_mode, "argv": cmd.argv,
-                                "env": cmd.env, "ready_s": server.ready_s, "log": str(ws.path("server.log")), **extra}
-            ws.events.emit("stage", stage="server", state="SUCCESS", ready_s=server.ready_s)
-        if cfg.profiler.gpu_monitor.enabled:
-            ids = [s.uuid if s.vendor == "nvidia" else str(s.smi_index) for s in chosen] if cfg.client.base_url is None \
-                else []
-            monitor = GpuMonitor(ids or None, cfg.profiler.gpu_monitor.interval_sec).start()
-        if tokenizer is not None:
-            vocab, special = None, ()
-        elif cfg.framework == "builtin":
-            vocab, special = _BUILTIN_VOCAB.get(cfg.server.size, 512), _BUILTIN_SPECIAL
-        else:
-            vocab, special = int(envs.get("VOCAB_SIZE", "32000")), ()
-            warnings.append(f"random prompts use token ids below VOCAB_SIZE={vocab} (set envs.VOCAB_SIZE to the "
-                            "model's vocabulary size)")
-        sweep_results = []
-        for point in _points(cfg):
-            conc = int(point.get("concurrency", envs["CONC"]))
-            isl = int(point.get("input_len", envs["ISL"]))
-            osl = int(point.get("output_len", envs["OSL"]))
-            rate = point.get("request_rate", cfg.client.request_rate) or math.inf
-            num_prompts = int(envs["NUM_PROMPTS"]) if "concurrency" not in point else conc * 10
-            runs = []
-            for rep in range(cfg.client.repeats):
-                if cancel.cancelled:
-                    break
-                requests = sample_random_requests(num_prompts, input_len=isl, output_len=osl,
-                                                  range_ratio=float(envs["RANDOM_RANGE_RATIO"]),
-                                                  prefix_len=cfg.client.prefix_len,
-                                                  seed=cfg.client.seed + rep, vocab_size=vocab, special_ids=special,
-                                                  tokenizer=tokenizer)
-                lg = LoadGenerator(LoadGenConfig(base_url=base_url, model=model,
-                                                 endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
-                                                 else "/v1/completions",
-                                                 request_rate=rate, burstiness=cfg.client.burstiness,
-                                                 max_concurrency=conc, num_warmups=cfg.client.warmup,
-                                                 seed=cfg.client.seed + rep,
-                                                 request_timeout_s=cfg.timeout_seconds,
-                                                 http_client=cfg.client.http_client),
-                                   requests, on_progress=lambda phase, done, total, _o, rep=rep, point=point:
-                                   ws.events.emit("progress", phase=phase, done=done, total=total, repeat=rep,
-                                                  point=point) if done == total or done % 10 == 0 else None)
-                cancel_watch = _watch_cancel(cancel, lg)
-                # The profiler covers every repeat of the first point, so all of them run under the
-                # same conditions (a profiled run is diagnostic: its numbers are not a baseline).
-                if profiled and rep == 0 and not sweep_results:
-                    # After the warm-up: the trace's bounded step window holds the measured load.
-                    lg.before_measure = lambda: _post(base_url + "/start_profile", 60, _profile_body(cfg))
-                result_obj = _run(lg)
-                if profiled and rep == cfg.client.repeats - 1 and not sweep_results:
-                    log("stopping the profiler (the server flushes its traces)...")
-                    try:
-                        _post(base_url + "/stop_profile", cfg.profiler.torch_profiler.flush_timeout_seconds)
-                    except OSError as exc:  # e.g. it already stopped by itself after num_steps
-                        warnings.append(f"/stop_profile: {exc}")
-                cancel_watch()
-                result = result_obj.metrics(goodput_slos=cfg.client.goodput or None).to_result()
-                errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
-                result["errors"] = errors[:10]
-                if cancel.cancelled and runs:
-                    # A repeat cut short is not a sample of the same workload: keep it out of the
-                    # statistics (the first repeat stays, marked, so a cancelled run still reports).
-                    log(f"repeat {rep + 1} cut short by the cancel: left out of the repeat statistics")
-                    break
-                result["cut_short"] = bool(cancel.cancelled)
-                # Per-request lists (vLLM's --save-detailed fields), for latency distributions.
-                ws.write_json(f"requests/point{len(sweep_results)}_repeat{rep}.json",
-                              detailed_lists(result_obj.outputs))
-                runs.append(result)
-                log(f"point {point or 'default'} repeat {rep + 1}/{cfg.client.repeats}: "
-                    f"{result['completed']} ok, {result['failed']} failed, "
-                    f"{result['output_throughput']:.1f} output tok/s, TTFT p50 {result['median_ttft_ms']:.1f} ms")
-            sweep_results.append({"point": {"concurrency": conc, "input_len": isl, "output_len": osl,
-                                            "request_rate": None if rate == math.inf else rate,
-                                            "num_prompts": num_prompts},
-                                  "runs": runs, "repeats": aggregate_repeats(runs) if len(runs) > 1 else None})
-        first = sweep_results[0]["runs"][0] if sweep_results and sweep_results[0]["runs"] else {}
-        report["result"] = first
-        report["throughput"] = _throughput_section(first)
-        report["latency"] = _latency_section(first)
-        report["repeats"] = sweep_results[0]["repeats"] if sweep_results else None
-        report["sweep"] = sweep_results if len(sweep_results) > 1 else None
-        report["success"] = bool(first) and first.get("completed", 0) > 0 and not cancel.cancelled
-        report["reward_eligible"] = report["success"] and report["run_kind"] == "measurement"
-        if first.get("failed"):
-            report["errors"].append(f"{first['failed']} request(s) failed: {'; '.join(first.get('errors', []))}")
-        state = "cancelled" if cancel.cancelled else ("completed" if report["success"] else "failed")
+            server = _start_server(run, chosen)
+        monitor = _start_monitor(cfg, chosen)
+        state = _assemble_results(run, _run_points(run, _load_target(run, server, tokenizer)))
     except (LaunchError, OSError, TokenizerError) as exc:
         report["errors"].append(str(exc))
     finally:
@@ -199,18 +105,225 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
             monitor.stop()
             report["gpu_monitor"] = monitor.summary()
         if server is not None:
-            ws.events.emit("stage", stage="server", state="stopping")
+            ws.events.emit("stage", stage="server", state=StageState.STOPPING)
             server.stop()
     if cancel.cancelled:
-        state = "cancelled"  # also when the cancel interrupted the server's start
-    if profiled and trace_dir is not None and state == "completed":
+        state = RunState.CANCELLED  # also when the cancel interrupted the server's start
+    if profiled and trace_dir is not None and state == RunState.COMPLETED:
         _analyse_traces(cfg, ws, trace_dir, report, log)
     report["state"] = state
     report["execution_time"] = round(time.time() - started, 3)
-    ws.write_json("benchmark_report.json", report)
+    ws.write_json(BENCHMARK_REPORT, report)
     ws.write_text("summary.txt", summary_text(report))
-    code = 130 if state == "cancelled" else (0 if report["success"] else 1)
+    code = 130 if state == RunState.CANCELLED else (0 if report["success"] else 1)
     return code, report
+
+
+@dataclass
+class BenchRun:
+    """What every step of one benchmark run shares (the report is filled in as the steps go)."""
+    cfg: BenchmarkConfig
+    ws: Workspace
+    cancel: CancelToken
+    report: dict[str, Any]
+    warnings: list[str]
+    log: Callable[[str], None]
+    envs: dict[str, str]
+    trace_dir: Optional[Path]  # where the server writes torch traces; None when not profiled
+
+
+@dataclass
+class Launched:
+    """What a launcher started: the server, the command it runs (argv and env go into the report)
+    and the report's run-mode-specific ``server`` keys."""
+    server: Server
+    command: ServerCommand
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# run_mode -> launcher(run, ready_timeout_s, gpus): starts the server, or raises LaunchError.
+ServerLauncher = Callable[[BenchRun, float, list[GpuState]], Launched]
+
+
+def _start_local(run: BenchRun, ready_timeout: float, chosen: list[GpuState]) -> Launched:
+    """The server as a process group on this host, pinned to the chosen GPUs."""
+    cfg, ws = run.cfg, run.ws
+    cmd = server_command(cfg, free_port(), run.trace_dir)
+    cmd.env.update(visible_devices(chosen))
+    ws.events.emit("stage", stage="server", state=StageState.RUNNING, argv=cmd.argv)
+    run.log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
+    server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=ready_timeout,
+                         cancelled=lambda: run.cancel.cancelled).start()
+    return Launched(server, cmd)
+
+
+def _start_server(run: BenchRun, chosen: list[GpuState]) -> Server:
+    """Start the server the run mode names and record it in the report; it is ready when this returns."""
+    cfg = run.cfg
+    launcher = SERVER_LAUNCHERS.get(cfg.run_mode)
+    if launcher is None:
+        raise LaunchError(f"run_mode {cfg.run_mode!r}: no server launcher (known: {', '.join(SERVER_LAUNCHERS)})")
+    ready_timeout = min(cfg.server_lifecycle.server_ready_timeout_s, cfg.timeout_seconds)
+    launched = launcher(run, ready_timeout, chosen)
+    server, cmd = launched.server, launched.command
+    try:
+        run.report["server"] = {"base_url": server.base_url, "launched": True, "run_mode": cfg.run_mode,
+                                "argv": cmd.argv, "env": cmd.env, "ready_s": server.ready_s,
+                                "log": str(run.ws.path("server.log")), **launched.extra}
+        run.ws.events.emit("stage", stage="server", state=StageState.SUCCESS, ready_s=server.ready_s)
+    except BaseException:
+        server.stop()  # the caller only stops a server it was handed
+        raise
+    return server
+
+
+def _start_monitor(cfg: BenchmarkConfig, chosen: list[GpuState]) -> Optional[GpuMonitor]:
+    if not cfg.profiler.gpu_monitor.enabled:
+        return None
+    ids = [s.uuid if s.vendor == "nvidia" else str(s.smi_index) for s in chosen] if cfg.client.base_url is None \
+        else []
+    return GpuMonitor(ids or None, cfg.profiler.gpu_monitor.interval_sec).start()
+
+
+@dataclass
+class LoadTarget:
+    """Where the load goes, and how its random prompts are made."""
+    base_url: str
+    model: str
+    tokenizer: Any  # None: token-id prompts
+    vocab: Optional[int]
+    special: tuple[int, ...]
+
+
+def _load_target(run: BenchRun, server: Optional[Server], tokenizer: Any) -> LoadTarget:
+    cfg, envs = run.cfg, run.envs
+    if server is not None:
+        base_url, model = server.base_url, server.model_id or cfg.model or cfg.server.size
+    else:
+        base_url, model = (cfg.client.base_url or "").rstrip("/"), cfg.model or cfg.server.size
+    if tokenizer is not None:
+        vocab, special = None, ()
+    elif cfg.framework == "builtin":
+        vocab, special = _BUILTIN_VOCAB.get(cfg.server.size, 512), _BUILTIN_SPECIAL
+    else:
+        vocab, special = int(envs.get("VOCAB_SIZE", "32000")), ()
+        run.warnings.append(f"random prompts use token ids below VOCAB_SIZE={vocab} (set envs.VOCAB_SIZE to the "
+                            "model's vocabulary size)")
+    return LoadTarget(base_url, model, tokenizer, vocab, special)
+
+
+@dataclass
+class _Shape:
+    """One sweep point's load: concurrency, lengths, rate and prompt count."""
+    conc: int
+    isl: int
+    osl: int
+    rate: float
+    num_prompts: int
+
+    @classmethod
+    def of(cls, point: dict[str, Any], cfg: BenchmarkConfig, envs: dict[str, str]) -> "_Shape":
+        conc = int(point.get("concurrency", envs["CONC"]))
+        return cls(conc=conc, isl=int(point.get("input_len", envs["ISL"])),
+                   osl=int(point.get("output_len", envs["OSL"])),
+                   rate=point.get("request_rate", cfg.client.request_rate) or math.inf,
+                   num_prompts=int(envs["NUM_PROMPTS"]) if "concurrency" not in point else conc * 10)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"concurrency": self.conc, "input_len": self.isl, "output_len": self.osl,
+                "request_rate": None if self.rate == math.inf else self.rate, "num_prompts": self.num_prompts}
+
+
+def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
+    """Every sweep point, ``client.repeats`` times; the torch profiler covers the first point."""
+    sweep_results = []
+    for index, point in enumerate(_points(run.cfg)):
+        shape = _Shape.of(point, run.cfg, run.envs)
+        runs = _run_repeats(run, target, point, index, shape)
+        sweep_results.append({"point": shape.to_dict(), "runs": runs,
+                              "repeats": aggregate_repeats(runs) if len(runs) > 1 else None})
+    return sweep_results
+
+
+def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shape, rep: int) -> LoadGenerator:
+    cfg, ws, envs = run.cfg, run.ws, run.envs
+    requests = sample_random_requests(shape.num_prompts, input_len=shape.isl, output_len=shape.osl,
+                                      range_ratio=float(envs["RANDOM_RANGE_RATIO"]),
+                                      prefix_len=cfg.client.prefix_len,
+                                      seed=cfg.client.seed + rep, vocab_size=target.vocab, special_ids=target.special,
+                                      tokenizer=target.tokenizer)
+    return LoadGenerator(LoadGenConfig(base_url=target.base_url, model=target.model,
+                                       endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
+                                       else "/v1/completions",
+                                       request_rate=shape.rate, burstiness=cfg.client.burstiness,
+                                       max_concurrency=shape.conc, num_warmups=cfg.client.warmup,
+                                       seed=cfg.client.seed + rep,
+                                       request_timeout_s=cfg.timeout_seconds,
+                                       http_client=cfg.client.http_client),
+                         requests, on_progress=lambda phase, done, total, _o, rep=rep, point=point:
+                         ws.events.emit("progress", phase=phase, done=done, total=total, repeat=rep,
+                                        point=point) if done == total or done % 10 == 0 else None)
+
+
+def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, shape: _Shape) -> list[dict]:
+    """One sweep point's repeats: their results, less a repeat that a cancel cut short."""
+    cfg, cancel, base_url = run.cfg, run.cancel, target.base_url
+    # The profiler covers every repeat of the first point, so all of them run under the
+    # same conditions (a profiled run is diagnostic: its numbers are not a baseline).
+    profiled = cfg.profiler.torch_profiler.enabled and index == 0
+    runs: list[dict] = []
+    for rep in range(cfg.client.repeats):
+        if cancel.cancelled:
+            break
+        lg = _load_generator(run, target, point, shape, rep)
+        cancel_watch = _watch_cancel(cancel, lg)
+        if profiled and rep == 0:
+            # After the warm-up: the trace's bounded step window holds the measured load.
+            lg.before_measure = lambda: _post(base_url + "/start_profile", 60, _profile_body(cfg))
+        result_obj = _run(lg)
+        if profiled and rep == cfg.client.repeats - 1:
+            _stop_profiler(run, base_url)
+        cancel_watch()
+        result = result_obj.metrics(goodput_slos=cfg.client.goodput or None).to_result()
+        errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
+        result["errors"] = errors[:10]
+        if cancel.cancelled and runs:
+            # A repeat cut short is not a sample of the same workload: keep it out of the
+            # statistics (the first repeat stays, marked, so a cancelled run still reports).
+            run.log(f"repeat {rep + 1} cut short by the cancel: left out of the repeat statistics")
+            break
+        result["cut_short"] = bool(cancel.cancelled)
+        # Per-request lists (vLLM's --save-detailed fields), for latency distributions.
+        run.ws.write_json(f"requests/point{index}_repeat{rep}.json", detailed_lists(result_obj.outputs))
+        runs.append(result)
+        run.log(f"point {point or 'default'} repeat {rep + 1}/{cfg.client.repeats}: "
+                f"{result['completed']} ok, {result['failed']} failed, "
+                f"{result['output_throughput']:.1f} output tok/s, TTFT p50 {result['median_ttft_ms']:.1f} ms")
+    return runs
+
+
+def _stop_profiler(run: BenchRun, base_url: str) -> None:
+    run.log("stopping the profiler (the server flushes its traces)...")
+    try:
+        _post(base_url + "/stop_profile", run.cfg.profiler.torch_profiler.flush_timeout_seconds)
+    except OSError as exc:  # e.g. it already stopped by itself after num_steps
+        run.warnings.append(f"/stop_profile: {exc}")
+
+
+def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
+    """The report's result sections (the first point's first repeat, its repeats, the sweep); the run's state."""
+    report, cancel = run.report, run.cancel
+    first = sweep_results[0]["runs"][0] if sweep_results and sweep_results[0]["runs"] else {}
+    report["result"] = first
+    report["throughput"] = _throughput_section(first)
+    report["latency"] = _latency_section(first)
+    report["repeats"] = sweep_results[0]["repeats"] if sweep_results else None
+    report["sweep"] = sweep_results if len(sweep_results) > 1 else None
+    report["success"] = bool(first) and first.get("completed", 0) > 0 and not cancel.cancelled
+    report["reward_eligible"] = report["success"] and report["run_kind"] == "measurement"
+    if first.get("failed"):
+        report["errors"].append(f"{first['failed']} request(s) failed: {'; '.join(first.get('errors', []))}")
+    return RunState.CANCELLED if cancel.cancelled else (RunState.COMPLETED if report["success"] else RunState.FAILED)
 
 
 _PINNING_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -239,11 +352,10 @@ def _select_gpus(cfg: BenchmarkConfig, report: dict, log: Callable[[str], None])
     return chosen
 
 
-def _start_container(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Optional[Path], ready_timeout: float,
-                     cancel: CancelToken, log: Callable[[str], None],
-                     chosen: list[GpuState]) -> tuple[Any, Any, str, dict]:
+def _start_container(run: BenchRun, ready_timeout: float, chosen: list[GpuState]) -> Launched:
     """The server in a container (docker SDK): image by framework x GPU arch, GPUs by vendor."""
     from engine.bench.docker_launch import CONTAINER_PORT, DockerServer, container_spec
+    cfg, ws, log = run.cfg, run.ws, run.log
     if cfg.framework == "builtin":
         raise LaunchError("the built-in server runs on this host: use --run-mode local")
     arch = cfg.gpu_arch
@@ -251,17 +363,21 @@ def _start_container(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Optional[Pa
         from engine.hw.detect import detect_gpu
         info = detect_gpu()
         arch = info.arch if info is not None else None
-    cmd = server_command(cfg, CONTAINER_PORT, trace_dir, host="0.0.0.0")
+    cmd = server_command(cfg, CONTAINER_PORT, run.trace_dir, host="0.0.0.0")
     host_port = free_port()
     gpus = ([s.uuid for s in chosen] if chosen[0].vendor == "nvidia" else [str(s.runtime_index) for s in chosen]) \
         if chosen else None
     spec = container_spec(cfg, cmd, arch=arch, workspace=ws.root, host_port=host_port, gpus=gpus)
     log(f"starting {cfg.framework} in a container from {spec['image']}")
-    ws.events.emit("stage", stage="server", state="running", image=spec["image"], argv=cmd.argv)
+    ws.events.emit("stage", stage="server", state=StageState.RUNNING, image=spec["image"], argv=cmd.argv)
     base_url = f"http://127.0.0.1:{host_port}"
     server = DockerServer(spec, base_url, ws.path("server.log"), ready_timeout_s=ready_timeout,
-                          cancelled=lambda: cancel.cancelled).start()
-    return server, cmd, base_url, {"image": spec["image"], "gpu_arch": arch, "container": spec["name"]}
+                          cancelled=lambda: run.cancel.cancelled).start()
+    return Launched(server, cmd, {"image": spec["image"], "gpu_arch": arch, "container": spec["name"]})
+
+
+# How each ``run_mode`` starts its server; a new mode (a remote host, Ray) adds its launcher here.
+SERVER_LAUNCHERS: dict[str, ServerLauncher] = {"local": _start_local, "docker": _start_container}
 
 
 def _profile_body(cfg: BenchmarkConfig) -> dict:

@@ -9,6 +9,7 @@ installed where a benchmark wants one (vLLM and SGLang environments have it).
 from __future__ import annotations
 
 from engine.bench.dataset import Tokenizer
+from engine.errors import MagpieError
 from engine.serve.tokenizer import BOS_ID, decode
 
 BUILTIN = "builtin"
@@ -33,8 +34,10 @@ class BuiltinTokenizer:
         return decode(ids)
 
 
-class TokenizerError(Exception):
+class TokenizerError(MagpieError):
     """The tokenizer cannot be loaded; the message says why and what to do."""
+
+    title = "tokenizer unavailable"
 
 
 def load_tokenizer(name: str, *, trust_remote_code: bool = False) -> Tokenizer:

@@ -10,13 +10,25 @@ from typing import Any, Callable, Iterable
 
 import yaml
 
+from engine.errors import MagpieError
 
-class ConfigError(Exception):
+
+class ConfigError(MagpieError):
     """A config problem, already phrased for the user: file:line, field, what is expected."""
+
+    title = "configuration problem"
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = problems
         super().__init__("\n".join(problems))
+
+    @property
+    def message(self) -> str:
+        # str() stays the problem list (callers print it); the rendered form lists them as details.
+        return "nothing was run"
+
+    def details(self) -> list[str]:
+        return list(self.problems)
 
 
 @dataclass

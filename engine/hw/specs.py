@@ -366,15 +366,12 @@ def _positive(value: Any) -> bool:
     )
 
 
-def load_arch_spec_file(path: str | Path) -> ArchSpec:
-    """Read a user's ArchSpec JSON (same fields as ArchSpec; memory_bw_tbs and
-    peak_tflops required). Raises ValueError naming the file, the field and what
-    was expected."""
-    p = Path(path)
+def _bad_field(p: Path, field_name: str, expected: str, got: Any) -> ValueError:
+    return ValueError(f"{p}: field '{field_name}': expected {expected}, got {got!r}")
 
-    def bad(field_name: str, expected: str, got: Any) -> ValueError:
-        return ValueError(f"{p}: field '{field_name}': expected {expected}, got {got!r}")
 
+def _read_json_object(p: Path) -> dict[str, Any]:
+    """The JSON object in ``p``; ValueError when it cannot be read, is not JSON or is not an object."""
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
@@ -383,7 +380,12 @@ def load_arch_spec_file(path: str | Path) -> ArchSpec:
         raise ValueError(f"{p}: not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a JSON object with ArchSpec fields, got {type(data).__name__}")
+    return data
 
+
+def _check_spec_fields(p: Path, data: dict[str, Any]) -> None:
+    """Field names (no unknown ones, the required ones present) and the types of every field but the dtype
+    tables, which :func:`_dtype_table` checks as it reads them."""
     known = {f.name for f in fields(ArchSpec)}
     for name in data:
         if name not in known:
@@ -394,35 +396,46 @@ def load_arch_spec_file(path: str | Path) -> ArchSpec:
 
     for name in _STR_FIELDS:
         if name in data and not isinstance(data[name], str):
-            raise bad(name, "a string", data[name])
+            raise _bad_field(p, name, "a string", data[name])
     if "vendor" in data and data["vendor"] not in ("nvidia", "amd"):
-        raise bad("vendor", '"nvidia" or "amd"', data["vendor"])
+        raise _bad_field(p, "vendor", '"nvidia" or "amd"', data["vendor"])
     for name in _NUM_FIELDS:
         if name in data and not _positive(data[name]):
-            raise bad(name, "a positive number", data[name])
-
-    def dtype_table(name: str, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
-        table = data.get(name, {})
-        if not isinstance(table, dict) or (name == "peak_tflops" and not table):
-            raise bad(name, "a non-empty object of dtype -> number", table)
-        out: dict[str, float] = {}
-        for k, v in table.items():
-            canon = k if k in extra_keys else canonical_dtype(k)
-            if canon is None:
-                raise bad(f"{name}.{k}", f"a dtype key, one of {', '.join(DTYPES + extra_keys)}", k)
-            if not _positive(v):
-                raise bad(f"{name}.{k}", "a positive number", v)
-            out[canon] = float(v)
-        return out
+            raise _bad_field(p, name, "a positive number", data[name])
 
     for name in _DICT_STR_FIELDS:
         table = data.get(name, {})
         if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
-            raise bad(name, "an object of strings", table)
+            raise _bad_field(p, name, "an object of strings", table)
     aliases = data.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-        raise bad("aliases", "a list of strings", aliases)
+        raise _bad_field(p, "aliases", "a list of strings", aliases)
 
+
+def _dtype_table(p: Path, data: dict[str, Any], name: str, extra_keys: tuple[str, ...] = ()) -> dict[str, float]:
+    """Field ``name`` as a dtype -> positive number table with canonical dtype keys (``extra_keys`` kept as
+    they are); ``peak_tflops`` must not be empty."""
+    table = data.get(name, {})
+    if not isinstance(table, dict) or (name == "peak_tflops" and not table):
+        raise _bad_field(p, name, "a non-empty object of dtype -> number", table)
+    out: dict[str, float] = {}
+    for k, v in table.items():
+        canon = k if k in extra_keys else canonical_dtype(k)
+        if canon is None:
+            raise _bad_field(p, f"{name}.{k}", f"a dtype key, one of {', '.join(DTYPES + extra_keys)}", k)
+        if not _positive(v):
+            raise _bad_field(p, f"{name}.{k}", "a positive number", v)
+        out[canon] = float(v)
+    return out
+
+
+def load_arch_spec_file(path: str | Path) -> ArchSpec:
+    """Read a user's ArchSpec JSON (same fields as ArchSpec; memory_bw_tbs and
+    peak_tflops required). Raises ValueError naming the file, the field and what
+    was expected."""
+    p = Path(path)
+    data = _read_json_object(p)
+    _check_spec_fields(p, data)
     key = str(data.get("key", p.stem))
     return ArchSpec(
         key=key,
@@ -430,11 +443,11 @@ def load_arch_spec_file(path: str | Path) -> ArchSpec:
         vendor=data.get("vendor", ""),
         arch=data.get("arch", ""),
         memory_bw_tbs=float(data["memory_bw_tbs"]),
-        peak_tflops=dtype_table("peak_tflops"),
+        peak_tflops=_dtype_table(p, data, "peak_tflops"),
         memory_gb=data.get("memory_gb"),
         l2_cache_mb=data.get("l2_cache_mb"),
         sources=dict(data.get("sources", {})),
-        measured=dtype_table("measured", ("memory_bw_tbs",)),
+        measured=_dtype_table(p, data, "measured", ("memory_bw_tbs",)),
         measured_sources=dict(data.get("measured_sources", {})),
-        aliases=tuple(aliases),
+        aliases=tuple(data.get("aliases", [])),
     )

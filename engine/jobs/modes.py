@@ -20,6 +20,7 @@ from engine.jobs.requests import (
     REQUEST_FILE, BenchmarkRequest, KernelRequest, PreparedBenchmark, PreparedKernels, PreparedTrace, TraceRequest,
 )
 from engine.runs.process import CancelToken
+from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, TRACE_ANALYSIS_REPORT, report_name_for_mode
 from engine.runs.workspace import Workspace
 
 EXIT_OK, EXIT_FAIL, EXIT_CANCELLED = 0, 1, 130
@@ -133,7 +134,7 @@ def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, 
         if state == "failed" and code == EXIT_OK:
             code = EXIT_FAIL
         report["exit_code"] = code
-        name = "compare_report.json" if plan.mode == "compare" else "analyze_report.json"
+        name = report_name_for_mode(plan.mode)
         ws.write_json(name, report)
         display = renderables + [f"workspace: {ws.root}"]
         ws.write_text("summary.txt", render_text(display))
@@ -160,8 +161,8 @@ def run_benchmark(request: BenchmarkRequest, output_dir: Union[Path, str, None] 
         code, report = drive(cfg, ws, cancel, overrides=prepared.overrides, warnings=prepared.warnings, log=log)
         state = report.get("state", "failed")
     finally:
-        _end(ws, state, code, "benchmark_report.json")
-    return JobOutcome(code, state, ws.root, "benchmark_report.json", report,
+        _end(ws, state, code, BENCHMARK_REPORT)
+    return JobOutcome(code, state, ws.root, BENCHMARK_REPORT, report,
                       display=[(ws.root / "summary.txt").read_text()] if (ws.root / "summary.txt").is_file() else [])
 
 
@@ -177,7 +178,7 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
     ws = workspace or workspace_for(prepared, output_dir)
     # Into a benchmark's own folder the config keeps its name; a trace run of its own has config.yaml.
     into_other = (ws.root / "config.yaml").exists()
-    name = "trace_analysis_report.json"
+    name = TRACE_ANALYSIS_REPORT
     _begin(ws, request, sink, "trace_analysis_config.yaml" if into_other else "config.yaml",
            {"mode": "trace_analysis", "trace_dir": str(target), "options": opts.to_dict()},
            request_name="trace_analysis_request.json" if into_other else REQUEST_FILE,
@@ -185,13 +186,14 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
     try:
         result = run_trace_analysis(target, opts, ws, log)
     except (FileNotFoundError, ValueError, TraceError) as exc:
-        report = {"mode": "trace_analysis", "target": str(target), "state": "failed", "error": str(exc)}
+        report = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
+                  "state": "failed", "error": str(exc)}
         ws.write_json(name, report)
         _end(ws, "failed", EXIT_FAIL, name, error=str(exc))
         return JobOutcome(EXIT_FAIL, "failed", ws.root, name, report, display=[f"error: {exc}"])
     except BaseException as exc:
-        report = {"mode": "trace_analysis", "target": str(target), "state": "failed",
-                  "error": f"{type(exc).__name__}: {exc}"}
+        report = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
+                  "state": "failed", "error": f"{type(exc).__name__}: {exc}"}
         ws.write_json(name, report)
         _end(ws, "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed", EXIT_FAIL, name, error=str(exc))
         raise

@@ -13,7 +13,9 @@ import contextlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
 
 # (rtol, atol) by dtype name. Float32 allows re-associated reductions; half types their
 # own rounding; integers and bools must match exactly.
@@ -48,6 +50,65 @@ def follows_convention(path: Path, get_inputs: str = "get_inputs", model_class: 
     names = set(module_convention(path).get("names", []))
     classes = {model_class} if model_class else {"Model", "ModelNew"}
     return get_inputs in names and bool(names & classes)
+
+
+# ----------------------------------------------------------------------------- the load request
+
+class _Spec(BaseModel):
+    # One repository writes and reads this across a pipe: an unknown key is a typo or a
+    # renamed field on one side only, so it fails on the side that sent it.
+    model_config = ConfigDict(extra="forbid")
+
+
+class KernelModule(_Spec):
+    """The module whose class is built and timed."""
+    module: str
+    model_class: Optional[str] = None  # None: ModelNew, else Model
+    get_init_inputs_func: Optional[str] = "get_init_inputs"
+
+
+class InputsModule(_Spec):
+    """The module the inputs (and, first, the init inputs) come from: the reference's for a
+    kernel judged against one, else the kernel's own."""
+    module: str
+    get_inputs_func: Optional[str] = "get_inputs"
+    get_init_inputs_func: Optional[str] = "get_init_inputs"
+
+
+class LoadSpec(_Spec):
+    """What a harness worker's ``load`` request carries: written by ``engine.kernels.session``
+    (:meth:`for_kernel`, :meth:`fields`), read by ``engine.kernels.worker`` (:meth:`from_request`)."""
+    kernel: KernelModule
+    inputs: InputsModule
+    seeds: list[int] = Field(min_length=1)
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    init_seed: int = 0
+    inplace: bool = False  # the kernel writes its inputs on purpose
+    share_state: bool = False  # the reference: export its weights for the kernels to adopt
+    keep_sets_bytes: Optional[int] = None  # above this, input sets are made again from their seeds
+
+    @classmethod
+    def for_kernel(cls, kernel: Any, inputs_from: Any, *, seeds: list[int], device: str = "auto",
+                   share_state: bool = False, keep_sets_bytes: Optional[int] = None) -> "LoadSpec":
+        """From two ``engine.kernels.plan.KernelSpec``: the kernel, and the one its inputs come from."""
+        return cls(kernel=KernelModule(module=str(kernel.source_files[0]), model_class=kernel.model_class,
+                                       get_init_inputs_func=kernel.get_init_inputs_func),
+                   inputs=InputsModule(module=str(inputs_from.source_files[0]),
+                                       get_inputs_func=inputs_from.get_inputs_func,
+                                       get_init_inputs_func=inputs_from.get_init_inputs_func),
+                   seeds=list(seeds), device=device, init_seed=seeds[0],
+                   inplace=bool(getattr(kernel, "inplace", False)), share_state=share_state,
+                   keep_sets_bytes=keep_sets_bytes)
+
+    def fields(self) -> dict:
+        """The request's keys (without ``op``), JSON-ready: ``send("load", **spec.fields())``."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_request(cls, req: dict) -> "LoadSpec":
+        """The worker's side: a request line (``op`` included) validated; a missing or unknown key
+        raises :class:`pydantic.ValidationError` naming it."""
+        return cls.model_validate({k: v for k, v in req.items() if k != "op"})
 
 
 # ----------------------------------------------------------------------------- child side

@@ -18,6 +18,7 @@ import engine
 from engine.kernels.pipeline import CANCELLED, FAILED, SKIPPED, SUCCESS, KernelOutcome
 from engine.kernels.plan import Plan
 from engine.kernels.stats import DEFAULT_TIE_MARGIN, bootstrap_speedup, bootstrap_speedup_rounds, verdict
+from engine.runs.schema import SCHEMA_VERSION
 
 
 def _score(o: KernelOutcome) -> float:
@@ -160,6 +161,7 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     results = [kernel_state(o) for o in outcomes]
     incorrect = [o.spec.id for o in outcomes if not o.correct]
     report = {
+        "schema_version": SCHEMA_VERSION,
         "mode": "analyze",
         "timestamp": datetime.now().isoformat(timespec="seconds"),
         "state": state,
@@ -272,6 +274,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     lines.append(f"Winner: {ids[winner] if winner is not None else 'none'} ({cmp['winner_reason']})")
     summary = "\n".join(lines)
     report = {
+        "schema_version": SCHEMA_VERSION,
         "mode": "compare",
         "timestamp": datetime.now().isoformat(timespec="seconds"),
         "state": state,

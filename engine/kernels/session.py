@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import MagpieError
+from engine.kernels.harness import LoadSpec
 from engine.runs.process import CancelToken, stop_process_group
 
 
@@ -263,13 +264,9 @@ class HarnessSession:
                                      self._scratch, self.cancel)
             self.emit(m, "harness", "running")
             try:
-                m.worker.send("load", kernel={"module": str(k.source_files[0]), "model_class": k.model_class,
-                                              "get_init_inputs_func": k.get_init_inputs_func},
-                              inputs={"module": str(src.source_files[0]), "get_inputs_func": src.get_inputs_func,
-                                      "get_init_inputs_func": src.get_init_inputs_func},
-                              seeds=self.s.seeds, device=self.s.device, init_seed=self.s.seeds[0],
-                              inplace=bool(getattr(k, "inplace", False)), share_state=m.role == "reference",
-                              keep_sets_bytes=self.s.keep_sets_bytes)
+                spec = LoadSpec.for_kernel(k, src, seeds=self.s.seeds, device=self.s.device,
+                                           share_state=m.role == "reference", keep_sets_bytes=self.s.keep_sets_bytes)
+                m.worker.send("load", **spec.fields())
             except WorkerError as exc:
                 self._fail(m, f"harness failed: could not start the worker: {exc}")
         for m in self._everyone():

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from engine.kernels import tensor_share  # noqa: E402
 from engine.kernels.harness import (  # noqa: E402
-    _flatten, _load_module, _map_tensors, _pick_class, compare_outputs, poisoned_allocations,
+    LoadSpec, _flatten, _load_module, _map_tensors, _pick_class, compare_outputs, poisoned_allocations,
 )
 
 _HAS_CUDA = torch.cuda.is_available()
@@ -189,6 +189,7 @@ class Worker:
         # from their seeds whenever a call needs one: on a GPU that costs what a clone costs.
         self.regen: Optional[tuple] = None  # (get_inputs, made on the device)
         self.set_seeds: dict[int, int] = {}
+        self.main_bytes = 0
         self.sleep_cycles = 0  # a spin kernel before the start event hides the host's dispatch
 
     # ----------------------------------------------------------------- helpers
@@ -266,15 +267,39 @@ class Worker:
 
     # ----------------------------------------------------------------- operations
     def op_load(self, req: dict) -> dict:
-        want = req.get("device", "auto")
-        self.device = torch.device("cuda" if _HAS_CUDA and want != "cpu" else "cpu")
+        spec = LoadSpec.from_request(req)
+        self.device = torch.device("cuda" if _HAS_CUDA and spec.device != "cpu" else "cpu")
         if self.device.type == "cpu" and "TRITON_INTERPRET" not in os.environ:
             os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run in its interpreter on the CPU
         if self.device.type == "cpu":
             # One intra-op thread: a multi-threaded op stalls whenever any other process takes a
             # core, which on a small shared machine decides a verdict more than the kernel does.
             torch.set_num_threads(1)
-        self.inplace = bool(req.get("inplace"))
+        self.inplace = spec.inplace
+        info = self._describe_device()
+        in_mod = _load_module(spec.inputs.module, "_magpie_inputs")
+        get_inputs = getattr(in_mod, spec.inputs.get_inputs_func or "get_inputs", None)
+        if get_inputs is None:
+            raise AttributeError(f"{spec.inputs.module} defines no {spec.inputs.get_inputs_func or 'get_inputs'}()")
+        # Inputs first, before the kernel's module exists in this process.
+        self._make_sets(spec, get_inputs, getattr(in_mod, "get_correctness_inputs", None))
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        self.watch_modules = [(f"inputs module {Path(spec.inputs.module).name}", in_mod)]
+        self.watch = _watch_table(self.watch_modules)
+        self.threads_before = {t.ident for t in threading.enumerate()}
+        self._build_model(spec, in_mod)
+        # The generator must not tell the kernel which seeds made its inputs (torch.initial_seed()).
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        info["n_sets"] = len(self.sets)
+        info["set_meta"] = self.set_meta
+        info["input_bytes"] = self.main_bytes
+        info["input_sets_kept"] = self.regen is None
+        info["guard_errors"] = self._guard_errors()
+        if spec.share_state and isinstance(self.model, torch.nn.Module):
+            info["state"] = tensor_share.export_tree(dict(self.model.state_dict()), self.state_files)
+        return info
+
+    def _describe_device(self) -> dict:
         info: dict = {"device": {"type": self.device.type,
                                  "name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
                                  "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1"},
@@ -287,59 +312,45 @@ class Worker:
             info["versions"]["triton"] = triton.__version__
         except Exception:
             info["versions"]["triton"] = None
-        spec_in = req["inputs"]
-        in_mod = _load_module(spec_in["module"], "_magpie_inputs")
-        get_inputs = getattr(in_mod, spec_in.get("get_inputs_func") or "get_inputs", None)
-        if get_inputs is None:
-            raise AttributeError(f"{spec_in['module']} defines no {spec_in.get('get_inputs_func') or 'get_inputs'}()")
-        more = getattr(in_mod, "get_correctness_inputs", None)
-        # Inputs first, before the kernel's module exists in this process.
-        keep_limit = req.get("keep_sets_bytes")
+        return info
+
+    def _make_sets(self, spec: LoadSpec, get_inputs, more) -> None:
+        """One main input set per seed (kept, or made again from its seed when all of them would
+        take more than ``keep_sets_bytes``: 1/16 of the GPU's memory by default), then the
+        extra shapes of ``get_correctness_inputs()``."""
+        keep_limit = spec.keep_sets_bytes
         if keep_limit is None and self.device.type == "cuda":
             keep_limit = torch.cuda.get_device_properties(self.device).total_memory // 16
-        for seed in req["seeds"]:
+        for seed in spec.seeds:
             torch.manual_seed(seed)
             made, on_device = self._make(get_inputs)
             self.set_seeds[len(self.sets)] = seed
             self.main_sets.append(len(self.sets))
             self.set_meta.append({"shape": "main"})
-            if on_device and keep_limit is not None and _nbytes(made) * len(req["seeds"]) > keep_limit:
+            if on_device and keep_limit is not None and _nbytes(made) * len(spec.seeds) > keep_limit:
                 self.regen = (get_inputs, on_device)
             self.sets.append(made)
+        self.main_bytes = _nbytes(self.sets[self.main_sets[0]])
         if self.regen is not None:
-            main_bytes = _nbytes(self.sets[self.main_sets[0]])
             for i in self.main_sets:
                 self.sets[i] = None  # made again from its seed when needed
         if more is not None:
-            torch.manual_seed(req["seeds"][0])
+            torch.manual_seed(spec.seeds[0])
             for i, extra in enumerate(self._make(more)[0]):
                 self.sets.append(self._on_device(extra))
                 self.set_meta.append({"shape": f"extra {i}"})
-        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-        self.watch_modules = [(f"inputs module {Path(spec_in['module']).name}", in_mod)]
-        self.watch = _watch_table(self.watch_modules)
-        self.threads_before = {t.ident for t in threading.enumerate()}
-        spec_k = req["kernel"]
-        same = Path(spec_k["module"]).resolve() == Path(spec_in["module"]).resolve()
-        module = in_mod if same else _load_module(spec_k["module"], "_magpie_kernel")
-        cls = _pick_class(module, spec_k.get("model_class"))
-        get_init = getattr(in_mod, spec_in.get("get_init_inputs_func") or "get_init_inputs", None) or \
-            getattr(module, spec_k.get("get_init_inputs_func") or "get_init_inputs", None)
-        torch.manual_seed(req.get("init_seed", 0))
+
+    def _build_model(self, spec: LoadSpec, in_mod) -> None:
+        same = Path(spec.kernel.module).resolve() == Path(spec.inputs.module).resolve()
+        module = in_mod if same else _load_module(spec.kernel.module, "_magpie_kernel")
+        cls = _pick_class(module, spec.kernel.model_class)
+        get_init = getattr(in_mod, spec.inputs.get_init_inputs_func or "get_init_inputs", None) or \
+            getattr(module, spec.kernel.get_init_inputs_func or "get_init_inputs", None)
+        torch.manual_seed(spec.init_seed)
         init_inputs = get_init() if get_init else []
         self.model = cls(*init_inputs)
         if isinstance(self.model, torch.nn.Module):
             self.model = self.model.to(self.device).eval()
-        # The generator must not tell the kernel which seeds made its inputs (torch.initial_seed()).
-        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
-        info["n_sets"] = len(self.sets)
-        info["set_meta"] = self.set_meta
-        info["input_bytes"] = main_bytes if self.regen is not None else _nbytes(self.sets[0])
-        info["input_sets_kept"] = self.regen is None
-        info["guard_errors"] = self._guard_errors()
-        if req.get("share_state") and isinstance(self.model, torch.nn.Module):
-            info["state"] = tensor_share.export_tree(dict(self.model.state_dict()), self.state_files)
-        return info
 
     def _make(self, fn) -> tuple[list, bool]:
         """Inputs made on the device when the function allows it (a KernelBench problem's

@@ -16,12 +16,17 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
-REPORT_NAMES = ("compare_report.json", "analyze_report.json", "benchmark_report.json", "trace_analysis_report.json")
+from engine.errors import MagpieError
+from engine.runs.schema import (
+    FINISHED_RUN_STATES, REPORT_FILES, Event, ProgressEvent, RunFinished, RunStarted, RunState, StageEvent, parse_event,
+)
+
+REPORT_NAMES = REPORT_FILES  # the old name, kept for importers
 _NAME = re.compile(r"^(?P<mode>[a-z]+)_(?P<label>.+)_(?P<date>\d{8})_(?P<time>\d{6})_(?P<unique>[0-9a-f]+)$")
 # Finished states as runs write them; "lost" is ours: the process is gone and never said it finished.
-FINISHED_STATES = {"completed", "failed", "cancelled", "timeout", "lost"}
+FINISHED_STATES = FINISHED_RUN_STATES
 
 
 @dataclass
@@ -29,7 +34,7 @@ class RunInfo:
     path: Path
     mode: str = "?"
     label: str = ""
-    state: str = "pending"
+    state: str = RunState.PENDING
     started: Optional[float] = None
     finished: Optional[float] = None
     last_event: Optional[float] = None
@@ -73,38 +78,37 @@ class RunInfo:
             return f"{self.done}/{self.total}"
         return self.stage
 
-    def apply(self, event: dict) -> None:
-        """Fold one event into the state."""
-        kind = event.get("event")
-        ts = event.get("ts")
-        if isinstance(ts, (int, float)):
-            self.last_event = float(ts)
-        if kind == "run_started":
-            self.state = "running"
+    def apply(self, event: Event | dict[str, Any]) -> bool:
+        """Fold one event (a model of engine.runs.schema, or a raw record) into the state.
+        Returns False, changing nothing, for a record that does not match its model."""
+        ev = parse_event(event) if isinstance(event, dict) else event
+        if ev is None:
+            return False
+        if ev.ts is not None:
+            self.last_event = ev.ts
+        if isinstance(ev, RunStarted):
+            self.state = RunState.RUNNING
             self.started = self.last_event
-            self.mode = str(event.get("mode") or self.mode)
-            self.pid = event.get("pid") if isinstance(event.get("pid"), int) else None
-            if event.get("label"):
-                self.label = str(event["label"])
-        elif kind == "run_finished":
-            self.state = str(event.get("state") or "completed")
+            self.mode = ev.mode or self.mode
+            self.pid = ev.pid
+            if ev.label:
+                self.label = ev.label
+        elif isinstance(ev, RunFinished):
+            self.state = ev.state or RunState.COMPLETED
             self.finished = self.last_event
-            self.exit_code = event.get("exit_code")
-            self.report_name = event.get("report") or self.report_name
-            self.error = event.get("error") or self.error
-        elif kind == "stage":
-            who = event.get("kernel")
-            stage = str(event.get("stage", ""))
-            self.stage = f"{who}: {stage}" if who else stage
-            if event.get("state"):
-                self.stage += f" {str(event['state']).lower()}"
-        elif kind == "progress":
-            done, total = event.get("done"), event.get("total")
-            if isinstance(done, int) and isinstance(total, int):
-                self.done, self.total = done, total
-            phase = event.get("phase")
-            if phase:
-                self.stage = str(phase)
+            self.exit_code = ev.exit_code
+            self.report_name = ev.report or self.report_name
+            self.error = ev.error or self.error
+        elif isinstance(ev, StageEvent):
+            self.stage = f"{ev.kernel}: {ev.stage}" if ev.kernel else ev.stage
+            if ev.state:
+                self.stage += f" {ev.state.lower()}"
+        elif isinstance(ev, ProgressEvent):
+            if ev.done is not None and ev.total is not None:
+                self.done, self.total = ev.done, ev.total
+            if ev.phase:
+                self.stage = ev.phase
+        return True
 
 
 def parse_run_name(name: str) -> tuple[str, str]:
@@ -139,7 +143,7 @@ def is_magpie_process(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return process_alive(pid)  # no /proc: best effort
-    return "magpie" in cmdline or "engine.cli" in cmdline
+    return "magpie" in cmdline or "engine.cli" in cmdline or "engine.jobs" in cmdline
 
 
 class RunCatalog:
@@ -179,11 +183,11 @@ class RunCatalog:
                 changed.append(info)
             if read_new_events(info) and info not in changed:
                 changed.append(info)
-            if info.state == "running" and info.pid is not None and not process_alive(info.pid):
+            if info.state == RunState.RUNNING and info.pid is not None and not process_alive(info.pid):
                 # Gone without run_finished: killed hard, or the machine went down.
                 read_new_events(info)  # it may have finished between the two reads
-                if info.state == "running":
-                    info.state = "lost"
+                if info.state == RunState.RUNNING:
+                    info.state = RunState.LOST
                     info.error = f"process {info.pid} ended without writing run_finished"
                     if info not in changed:
                         changed.append(info)
@@ -223,18 +227,19 @@ def read_new_events(info: RunInfo) -> bool:
         if not line.strip():
             continue
         try:
-            event = json.loads(line)
+            event = parse_event(json.loads(line))
         except ValueError:
             continue  # a corrupt line never hides the rest of the run
-        if isinstance(event, dict):
-            info.apply(event)
+        if event is not None and info.apply(event):  # None: a record that does not match its model
             info.events_read += 1
             changed = True
     return changed
 
 
-class CancelRefused(RuntimeError):
-    pass
+class CancelRefused(MagpieError, RuntimeError):
+    """A run that cannot be cancelled (finished, or no live magpie process to signal)."""
+
+    title = "cannot cancel run"
 
 
 def cancel_run(info: RunInfo) -> None:

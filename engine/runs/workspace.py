@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from pydantic import ValidationError
+
+from engine.runs.schema import EVENT_MODELS, SCHEMA_VERSION
 
 
 def sanitize_label(label: str, max_len: int = 40) -> str:
@@ -58,7 +61,19 @@ class EventLog:
         self.listeners: list[Callable[[dict], None]] = []
 
     def emit(self, event: str, **fields: Any) -> None:
+        """Append one event. A known kind (``engine.runs.schema.EVENT_MODELS``) is validated
+        through its model first, so a field of the wrong type fails here, in the writer, and
+        never reaches a reader; unknown kinds pass through. The line holds the fields as given
+        (the model is a check, not a rewrite); ``run_started`` also gets ``schema_version``."""
+        if event == "run_started":
+            fields.setdefault("schema_version", SCHEMA_VERSION)
         record = {"ts": round(time.time(), 6), "event": event, **fields}
+        model = EVENT_MODELS.get(event)
+        if model is not None:
+            try:
+                model.model_validate(record)
+            except ValidationError as exc:
+                raise ValueError(f"event {event!r} does not match {model.__name__}: {exc}") from None
         line = json.dumps(record, default=str)
         with self._lock:
             if not self._fh.closed:

@@ -30,11 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from engine.errors import MagpieError
+
 KERNEL_KEYS: tuple[str, ...] = ("rmsnorm", "activation", "rotary", "attention")
 
 
-class KernelError(ValueError):
+class KernelError(MagpieError, ValueError):
     """A kernel override that cannot be used; the message names the config key and the path."""
+
+    title = "unusable kernel override"
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from engine.runs.schema import SCHEMA_VERSION, StageState
 from engine.runs.workspace import Workspace
 from engine.trace.discover import discover_traces
 from engine.trace.gaps import (
@@ -197,7 +198,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
                        log: Callable[[str], None] = lambda s: None) -> AnalysisResult:
     t0 = time.perf_counter()
     traces = discover_traces(target)
-    ws.events.emit("stage", stage="discover", state="SUCCESS", traces=[str(p) for _, p in traces])
+    ws.events.emit("stage", stage="discover", state=StageState.SUCCESS, traces=[str(p) for _, p in traces])
     gap_dir = ws.path("gap_analysis")
     per_rank: dict[int, dict] = {}
     windows: dict = {}
@@ -207,7 +208,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     idle_files: list[str] = []
     rank0_trace = rank0_tree = None
     for rank, path in traces:
-        ws.events.emit("stage", stage=f"load rank {rank}", state="running", trace=str(path))
+        ws.events.emit("stage", stage=f"load rank {rank}", state=StageState.RUNNING, trace=str(path))
         trace = load_trace(path)
         window = trace_window(trace, opts.start_pct, opts.end_pct)
         windows[str(rank)] = window.to_dict()
@@ -228,7 +229,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
             linked = tree.linked_gpu_events
             if linked:
                 timeline_rows = gpu_timeline(linked)
-        ws.events.emit("stage", stage=f"load rank {rank}", state="SUCCESS", events=len(trace.events))
+        ws.events.emit("stage", stage=f"load rank {rank}", state=StageState.SUCCESS, events=len(trace.events))
         log(f"rank {rank}: {len(trace.events)} events, {len(tree.gpu_events)} GPU events ({path})")
     n_kernels = sum(len(a.durations) for aggs in per_rank.values() for a in aggs.values())
     gap, rows = _gap_section(per_rank, traces, opts, gap_dir, windows)
@@ -239,7 +240,8 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     gap["output_files"] += idle_files
     if timeline_rows:
         gap["gpu_timeline"] = {name: {"time_ms": ms, "percent": pct} for name, ms, pct in timeline_rows}
-    report: dict[str, Any] = {"mode": "trace_analysis", "target": str(target), "gap_analysis": gap,
+    report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
+                              "gap_analysis": gap,
                               "options": opts.to_dict()}
     tl: dict[str, Any] = {"enabled": False}
     if opts.tracelens and rank0_trace is not None and rank0_tree is not None:

@@ -28,6 +28,8 @@ from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Sequence
 
+from engine.errors import MagpieError
+
 if TYPE_CHECKING:
     from engine.trace.tree import EventTree
 
@@ -41,8 +43,10 @@ _KEEP_ALL_ARGS = {"cpu_op", "kernel", "gpu_memcpy", "gpu_memset", "user_annotati
                   "cuda_runtime", "cuda_driver", "gpu_user_annotation"}
 
 
-class TraceError(Exception):
-    pass
+class TraceError(MagpieError):
+    """A trace file that cannot be read or is not a trace; the message names the file."""
+
+    title = "unreadable trace"
 
 
 # Kept in the id columns (correlation, External id) or dropped (per-event counters no analysis reads).

@@ -825,13 +825,46 @@ def apply_selection(base: PlotGrid, spec: PlotSpec) -> PlotGrid:
     return grid
 
 
+class _Unplottable(Exception):
+    """Raised by a layout step when no plot fits or the data cannot be drawn; the message replaces the plot."""
+
+
+@dataclass
+class _Rows:
+    """The row plan of a plot: which row each optional line of text went to (None when it was dropped), the
+    plot area's rows, and where the legend is drawn (``"title"``, ``"ylabel"``, ``"row"`` or None)."""
+
+    title: int | None
+    legend: int | None
+    ylabel: int | None
+    plot_top: int
+    plot_height: int
+    xlabel: int | None
+    legend_on: str | None
+
+
 def layout_base(spec: PlotSpec, width: int, height: int) -> PlotGrid:
     """:func:`layout_plot` without the selection."""
     if width <= 0 or height <= 0:
         return PlotGrid.blank(width, height)
     if spec.message is not None:
         return _message_grid(width, height, spec.message)
+    legend = _legend_items(spec)
+    try:
+        x_range, y_range = _data_ranges(spec)
+        rows = _plan_rows(spec, legend, width, height)
+        x_axis, y_axis, y_ticks, grid = _fit_axes(spec, x_range, y_range, rows, width, height)
+    except _Unplottable as exc:
+        return _message_grid(width, height, str(exc))
+    _draw_axes(grid, x_axis, y_ticks)
+    _blit(grid, _rasterize(spec, x_axis, y_axis, grid.plot_width, grid.plot_height))
+    _draw_data_labels(grid, spec, y_axis)
+    _draw_titles(grid, spec, rows, legend)
+    return grid
 
+
+def _data_ranges(spec: PlotSpec) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The x and y ranges: ``spec.x_range``/``y_range``, else what the data, bars, markers and extents span."""
     xs: list[float] = list(spec.x_extent)
     ys: list[float] = list(spec.y_extent)
     for s in spec.series:
@@ -846,21 +879,28 @@ def layout_base(spec: PlotSpec, width: int, height: int) -> PlotGrid:
     x_range = spec.x_range or data_range(xs, log=spec.log_x, pad=spec.pad)
     y_range = spec.y_range or data_range(ys, log=spec.log_y, pad=spec.pad)
     if x_range is None or y_range is None:
-        return _message_grid(width, height, no_data_message())
+        raise _Unplottable(no_data_message())
+    return x_range, y_range
 
-    # rows
-    legend = _legend_items(spec)
-    title = spec.title
-    want = {"title": bool(title), "ylabel": bool(spec.y_label), "xlabel": bool(spec.x_label), "legend": False}
-    legend_on = None  # "title" | "ylabel" | "row"
-    if legend:
-        if title and len(title) + 2 + _legend_width(legend) <= width:
-            legend_on = "title"
-        elif spec.y_label and len(spec.y_label) + 2 + _legend_width(legend) <= width:
-            legend_on = "ylabel"
-        else:
-            legend_on = "row"
-            want["legend"] = True
+
+def _legend_position(spec: PlotSpec, legend: Sequence[tuple[str, str]], width: int) -> str | None:
+    """Where the legend would go with every row kept: on the title row or the y label row when it fits
+    there, else a row of its own; None without a legend."""
+    if not legend:
+        return None
+    if spec.title and len(spec.title) + 2 + _legend_width(legend) <= width:
+        return "title"
+    if spec.y_label and len(spec.y_label) + 2 + _legend_width(legend) <= width:
+        return "ylabel"
+    return "row"
+
+
+def _plan_rows(spec: PlotSpec, legend: Sequence[tuple[str, str]], width: int, height: int) -> _Rows:
+    """Choose the rows: drop the optional ones (legend row, x label, y label, title, in that order) while the
+    plot area would have fewer than about half of the rows, then number what is left from the top."""
+    legend_on = _legend_position(spec, legend, width)
+    want = {"title": bool(spec.title), "ylabel": bool(spec.y_label), "xlabel": bool(spec.x_label),
+            "legend": legend_on == "row"}
 
     def plot_rows() -> int:
         return height - 2 - sum(want.values())
@@ -879,7 +919,7 @@ def layout_base(spec: PlotSpec, width: int, height: int) -> PlotGrid:
 
     plot_h = plot_rows()
     if plot_h < MIN_PLOT_HEIGHT:
-        return _message_grid(width, height, "plot area too small")
+        raise _Unplottable("plot area too small")
 
     row = 0
     title_row = ylabel_row = legend_row = None
@@ -889,34 +929,46 @@ def layout_base(spec: PlotSpec, width: int, height: int) -> PlotGrid:
         legend_row, row = row, row + 1
     if want["ylabel"]:
         ylabel_row, row = row, row + 1
-    plot_top = row
-    axis_row = plot_top + plot_h
-    tick_row = axis_row + 1
-    xlabel_row = tick_row + 1 if want["xlabel"] else None
+    # below the plot area: the axis row, the tick label row, then the x label
+    xlabel_row = row + plot_h + 2 if want["xlabel"] else None
+    return _Rows(title=title_row, legend=legend_row, ylabel=ylabel_row, plot_top=row, plot_height=plot_h,
+                 xlabel=xlabel_row, legend_on=legend_on)
 
+
+def _fit_axes(spec: PlotSpec, x_range: tuple[float, float], y_range: tuple[float, float], rows: _Rows,
+              width: int, height: int) -> tuple[Axis, Axis, list[tuple[int, str]], PlotGrid]:
+    """Build the y axis and its ticks, whose widest label sets the left gutter and so the plot width, then the
+    x axis; returns both axes, the y ticks and a blank grid that knows the plot area and the axes."""
+    plot_top, plot_h = rows.plot_top, rows.plot_height
     try:
         y_axis = Axis(*y_range, plot_h * 4, log=spec.log_y, invert=True, label=spec.y_label,
                       formatter=spec.y_formatter, integer=spec.y_integer)
     except ValueError as exc:
-        return _message_grid(width, height, no_data_message(str(exc)))
+        raise _Unplottable(no_data_message(str(exc))) from None
     y_ticks = _y_ticks(y_axis, plot_top, plot_h)
     gutter = max((len(label) for _, label in y_ticks), default=0) + 1
     plot_left = gutter
     plot_w = width - gutter - 1
     if plot_w < MIN_PLOT_WIDTH:
-        return _message_grid(width, height, "plot area too small")
+        raise _Unplottable("plot area too small")
     try:
         x_axis = Axis(*x_range, plot_w * 2, log=spec.log_x, label=spec.x_label,
                       formatter=spec.x_formatter, integer=spec.x_integer)
     except ValueError as exc:
-        return _message_grid(width, height, no_data_message(str(exc)))
+        raise _Unplottable(no_data_message(str(exc))) from None
 
     grid = PlotGrid.blank(width, height)
     grid.plot_left, grid.plot_top, grid.plot_width, grid.plot_height = plot_left, plot_top, plot_w, plot_h
     grid.x_axis, grid.y_axis = x_axis, y_axis
+    return x_axis, y_axis, y_ticks, grid
 
-    # axes
-    axis_col = gutter - 1
+
+def _draw_axes(grid: PlotGrid, x_axis: Axis, y_ticks: Sequence[tuple[int, str]]) -> None:
+    """The y axis line left of the plot area and the x axis line below it, with their ticks and tick labels."""
+    plot_left, plot_top, plot_w = grid.plot_left, grid.plot_top, grid.plot_width
+    axis_col = plot_left - 1
+    axis_row = plot_top + grid.plot_height
+    tick_row = axis_row + 1
     for r in range(plot_top, axis_row):
         grid.put(axis_col, r, "│", "axis")
     grid.put(axis_col, axis_row, "└", "axis")
@@ -925,36 +977,32 @@ def layout_base(spec: PlotSpec, width: int, height: int) -> PlotGrid:
     for r, label in y_ticks:
         grid.put(axis_col, r, "┤", "axis")
         grid.put_text(axis_col - len(label), r, label, "axis")
-    for col, start, label in _x_ticks(x_axis, plot_left, plot_w, width):
+    for col, start, label in _x_ticks(x_axis, plot_left, plot_w, grid.width):
         grid.put(col, axis_row, "┴" if col == axis_col else "┬", "axis")
         grid.put_text(start, tick_row, label, "axis")
 
-    # data
+
+def _to_pixels(axis: Axis, log: bool) -> Callable[[float], float]:
+    """``axis.to_pixel`` that gives NaN for values it cannot place (not finite, or not positive on a log axis)."""
+
+    def to_pixel(v: float) -> float:
+        return axis.to_pixel(v) if (v > 0 or not log) and math.isfinite(v) else math.nan
+
+    return to_pixel
+
+
+def _rasterize(spec: PlotSpec, x_axis: Axis, y_axis: Axis, plot_w: int, plot_h: int) -> BrailleCanvas:
+    """Draw the data on a braille canvas of the plot area, later layers over earlier ones: bars, series lines,
+    vertical markers, then series markers."""
     canvas = BrailleCanvas(plot_w, plot_h)
-
-    def px(x: float) -> float:
-        return x_axis.to_pixel(x) if (x > 0 or not spec.log_x) and math.isfinite(x) else math.nan
-
-    def py(y: float) -> float:
-        return y_axis.to_pixel(y) if (y > 0 or not spec.log_y) and math.isfinite(y) else math.nan
-
-    bottom_px = canvas.height_px - 1
-    for bar in spec.bars:
-        x0, x1, top = px(bar.x0), px(bar.x1), py(bar.y)
-        if not all(math.isfinite(v) for v in (x0, x1, top)) or bar.y <= (y_axis.lo if not spec.log_y else 0):
-            continue
-        a, b = round(min(x0, x1)), round(max(x0, x1))
-        if b - a >= 3:
-            b -= 1  # one dot of gap between neighbouring bars
-        top = min(round(top), bottom_px)
-        for x in range(max(a, 0), min(b, canvas.width_px - 1) + 1):
-            canvas.vline(x, top, bottom_px, bar.role)
-
+    px, py = _to_pixels(x_axis, spec.log_x), _to_pixels(y_axis, spec.log_y)
+    _rasterize_bars(canvas, spec, px, py, y_axis.lo if not spec.log_y else 0)
     for i, s in enumerate(spec.series):
         role = s.role or f"series-{i % 4}"
         pixels = [(px(x), py(y)) for x, y in s.points]
         if s.line:
             canvas.polyline(pixels, role)
+    bottom_px = canvas.height_px - 1
     for m in spec.vmarkers:
         x = px(m.x)
         if not math.isfinite(x) or not (-0.5 <= x <= canvas.width_px - 0.5):
@@ -966,19 +1014,43 @@ def layout_base(spec: PlotSpec, width: int, height: int) -> PlotGrid:
         if s.markers:
             canvas.blocks([(px(x) - 0.5, py(y) - 0.5) for x, y in s.points if x_axis.contains(x)
                            and y_axis.contains(y)], s.role or f"series-{i % 4}")
+    return canvas
 
-    for r in range(plot_h):
-        for c in range(plot_w):
+
+def _rasterize_bars(canvas: BrailleCanvas, spec: PlotSpec, px: Callable[[float], float],
+                    py: Callable[[float], float], floor: float) -> None:
+    """Each bar as columns of dots from its top down to the bottom of the plot area, skipping bars that do
+    not rise above ``floor``; a gap of one dot separates neighbouring bars at least 3 dots wide."""
+    bottom_px = canvas.height_px - 1
+    for bar in spec.bars:
+        x0, x1, top = px(bar.x0), px(bar.x1), py(bar.y)
+        if not all(math.isfinite(v) for v in (x0, x1, top)) or bar.y <= floor:
+            continue
+        a, b = round(min(x0, x1)), round(max(x0, x1))
+        if b - a >= 3:
+            b -= 1  # one dot of gap between neighbouring bars
+        top = min(round(top), bottom_px)
+        for x in range(max(a, 0), min(b, canvas.width_px - 1) + 1):
+            canvas.vline(x, top, bottom_px, bar.role)
+
+
+def _blit(grid: PlotGrid, canvas: BrailleCanvas) -> None:
+    """Copy the canvas's non-blank cells into the plot area, each in the role of the series that drew it."""
+    for r in range(grid.plot_height):
+        for c in range(grid.plot_width):
             mask = canvas.mask(c, r)
             if mask:
-                grid.put(plot_left + c, plot_top + r, braille_char(mask), str(canvas.series_at(c, r)))
+                grid.put(grid.plot_left + c, grid.plot_top + r, braille_char(mask), str(canvas.series_at(c, r)))
 
-    # text on top of the data
+
+def _draw_data_labels(grid: PlotGrid, spec: PlotSpec, y_axis: Axis) -> None:
+    """Text on top of the data: vertical marker labels, point labels (recorded in ``grid.point_labels``),
+    then annotations."""
     for m in spec.vmarkers:
         if m.label:
             col = grid.cell_of(m.x, y_axis.hi if m.y_top is None else m.y_top)
             if col is not None:
-                _place_annotation(grid, col[0], col[1] if m.y_top is not None else plot_top, m.label, m.role)
+                _place_annotation(grid, col[0], col[1] if m.y_top is not None else grid.plot_top, m.label, m.role)
     for i, s in enumerate(spec.series):
         if not s.labels:
             continue
@@ -993,20 +1065,22 @@ def layout_base(spec: PlotSpec, width: int, height: int) -> PlotGrid:
         if cell is not None and a.text:
             _place_annotation(grid, *cell, a.text, a.role, a.prefer)
 
-    # titles and legend
-    if title_row is not None:
-        grid.put_text(0, title_row, _truncate(title, width), "title")
-    if ylabel_row is not None:
-        grid.put_text(0, ylabel_row, _truncate(spec.y_label, width), "label")
-    if xlabel_row is not None:
+
+def _draw_titles(grid: PlotGrid, spec: PlotSpec, rows: _Rows, legend: Sequence[tuple[str, str]]) -> None:
+    """The title, y label and x label on the rows the plan kept, and the legend where the plan put it."""
+    width = grid.width
+    if rows.title is not None:
+        grid.put_text(0, rows.title, _truncate(spec.title, width), "title")
+    if rows.ylabel is not None:
+        grid.put_text(0, rows.ylabel, _truncate(spec.y_label, width), "label")
+    if rows.xlabel is not None:
         text = _truncate(spec.x_label, width)
-        start = plot_left + max(0, (plot_w - len(text)) // 2)
-        grid.put_text(min(start, width - len(text)), xlabel_row, text, "label")
-    if legend_on == "title" and title_row is not None:
-        _draw_legend(grid, title_row, _fit_legend(legend, width - len(title) - 2), width)
-    elif legend_on == "ylabel" and ylabel_row is not None:
-        _draw_legend(grid, ylabel_row, _fit_legend(legend, width - len(spec.y_label) - 2), width)
-    elif legend_on == "row" and legend_row is not None:
-        _draw_legend(grid, legend_row, _fit_legend(legend, width), width)
-    return grid
+        start = grid.plot_left + max(0, (grid.plot_width - len(text)) // 2)
+        grid.put_text(min(start, width - len(text)), rows.xlabel, text, "label")
+    if rows.legend_on == "title" and rows.title is not None:
+        _draw_legend(grid, rows.title, _fit_legend(legend, width - len(spec.title) - 2), width)
+    elif rows.legend_on == "ylabel" and rows.ylabel is not None:
+        _draw_legend(grid, rows.ylabel, _fit_legend(legend, width - len(spec.y_label) - 2), width)
+    elif rows.legend_on == "row" and rows.legend is not None:
+        _draw_legend(grid, rows.legend, _fit_legend(legend, width), width)
 

@@ -125,22 +125,28 @@ def test_effective_config_records_overrides(tmp_path):
 
 
 @pytest.mark.slow
-def test_started_run_is_detached_and_found_by_its_pid(tmp_path):
+def test_a_launch_that_does_not_check_out_starts_nothing(tmp_path):
     bad = tmp_path / "k.yaml"
     bad.write_text("kernels:\n  - id: a\n    sorce: missing.py\n")
-    started = start_run(LaunchRequest("analyze", bad, tmp_path / "results"))
-    assert started.process.wait(timeout=60) == 2  # configuration error: nothing run
-    assert find_console_log(tmp_path / "results", started.pid) == started.console_log
-    text = started.console_log.read_text()
-    assert f"{bad}:3" in text and "sorce" in text and "nothing was run" in text
+    with pytest.raises(ConfigError) as err:
+        start_run(LaunchRequest("analyze", bad, tmp_path / "results"))
+    assert any(f"{bad}:3" in p and "sorce" in p for p in err.value.problems)
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
-def test_started_run_gets_its_own_session(tmp_path):
-    script = tmp_path / "k.yaml"
-    script.write_text("kernels: []\n")
-    started = start_run(LaunchRequest("analyze", script, tmp_path / "results"))
+def test_started_run_is_detached_and_found_by_its_pid(tmp_path):
+    cfg = tmp_path / "k.yaml"
+    cfg.write_text("kernels:\n  - id: a\n    type: cuda\n    testcase_command: 'true'\n"
+                   "  - id: b\n    type: cuda\n    testcase_command: 'true'\n")
+    started = start_run(LaunchRequest("compare", cfg, tmp_path / "results"))
     try:
         assert os.getpgid(started.pid) == started.pid  # its own group: our Ctrl-C never reaches it
     except ProcessLookupError:
         pass  # already exited and reaped: the group check cannot be made
-    started.process.wait(timeout=60)
+    assert started.process.wait(timeout=120) == 1  # completed; nothing to time on this machine
+    assert started.run_dir is not None and started.run_dir.parent == (tmp_path / "results").resolve()
+    assert find_console_log(tmp_path / "results", started.pid) == started.console_log
+    assert f"workspace: {started.run_dir}" in started.console_log.read_text()
+    runs = RunCatalog([tmp_path / "results"]).refresh()
+    assert [r.path for r in runs] == [started.run_dir] and runs[0].state == "completed"
+    assert started.argv[3:5] == ["compare", "-k"]  # the equivalent command line, for the screen

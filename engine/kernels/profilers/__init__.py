@@ -11,11 +11,12 @@ from engine.kernels.profilers.common import (
     is_helper_kernel,
     iteration_samples_ns,
 )
-from engine.kernels.profilers.ncu import build_ncu_command, ncu_summary, parse_ncu_csv
+from engine.kernels.profilers.ncu import build_ncu_command, ncu_summary, parse_ncu_csv, read_ncu_log
 from engine.kernels.profilers.rocprof import (
     build_rocprofv3_command,
     find_kernel_trace_files,
     parse_rocprofv3_kernel_trace,
+    read_rocprofv3_output,
 )
 
 __all__ = [
@@ -29,4 +30,6 @@ __all__ = [
     "ncu_summary",
     "parse_ncu_csv",
     "parse_rocprofv3_kernel_trace",
+    "read_ncu_log",
+    "read_rocprofv3_output",
 ]

@@ -143,6 +143,11 @@ def parse_ncu_csv(text: str) -> list[KernelLaunch]:
     return sorted(parsed, key=lambda la: la.launch_id)
 
 
+def read_ncu_log(log_file: Path) -> list[KernelLaunch]:
+    """The launches in the log ``build_ncu_command`` wrote; none if ncu wrote no log."""
+    return parse_ncu_csv(log_file.read_text(errors="replace")) if log_file.exists() else []
+
+
 def ncu_summary(launches: Iterable[KernelLaunch], spec_bandwidth_tbs: float | None) -> dict:
     """Total DRAM traffic and the bandwidth it achieved over the kernels' GPU time.
 

@@ -29,6 +29,14 @@ def find_kernel_trace_files(out_dir: Path) -> list[Path]:
     return sorted(out_dir.rglob("*kernel_trace.csv"))
 
 
+def read_rocprofv3_output(out_dir: Path) -> list[KernelLaunch]:
+    """The launches of every kernel trace under ``out_dir`` (``build_rocprofv3_command``'s folder)."""
+    launches: list[KernelLaunch] = []
+    for f in find_kernel_trace_files(out_dir):
+        launches.extend(parse_rocprofv3_kernel_trace(f.read_text(errors="replace")))
+    return launches
+
+
 def _dims(row: dict[str, str], prefix: str) -> str | None:
     """"(x, y, z)" from the <prefix>_X/_Y/_Z columns, or None if the trace has none."""
     if f"{prefix}_X" not in row:
