@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, Any] = {"environment": env, "exit_codes": codes, "wall_s": {k: round(v, 1) for k, v in walls.items()},
                              "workspaces": {k: str(v) for k, v in wss.items()}, "metrics": {}, "trace": facts,
                              "reanalysis": reanalysis, "in_run_stop_plus_analysis_s": in_run_analysis_s(wss["profiled"])}
-    for label, key in [*METRICS, ("completed", "completed")]:
+    for _label, key in [*METRICS, ("completed", "completed")]:
         table["metrics"][key] = {k: stat(r, key) for k, r in reports.items()}
     for k, r in reports.items():
         table[k] = {"state": r.get("state"), "ready_s": (r.get("server") or {}).get("ready_s"),
@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- the table, last ---
     say("")
-    say(f"== magpie benchmark {prof.get('framework') or ''} {prof.get('model') or ''}: clean vs profiled (mean across repeats [95% interval]) ==")
+    say(f"== magpie benchmark {prof.get('framework') or ''} {prof.get('model') or ''}: clean vs profiled "
+        "(mean across repeats [95% interval]) ==")
     say(f"GPU: {env.get('gpu') or env.get('nvidia_smi')}; torch {env.get('torch')}")
     say(f"{'metric':<16} | {'clean':<32} | {'profiled':<32} | prof/clean")
     for label, key in METRICS:

@@ -84,7 +84,8 @@ def main() -> int:
         c = [[None, None] for _ in blocks]
         step(torch.randint(0, 32000, (args.batch, 16), device=dev), c, 0)
         (torch.cuda.synchronize() if dev.type == 'cuda' else None)
-    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == 'cuda' else []),
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == 'cuda' else [])
+    prof = torch.profiler.profile(activities=activities,
                                   record_shapes=True)
     t0 = time.time()
     with torch.no_grad(), prof:

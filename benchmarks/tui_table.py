@@ -72,7 +72,7 @@ def make_rows(n: int, seed: int = 0) -> list[dict[str, Any]]:
     """``n`` roofline-like rows (deterministic)."""
     rng = random.Random(seed)
     rows = []
-    for i in range(n):
+    for _ in range(n):
         category = rng.choice(_CATEGORIES)
         op = rng.choice(_OPS[category])
         m, k, nn = (rng.choice([1, 8, 64, 512, 1024, 4096, 8192]) for _ in range(3))

@@ -246,8 +246,8 @@ class _Handlers:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
                 "model": self.config.name, "choices": [choice]}
 
-    async def _stream(self, request: web.Request, events: AsyncGenerator[TokenEvent, None], rid: str, chat: bool, prompt_tokens: int,
-                      include_usage: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, events: AsyncGenerator[TokenEvent, None], rid: str, chat: bool,
+                      prompt_tokens: int, include_usage: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
 

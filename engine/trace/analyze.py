@@ -49,7 +49,8 @@ class TraceAnalysisOptions:
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         d["kernel_source_repos"] = [str(p) for p in self.kernel_source_repos]
-        d["categories"], d["ignore_categories"], d["stages"] = list(self.categories), list(self.ignore_categories), list(self.stages)
+        d["categories"], d["ignore_categories"] = list(self.categories), list(self.ignore_categories)
+        d["stages"] = list(self.stages)
         return d
 
 

@@ -1180,7 +1180,7 @@ class _Report:
             rec["ex_UID"] = first.uid
             rec["operation_count"] = len(rs)
 
-            def stats(c: str, aggs: Sequence[str]) -> None:
+            def stats(c: str, aggs: Sequence[str], rec: dict = rec, idx: Any = idx) -> None:  # called at once
                 col = cols_v[c]
                 for a, v in zip(aggs, pd_aggs([col[i] for i in idx], aggs, fast[c])):
                     rec[f"{c}_{a}"] = v

@@ -5,7 +5,6 @@ import json
 import os
 import pickle
 import signal
-import sys
 import textwrap
 import time
 from pathlib import Path
