@@ -1,5 +1,10 @@
 """``WorkbenchApp``: the workbench's App. It owns the long-lived parts (the runs watcher, the
 config watcher, processes it started), so switching screens never loses or cancels anything.
+
+Blocking work stays off the event loop: the catalog scan runs in a thread worker (one at a
+time, group ``runs-catalog``) that posts ``RunsChanged``; reports are read in a thread worker
+before their screen is built. Screens hear about changes through ``runs_signal`` and
+``configs_signal`` (``textual.signal.Signal``), which they subscribe to when they mount.
 """
 
 from __future__ import annotations
@@ -9,8 +14,11 @@ import os
 import signal
 from pathlib import Path
 
+from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.signal import Signal
+from textual.worker import Worker
 
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import StartedRun
@@ -42,6 +50,10 @@ class WorkbenchApp(App):
         self.runs: list[RunInfo] = []
         self.started: dict[int, StartedRun] = {}  # pid -> processes this session started
         self.runs_watcher = RunsWatcher(settings.results_dirs, self)
+        self._scan: Worker | None = None  # the catalog scan in flight, if any
+        # Fan-out to screens: subscribe on mount, e.g. ``app.runs_signal.subscribe(self, self.runs_changed)``.
+        self.runs_signal: Signal[RunsChanged] = Signal(self, "runs-changed")
+        self.configs_signal: Signal[ConfigsChanged] = Signal(self, "configs-changed")
         self.theme_problems: list[str] = []
         self._stop_watch: asyncio.Event | None = None
         self.animation_level = "none"  # over SSH every byte counts
@@ -78,7 +90,7 @@ class WorkbenchApp(App):
             self.set_keymap(self.settings.keymap)
         for problem in self.settings.problems + self.theme_problems:
             self.notify(problem, severity="warning", timeout=10)
-        self.runs_watcher.poll()
+        self._poll_runs()
         self.set_interval(self.poll_interval, self._poll_runs)
         if self.watch_files:
             self._stop_watch = asyncio.Event()
@@ -98,27 +110,24 @@ class WorkbenchApp(App):
         for pid, started in list(self.started.items()):
             if started.process.poll() is not None:  # reap: no zombies while the app runs
                 del self.started[pid]
+        # Back-pressure: a slow scan (many runs, a slow disk) skips ticks instead of piling up.
+        if self._scan is None or self._scan.is_finished:
+            self._scan = self.scan_runs()
+
+    @work(thread=True, exclusive=True, group="runs-catalog", name="runs-scan", exit_on_error=False,
+          description="scan the results folders and read new events")
+    def scan_runs(self) -> None:
+        """Blocking: scandir of every results folder plus a read of each events file (only the
+        appended bytes). The watcher posts ``RunsChanged`` (thread-safe) when something changed."""
         self.runs_watcher.poll()
 
     def on_runs_changed(self, message: RunsChanged) -> None:
         self.runs = message.runs
-        # Every open screen that shows runs gets the same snapshot, visible or not.
-        for screen in self._all_screens():
-            if hasattr(screen, "runs_changed"):
-                screen.runs_changed(message)
-
-    def _all_screens(self):
-        seen = set()
-        for stack in self._screen_stacks.values():
-            for screen in stack:
-                if id(screen) not in seen:
-                    seen.add(id(screen))
-                    yield screen
+        # Every subscribed screen gets the same snapshot, visible or not.
+        self.runs_signal.publish(message)
 
     def on_configs_changed(self, message: ConfigsChanged) -> None:
-        for screen in self._all_screens():
-            if hasattr(screen, "configs_changed"):
-                screen.configs_changed(message)
+        self.configs_signal.publish(message)
 
     async def action_quit(self) -> None:
         if self._stop_watch is not None:
@@ -142,9 +151,19 @@ class WorkbenchApp(App):
         self.push_screen(RunScreen(info))
 
     def open_report(self, info: RunInfo) -> None:
-        """The report screen that fits the run's mode."""
+        """The report screen that fits the run's mode; its files are read in a thread worker."""
+        self._read_report(info)
+
+    @work(thread=True, exclusive=True, group="report-files", exit_on_error=False,
+          description="read a run's report files")
+    def _read_report(self, info: RunInfo) -> None:
+        from magpie_tui.screens.reports import read_report_files
+        files = read_report_files(info)
+        self.call_from_thread(self._show_report, info, files)
+
+    def _show_report(self, info: RunInfo, files) -> None:
         from magpie_tui.screens.reports import open_report_screen
-        screen = open_report_screen(self, info)
+        screen = open_report_screen(self, info, files)
         if screen is not None:
             self.push_screen(screen)
 
@@ -171,7 +190,15 @@ class WorkbenchApp(App):
 
 def _configs_screen():
     from magpie_tui.screens.configs import ConfigsScreen
-    return ConfigsScreen()
+    screen = ConfigsScreen()
+    # ConfigsScreen has a ``configs_changed`` handler but does not subscribe itself: subscribe it
+    # here, once it runs (call_later's callback is handled after its mount).
+    screen.call_later(_subscribe_configs, screen)
+    return screen
+
+
+def _subscribe_configs(screen) -> None:
+    screen.app.configs_signal.subscribe(screen, screen.configs_changed)
 
 
 def _runs_screen():

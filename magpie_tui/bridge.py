@@ -1,9 +1,12 @@
 """The one module that knows both sides: engine run folders and files in, Textual messages out.
 
-* ``RunsWatcher`` polls the run catalog (cheap: it reads only appended bytes) and posts
-  ``RunsChanged`` when something changed.
+* ``RunsWatcher`` polls the run catalog (it reads only appended bytes, but it still scans
+  every results folder and opens every events file) and posts ``RunsChanged`` when something
+  changed. It blocks, so the app calls it from a thread worker, never on the event loop;
+  ``post_message`` is thread-safe.
 * ``FileTail`` follows a log file that another process writes, in batches: the UI asks
-  for new lines a few times a second, never once per line.
+  for new lines a few times a second, never once per line, from a thread worker, and at most
+  ``max_bytes`` per call (back-pressure: the next read waits until the lines were shown).
 * ``watch_configs`` turns file-system changes under the project into ``ConfigsChanged``.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -36,6 +40,7 @@ class FileTail:
         self.offset = 0
         self.lines_read = 0
         self.skipped_bytes = 0
+        self.more = False  # the last read stopped at max_bytes: there is more to read now
         if path.exists():
             size = path.stat().st_size
             # A huge log starts near its end: the full file stays on disk for toolong/less.
@@ -44,6 +49,9 @@ class FileTail:
         self._drop_partial_first_line = self.offset > 0 and not start_at_end
 
     def read_lines(self, max_bytes: int = 8 << 20) -> list[str]:
+        """New complete lines, from at most ``max_bytes`` of the file. Blocking: call it from a
+        thread, and from one thread at a time."""
+        self.more = False
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
@@ -52,6 +60,7 @@ class FileTail:
             return []
         if not data:
             return []
+        self.more = len(data) == max_bytes
         self.offset += len(data)
         if self._drop_partial_first_line:
             # Started mid-file: the first line is cut, so it is not shown.
@@ -83,18 +92,25 @@ def clean_line(text: str) -> str:
 
 
 class RunsWatcher:
-    """Polls the catalog; posts ``RunsChanged`` to ``target`` when something changed."""
+    """Polls the catalog; posts ``RunsChanged`` to ``target`` when something changed.
+
+    ``poll`` blocks (directory scans, events-file reads): call it from a thread worker. The
+    ``RunInfo`` objects are updated in place by later polls, so a screen holding one sees it
+    change; a lock keeps two polls from folding the same events twice.
+    """
 
     def __init__(self, roots: Iterable[Path], target) -> None:
         self.catalog = RunCatalog(roots)
         self.target = target
         self._first = True
+        self._lock = threading.Lock()
 
     def poll(self) -> None:
-        changed = self.catalog.refresh()
-        if changed or self._first:
-            self._first = False
-            self.target.post_message(RunsChanged(self.catalog.sorted_runs(), changed))
+        with self._lock:
+            changed = self.catalog.refresh()
+            if changed or self._first:
+                self._first = False
+                self.target.post_message(RunsChanged(self.catalog.sorted_runs(), changed))
 
 
 async def watch_configs(root: Path, target, stop_event=None, debounce_ms: int = 300) -> None:

@@ -18,7 +18,13 @@ class RunsChanged(Message):
         self.changed = changed
 
     def can_replace(self, message: Message) -> bool:
-        return isinstance(message, RunsChanged)  # only the latest snapshot matters
+        """Only the latest snapshot matters; the runs this one says changed go along with it
+        (``message`` is the newer one, waiting behind this one)."""
+        if not isinstance(message, RunsChanged):
+            return False
+        newer = {info.path for info in message.changed}
+        message.changed = message.changed + [info for info in self.changed if info.path not in newer]
+        return True
 
 
 class ConfigsChanged(Message):

@@ -48,7 +48,7 @@ class KernelOutcome:
     samples_ms: list[float] = field(default_factory=list)
     testcase_stdout: str = ""
     sample_rounds: list[list[float]] = field(default_factory=list)  # interleaved rounds of samples_ms
-    rejections: list[str] = field(default_factory=list)  # guard violations: never ranked
+    rejections: list[dict] = field(default_factory=list)  # guard violations {guard, message}: never ranked
     flags: list[dict] = field(default_factory=list)  # guard findings that did not reject
     cancelled_stage: Optional[str] = None  # the stage a cancel interrupted
 
@@ -59,11 +59,11 @@ class KernelOutcome:
     @property
     def errors(self) -> list[str]:
         errs = self.compile.errors + self.correctness.errors + self.performance.errors
-        return errs + [r for r in self.rejections if r not in errs]
+        return errs + [r["message"] for r in self.rejections if r["message"] not in errs]
 
     @property
     def guards(self) -> dict:
-        flags = [{"guard": _guard_name(r), "message": r} for r in self.rejections] + list(self.flags)
+        flags = [dict(r) for r in self.rejections] + list(self.flags)
         return {"flags": flags, "rejected": bool(self.rejections)}
 
 
@@ -254,7 +254,7 @@ class Evaluator:
         corr.errors.extend(m.errors)
         # A guard tripped before timing (tampering, background threads) fails correctness; one that
         # tripped while timing (the hardware floor, the clock check) rejects the measured kernel.
-        corr.errors.extend(m.rejections)
+        corr.errors.extend(r["message"] for r in m.rejections)
         o.rejections = list(m.rejections) + list(m.timing_rejections)
         o.flags = list(m.flags)
         if m.cancelled_in == "correctness":
@@ -611,17 +611,6 @@ class MeasurementError(MagpieError):
     """The performance stage could not produce timings; the message names the backend and why."""
 
     title = "measurement failed"
-
-
-def _guard_name(message: str) -> str:
-    for key, name in (("tampering", "tamper"), ("outlive its call", "threads"),
-                      ("faster than the hardware", "hardware_floor"), ("clock disagrees", "clock"),
-                      ("aliases input", "output_alias"), ("not a plain torch.Tensor", "output_type"),
-                      ("wrote into input", "input_mutation"), ("timed call", "timed_outputs"),
-                      ("outside the timed stream", "escaped_stream")):
-        if key in message:
-            return name
-    return "correctness"
 
 
 def parse_timing_json(text: str) -> list[float]:

@@ -168,8 +168,10 @@ class Member:
     load: dict = field(default_factory=dict)
     seeds: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # correctness failures
-    rejections: list[str] = field(default_factory=list)  # guard violations before timing: never timed
-    timing_rejections: list[str] = field(default_factory=list)  # found while timing: never ranked
+    # Guard violations, each {"guard": name, "message": text}: before timing (never timed) and
+    # while timing (never ranked).
+    rejections: list[dict] = field(default_factory=list)
+    timing_rejections: list[dict] = field(default_factory=list)
     flags: list[dict] = field(default_factory=list)
     rounds: list[list[float]] = field(default_factory=list)
     events_rounds: list[list[float]] = field(default_factory=list)
@@ -182,7 +184,7 @@ class Member:
     adopted: Optional[bool] = None
 
 
-def _add_new(dst: list[str], items: list[str]) -> None:
+def _add_new(dst: list, items: list) -> None:
     """Append the messages ``dst`` does not hold yet (a guard reports on every request)."""
     dst.extend(e for e in items if e not in dst)
 
@@ -482,9 +484,9 @@ class HarnessSession:
             _add_new(m.timing_rejections, rep.get("guard_errors", []))
             wall, span = rep["_wall_s"], rep["round_span_s"]
             if span < 0.5 * wall - 0.05:
-                m.timing_rejections.append(f"the kernel's process clock disagrees with the harness's: it counted "
-                                           f"{span:.3f} s for a round the harness saw take {wall:.3f} s "
-                                           "(clock tampered?)")
+                m.timing_rejections.append({"guard": "clock", "message": "the kernel's process clock disagrees with "
+                                            f"the harness's: it counted {span:.3f} s for a round the harness saw "
+                                            f"take {wall:.3f} s (clock tampered?)"})
             if r >= 0:  # round -1's samples are dropped
                 m.rounds.append(rep["samples_ms"])
                 m.other_stream_calls += int(rep.get("other_stream_calls", 0))
@@ -522,11 +524,11 @@ class HarnessSession:
         ev = statistics.median(rep["events_ms"]) if rep.get("events_ms") else None
         span = statistics.median(spans) if spans else None
         if rep.get("other_stream_calls") or (span is not None and ev is not None and span > ev * 1.10 + 0.002):
-            m.timing_rejections.append(
+            m.timing_rejections.append({"guard": "escaped_stream", "message": (
                 "work ran outside the timed stream: the device trace shows "
                 + (f"{span * 1e3:.1f} us per call" if span is not None else "kernels")
                 + f" on streams the events do not cover (events: {ev * 1e3 if ev else 0:.1f} us); the events "
-                "timer cannot time this kernel: use the default timer (trace)")
+                "timer cannot time this kernel: use the default timer (trace)")})
 
     def _release(self, m: Member, kept: list[dict]) -> None:
         if kept:
@@ -597,6 +599,7 @@ class HarnessSession:
             m.timing["hardware_floor_ms"] = floor_ms
             med = statistics.median(samples)
             if moved and med < floor_ms:
-                m.timing_rejections.append(f"median {med * 1e3:.2f} us is faster than the hardware allows: reading its "
-                                    f"{moved / 1e6:.1f} MB of inputs (and outputs beyond L2) at {bw:g} TB/s takes "
-                                    f"at least {floor_ms * 1e3:.2f} us")
+                m.timing_rejections.append({"guard": "hardware_floor", "message": (
+                    f"median {med * 1e3:.2f} us is faster than the hardware allows: reading its "
+                    f"{moved / 1e6:.1f} MB of inputs (and outputs beyond L2) at {bw:g} TB/s takes "
+                    f"at least {floor_ms * 1e3:.2f} us")})

@@ -221,18 +221,19 @@ class Worker:
             perturb_(inputs, perturb)
         return inputs
 
-    def _guard_errors(self) -> list[str]:
+    def _guard_errors(self) -> list[dict]:
+        """Guard violations so far, each ``{"guard": name, "message": text}``."""
         errors = []
         bad = _tampered(self.watch, self.watch_modules)
         if bad:
-            errors.append(f"tampering: the kernel's code replaced {', '.join(bad[:6])}"
-                          + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
-                          + " (clocks, event and profiler APIs, torch functions and the input functions "
-                          "must stay as the harness found them)")
+            errors.append({"guard": "tamper", "message": f"tampering: the kernel's code replaced {', '.join(bad[:6])}"
+                           + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+                           + " (clocks, event and profiler APIs, torch functions and the input functions "
+                           "must stay as the harness found them)"})
         new = [t for t in threading.enumerate() if t.ident not in self.threads_before and t.is_alive()]
         if new:
-            errors.append(f"the kernel started Python threads that outlive its call ({', '.join(t.name for t in new)}): "
-                          "work on background threads escapes the timed window")
+            errors.append({"guard": "threads", "message": "the kernel started Python threads that outlive its call "
+                           f"({', '.join(t.name for t in new)}): work on background threads escapes the timed window"})
         return errors
 
     def _output_checks(self, out, inputs) -> list[str]:

@@ -7,16 +7,23 @@ numbers on screen are tested without a terminal.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
+from textual import work
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
+from engine.runs import schema
 from engine.runs.catalog import RunInfo
+from engine.runs.schema import Report, StageState, Verdict
 from magpie_tui.widgets.data_grid import Column, DataGrid
+
+_M = TypeVar("_M", bound=BaseModel)
 
 # -- compare ---------------------------------------------------------------------------------
 
@@ -24,40 +31,59 @@ VERDICT_CLASS = {"faster": "correct", "baseline": None, "tie": "tie", "slower": 
                  "incorrect": "incorrect", "rejected": "incorrect", "not measured": "muted", "cancelled": "muted"}
 
 
-def load_report(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read the report ({exc})") from exc
+def load_report(path: Path) -> Report:
+    """The report's model (engine.runs.schema), picked by file name; ValueError (a
+    RunFileError) naming the file and the failing field when it cannot be read or validated."""
+    return schema.load_report(path)
 
 
-def compare_rows(report: dict) -> list[dict[str, Any]]:
+def _section(report: Any, name: str, model: type[_M]) -> _M | None:
+    """One section of a report, typed: the model's attribute, or, for a raw dict (a partial
+    report, a test's), that section alone validated through its model."""
+    if isinstance(report, schema.RunFile):
+        return getattr(report, name, None)
+    raw = report.get(name) if isinstance(report, dict) else None
+    return model.model_validate(raw) if raw else None
+
+
+def _kernel_view(report: Any) -> tuple[list[schema.KernelResult], list[tuple[int, float]], str | None]:
+    """(kernel results, rankings, baseline id) of a compare or analyze report, model or dict."""
+    if isinstance(report, dict) and isinstance(report.get("results"), list):  # analyze, as a dict
+        return [schema.KernelResult.model_validate(k) for k in report["results"]], [], None
+    if isinstance(report, schema.AnalyzeReport):
+        return report.kernel_results, [], None
+    results = _section(report, "results", schema.CompareResults)
+    baseline = _section(report, "baseline", schema.Baseline)
+    return (results.kernel_results if results else [], results.rankings if results else [],
+            baseline.id if baseline else None)
+
+
+def compare_rows(report: schema.CompareReport | schema.AnalyzeReport | dict) -> list[dict[str, Any]]:
     """One row per kernel, ranked: correct ones by speedup, then the incorrect ones with why."""
-    results = (report.get("results") or {}).get("kernel_results") or []
-    ranking = [idx for idx, _score in (report.get("results") or {}).get("rankings") or []]
-    baseline_id = (report.get("baseline") or {}).get("id")
+    results, rankings, baseline_id = _kernel_view(report)
+    ranking = [idx for idx, _score in rankings]
     rows = []
     for index, kr in enumerate(results):
-        timing = kr.get("timing") or {}
-        correct = kr.get("correctness_state") == "SUCCESS"
-        verdict = kr.get("verdict") or ("baseline" if kr.get("kernel_id") == baseline_id else None)
-        if kr.get("kernel_id") == baseline_id:
-            verdict = "baseline"
-        ci = kr.get("speedup_ci") or [None, None]
+        timing = kr.timing or schema.Timing()
+        correct = kr.correct
+        verdict = kr.verdict or (Verdict.BASELINE if kr.kernel_id == baseline_id else None)
+        if kr.kernel_id == baseline_id:
+            verdict = Verdict.BASELINE
+        ci = kr.speedup_ci or [None, None]
         rows.append({
             "rank": ranking.index(index) + 1 if index in ranking else None,
-            "kernel": kr.get("kernel_id", f"#{index}"),
-            "correct": "yes" if correct else ("no" if kr.get("correctness_state") == "FAILED" else
-                                              str(kr.get("correctness_state", "?")).lower()),
-            "median_ms": timing.get("median"),
-            "iqr_ms": timing.get("iqr"),
-            "cv_pct": timing.get("cv") * 100 if isinstance(timing.get("cv"), (int, float)) else None,
-            "n": timing.get("n"),
-            "speedup": kr.get("speedup"),
+            "kernel": kr.kernel_id,
+            "correct": "yes" if correct else ("no" if kr.correctness_state == StageState.FAILED else
+                                              str(kr.correctness_state or "?").lower()),
+            "median_ms": timing.median,
+            "iqr_ms": timing.iqr,
+            "cv_pct": timing.cv * 100 if timing.cv is not None else None,
+            "n": timing.n,
+            "speedup": kr.speedup,
             "ci_low": ci[0],
             "ci_high": ci[1],
-            "verdict": verdict or ("incorrect" if not correct else "not measured"),
-            "why": "; ".join(kr.get("errors") or []),
+            "verdict": verdict or (Verdict.INCORRECT if not correct else Verdict.NOT_MEASURED),
+            "why": "; ".join(kr.errors),
             "index": index,
         })
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["index"]))
@@ -86,19 +112,25 @@ class CompareReportScreen(Screen):
         Binding("d", "diff", "Diff vs baseline", id="report.diff"),
     ]
 
-    def __init__(self, info: RunInfo, report: dict) -> None:
+    def __init__(self, info: RunInfo, report: schema.CompareReport | schema.AnalyzeReport | dict) -> None:
         super().__init__()
         self.info = info
+        if isinstance(report, dict):
+            name = schema.ANALYZE_REPORT if report.get("mode") == "analyze" else schema.COMPARE_REPORT
+            report = schema.parse_report(name, report)
         self.report = report
         self.rows = compare_rows(report)
 
     def compose(self):
         yield Header()
         r = self.report
-        winner = r.get("winner_id")
-        title = (f"{r.get('mode', 'compare')} · {r.get('state', '?')} · baseline "
-                 f"{(r.get('baseline') or {}).get('id', '-')} · winner {winner or 'none'}"
-                 + (f" ({r['winner_reason']})" if r.get("winner_reason") else ""))
+        # An analyze report has no baseline and no winner.
+        winner = getattr(r, "winner_id", None)
+        baseline = getattr(r, "baseline", None)
+        reason = getattr(r, "winner_reason", None)
+        baseline_id = baseline.id if baseline is not None and baseline.id is not None else "-"
+        title = (f"{r.mode} · {r.state} · baseline {baseline_id} · winner {winner or 'none'}"
+                 + (f" ({reason})" if reason else ""))
         yield Static(title, classes="report-title")
         yield DataGrid(COMPARE_COLUMNS, row_class=lambda row: VERDICT_CLASS.get(row["verdict"]),
                        id="compare-grid", classes="report-table")
@@ -153,18 +185,29 @@ THROUGHPUT_METRICS = (("request_throughput", "Requests/s"), ("output_throughput"
                       ("total_token_throughput", "Total tok/s"))
 
 
-def benchmark_rows(report: dict) -> list[dict[str, Any]]:
+def _shown(value: Any, absent: str) -> Any:
+    """A title field: ``absent`` when the report does not carry it."""
+    return absent if value is None else value
+
+
+def _bench(report: schema.BenchmarkReport | dict) -> schema.BenchmarkReport:
+    return report if isinstance(report, schema.BenchmarkReport) else \
+        schema.parse_report(schema.BENCHMARK_REPORT, report)  # type: ignore[return-value]
+
+
+def benchmark_rows(report: schema.BenchmarkReport | dict) -> list[dict[str, Any]]:
     """Throughput and latency rows: the first run's value and, with repeats, the mean and 95% interval."""
-    result = report.get("result") or {}
-    repeats = report.get("repeats") or {}
+    r = _bench(report)
+    result = r.result or schema.BenchResult()
+    repeats = r.repeats or {}
     rows = []
 
     def add(key: str, label: str, unit: str) -> None:
-        value = result.get(key)
-        rep = repeats.get(key) or {}
-        ci = rep.get("ci95") or [None, None]
-        rows.append({"metric": label, "unit": unit, "value": value, "mean": rep.get("mean"),
-                     "ci_low": ci[0], "ci_high": ci[1], "n": rep.get("n"), "key": key})
+        value = result.value(key)
+        rep = repeats.get(key) or schema.RepeatStat()
+        ci = rep.ci95 or [None, None]
+        rows.append({"metric": label, "unit": unit, "value": value, "mean": rep.mean,
+                     "ci_low": ci[0], "ci_high": ci[1], "n": rep.n, "key": key})
 
     for key, label in THROUGHPUT_METRICS:
         add(key, label, "1/s" if key == "request_throughput" else "tok/s")
@@ -209,42 +252,48 @@ def request_latencies(run_dir: Path) -> dict[str, list[float]]:
     return {"TTFT": ttft, "ITL": itl, "E2EL": e2el}
 
 
-def load_facts(report: dict) -> str:
+def load_facts(report: schema.BenchmarkReport | dict) -> str:
     """How the load was made, when the report says (reports before these keys say nothing)."""
     facts = []
-    dataset = report.get("dataset") or {}
-    if dataset.get("prompts") == "text":
-        facts.append(f"text prompts ({dataset.get('tokenizer')})")
-    elif dataset.get("prompts"):
+    dataset = _section(report, "dataset", schema.BenchDataset) or schema.BenchDataset()
+    if dataset.prompts == "text":
+        facts.append(f"text prompts ({dataset.tokenizer})")
+    elif dataset.prompts:
         facts.append("token-id prompts")
-    if dataset.get("prefix_len"):
-        facts.append(f"shared prefix {dataset['prefix_len']}")
-    client = (report.get("environment") or {}).get("http_client")
+    if dataset.prefix_len:
+        facts.append(f"shared prefix {dataset.prefix_len}")
+    client = (_section(report, "environment", schema.BenchEnvironment) or schema.BenchEnvironment()).http_client
     if client:
         facts.append(f"{client} HTTP client")
     return "".join(f" · {f}" for f in facts)
 
 
-def sweep_points(report: dict) -> list[tuple[float, float, str]]:
+def sweep_points(report: schema.BenchmarkReport | dict) -> list[tuple[float, float, str]]:
     """(output tok/s, median TTFT ms... TPOT, label) per sweep point."""
     out = []
-    for point in report.get("sweep") or []:
-        runs = point.get("runs") or []
-        if not runs:
+    for point in _bench(report).sweep or []:
+        if not point.runs:
             continue
-        first = runs[0]
-        label = ", ".join(f"{k}={v}" for k, v in (point.get("point") or {}).items()
+        first = point.runs[0]
+        label = ", ".join(f"{k}={v}" for k, v in point.point.items()
                           if k in ("concurrency", "input_len", "output_len", "request_rate") and v is not None)
-        out.append((first.get("output_throughput") or 0.0, first.get("median_tpot_ms") or 0.0, label))
+        out.append((first.output_throughput or 0.0, first.median_tpot_ms or 0.0, label))
     return out
 
 
-def delta_rows(a: dict, b: dict) -> list[dict[str, Any]]:
+def _delta_side(report: schema.BenchmarkReport) -> dict[str, Any]:
+    """What ``compare_reports`` takes: the repeats (mean, values) or else the single result."""
+    if report.repeats:
+        return {k: v.model_dump(exclude_unset=True) for k, v in report.repeats.items()}
+    return report.result.model_dump(exclude_unset=True) if report.result else {}
+
+
+def delta_rows(a: schema.BenchmarkReport | dict, b: schema.BenchmarkReport | dict) -> list[dict[str, Any]]:
     """B - A per metric, from the repeats (mean, with noise) or else the single result, as
     ``magpie benchmark --compare-reports`` computes it."""
     from engine.bench.metrics import compare_reports
-    side_a = a.get("repeats") or a.get("result") or {}
-    side_b = b.get("repeats") or b.get("result") or {}
+    side_a = _delta_side(_bench(a))
+    side_b = _delta_side(_bench(b))
     rows = []
     for key, d in compare_reports(side_a, side_b).items():
         rows.append({"metric": key, "a": d.get("a"), "b": d.get("b"), "delta": d.get("delta"),
@@ -259,28 +308,31 @@ class BenchmarkReportScreen(Screen):
         Binding("t", "roofline", "Roofline", id="report.roofline"),
     ]
 
-    def __init__(self, info: RunInfo, report: dict) -> None:
+    def __init__(self, info: RunInfo, report: schema.BenchmarkReport | dict,
+                 latencies: dict[str, list[float]] | None = None) -> None:
         super().__init__()
         self.info = info
-        self.report = report
+        self.report = _bench(report)
+        # Read with the report, off the event loop (``read_report_files``); None: read on mount.
+        self.latencies = latencies
 
     def compose(self):
         from magpie_tui.widgets.plots import Histogram, LinePlot
         r = self.report
         yield Header()
-        yield Static(f"{r.get('framework', '?')} {r.get('model', '')} · {r.get('state', '?')} · "
-                     f"{r.get('run_kind', '')} · envs {r.get('envs', {})}{load_facts(r)}", classes="report-title")
+        yield Static(f"{_shown(r.framework, '?')} {_shown(r.model, '')} · {r.state} · "
+                     f"{_shown(r.run_kind, '')} · envs {r.envs}{load_facts(r)}", classes="report-title")
         with TabbedContent(id="bench-tabs"):
             with TabPane("Metrics", id="tab-metrics"):
                 yield DataGrid(BENCH_COLUMNS, id="bench-grid", classes="report-table")
-                for err in (r.get("errors") or [])[:5]:
+                for err in r.errors[:5]:
                     yield Static(err, classes="incorrect-why")
             with TabPane("Distributions", id="tab-dist"):
-                latencies = request_latencies(self.info.path)
+                latencies = self.latencies or {}
                 with Horizontal(classes="plots"):
                     for name in ("TTFT", "ITL", "E2EL"):
                         yield Histogram(latencies.get(name, []), title=f"{name} (ms)", id=f"hist-{name.lower()}")
-            if r.get("sweep"):
+            if r.sweep:
                 with TabPane("Sweep", id="tab-sweep"):
                     yield LinePlot(sweep_points(r), title="median TPOT vs output throughput",
                                    x_label="output tok/s", y_label="median TPOT (ms)", id="sweep-plot")
@@ -296,14 +348,38 @@ class BenchmarkReportScreen(Screen):
         rows = benchmark_rows(self.report)
         self.query_one("#bench-grid", DataGrid).set_rows(rows, keys=[row["key"] for row in rows])
         self.query_one("#bench-grid", DataGrid).focus()
+        if self.latencies is None:
+            self._read_latencies()
+
+    @work(thread=True, exclusive=True, group="report-files", exit_on_error=False)
+    def _read_latencies(self) -> None:
+        latencies = request_latencies(self.info.path)
+        self.app.call_from_thread(self._show_latencies, latencies)
+
+    def _show_latencies(self, latencies: dict[str, list[float]]) -> None:
+        from magpie_tui.widgets.plots import Histogram
+        self.latencies = latencies
+        for name in ("TTFT", "ITL", "E2EL"):
+            self.query_one(f"#hist-{name.lower()}", Histogram).set_values(latencies.get(name, []))
 
     def compare_with(self, other: RunInfo) -> None:
-        """Side by side: this run is A, ``other`` is B."""
+        """Side by side: this run is A, ``other`` is B (its report is read in a thread worker)."""
+        self._read_other(other)
+
+    @work(thread=True, exclusive=True, group="report-files", exit_on_error=False)
+    def _read_other(self, other: RunInfo) -> None:
         path = other.report_path
         if path is None:
-            self.notify(f"{other.name} has no report", severity="error")
+            self.app.call_from_thread(self.notify, f"{other.name} has no report", severity="error")
             return
-        b = load_report(path)
+        try:
+            b = load_report(path)
+        except ValueError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error")
+            return
+        self.app.call_from_thread(self._show_compare, other, b)
+
+    def _show_compare(self, other: RunInfo, b: schema.BenchmarkReport) -> None:
         rows = delta_rows(self.report, b)
         self.query_one("#delta-grid", DataGrid).set_rows(rows, keys=[row["metric"] for row in rows])
         self.query_one("#compare-note", Static).update(f"A = {self.info.name}   B = {other.name}   "
@@ -328,22 +404,44 @@ class BenchmarkReportScreen(Screen):
         self.app.push_screen(RooflineScreen(self.info))
 
 
-def open_report_screen(app, info: RunInfo) -> Screen | None:
-    """The screen for a run's report, or None (with a notice saying why)."""
+@dataclass
+class ReportFiles:
+    """What a report screen needs from disk, read before the screen is built."""
+
+    path: Path | None = None
+    report: Report | None = None
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    problem: str | None = None
+    severity: str = "warning"
+
+
+def read_report_files(info: RunInfo) -> ReportFiles:
+    """Blocking (stats and JSON reads): call it from a thread worker, as ``WorkbenchApp.open_report``
+    does, so that a large report never stalls the event loop."""
     path = info.report_path
     if path is None:
-        app.notify(f"{info.name}: no report yet ({info.state})", severity="warning")
-        return None
+        return ReportFiles(problem=f"{info.name}: no report yet ({info.state})")
     try:
         report = load_report(path)
     except ValueError as exc:
-        app.notify(str(exc), severity="error")
+        return ReportFiles(path=path, problem=str(exc), severity="error")
+    latencies = request_latencies(info.path) if path.name == schema.BENCHMARK_REPORT else {}
+    return ReportFiles(path=path, report=report, latencies=latencies)
+
+
+def open_report_screen(app, info: RunInfo, files: ReportFiles | None = None) -> Screen | None:
+    """The screen for a run's report, or None (with a notice saying why). Pass ``files`` read
+    off the event loop (``read_report_files``); without them they are read here, blocking."""
+    files = files if files is not None else read_report_files(info)
+    path, report = files.path, files.report
+    if path is None or report is None:
+        app.notify(files.problem or f"{info.name}: no report", severity=files.severity)
         return None
-    if path.name in ("compare_report.json", "analyze_report.json"):
+    if isinstance(report, (schema.CompareReport, schema.AnalyzeReport)):
         return CompareReportScreen(info, report)
-    if path.name == "benchmark_report.json":
-        return BenchmarkReportScreen(info, report)
-    if path.name == "trace_analysis_report.json":
+    if isinstance(report, schema.BenchmarkReport):
+        return BenchmarkReportScreen(info, report, files.latencies)
+    if isinstance(report, schema.TraceAnalysisReport):
         from magpie_tui.screens.roofline import RooflineScreen
         return RooflineScreen(info)
     return None

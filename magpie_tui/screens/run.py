@@ -7,6 +7,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Select, Static, TabbedContent, TabPane
@@ -46,16 +47,10 @@ def format_event(line: str) -> str:
 
 
 class EventsLog(RunLog):
-    """events.jsonl, one readable line per event."""
+    """events.jsonl, one readable line per event (formatted in the reading thread)."""
 
-    def drain(self) -> int:
-        if self.tail is None:
-            return 0
-        lines = self.tail.read_lines()
-        if lines:
-            self.write_lines([format_event(line) for line in lines])
-            self.lines_shown += len(lines)
-        return len(lines)
+    def format_lines(self, lines: list[str]) -> list[str]:
+        return [format_event(line) for line in lines]
 
 
 class RunScreen(Screen):
@@ -70,6 +65,7 @@ class RunScreen(Screen):
         super().__init__()
         self.info = info
         self.logs = log_files(info)
+        self._scanning = False  # a log/summary scan is in flight
 
     def compose(self):
         yield Header()
@@ -95,8 +91,13 @@ class RunScreen(Screen):
         self.sub_title = self.info.name
         self.call_after_refresh(self._refresh_status)  # the tab panes mount after the screen
         self.set_interval(1.0, self._refresh_status)
+        self.app.runs_signal.subscribe(self, self.runs_changed)
+
+    def on_unmount(self) -> None:
+        self.app.runs_signal.unsubscribe(self)
 
     def runs_changed(self, message: RunsChanged) -> None:
+        """``app.runs_signal``'s callback."""
         for info in message.changed:
             if info.path == self.info.path:
                 self.info = info
@@ -116,7 +117,30 @@ class RunScreen(Screen):
         status.update("  ·  ".join(p for p in parts if p))
         for state in ("running", "completed", "failed", "lost", "cancelled"):
             status.set_class(info.state == state, f"-{state}")
-        fresh = log_files(info)
+        if not self._scanning:  # one scan at a time; a slow disk skips ticks
+            self._scanning = True
+            self._scan_files(info)
+
+    @work(thread=True, exclusive=True, group="run-files", exit_on_error=False,
+          description="look for the run's logs and summary")
+    def _scan_files(self, info: RunInfo) -> None:
+        """Blocking (a glob of the logs, a read of summary.txt): off the event loop."""
+        fresh: list[Path] | None = None
+        summary: str | None = None
+        try:
+            fresh = log_files(info)
+            if info.is_finished:
+                try:
+                    summary = (info.path / "summary.txt").read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    summary = None
+        finally:
+            self.app.call_from_thread(self._show_files, info, fresh, summary)
+
+    def _show_files(self, info: RunInfo, fresh: list[Path] | None, summary: str | None) -> None:
+        self._scanning = False
+        if fresh is None or not self.query("#run-summary"):
+            return
         if fresh != self.logs:  # a log appeared (the server started, a kernel began)
             self.logs = fresh
             choice = self.query_one("#log-choice", Select)
@@ -126,9 +150,8 @@ class RunScreen(Screen):
                 choice.value = current
             elif fresh:
                 choice.value = str(fresh[0])
-        summary = info.path / "summary.txt"
-        if info.is_finished and summary.exists():
-            self.query_one("#run-summary", Static).update(summary.read_text(encoding="utf-8", errors="replace"))
+        if info.is_finished and summary is not None:
+            self.query_one("#run-summary", Static).update(summary)
         elif info.is_finished:
             self.query_one("#run-summary", Static).update(f"{info.state}: no summary.txt was written"
                                                           + (f" ({info.error})" if info.error else ""))

@@ -72,20 +72,28 @@ class RunsScreen(Screen):
             table.add_column(label, key=key)
         self.sub_title = ", ".join(str(d) for d in self.app.settings.results_dirs)
         self._fill(self.app.runs)
+        self.app.runs_signal.subscribe(self, self.runs_changed)
         self.set_interval(1.0, self._tick)
         self.watch(self.app, "theme", lambda _theme: self._fill(self.app.runs, force=True), init=False)
         table.focus()
 
+    def on_unmount(self) -> None:
+        self.app.runs_signal.unsubscribe(self)
+
     def runs_changed(self, message: RunsChanged) -> None:
+        """``app.runs_signal``'s callback: a new snapshot from the catalog scan."""
         if self.is_mounted:
-            self._fill(message.runs)
+            self._fill(message.runs, changed=message.changed)
 
     def _row(self, info: RunInfo, now: float) -> list:
         style = theme_style(self.app, STATE_VARIABLES.get(info.state, "muted"), bold=info.state == "running")
-        return [Text(info.state, style=style), info.mode, info.label, progress_cell(info), format_elapsed(info.elapsed(now)), format_started(info.started),
-                info.name]
+        return [Text(info.state, style=style), info.mode, info.label, progress_cell(info),
+                format_elapsed(info.elapsed(now)), format_started(info.started), info.name]
 
-    def _fill(self, runs: list[RunInfo], force: bool = False) -> None:
+    def _fill(self, runs: list[RunInfo], force: bool = False, changed: list[RunInfo] | None = None) -> None:
+        """Rebuild the table when the set or order of runs changed; otherwise update the cells of
+        ``changed`` (every run when None): with hundreds of runs, a live one's progress must not
+        rewrite every row."""
         table = self.query_one(DataTable)
         now = time.time()
         wanted = [str(r.path) for r in runs]
@@ -98,7 +106,9 @@ class RunsScreen(Screen):
             if current in wanted:
                 table.move_cursor(row=wanted.index(current), animate=False)
         else:
-            for info in runs:
+            for info in runs if changed is None else changed:
+                if str(info.path) not in table.rows:
+                    continue
                 for (key, _label), value in zip(COLUMNS, self._row(info, now)):
                     table.update_cell(str(info.path), key, value)
         running = sum(1 for r in runs if r.state == "running")
