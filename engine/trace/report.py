@@ -1204,32 +1204,8 @@ class _Report:
             rec["perf_params"] = pd_first((st.plain_params or None) if st else None for st in sts)
             rec["has_perf_model"] = first.has_model
             recs.append(rec)
-        if has_kt:
-            recs.sort(key=lambda r: (_desc_key(r["Kernel Time (µs)_sum"]), r["ex_UID"]))
-            pct, cum = _percentages([r["Kernel Time (µs)_sum"] for r in recs])
-            for r, pc, cu in zip(recs, pct, cum):
-                r["Percentage (%)"], r["Cumulative Percentage (%)"] = pc, cu
-        else:
-            recs.sort(key=lambda r: (_desc_key(r["total_duration_us"]), r["ex_UID"]))
-        for r in recs:
-            r["mean_duration_us"] = r["duration_us_mean"]
-            r["std_duration_us"] = r["duration_us_std"]
-            r["trunc_kernel_details"] = trunc_kernel_details(r["kernel_details_summary"])
-        cols = gcols + ["ex_UID", "operation_count", "total_duration_us", "mean_duration_us", "std_duration_us"]
-        cols += static
-        for c in varying + (["Kernel Time (µs)"] if has_kt else []):
-            cols += [f"{c}_mean", f"{c}_std"] + ([f"{c}_sum"] if c == "Kernel Time (µs)" else [])
-        cols += ["duration_us_median", "duration_us_min", "duration_us_max"]
-        for c in varying:
-            cols += [f"{c}_median", f"{c}_min", f"{c}_max"]
-        if any_roof:
-            cols.append("Roofline Time (µs)_first")
-            cols += [f"Pct Roofline_{a}" for a in AGG]
-        if has_kt:
-            cols += ["Kernel Time (µs)_median", "Kernel Time (µs)_min", "Kernel Time (µs)_max"]
-        cols += ["kernel_details_summary", "trunc_kernel_details", "perf_params", "has_perf_model"]
-        if has_kt:
-            cols += ["Percentage (%)", "Cumulative Percentage (%)"]
+        _rank_unified(recs, has_kt)
+        cols = _unified_columns(gcols, static, varying, any_roof, has_kt)
         return Table(cols, [[r.get(c) for c in cols] for r in recs])
 
     # ------------------------------------------------------------------ kernel sheets
@@ -1464,3 +1440,40 @@ def _pytorch_report(tree: EventTree, arch: dict | None, inference: bool, enable_
         if ca is not None:
             tables["coll_analysis"] = ca
     return tables
+
+
+def _rank_unified(recs: list[dict], has_kt: bool) -> None:
+    """TraceLens's order of the unified summary (kernel time, else duration, descending), its
+    percentage columns, and the columns derived from the aggregates."""
+    if has_kt:
+        recs.sort(key=lambda r: (_desc_key(r["Kernel Time (µs)_sum"]), r["ex_UID"]))
+        pct, cum = _percentages([r["Kernel Time (µs)_sum"] for r in recs])
+        for r, pc, cu in zip(recs, pct, cum):
+            r["Percentage (%)"], r["Cumulative Percentage (%)"] = pc, cu
+    else:
+        recs.sort(key=lambda r: (_desc_key(r["total_duration_us"]), r["ex_UID"]))
+    for r in recs:
+        r["mean_duration_us"] = r["duration_us_mean"]
+        r["std_duration_us"] = r["duration_us_std"]
+        r["trunc_kernel_details"] = trunc_kernel_details(r["kernel_details_summary"])
+
+
+def _unified_columns(gcols: list[str], static: list[str], varying: list[str], any_roof: bool,
+                     has_kt: bool) -> list[str]:
+    """The unified summary's columns, in TraceLens's order."""
+    cols = gcols + ["ex_UID", "operation_count", "total_duration_us", "mean_duration_us", "std_duration_us"]
+    cols += static
+    for c in varying + (["Kernel Time (µs)"] if has_kt else []):
+        cols += [f"{c}_mean", f"{c}_std"] + ([f"{c}_sum"] if c == "Kernel Time (µs)" else [])
+    cols += ["duration_us_median", "duration_us_min", "duration_us_max"]
+    for c in varying:
+        cols += [f"{c}_median", f"{c}_min", f"{c}_max"]
+    if any_roof:
+        cols.append("Roofline Time (µs)_first")
+        cols += [f"Pct Roofline_{a}" for a in AGG]
+    if has_kt:
+        cols += ["Kernel Time (µs)_median", "Kernel Time (µs)_min", "Kernel Time (µs)_max"]
+    cols += ["kernel_details_summary", "trunc_kernel_details", "perf_params", "has_perf_model"]
+    if has_kt:
+        cols += ["Percentage (%)", "Cumulative Percentage (%)"]
+    return cols

@@ -11,7 +11,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
+from engine.errors import MagpieError
 from engine.runs.launch import LaunchRequest, start_run
+from magpie_tui.errors import error_text
 from magpie_tui.widgets.diff_view import DiffView
 
 
@@ -111,6 +113,9 @@ class DiffScreen(Screen):
                             baseline=self.baseline)
         try:
             started = start_run(req)
+        except MagpieError as exc:
+            self.notify(error_text(exc), severity="error")
+            return
         except OSError as exc:
             self.notify(f"could not start: {exc}", severity="error")
             return

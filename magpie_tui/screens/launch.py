@@ -10,7 +10,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from engine.config.yamlfile import ConfigError
+from engine.errors import MagpieError
 from engine.runs.launch import ConfigCheck, LaunchRequest, effective_config, start_run
+from magpie_tui.errors import error_text
 
 _INT_FIELDS = ("repeats", "concurrency", "input_len", "output_len", "num_prompts")
 _BENCH_FIELDS = ("concurrency", "input_len", "output_len", "num_prompts", "profiler")
@@ -122,6 +124,9 @@ class LaunchScreen(ModalScreen):
             return
         try:
             started = start_run(self.request)
+        except MagpieError as exc:  # the file changed since the preview checked it
+            self._show_problem(error_text(exc))
+            return
         except OSError as exc:
             self._show_problem(f"could not start: {exc}")
             return

@@ -12,6 +12,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
 from engine.runs.catalog import CancelRefused, RunInfo, cancel_run
+from magpie_tui.errors import error_text
 from magpie_tui.messages import RunsChanged
 
 COLUMNS = (("state", "State"), ("mode", "Mode"), ("label", "Label"), ("progress", "Progress"),
@@ -158,6 +159,6 @@ class RunsScreen(Screen):
                     cancel_run(info)
                     self.notify(f"cancelling {info.name} (its report will say so)")
                 except CancelRefused as exc:
-                    self.notify(str(exc), severity="error")
+                    self.notify(error_text(exc), severity="error")
         self.app.push_screen(ConfirmScreen(f"Cancel {info.name}?\nIts children are stopped and the report "
                                            "is written with state 'cancelled'."), answered)

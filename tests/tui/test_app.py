@@ -117,6 +117,21 @@ async def test_launch_form_previews_overrides_and_refuses_bad_values(app, projec
         assert isinstance(app.screen, LaunchScreen) and not app.started
 
 
+async def test_a_config_broken_after_its_preview_is_refused_at_start(app, project):
+    config = project / "kernels" / "softmax_triton" / "compare.yaml"
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(config)
+        await pilot.press("l")
+        await wait_screen(pilot, app, LaunchScreen, "#start")
+        assert not app.screen.query_one("#start").disabled
+        config.write_text("kernels: [oops\n")  # edited in another window after the preview
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchScreen) and not app.started  # nothing started, the app lives
+        assert "configuration problem" in str(app.screen.query_one("#launch-preview-text").render())
+
+
 @pytest.mark.slow
 async def test_launch_a_compare_watch_it_and_open_its_report(app, project):
     async with app.run_test(size=SIZE) as pilot:

@@ -1,5 +1,6 @@
-"""Honest control: the baseline's loop with blocks of 8 rows instead of 16 (twice the
-iterations, about 2x the cost). Correct, genuinely slower: verdict "slower"."""
+"""Honest control: the baseline's loop with blocks of 2 rows instead of 16 (eight times the
+iterations, several times the cost: far outside the noise of a shared CPU, where 8-row blocks,
+about 0.75x, were once called a tie). Correct, genuinely slower: verdict "slower"."""
 
 import torch
 
@@ -9,4 +10,4 @@ from _slow_softmax import blocked_softmax
 
 class ModelNew(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return blocked_softmax(x, 8)
+        return blocked_softmax(x, 2)
