@@ -74,6 +74,9 @@ class Machine:
     ncu: Optional[str] = None
     rocprofv3: Optional[str] = None
     bandwidth_tbs: Optional[float] = None
+    # The fastest dense math rate of any dtype the GPU has (TFLOP/s; int8 TOP/s counted too): a
+    # floor that no kernel beats, whatever precision it computes in.
+    peak_tflops: Optional[float] = None
     python: str = sys.executable
 
     @classmethod
@@ -89,6 +92,7 @@ class Machine:
                     m.rocprofv3 = tool.path
             if info.spec is not None:
                 m.bandwidth_tbs = info.spec.memory_bw_tbs
+                m.peak_tflops = max(info.spec.peak_tflops.values(), default=None)
         return m
 
 
@@ -215,7 +219,8 @@ class Evaluator:
             seeds=s.seeds, seeds_hidden=s.seed is None, rtol=s.rtol, atol=s.atol, timer=s.timer,
             repeats=s.repeats, warmup=s.warmup, rounds=s.rounds, l2_flush=s.l2_flush, device="auto",
             load_timeout_s=s.correctness_timeout_s, correctness_timeout_s=s.correctness_timeout_s,
-            perf_timeout_s=s.perf_timeout_s, bandwidth_tbs=self.machine.bandwidth_tbs)
+            perf_timeout_s=s.perf_timeout_s, bandwidth_tbs=self.machine.bandwidth_tbs,
+            peak_tflops=self.machine.peak_tflops)
         self.ws.path("harness").mkdir(exist_ok=True)
         by_key = {o.spec.id: o for o in outcomes}
 

@@ -189,6 +189,23 @@ def _add_new(dst: list, items: list) -> None:
     dst.extend(e for e in items if e not in dst)
 
 
+def hardware_floor(moved_bytes: int, flops: Optional[int], bandwidth_tbs: Optional[float],
+                   peak_tflops: Optional[float]) -> Optional[tuple[float, str]]:
+    """The least time a call can take, in ms, and why: its bytes at the memory bandwidth, or its
+    flops (counted on the reference's call) at the fastest math rate of any dtype, whichever is
+    longer. None when neither is known."""
+    floors = []
+    if moved_bytes and bandwidth_tbs:
+        ms = moved_bytes / (bandwidth_tbs * 1e12) * 1e3
+        floors.append((ms, f"reading its {moved_bytes / 1e6:.1f} MB of inputs (and outputs beyond L2) at "
+                           f"{bandwidth_tbs:g} TB/s takes at least {ms * 1e3:.2f} us"))
+    if flops and peak_tflops:
+        ms = flops / (peak_tflops * 1e12) * 1e3
+        floors.append((ms, f"its {flops / 1e9:.3g} GFLOP (counted on the reference's call) at {peak_tflops:g} "
+                           f"TFLOP/s, the GPU's fastest rate in any precision, take at least {ms * 1e3:.2f} us"))
+    return max(floors) if floors else None
+
+
 def secret_seeds(n: int) -> list[int]:
     return [int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF for _ in range(n)]
 
@@ -212,6 +229,7 @@ class SessionSettings:
     # Main input sets larger than this in all are made again from their seeds instead of kept
     # (default on a GPU: 1/16 of its memory; on a CPU, kept).
     keep_sets_bytes: Optional[int] = None
+    peak_tflops: Optional[float] = None  # the GPU's fastest dense math rate, for the flop floor
 
 
 class HarnessSession:
@@ -223,6 +241,7 @@ class HarnessSession:
         self.python, self.env_for, self.log_stem_for = python, env_for, log_stem_for
         self.cancel, self.emit = cancel, emit
         self.degenerate: Optional[str] = None
+        self.problem_flops: Optional[int] = None  # the reference's flops per call (torch's flop counter)
         self.timer_used: Optional[str] = None
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
 
@@ -345,6 +364,8 @@ class HarnessSession:
             entry["passed"], entry["reason"] = False, errs[0]
         j.seeds.append(entry)
         j.output_bytes = max(j.output_bytes, int(r.get("output_bytes", 0)))
+        if r.get("flops") and self.problem_flops is None and meta["shape"] == "main":
+            self.problem_flops = int(r["flops"])
         if not entry.get("passed"):
             self._fail(j, f"outputs failed the reference's self-check (seed {meta['seed']}, {meta['shape']} "
                           f"inputs): {entry.get('reason', 'mismatch')}")
@@ -591,15 +612,15 @@ class HarnessSession:
             m.flags.append({"guard": "escaped_stream", "message":
                             f"work ran outside the timed stream: {m.other_stream_calls} timed call(s) put kernels on "
                             "another stream than the call's; the device trace times them for what they cost"})
-        bw = self.s.bandwidth_tbs
-        if samples and timer != "wall" and bw and m.timing["l2_flush"]:
+        if samples and timer != "wall" and m.timing["l2_flush"]:
             l2 = int(m.load.get("l2_bytes") or 0)
             moved = int(m.load.get("input_bytes") or 0) + max(0, m.output_bytes - l2)
-            floor_ms = moved / (bw * 1e12) * 1e3
-            m.timing["hardware_floor_ms"] = floor_ms
-            med = statistics.median(samples)
-            if moved and med < floor_ms:
-                m.timing_rejections.append({"guard": "hardware_floor", "message": (
-                    f"median {med * 1e3:.2f} us is faster than the hardware allows: reading its "
-                    f"{moved / 1e6:.1f} MB of inputs (and outputs beyond L2) at {bw:g} TB/s takes "
-                    f"at least {floor_ms * 1e3:.2f} us")})
+            floor = hardware_floor(moved, self.problem_flops, self.s.bandwidth_tbs, self.s.peak_tflops)
+            if self.problem_flops:
+                m.timing["reference_flops"] = self.problem_flops
+            if floor is not None:
+                m.timing["hardware_floor_ms"], why = floor
+                med = statistics.median(samples)
+                if med < floor[0]:
+                    m.timing_rejections.append({"guard": "hardware_floor", "message": (
+                        f"median {med * 1e3:.2f} us is faster than the hardware allows: {why}")})

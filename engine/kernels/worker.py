@@ -401,10 +401,25 @@ class Worker:
             _sync(self.device)
             del again_in
             reply["self_check"] = self._self_check(out, again)
+            if index == self.main_sets[0]:
+                reply["flops"] = self._count_flops(index)
             return reply
         h = self._hold(out, inputs, {"index": index, "perturb": None})
         reply.update(self._export(h))
         return reply
+
+    def _count_flops(self, index: int) -> Optional[int]:
+        """The flops of one call as torch's flop counter sees them (matmuls, convolutions,
+        attention; work inside a custom kernel is not seen, so this is a lower bound)."""
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+            inputs = self._fresh(index, None)
+            with FlopCounterMode(display=False) as counter:
+                self._call(inputs)
+            _sync(self.device)
+            return int(counter.get_total_flops()) or None
+        except Exception:  # a model the counter cannot trace: no flop floor, never a failure
+            return None
 
     def _self_check(self, out, again) -> dict:
         cmp = compare_outputs(out, again, None, None)

@@ -307,6 +307,7 @@ class Engine:
         # The name torch's tensorboard_trace_handler uses, so tools that glob for it find it.
         self._profile_path = directory / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns() // 1_000_000}.pt.trace.json.gz"
         self._profiler = profile(activities=activities, record_shapes=True)
+        self.model.annotate_kernels = True  # registry calls named in the trace (their call site)
         self._profiler.start()
         return self._profile_path
 
@@ -322,5 +323,6 @@ class Engine:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize()  # the last step's kernels belong in the trace
         prof.stop()
+        self.model.annotate_kernels = False
         prof.export_chrome_trace(str(path))
         return path

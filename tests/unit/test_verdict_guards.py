@@ -130,3 +130,32 @@ def test_input_sets_made_again_from_their_seeds_match_kept_ones(tmp_path):
     verdict_ = regen.op_judge({"index": kept.main_sets[1], "outputs": cand["outputs"], "inputs": cand["inputs"]})
     assert verdict_["passed"] and verdict_["inputs_check"] is None
     kept.op_release({})
+
+
+def test_the_hardware_floor_takes_bytes_or_flops_whichever_is_longer():
+    from engine.kernels.session import hardware_floor
+    assert hardware_floor(0, None, 4.8, 1979.0) is None and hardware_floor(10**9, 10**12, None, None) is None
+    ms, why = hardware_floor(131_000_000, None, 4.8, None)  # 131 MB at 4.8 TB/s
+    assert abs(ms - 131e6 / 4.8e12 * 1e3) < 1e-12 and "131.0 MB" in why
+    # A 4096^3 matmul: 137 GFLOP; at 1979 TFLOP/s at least 69 us, longer than moving its 201 MB.
+    flops, moved = 2 * 4096 ** 3, 3 * 4096 * 4096 * 4
+    ms, why = hardware_floor(moved, flops, 4.8, 1979.0)
+    assert abs(ms - flops / 1979e12 * 1e3) < 1e-12 and "GFLOP" in why and ms > moved / 4.8e12 * 1e3
+
+
+def test_the_reference_worker_counts_the_flops_of_a_call(tmp_path):
+    problem = tmp_path / "mm.py"
+    problem.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, a, b):\n"
+        "        return a @ b\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(64, 32), torch.randn(32, 16)]\n"
+        "def get_init_inputs():\n"
+        "    return []\n")
+    w = worker.Worker(tmp_path)
+    w.op_load({"kernel": {"module": str(problem)}, "inputs": {"module": str(problem)}, "seeds": [1, 2], "device": "cpu"})
+    first = w.op_run_set({"index": w.main_sets[0], "role": "reference"})
+    assert first["flops"] == 2 * 64 * 32 * 16
+    assert "flops" not in w.op_run_set({"index": w.main_sets[1], "role": "reference"})  # counted once
