@@ -59,7 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kernel_flags(sub.add_parser("analyze", help="evaluate kernels: compile, correctness, performance"), False)
     _add_kernel_flags(sub.add_parser("compare", help="rank kernels against a baseline, correctness-gated"), True)
     _add_benchmark_flags(sub.add_parser("benchmark", help="analyse torch-profiler traces (--trace-dir)"))
+    _add_optimize_flags(sub.add_parser("optimize", help="the optimization loop: baseline, profiled run, bottlenecks, ..."))
     return parser
+
+
+def _add_optimize_flags(p: argparse.ArgumentParser) -> None:
+    from engine.loop.schema import STEP_NAMES
+    p.add_argument("-b", "--benchmark-config", help="the clean benchmark YAML the loop measures and profiles")
+    p.add_argument("-o", "--output-dir", default="./results", help="results root (default ./results)")
+    p.add_argument("--resume", metavar="LOOP_DIR", help="continue a loop where it stopped (a killed step restarts)")
+    p.add_argument("--until", metavar="STEP", help=f"stop after this step ({', '.join(STEP_NAMES)})")
+    p.add_argument("--status", metavar="LOOP_DIR", help="print the chain of a loop and exit")
 
 
 def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
@@ -304,6 +314,24 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
     return outcome.exit_code
 
 
+def _run_optimize(args: argparse.Namespace, console: Console) -> int:
+    from engine.loop.run import format_status, resume_loop, start_loop
+
+    if args.status:
+        console.print(format_status(args.status), highlight=False, markup=False)
+        return 0
+    if bool(args.resume) == bool(args.benchmark_config):
+        raise ConfigError(["magpie optimize: give -b CLEAN.yaml to start a loop, or --resume LOOP_DIR to continue one"])
+    cancel = CancelToken()
+    install_signal_handlers(cancel)
+    if args.resume:
+        code, root = resume_loop(args.resume, args.until, _log, cancel)
+    else:
+        code, root = start_loop(args.benchmark_config, args.output_dir, args.until, _log, cancel)
+    console.print(format_status(str(root)), highlight=False, markup=False)
+    return code
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tui"]:
@@ -329,6 +357,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.trace_dir:
                 return _run_trace_analysis(args, console)
             return _run_benchmark(args, console)
+        if args.command == "optimize":
+            return _run_optimize(args, console)
         return _run_kernels(args, console)
     except ConfigError as exc:
         print("error: configuration problem" + ("s" if len(exc.problems) > 1 else "") + "; nothing was run",

@@ -1,0 +1,284 @@
+"""The bottleneck table of a profiled run: per inference stage, ops ranked by their share of the
+device time, with calls, the ops/kernels behind each row, and which built-in registry op
+(``engine.serve.kernels.KERNEL_KEYS``) the row maps to and whether the loop can replace it.
+
+Mapping, most confident first:
+
+* **call site** (confidence ``high``): the built-in server, while profiling, runs each registry
+  call inside ``record_function("magpie_kernel::<key>")`` (``engine.serve.model``); every op
+  (and, on a GPU, every kernel launched) inside that span belongs to the registry op.
+* **kernel/op name** (confidence ``low``): outside such a span a name that looks like a registry
+  op (``rms_norm``, ``silu_and_mul``, ``rotary``, ``attention``) is mapped by name only.
+* otherwise ``none``: linear layers, copies, the LM head: not replaceable by this loop.
+
+Time: on a GPU trace, GPU kernel time (each kernel attributed through its launch's correlation
+id to the annotation and top-level op that launched it); on a CPU-only trace (the CI server)
+the CPU time of the top-level ops, since there is no device timeline. Stages come from the step
+annotations (vLLM's detailed names, as the built-in server writes them): ``prefill_only``,
+``decode_only``, ``prefilldecode`` and ``all``. Window: every profiled step except the first of
+the trace (it carries one-time allocation costs); the table says so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from engine.serve.kernels import KERNEL_KEYS
+from engine.trace.steps import parse_step_annotation
+
+ANNOTATION_PREFIX = "magpie_kernel::"
+BOTTLENECKS_FILE = "bottlenecks.json"
+STAGE_OF_KIND = {"prefill": "prefill_only", "decode": "decode_only", "prefilldecode": "prefilldecode"}
+STAGES = ("all", "prefill_only", "decode_only", "prefilldecode")
+_NAME_HINTS = (("rms_norm", "rmsnorm"), ("rmsnorm", "rmsnorm"), ("silu_and_mul", "activation"),
+               ("act_and_mul", "activation"), ("rotary", "rotary"), ("rope", "rotary"),
+               ("flash_attn", "attention"), ("attention", "attention"), ("fmha", "attention"))
+TOP_ROWS = 25
+
+
+def _name_hint(name: str) -> Optional[str]:
+    low = name.lower()
+    for needle, key in _NAME_HINTS:
+        if needle in low:
+            return key
+    return None
+
+
+def load_trace_events(path: Path) -> dict:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+class _Spans:
+    """Intervals of one thread, sorted, non-overlapping at one nesting level: which one holds t."""
+
+    def __init__(self, items: Iterable[tuple[float, float, Any]]) -> None:
+        self.items = sorted(items, key=lambda x: x[0])
+        self.starts = [s for s, _, _ in self.items]
+
+    def find(self, t: float) -> Optional[Any]:
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i >= 0 and t <= self.items[i][1]:
+            return self.items[i][2]
+        return None
+
+
+def _top_level(events: list[dict]) -> list[dict]:
+    """The events of one thread that no other of them contains."""
+    out, end = [], float("-inf")
+    for e in sorted(events, key=lambda e: (e["ts"], -e.get("dur", 0))):
+        if e["ts"] >= end:
+            out.append(e)
+            end = e["ts"] + e.get("dur", 0)
+    return out
+
+
+def _by_thread(events: Iterable[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        out[(e.get("pid"), e.get("tid"))].append(e)
+    return out
+
+
+def _shape_key(event: dict) -> Optional[str]:
+    dims = (event.get("args") or {}).get("Input Dims")
+    if not isinstance(dims, list):
+        return None
+    shown = [d for d in dims if isinstance(d, list) and d]
+    return json.dumps(shown) if shown else None
+
+
+class _Row:
+    def __init__(self, name: str, registry: Optional[str], confidence: str, method: str) -> None:
+        self.name, self.registry, self.confidence, self.method = name, registry, confidence, method
+        self.calls, self.time_us = 0, 0.0
+        self.behind: dict[str, list] = defaultdict(lambda: [0, 0.0])  # op/kernel -> [calls, us]
+        self.shapes: dict[str, float] = defaultdict(float)
+
+    def to_dict(self, total: float, rank: int) -> dict:
+        behind = sorted(self.behind.items(), key=lambda kv: -kv[1][1])[:8]
+        shapes = sorted(self.shapes.items(), key=lambda kv: -kv[1])[:3]
+        replaceable = self.registry is not None
+        return {
+            "rank": rank, "name": self.name, "registry_op": self.registry, "replaceable": replaceable,
+            "replace_with": f"server kernels.{self.registry}" if replaceable else None,
+            "why_not": None if replaceable else "not a registry op of the built-in server (no kernels: key replaces it)",
+            "calls": self.calls, "time_us": round(self.time_us, 3),
+            "avg_us": round(self.time_us / self.calls, 3) if self.calls else None,
+            "share_pct": round(100.0 * self.time_us / total, 2) if total else 0.0,
+            "mapping": {"method": self.method, "confidence": self.confidence},
+            "behind": [{"name": n, "calls": c, "time_us": round(t, 3)} for n, (c, t) in behind],
+            "op_input_shapes": [{"dims": json.loads(k), "time_us": round(t, 3)} for k, t in shapes],
+            "bound": None, "roofline_pct": None,
+        }
+
+
+def _row_for(rows: dict, name: str, registry: Optional[str], confidence: str, method: str) -> _Row:
+    key = f"registry:{registry}" if registry and confidence == "high" else f"op:{name}"
+    row = rows.get(key)
+    if row is None:
+        row = rows[key] = _Row(name, registry, confidence, method)
+    return row
+
+
+def _steps(events: list[dict]) -> list[tuple[dict, str]]:
+    out = []
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation":
+            info = parse_step_annotation(e.get("name", ""))
+            if info is not None:
+                out.append((e, STAGE_OF_KIND.get(info.kind, "other")))
+    out.sort(key=lambda x: x[0]["ts"])
+    return out
+
+
+def analyze_trace(path: Path) -> dict:
+    """The bottleneck table of one trace file (see the module docstring)."""
+    data = load_trace_events(path)
+    events = [e for e in data.get("traceEvents", []) if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    device = "gpu" if kernels else "cpu"
+    steps = _steps(events)
+    window_steps = steps[1:] if len(steps) > 1 else steps
+    stage_of = {id(s): stage for s, stage in window_steps}
+    step_spans = {th: _Spans((s["ts"], s["ts"] + s.get("dur", 0), (s, stage_of[id(s)])) for s in items)
+                  for th, items in _by_thread([s for s, _ in window_steps]).items()}
+    annotations = [e for e in events if e.get("cat") == "user_annotation"
+                   and e.get("name", "").startswith(ANNOTATION_PREFIX)]
+    ann_spans = {th: _Spans((a["ts"], a["ts"] + a.get("dur", 0), a) for a in items)
+                 for th, items in _by_thread(annotations).items()}
+    cpu_ops = [e for e in events if e.get("cat") == "cpu_op"]
+    tables: dict[str, dict[str, _Row]] = {st: {} for st in STAGES}
+    step_time: dict[str, float] = defaultdict(float)
+    step_count: dict[str, int] = defaultdict(int)
+    for s, stage in window_steps:
+        for st in ("all", stage):
+            step_time[st] += s.get("dur", 0.0)
+            step_count[st] += 1
+
+    ctx = _Ctx(tables, step_spans, ann_spans)
+    if device == "cpu":
+        _account_cpu(ctx, cpu_ops, annotations)
+    else:
+        _account_gpu(ctx, events, kernels, cpu_ops)
+    out_stages = {}
+    for st in STAGES:
+        rows = sorted(tables[st].values(), key=lambda r: -r.time_us)
+        total = sum(r.time_us for r in rows)
+        if not rows:
+            continue
+        out_stages[st] = {
+            "steps": step_count[st], "step_time_us": round(step_time[st], 3), "accounted_time_us": round(total, 3),
+            "rows": [r.to_dict(total, i + 1) for i, r in enumerate(rows[:TOP_ROWS])],
+            "rows_left_out": max(0, len(rows) - TOP_ROWS),
+        }
+    return {"trace": str(path), "device": device,
+            "time_basis": "GPU kernel time" if device == "gpu" else
+            "CPU time of top-level ops (a CPU-only trace has no device timeline)",
+            "window": {"steps": len(window_steps), "steps_in_trace": len(steps),
+                       "rule": "every profiled step but the first (one-time allocation costs)"},
+            "annotated": bool(annotations), "stages": out_stages}
+
+
+class _Ctx:
+    def __init__(self, tables: dict, step_spans: dict, ann_spans: dict) -> None:
+        self.tables, self.step_spans, self.ann_spans = tables, step_spans, ann_spans
+
+    def locate(self, th: tuple, t: float) -> tuple[Optional[str], Optional[dict]]:
+        """(stage, registry annotation) of a moment on a thread; stage None outside the window."""
+        sp = self.step_spans.get(th)
+        hit = sp.find(t) if sp else None
+        if hit is None:
+            return None, None
+        ann = self.ann_spans.get(th)
+        return hit[1], (ann.find(t) if ann else None)
+
+    def account(self, stage: str, ann: Optional[dict], name: str, dur: float, shape_from: Optional[dict]) -> None:
+        for st in ("all", stage):
+            if ann is not None:
+                key = ann["name"][len(ANNOTATION_PREFIX):]
+                row = _row_for(self.tables[st], key, key if key in KERNEL_KEYS else None, "high", "call-site annotation")
+            else:
+                hint = _name_hint(name)
+                row = _row_for(self.tables[st], name, hint, "low" if hint else "none", "kernel name" if hint else "none")
+            row.time_us += dur
+            row.behind[name][0] += 1
+            row.behind[name][1] += dur
+            sk = _shape_key(shape_from) if shape_from is not None else None
+            if sk:
+                row.shapes[sk] += dur
+
+
+def _account_cpu(ctx: _Ctx, cpu_ops: list[dict], annotations: list[dict]) -> None:
+    """CPU time of top-level ops: within a registry span, top level inside it; else in the step."""
+    for th, ops in _by_thread(cpu_ops).items():
+        spans = ctx.ann_spans.get(th)
+        outside = []
+        for op in _top_level(ops):
+            stage, ann = ctx.locate(th, op["ts"])
+            if stage is not None and ann is None:
+                ctx.account(stage, None, op["name"], op.get("dur", 0.0), op)
+                outside.append((stage, op))
+        inside = [op for op in ops if spans is not None and spans.find(op["ts"]) is not None]
+        for op in _top_level(inside):
+            stage, ann = ctx.locate(th, op["ts"])
+            if stage is not None and ann is not None:
+                ctx.account(stage, ann, op["name"], op.get("dur", 0.0), op)
+        for stage, op in outside:
+            _count_call(ctx.tables, stage, None, op["name"])
+    # One call per annotation span (the CPU ops of one call are not separate calls).
+    for th, items in _by_thread(annotations).items():
+        for a in items:
+            stage, _ = ctx.locate(th, a["ts"])
+            if stage is not None:
+                _count_call(ctx.tables, stage, a, None)
+
+
+def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: list[dict]) -> None:
+    """GPU kernel time, each kernel placed through its launch (correlation id) on the host thread."""
+    launches = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if corr is not None and e.get("cat") in ("cuda_runtime", "cuda_driver", "hip_runtime"):
+            launches[corr] = e
+    ops_by_thread = {th: _Spans((o["ts"], o["ts"] + o.get("dur", 0), o) for o in _top_level(items))
+                     for th, items in _by_thread(cpu_ops).items()}
+    seen_calls: set = set()
+    for k in kernels:
+        launch = launches.get((k.get("args") or {}).get("correlation"))
+        if launch is None:
+            continue
+        th = (launch.get("pid"), launch.get("tid"))
+        stage, ann = ctx.locate(th, launch["ts"])
+        if stage is None:
+            continue
+        top = ops_by_thread[th].find(launch["ts"]) if th in ops_by_thread else None
+        ctx.account(stage, ann, k["name"], k.get("dur", 0.0), top)
+        call_key = id(ann) if ann is not None else (id(top) if top is not None else id(k))
+        if call_key not in seen_calls:
+            seen_calls.add(call_key)
+            _count_call(ctx.tables, stage, ann, k["name"] if ann is None else None)
+
+
+def _count_call(tables: dict, stage: str, ann: Optional[dict], op_name: Optional[str]) -> None:
+    for st in ("all", stage):
+        if ann is not None:
+            key = ann["name"][len(ANNOTATION_PREFIX):]
+            row = tables[st].get(f"registry:{key}") if key in KERNEL_KEYS else tables[st].get(f"op:{key}")
+        else:
+            row = tables[st].get(f"op:{op_name}")
+        if row is not None:
+            row.calls += 1
+
+
+def top_replaceable(table: dict, stage: str = "all") -> Optional[dict]:
+    for row in table.get("stages", {}).get(stage, {}).get("rows", []):
+        if row["replaceable"]:
+            return row
+    return None

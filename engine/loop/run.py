@@ -1,0 +1,292 @@
+"""``magpie optimize``: the optimization loop as a chain of steps, each a client of engine.jobs.
+
+Implemented: baseline (the clean benchmark, >= 3 repeats), profiled (its profiled twin, derived
+here), bottlenecks (the ranked per-stage table of ``engine.loop.bottlenecks``). The later steps
+are recorded ``pending`` with the reason ``not implemented in this version``; nothing pretends
+they ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from engine.config.yamlfile import ConfigError
+from engine.errors import MagpieError
+from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
+from engine.loop.schema import LOOP_FILE, NOT_IMPLEMENTED, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
+from engine.runs.catalog import process_alive
+from engine.runs.process import CancelToken
+from engine.runs.schema import BENCHMARK_REPORT
+from engine.runs.workspace import Workspace, atomic_write_json
+
+MIN_REPEATS = 3
+PROFILED_CONFIG = "profiled_config.yaml"
+IMPLEMENTED = ("baseline", "profiled", "bottlenecks")
+_SUMMARY_KEYS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms",
+                 "median_e2el_ms", "failed")
+
+
+class LoopError(MagpieError):
+    title = "optimization loop"
+
+
+class Loop:
+    def __init__(self, root: Path, loop: LoopFile, ws: Workspace, log: Callable[[str], None],
+                 cancel: Optional[CancelToken] = None) -> None:
+        self.root, self.loop, self.ws, self.log = root, loop, ws, log
+        self.cancel = cancel or CancelToken()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def save(self) -> None:
+        atomic_write_json(self.root / LOOP_FILE, self.loop.to_dict())
+
+    def _set(self, step: LoopStep, **fields: Any) -> None:
+        for k, v in fields.items():
+            setattr(step, k, v)
+        self.save()
+
+    def run(self, until: Optional[str]) -> int:
+        self.loop.until = until
+        self.ws.events.emit("run_started", pid=os.getpid(), workspace=str(self.root), mode="loop", label=self.loop.label)
+        code, state = 0, "completed"
+        try:
+            for name in STEP_NAMES:
+                step = self.loop.step(name)
+                if step.state in ("done", "skipped"):
+                    continue
+                if name not in IMPLEMENTED:
+                    self._set(step, state="pending", reason=NOT_IMPLEMENTED)
+                    continue
+                if not self._run_step(step):
+                    code, state = (130, "cancelled") if self.cancel.cancelled else (1, "failed")
+                    break
+                if until == name:
+                    break
+        except BaseException:
+            state, code = "failed", 1
+            raise
+        finally:
+            self.ws.events.emit("run_finished", state=state, exit_code=code, report=LOOP_FILE)
+            self.ws.events.close()
+        return code
+
+    def _run_step(self, step: LoopStep) -> bool:
+        self.log(f"magpie optimize: step {step.name}")
+        self._set(step, state="running", pid=os.getpid(), started=time.time(), finished=None, error=None, reason=None,
+                  attempts=step.attempts + 1, result={})
+        try:
+            result = getattr(self, f"_step_{step.name}")(step)
+        except Exception as exc:
+            msg = exc.message if isinstance(exc, MagpieError) else f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, ConfigError):
+                msg = "; ".join(exc.problems)
+            self._set(step, state="failed", finished=time.time(), error=msg)
+            self.log(f"magpie optimize: step {step.name} failed: {msg}")
+            return False
+        self._set(step, state="done", finished=time.time(), result=result)
+        self.log(f"magpie optimize: step {step.name} done ({step.elapsed_s:.1f} s)")
+        return True
+
+    def _benchmark(self, step: LoopStep, config: str, flags: dict) -> tuple[Any, Any]:
+        from engine.jobs import BenchmarkRequest, run_request
+        request = BenchmarkRequest(benchmark_config=config, flags=flags)
+        prepared = request.prepare()
+        for o in prepared.overrides:
+            if o.get("flag") == "--repeats":
+                o["flag"] = "magpie optimize (at least 3 repeats)"
+        ws = Workspace.create(self.root / step.name, "benchmark", prepared.label)
+        self._set(step, run_dir=str(ws.root.relative_to(self.root)))
+        outcome = run_request(request, cancel=self.cancel, workspace=ws, prepared=prepared, log=self.log)
+        if outcome.exit_code != 0 or outcome.state != "completed":
+            errors = outcome.report.get("errors") or outcome.report.get("error") or ""
+            raise LoopError(f"the {step.name} benchmark ended {outcome.state} (exit {outcome.exit_code}): {errors} "
+                            f"(see {ws.root}/summary.txt)")
+        return prepared, outcome
+
+    # ------------------------------------------------------------------ steps
+    def _step_baseline(self, step: LoopStep) -> dict:
+        from engine.config.benchmark import load_benchmark_config
+        cfg, _ = load_benchmark_config(self.loop.config, [])
+        flags = {"repeats": MIN_REPEATS} if cfg.client.repeats < MIN_REPEATS else {}
+        prepared, outcome = self._benchmark(step, self.loop.config, flags)
+        self.loop.overrides = prepared.overrides
+        report_path = outcome.workspace / BENCHMARK_REPORT
+        digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
+        os.chmod(report_path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)  # the baseline is kept as measured
+        return {"report": str(report_path.relative_to(self.root)), "report_sha256": digest,
+                "repeats": prepared.config.client.repeats, "overrides": prepared.overrides,
+                "metrics": _metrics(outcome.report)}
+
+    def _step_profiled(self, step: LoopStep) -> dict:
+        baseline_cfg = self._baseline_config()
+        raw = yaml.safe_load(Path(self.loop.config).read_text(encoding="utf-8"))
+        twin = profiled_twin(raw)
+        twin_path = self.root / PROFILED_CONFIG
+        twin_path.write_text("# The profiled twin of " + self.loop.config + ", derived by magpie optimize.\n"
+                             + yaml.safe_dump(twin, sort_keys=False), encoding="utf-8")
+        prepared, outcome = self._benchmark(step, str(twin_path), {})
+        diff = config_diff(baseline_cfg, prepared.config.model_dump(by_alias=True))
+        traces = sorted((outcome.workspace / "torch_trace").glob("*.pt.trace.json*"))
+        if not traces:
+            raise LoopError(f"the profiled run wrote no trace into {outcome.workspace / 'torch_trace'}")
+        return {"config": PROFILED_CONFIG, "config_diff": diff, "traces": [str(t.relative_to(self.root)) for t in traces],
+                "metrics": _metrics(outcome.report), "note": "profiling perturbs latency: these numbers diagnose, "
+                                                             "the baseline's measure"}
+
+    def _baseline_config(self) -> dict:
+        base = self.loop.step("baseline")
+        cfg = yaml.safe_load((self.root / str(base.run_dir) / "config.yaml").read_text(encoding="utf-8"))
+        return cfg["benchmark"]
+
+    def _step_bottlenecks(self, step: LoopStep) -> dict:
+        import json
+        prof = self.loop.step("profiled")
+        traces = prof.result.get("traces") or []
+        if prof.state != "done" or not traces:
+            raise LoopError("the profiled step has no trace to analyse")
+        folder = self.root / step.name
+        folder.mkdir(parents=True, exist_ok=True)
+        self._set(step, run_dir=step.name)
+        table = analyze_trace(self.root / traces[0])
+        report = json.loads((self.root / str(prof.run_dir) / BENCHMARK_REPORT).read_text())
+        table["profiled_run"] = prof.run_dir
+        table["gap_analysis"] = {k: (report.get("gap_analysis") or {}).get(k) for k in ("total_kernel_time_us",
+                                                                                      "top_kernels", "idle")}
+        table["tracelens_errors"] = (report.get("tracelens_analysis") or {}).get("errors", [])
+        atomic_write_json(folder / BOTTLENECKS_FILE, table)
+        top = top_replaceable(table)
+        stages = {st: [f"{r['name']} {r['share_pct']:.1f}%" for r in tab["rows"][:3]]
+                  for st, tab in table["stages"].items()}
+        if top is None:
+            raise LoopError("no row of the bottleneck table maps to a replaceable registry op "
+                            f"(see {folder / BOTTLENECKS_FILE})")
+        return {"table": f"{step.name}/{BOTTLENECKS_FILE}", "device": table["device"], "top_by_stage": stages,
+                "top_replaceable": {"registry_op": top["registry_op"], "share_pct": top["share_pct"],
+                                    "calls": top["calls"], "confidence": top["mapping"]["confidence"]}}
+
+
+def _metrics(report: dict) -> dict:
+    rep = report.get("repeats") or {}
+    res = report.get("result") or {}
+    out = {}
+    for k in _SUMMARY_KEYS:
+        if isinstance(rep.get(k), dict):
+            out[k] = {"mean": rep[k].get("mean"), "ci95": rep[k].get("ci95")}
+        elif k in res:
+            out[k] = res[k]
+    return out
+
+
+def profiled_twin(raw: dict) -> dict:
+    """The clean YAML with the profiler and the inference-stage analysis on; nothing else of the
+    workload changes (repeats go to 1: the twin diagnoses, its latencies are never compared)."""
+    twin = copy.deepcopy(raw)
+    bench = twin.setdefault("benchmark", {})
+    prof = bench.setdefault("profiler", {}) or {}
+    bench["profiler"] = prof
+    tp = prof.setdefault("torch_profiler", {}) or {}
+    prof["torch_profiler"] = tp
+    tp["enabled"] = True
+    tp.setdefault("num_steps", 64)  # the profiler stops by itself: a long trace takes minutes to export
+    tl = prof.setdefault("tracelens", {}) or {}
+    prof["tracelens"] = tl
+    tl.update({"enabled": True, "analysis_mode": "inference", "analysis_stages": "all", "export_format": "csv"})
+    gap = bench.setdefault("gap_analysis", {}) or {}
+    bench["gap_analysis"] = gap
+    gap["enabled"] = True
+    client = bench.setdefault("client", {}) or {}
+    bench["client"] = client
+    client["repeats"] = 1
+    return twin
+
+
+def _flatten(d: Any, prefix: str = "") -> dict:
+    if isinstance(d, dict):
+        out: dict = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
+def config_diff(clean: dict, profiled: dict) -> list[dict]:
+    """Every effective-config key that differs between the two runs, as {field, clean, profiled}."""
+    a, b = _flatten(clean), _flatten(profiled)
+    return [{"field": f"benchmark.{k}", "clean": a.get(k), "profiled": b.get(k)}
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+# ---------------------------------------------------------------------------- entry points
+def start_loop(config: str, output_dir: str, until: Optional[str], log: Callable[[str], None],
+               cancel: Optional[CancelToken] = None) -> tuple[int, Path]:
+    from engine.jobs import BenchmarkRequest
+    _check_until(until)
+    path = Path(config).expanduser().resolve()
+    prepared = BenchmarkRequest(benchmark_config=str(path)).prepare()  # every config problem before a folder exists
+    ws = Workspace.create(output_dir, "loop", prepared.label)
+    loop = new_loop_file(str(path), prepared.label, time.time())
+    for step in loop.steps:
+        if step.name not in IMPLEMENTED:
+            step.reason = NOT_IMPLEMENTED
+    runner = Loop(ws.root, loop, ws, log, cancel)
+    runner.save()
+    log(f"magpie optimize: loop {ws.root}")
+    return runner.run(until), ws.root
+
+
+def resume_loop(loop_dir: str, until: Optional[str], log: Callable[[str], None],
+                cancel: Optional[CancelToken] = None) -> tuple[int, Path]:
+    _check_until(until)
+    root = Path(loop_dir).expanduser().resolve()
+    loop = load_loop_file(root)
+    for step in loop.steps:
+        if step.state == "running":
+            if step.pid is not None and step.pid != os.getpid() and process_alive(step.pid):
+                raise LoopError(f"step {step.name} is running in process {step.pid}", hint="wait for it, or stop it")
+            step.state, step.reason = "pending", f"restarted: the process {step.pid} that ran it is gone"
+        elif step.state == "failed":
+            step.state, step.reason = "pending", "restarted after a failure"
+    runner = Loop(root, loop, Workspace(root), log, cancel)
+    runner.save()
+    log(f"magpie optimize: resuming {root}")
+    return runner.run(until), root
+
+
+def _check_until(until: Optional[str]) -> None:
+    if until is not None and until not in STEP_NAMES:
+        raise ConfigError([f"--until {until}: not a step; the steps are {', '.join(STEP_NAMES)}"])
+
+
+def format_status(loop_dir: str) -> str:
+    root = Path(loop_dir).expanduser().resolve()
+    loop = load_loop_file(root)
+    lines = [f"loop {root}", f"config {loop.config}"]
+    for i, s in enumerate(loop.steps, 1):
+        state = s.state
+        if state == "running" and s.pid is not None and not process_alive(s.pid):
+            state = f"running (process {s.pid} is gone: --resume restarts it)"
+        elapsed = f"{s.elapsed_s:.1f} s" if s.elapsed_s is not None else "-"
+        detail = s.error or s.reason or _short(s)
+        lines.append(f"{i}. {s.name:<12} {state:<10} {elapsed:>9}  {s.run_dir or '-'}  {detail}")
+    return "\n".join(lines)
+
+
+def _short(step: LoopStep) -> str:
+    r = step.result
+    if step.name == "bottlenecks" and r.get("top_replaceable"):
+        t = r["top_replaceable"]
+        return f"top replaceable: {t['registry_op']} {t['share_pct']:.1f}% ({r.get('device')})"
+    if step.name == "profiled" and "config_diff" in r:
+        return "diff: " + ", ".join(d["field"].removeprefix("benchmark.") for d in r["config_diff"])
+    m = r.get("metrics", {}).get("output_throughput")
+    if isinstance(m, dict) and m.get("mean") is not None:
+        return f"output {m['mean']:.1f} tok/s over {r.get('repeats')} repeats"
+    return ""

@@ -1,0 +1,102 @@
+"""``loop.json``: the chain of an optimization loop (``magpie optimize``), a typed, versioned run file.
+
+The loop folder ``<results>/loop_<label>_<stamp>_<hex>/`` holds ``loop.json``, its own
+``events.jsonl`` (``run_started`` / ``run_finished``, so the run catalog lists the loop) and one
+folder per step that ran, each an ordinary run workspace of its mode (``baseline/benchmark_...``)
+or a plain folder for a step that is an analysis (``bottlenecks/``). ``loop.json`` is rewritten
+atomically after every state change; a loop killed mid-step leaves that step ``running`` with
+the pid of a process that is gone, which ``--status`` reports and ``--resume`` restarts.
+
+Models allow extra keys and carry ``schema_version`` (1), as the run files of
+``engine/runs/schema.py`` do; a file without the key is version 0 and still loads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Final, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.errors import MagpieError
+
+LOOP_FILE: Final = "loop.json"
+LOOP_SCHEMA_VERSION: Final = 1
+
+# The chain, in order (issue 13): each step consumes what the ones before it wrote.
+STEP_NAMES: Final = ("baseline", "profiled", "bottlenecks", "harness", "candidates", "integrate", "rebenchmark",
+                     "verdict")
+StepState = Literal["pending", "running", "done", "failed", "waiting", "skipped"]
+NOT_IMPLEMENTED: Final = "not implemented in this version"
+
+
+class LoopFileError(MagpieError):
+    title = "loop file"
+
+
+class LoopStep(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    state: StepState = "pending"
+    run_dir: Optional[str] = None  # relative to the loop folder
+    pid: Optional[int] = None  # the loop process that ran (or runs) the step
+    started: Optional[float] = None  # epoch seconds
+    finished: Optional[float] = None
+    result: dict[str, Any] = Field(default_factory=dict)  # a short summary; the step's folder has the rest
+    error: Optional[str] = None
+    reason: Optional[str] = None  # why it is pending/skipped/waiting
+    attempts: int = 0
+
+    @property
+    def elapsed_s(self) -> Optional[float]:
+        if self.started is None:
+            return None
+        return (self.finished or time.time()) - self.started
+
+
+class LoopFile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int = Field(0, ge=0)
+    kind: Literal["optimize_loop"] = "optimize_loop"
+    config: str  # the clean benchmark YAML (-b), absolute
+    label: str = ""
+    created: Optional[float] = None
+    until: Optional[str] = None
+    overrides: list[dict[str, Any]] = Field(default_factory=list)  # what the loop changed in the clean config
+    steps: list[LoopStep]
+
+    def step(self, name: str) -> LoopStep:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+def new_loop_file(config: str, label: str, created: float) -> LoopFile:
+    return LoopFile(schema_version=LOOP_SCHEMA_VERSION, config=config, label=label, created=created,
+                    steps=[LoopStep(name=n) for n in STEP_NAMES])
+
+
+def load_loop_file(path: Path) -> LoopFile:
+    """The loop file of a loop folder (or the file itself); a LoopFileError naming the field otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / LOOP_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise LoopFileError(f"{path}: cannot read the loop file ({exc.strerror})",
+                            hint="give the loop folder that magpie optimize printed") from None
+    except ValueError as exc:
+        raise LoopFileError(f"{path}: not JSON ({exc})") from None
+    try:
+        return LoopFile.model_validate(data)
+    except ValidationError as exc:
+        raise LoopFileError(f"{path}: not a loop file: {exc}") from None
