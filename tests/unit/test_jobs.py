@@ -124,7 +124,9 @@ def test_detached_run_is_reattached_and_cancelled_from_its_folder(tmp_path):
 
 
 def test_a_detached_run_that_dies_is_lost_not_running(tmp_path):
-    job = submit(KernelRequest(mode="compare", kernel_config=str(_slow_compare(tmp_path, 60)), no_perf=True),
+    # A short sleep: SIGKILL gives the run no chance to stop its testcase's own process group,
+    # which then ends by itself.
+    job = submit(KernelRequest(mode="compare", kernel_config=str(_slow_compare(tmp_path, 5)), no_perf=True),
                  tmp_path / "out", executor="local-process", cwd=tmp_path)
     deadline = time.monotonic() + 60
     while job.state() == "pending" and time.monotonic() < deadline:
