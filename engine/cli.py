@@ -135,11 +135,10 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _print_prepared(prepared: Any) -> None:
+    from engine.jobs.requests import notices
     # Plain prints: messages that name files and lines must not be re-wrapped.
-    for w in prepared.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    for o in prepared.overrides:
-        print(f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})", file=sys.stderr)
+    for line in notices(prepared):
+        print(line, file=sys.stderr)
 
 
 class _KernelProgress:

@@ -27,7 +27,7 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 
 from engine.config.benchmark import BenchmarkConfig
 from engine.errors import MagpieError
-from engine.runs.process import stop_process_group
+from engine.runs.process import engine_pythonpath, stop_process_group
 
 READY_POLL_S = 0.5
 STOP_GRACE_S = 15.0
@@ -241,8 +241,7 @@ class LocalServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.command.env}
         if self.command.argv[:3] == [sys.executable, "-m", "engine.serve"]:
-            root = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH"))
         argv, note = local_argv(self.command.argv, env)
         self.command.argv = argv
         log = open(self.log_path, "ab")

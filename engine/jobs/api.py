@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any, Optional, Protocol, Union
 
 from engine.errors import MagpieError
-from engine.jobs.modes import JobOutcome, run_request, workspace_for
-from engine.jobs.requests import REQUEST_FILE, parse_request
+from engine.jobs.modes import JobOutcome, request_file_for, run_request, workspace_for
+from engine.jobs.requests import parse_request
 from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_alive, read_new_events
-from engine.runs.process import CancelToken
+from engine.runs.process import CancelToken, engine_pythonpath
 
 JOB_FILE = "job.json"
 JOB_SCHEMA_VERSION = 1
@@ -129,8 +129,7 @@ class _ProcessExecution:
 def engine_env() -> dict[str, str]:
     """The environment of an engine child: importable even from a source checkout that is not installed."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH"))
     return env
 
 
@@ -270,7 +269,7 @@ def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor:
     ws = workspace_for(prepared, output_dir)
     run_dir = ws.root
     ws.events.close()  # the executor's process opens its own
-    request_file = REQUEST_FILE if not (run_dir / "config.yaml").exists() else "trace_analysis_request.json"
+    request_file = request_file_for(run_dir)
     (run_dir / request_file).write_text(request.to_json() + "\n")
     if isinstance(executor, str):
         try:

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from engine.errors import MagpieError, format_error
 from engine.jobs.modes import EXIT_FAIL, run_request
-from engine.jobs.requests import REQUEST_FILE, read_request
+from engine.jobs.requests import REQUEST_FILE, notices, read_request
 from engine.runs.process import CancelToken, install_signal_handlers
 from engine.runs.workspace import Workspace
 
@@ -40,10 +40,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ws.events.emit("run_finished", state="failed", exit_code=EXIT_FAIL, error=format_error(exc))
         ws.events.close()
         return EXIT_FAIL
-    for w in prepared.warnings:
-        log(f"warning: {w}")
-    for o in prepared.overrides:
-        log(f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})")
+    for line in notices(prepared):
+        log(line)
     kw = {"log": log} if request.mode in ("benchmark", "trace") else {}
     outcome = run_request(request, cancel=cancel, workspace=ws, prepared=prepared, **kw)
     summary = run_dir / "summary.txt"

@@ -176,26 +176,26 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
     prepared = prepared or request.prepare()
     target, opts = prepared.target, prepared.options
     ws = workspace or workspace_for(prepared, output_dir)
-    # Into a benchmark's own folder the config keeps its name; a trace run of its own has config.yaml.
-    into_other = (ws.root / "config.yaml").exists()
+    request_name = request_file_for(ws.root)
     name = TRACE_ANALYSIS_REPORT
-    _begin(ws, request, sink, "trace_analysis_config.yaml" if into_other else "config.yaml",
+    _begin(ws, request, sink, "config.yaml" if request_name == REQUEST_FILE else "trace_analysis_config.yaml",
            {"mode": "trace_analysis", "trace_dir": str(target), "options": opts.to_dict()},
-           request_name="trace_analysis_request.json" if into_other else REQUEST_FILE,
-           mode="trace_analysis", target=str(target))
+           request_name=request_name, mode="trace_analysis", target=str(target))
+
+    def failed(exc: BaseException, error: str, state: str = "failed") -> dict:
+        report = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
+                  "state": "failed", "error": error}
+        ws.write_json(name, report)
+        _end(ws, state, EXIT_FAIL, name, error=str(exc))
+        return report
+
     try:
         result = run_trace_analysis(target, opts, ws, log)
     except (FileNotFoundError, ValueError, TraceError) as exc:
-        report = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
-                  "state": "failed", "error": str(exc)}
-        ws.write_json(name, report)
-        _end(ws, "failed", EXIT_FAIL, name, error=str(exc))
+        report = failed(exc, str(exc))
         return JobOutcome(EXIT_FAIL, "failed", ws.root, name, report, display=[f"error: {exc}"])
     except BaseException as exc:
-        report = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
-                  "state": "failed", "error": f"{type(exc).__name__}: {exc}"}
-        ws.write_json(name, report)
-        _end(ws, "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed", EXIT_FAIL, name, error=str(exc))
+        failed(exc, f"{type(exc).__name__}: {exc}", "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed")
         raise
     result.report["workspace_dir"] = str(ws.root)
     result.report["state"] = "completed" if result.exit_code == 0 else "failed"
@@ -205,6 +205,13 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
 
 
 # --------------------------------------------------------------------------- shared
+def request_file_for(run_dir: Path) -> str:
+    """Where a run folder records its request: ``request.json``, or, for a trace analysed into
+    the folder of the benchmark that recorded it (which has its own config and request), a
+    name of its own."""
+    return "trace_analysis_request.json" if (run_dir / "config.yaml").exists() else REQUEST_FILE
+
+
 def workspace_for(prepared: Any, output_dir: Union[Path, str, None]) -> Workspace:
     """The run folder a prepared request writes into (created here, never reused, except a trace
     analysed into the folder of the benchmark that recorded it)."""

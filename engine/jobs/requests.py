@@ -9,7 +9,8 @@ asked and a detached process or another machine can run it from there.
 
 from __future__ import annotations
 
-import json
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -63,13 +64,11 @@ class KernelRequest(_Request):
             raise ConfigError([f"--repeats {self.repeats}: at least 3 repeats are needed for a median and its spread"])
         warnings: list[str] = []
         framework = load_framework_config(self.framework_config, warnings)
-        opts = CliOptions(
-            kernels=list(self.kernels), kernel_config=self.kernel_config, testcase=self.testcase, type=self.type,
-            compile_cmd=self.compile_cmd, baseline=self.baseline if self.mode == "compare" else None,
-            no_perf=self.no_perf, repeats=self.repeats, warmup=self.warmup, timeout=self.timeout, seed=self.seed,
-            rtol=self.rtol, atol=self.atol, workers=self.workers, environment=self.environment,
-            only=list(self.only) if self.only else None,
-            tie_margin=self.tie_margin if self.mode == "compare" else None)
+        # The request carries every flag of CliOptions under the same name; compare's own flags
+        # are dropped for analyze.
+        opts = CliOptions(**{f.name: copy.copy(getattr(self, f.name)) for f in dataclasses.fields(CliOptions)})
+        if self.mode != "compare":
+            opts.baseline = opts.tie_margin = None
         plan = build_plan(self.mode, opts, framework)
         if self.docker_image and plan.environment != "container":
             warnings.append(f"--docker-image {self.docker_image} is not used: kernels run in the "
@@ -214,6 +213,13 @@ def load_framework_config(path: Optional[str], warnings: list[str]) -> dict:
     return data
 
 
+def notices(prepared: Any) -> list[str]:
+    """The lines a front end prints before a run starts: its warnings, then each flag that
+    replaced a config value."""
+    return ([f"warning: {w}" for w in prepared.warnings]
+            + [f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})" for o in prepared.overrides])
+
+
 @dataclass
 class PreparedKernels:
     request: KernelRequest
@@ -238,8 +244,3 @@ class PreparedTrace:
     options: Any  # engine.trace.analyze.TraceAnalysisOptions
     warnings: list[str] = field(default_factory=list)
     overrides: list[dict] = field(default_factory=list)
-
-
-def describe(request: Any) -> str:
-    """One line for logs and notifications."""
-    return json.dumps(request.model_dump(exclude_defaults=True), default=str)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from engine.errors import MagpieError
 from engine.kernels.plan import KernelSpec, Plan
 from engine.kernels.stats import summarize
-from engine.runs.process import CancelToken, ProcessResult, command_text, run_process
+from engine.runs.process import CancelToken, ProcessResult, command_text, engine_pythonpath, run_process
 from engine.runs.schema import StageState
 from engine.runs.workspace import Workspace
 
@@ -109,9 +109,7 @@ class Evaluator:
     def _env(self, k: KernelSpec) -> dict[str, str]:
         env = dict(k.env)
         # Make `import engine` work in the harness wherever the kernel's working dir is.
-        root = str(Path(__file__).resolve().parents[2])
-        rest = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
-        env["PYTHONPATH"] = root + (os.pathsep + rest if rest else "")
+        env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH"))
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 

@@ -181,6 +181,7 @@ class Member:
     state: str = "pending"  # pending -> checked -> timed; or failed / cancelled
     cancelled_in: Optional[str] = None
     output_bytes: int = 0
+    flops: Optional[int] = None  # per call, counted when this member ran as a reference (its own, or the judge)
     adopted: Optional[bool] = None
 
 
@@ -241,7 +242,6 @@ class HarnessSession:
         self.python, self.env_for, self.log_stem_for = python, env_for, log_stem_for
         self.cancel, self.emit = cancel, emit
         self.degenerate: Optional[str] = None
-        self.problem_flops: Optional[int] = None  # the reference's flops per call (torch's flop counter)
         self.timer_used: Optional[str] = None
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
 
@@ -364,8 +364,8 @@ class HarnessSession:
             entry["passed"], entry["reason"] = False, errs[0]
         j.seeds.append(entry)
         j.output_bytes = max(j.output_bytes, int(r.get("output_bytes", 0)))
-        if r.get("flops") and self.problem_flops is None and meta["shape"] == "main":
-            self.problem_flops = int(r["flops"])
+        if r.get("flops"):
+            j.flops = int(r["flops"])
         if not entry.get("passed"):
             self._fail(j, f"outputs failed the reference's self-check (seed {meta['seed']}, {meta['shape']} "
                           f"inputs): {entry.get('reason', 'mismatch')}")
@@ -615,9 +615,11 @@ class HarnessSession:
         if samples and timer != "wall" and m.timing["l2_flush"]:
             l2 = int(m.load.get("l2_bytes") or 0)
             moved = int(m.load.get("input_bytes") or 0) + max(0, m.output_bytes - l2)
-            floor = hardware_floor(moved, self.problem_flops, self.s.bandwidth_tbs, self.s.peak_tflops)
-            if self.problem_flops:
-                m.timing["reference_flops"] = self.problem_flops
+            # The judge's count for the kernels it judges; a kernel checked against itself has its own.
+            flops = m.flops if m.role == "self" or self.reference is None else self.reference.flops
+            floor = hardware_floor(moved, flops, self.s.bandwidth_tbs, self.s.peak_tflops)
+            if flops:
+                m.timing["reference_flops"] = flops
             if floor is not None:
                 m.timing["hardware_floor_ms"], why = floor
                 med = statistics.median(samples)

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 # A command is either a shell command line (quotes, pipes and && work) or an argv list.
 Command = Union[str, Sequence[str]]
@@ -41,6 +41,15 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         return self._event.is_set()
+
+
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def engine_pythonpath(current: Optional[str]) -> str:
+    """A child's PYTHONPATH with this checkout first, so ``import engine`` works in it even when
+    the engine runs from a source checkout that is not installed (and from any working dir)."""
+    return _SOURCE_ROOT + (os.pathsep + current if current else "")
 
 
 def install_signal_handlers(cancel: CancelToken) -> None:
