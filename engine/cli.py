@@ -70,6 +70,12 @@ def _add_optimize_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="LOOP_DIR", help="continue a loop where it stopped (a killed step restarts)")
     p.add_argument("--until", metavar="STEP", help=f"stop after this step ({', '.join(STEP_NAMES)})")
     p.add_argument("--status", metavar="LOOP_DIR", help="print the chain of a loop and exit")
+    p.add_argument("--kernel", metavar="OP", help="the registry op to optimise (rmsnorm, activation, rotary, attention; "
+                                                  "default: the top replaceable row of the bottleneck table)")
+    p.add_argument("--candidates", nargs="+", metavar="PATH", default=[],
+                   help="candidate files or folders: modules defining a function named after the op (or kernel())")
+    p.add_argument("--no-library", dest="library", action="store_false",
+                   help="leave out the bundled library's candidates")
 
 
 def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
@@ -314,21 +320,24 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_optimize(args: argparse.Namespace, console: Console) -> int:
-    from engine.loop.run import format_status, resume_loop, start_loop
+    from engine.jobs import LoopRequest, run_request
+    from engine.jobs.requests import notices
+    from engine.loop.run import format_status
 
     if args.status:
         console.print(format_status(args.status), highlight=False, markup=False)
         return 0
-    if bool(args.resume) == bool(args.benchmark_config):
-        raise ConfigError(["magpie optimize: give -b CLEAN.yaml to start a loop, or --resume LOOP_DIR to continue one"])
+    request = LoopRequest(benchmark_config=args.benchmark_config, resume=args.resume, until=args.until,
+                          kernel=args.kernel, candidates=args.candidates, library=args.library)
+    prepared = request.prepare()
+    for line in notices(prepared):
+        print(line, file=sys.stderr)
     cancel = CancelToken()
     install_signal_handlers(cancel)
-    if args.resume:
-        code, root = resume_loop(args.resume, args.until, _log, cancel)
-    else:
-        code, root = start_loop(args.benchmark_config, args.output_dir, args.until, _log, cancel)
-    console.print(format_status(str(root)), highlight=False, markup=False)
-    return code
+    outcome = run_request(request, args.output_dir if not args.resume else None, cancel=cancel, prepared=prepared,
+                          log=_log)
+    console.print(format_status(str(outcome.workspace)), highlight=False, markup=False)
+    return outcome.exit_code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -65,6 +65,8 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
     if fw == "builtin":
         argv = [sys.executable, "-m", "engine.serve", "--model", cfg.server.size, "--host", host,
                 "--port", str(port), "--max-batch-size", str(cfg.server.max_batch)]
+        for key, path in sorted(cfg.server.kernels.items()):  # the loop's integrated winner, or the user's
+            argv += ["--kernel", f"{key}={path}"]
         if profile_dir is not None:
             argv += ["--profiler-dir", str(profile_dir)]
     elif fw == "vllm":
@@ -242,6 +244,7 @@ class LocalServer:
         env = {**os.environ, **self.command.env}
         if self.command.argv[:3] == [sys.executable, "-m", "engine.serve"]:
             env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH"))
+            env["MAGPIE_PARENT_PID"] = str(os.getpid())  # it stops by itself if this process is killed
         argv, note = local_argv(self.command.argv, env)
         self.command.argv = argv
         log = open(self.log_path, "ab")

@@ -269,7 +269,7 @@ def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor:
     ws = workspace_for(prepared, output_dir)
     run_dir = ws.root
     ws.events.close()  # the executor's process opens its own
-    request_file = request_file_for(run_dir)
+    request_file = request_file_for(run_dir, request)
     (run_dir / request_file).write_text(request.to_json() + "\n")
     if isinstance(executor, str):
         try:

@@ -42,7 +42,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAIL
     for line in notices(prepared):
         log(line)
-    kw = {"log": log} if request.mode in ("benchmark", "trace") else {}
+    kw = {"log": log} if request.mode in ("benchmark", "trace", "optimize") else {}
     outcome = run_request(request, cancel=cancel, workspace=ws, prepared=prepared, **kw)
     summary = run_dir / "summary.txt"
     if summary.is_file():

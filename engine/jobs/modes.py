@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from engine.jobs.requests import (
-    REQUEST_FILE, BenchmarkRequest, KernelRequest, PreparedBenchmark, PreparedKernels, PreparedTrace, TraceRequest,
+    REQUEST_FILE, BenchmarkRequest, KernelRequest, LoopRequest, PreparedBenchmark, PreparedKernels, PreparedLoop,
+    PreparedTrace, TraceRequest,
 )
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, TRACE_ANALYSIS_REPORT, report_name_for_mode
@@ -204,11 +205,30 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
     return JobOutcome(result.exit_code, result.report["state"], ws.root, name, result.report, details=result)
 
 
+# --------------------------------------------------------------------------- optimization loop
+def run_optimize(request: LoopRequest, output_dir: Union[Path, str, None] = None, *,
+                 cancel: Optional[CancelToken] = None, sink: Optional[EventSink] = None,
+                 workspace: Optional[Workspace] = None, prepared: Optional[PreparedLoop] = None,
+                 log: Callable[[str], None] = lambda s: None) -> JobOutcome:
+    """Start or resume a loop (engine.loop.run); each of its steps is a run of the modes above."""
+    from engine.loop.run import run_loop
+    from engine.loop.schema import LOOP_FILE
+    prepared = prepared or request.prepare()
+    ws = workspace or workspace_for(prepared, output_dir)
+    if sink is not None:
+        ws.events.listeners.append(sink)
+    ws.write_text(request_file_for(ws.root, request), request.to_json() + "\n")
+    code, state, loop = run_loop(prepared, ws, log, cancel or CancelToken())
+    return JobOutcome(code, state, ws.root, LOOP_FILE, loop)
+
+
 # --------------------------------------------------------------------------- shared
-def request_file_for(run_dir: Path) -> str:
-    """Where a run folder records its request: ``request.json``, or, for a trace analysed into
-    the folder of the benchmark that recorded it (which has its own config and request), a
-    name of its own."""
+def request_file_for(run_dir: Path, request: Any = None) -> str:
+    """Where a run folder records its request: ``request.json``; for a trace analysed into the
+    folder of the benchmark that recorded it (which has its own config and request), or for the
+    resume of a loop, a name of its own."""
+    if isinstance(request, LoopRequest):
+        return "resume_request.json" if request.resume else REQUEST_FILE
     return "trace_analysis_request.json" if (run_dir / "config.yaml").exists() else REQUEST_FILE
 
 
@@ -226,11 +246,16 @@ def workspace_for(prepared: Any, output_dir: Union[Path, str, None]) -> Workspac
         if existing is not None:
             return Workspace(existing)
         return Workspace.create(output_dir or "./results", "trace", prepared.target.stem.split(".")[0])
+    if isinstance(prepared, PreparedLoop):
+        if prepared.resume_dir is not None:
+            return Workspace(prepared.resume_dir)
+        return Workspace.create(output_dir or "./results", "loop", prepared.label)
     raise TypeError(f"not a prepared request: {type(prepared).__name__}")
 
 
 MODES: dict[str, Callable[..., JobOutcome]] = {
     "analyze": run_analyze, "compare": run_compare, "benchmark": run_benchmark, "trace": run_trace,
+    "optimize": run_optimize,
 }
 
 

@@ -173,11 +173,49 @@ class TraceRequest(_Request):
         return PreparedTrace(request=self, target=target, options=opts)
 
 
-JobRequest = Annotated[Union[KernelRequest, BenchmarkRequest, TraceRequest], Field(discriminator="mode")]
+class LoopRequest(_Request):
+    """``magpie optimize``: start a loop on a clean benchmark YAML, or resume a loop folder."""
+    mode: Literal["optimize"] = "optimize"
+    benchmark_config: Optional[str] = Field(None, description="the clean benchmark YAML (start a loop)")
+    resume: Optional[str] = Field(None, description="a loop folder to continue (a killed step restarts)")
+    until: Optional[str] = Field(None, description="stop after this step")
+    kernel: Optional[str] = Field(None, description="the registry op to optimise (default: the top replaceable row)")
+    candidates: list[str] = Field(default_factory=list, description="folders or files of candidate kernels")
+    library: bool = Field(True, description="add the bundled library's candidates for the op")
+
+    def prepare(self) -> "PreparedLoop":
+        from engine.loop.schema import STEP_NAMES, load_loop_file
+        if bool(self.resume) == bool(self.benchmark_config):
+            raise ConfigError(["magpie optimize: give -b CLEAN.yaml to start a loop, or --resume LOOP_DIR to continue one"])
+        if self.until is not None and self.until not in STEP_NAMES:
+            raise ConfigError([f"--until {self.until}: not a step; the steps are {', '.join(STEP_NAMES)}"])
+        if self.kernel is not None:
+            from engine.serve.kernels import KERNEL_KEYS
+            if self.kernel not in KERNEL_KEYS:
+                raise ConfigError([f"--kernel {self.kernel}: not a registry op of the built-in server; "
+                                   f"one of {', '.join(KERNEL_KEYS)}"])
+        for c in self.candidates:
+            if not Path(c).expanduser().exists():
+                raise ConfigError([f"--candidates {c}: no such file or folder"])
+        if self.resume:
+            root = Path(self.resume).expanduser().resolve()
+            loop = load_loop_file(root)  # a LoopFileError naming the file when it is not a loop
+            from engine.runs.catalog import process_alive
+            busy = [s for s in loop.steps if s.state == "running" and s.pid is not None and process_alive(s.pid)]
+            if busy:
+                raise ConfigError([f"--resume {self.resume}: step {busy[0].name} is running in process {busy[0].pid}; "
+                                   "wait for it or stop it first"])
+            return PreparedLoop(request=self, label=loop.label, resume_dir=root)
+        path = Path(str(self.benchmark_config)).expanduser().resolve()
+        bench = BenchmarkRequest(benchmark_config=str(path)).prepare()  # every config problem before a folder exists
+        return PreparedLoop(request=self, label=bench.label, config=str(path), warnings=bench.warnings)
+
+
+JobRequest = Annotated[Union[KernelRequest, BenchmarkRequest, TraceRequest, LoopRequest], Field(discriminator="mode")]
 _ADAPTER: TypeAdapter = TypeAdapter(JobRequest)
 
 
-def parse_request(data: Union[str, bytes, dict]) -> Union[KernelRequest, BenchmarkRequest, TraceRequest]:
+def parse_request(data: Union[str, bytes, dict]) -> Union[KernelRequest, BenchmarkRequest, TraceRequest, LoopRequest]:
     """A request from JSON text or a dict; a ConfigError naming the field when it is not one."""
     try:
         if isinstance(data, (str, bytes)):
@@ -187,7 +225,7 @@ def parse_request(data: Union[str, bytes, dict]) -> Union[KernelRequest, Benchma
         raise ConfigError([f"request: {exc}"]) from None
 
 
-def read_request(path: Path) -> Union[KernelRequest, BenchmarkRequest, TraceRequest]:
+def read_request(path: Path) -> Union[KernelRequest, BenchmarkRequest, TraceRequest, LoopRequest]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -242,5 +280,15 @@ class PreparedTrace:
     request: TraceRequest
     target: Path
     options: Any  # engine.trace.analyze.TraceAnalysisOptions
+    warnings: list[str] = field(default_factory=list)
+    overrides: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class PreparedLoop:
+    request: LoopRequest
+    label: str
+    config: Optional[str] = None  # the clean YAML, absolute (a new loop)
+    resume_dir: Optional[Path] = None  # the loop folder (a resume)
     warnings: list[str] = field(default_factory=list)
     overrides: list[dict] = field(default_factory=list)

@@ -32,6 +32,9 @@ from engine.serve.kernels import KERNEL_KEYS
 from engine.trace.steps import parse_step_annotation
 
 ANNOTATION_PREFIX = "magpie_kernel::"
+# A zero-length span at the start of each registry call naming its arguments (shapes, dtypes,
+# scalars, the values of small integer tensors): what the harness step rebuilds the call from.
+ARGS_PREFIX = "magpie_args::"
 BOTTLENECKS_FILE = "bottlenecks.json"
 STAGE_OF_KIND = {"prefill": "prefill_only", "decode": "decode_only", "prefilldecode": "prefilldecode"}
 STAGES = ("all", "prefill_only", "decode_only", "prefilldecode")
@@ -100,6 +103,7 @@ class _Row:
         self.calls, self.time_us = 0, 0.0
         self.behind: dict[str, list] = defaultdict(lambda: [0, 0.0])  # op/kernel -> [calls, us]
         self.shapes: dict[str, float] = defaultdict(float)
+        self.call_args: dict[str, float] = defaultdict(float)  # args JSON -> us
 
     def to_dict(self, total: float, rank: int) -> dict:
         behind = sorted(self.behind.items(), key=lambda kv: -kv[1][1])[:8]
@@ -115,6 +119,9 @@ class _Row:
             "mapping": {"method": self.method, "confidence": self.confidence},
             "behind": [{"name": n, "calls": c, "time_us": round(t, 3)} for n, (c, t) in behind],
             "op_input_shapes": [{"dims": json.loads(k), "time_us": round(t, 3)} for k, t in shapes],
+            "call_args": [{"args": json.loads(k), "time_us": round(t, 3),
+                           "share_of_op_pct": round(100.0 * t / self.time_us, 2) if self.time_us else 0.0}
+                          for k, t in sorted(self.call_args.items(), key=lambda kv: -kv[1])[:5]],
             "bound": None, "roofline_pct": None,
         }
 
@@ -162,7 +169,7 @@ def analyze_trace(path: Path) -> dict:
             step_time[st] += s.get("dur", 0.0)
             step_count[st] += 1
 
-    ctx = _Ctx(tables, step_spans, ann_spans)
+    ctx = _Ctx(tables, step_spans, ann_spans, _call_args(events, ann_spans))
     if device == "cpu":
         _account_cpu(ctx, cpu_ops, annotations)
     else:
@@ -186,9 +193,62 @@ def analyze_trace(path: Path) -> dict:
             "annotated": bool(annotations), "stages": out_stages}
 
 
+def _call_args(events: list[dict], ann_spans: dict) -> dict[int, str]:
+    """id(registry annotation) -> the JSON of its call's arguments (from the ARGS_PREFIX span in it)."""
+    out: dict[int, str] = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("cat") != "user_annotation" or not name.startswith(ARGS_PREFIX):
+            continue
+        spans = ann_spans.get((e.get("pid"), e.get("tid")))
+        ann = spans.find(e["ts"]) if spans else None
+        parsed = parse_call_args(name[len(ARGS_PREFIX):]) if ann is not None else None
+        if parsed is not None:
+            out[id(ann)] = json.dumps(parsed)  # one key per distinct call
+    return out
+
+
+def _scalar(text: str) -> Optional[object]:
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return None
+
+
+def parse_call_args(text: str) -> Optional[list[dict]]:
+    """The arguments engine.serve.model.describe_args wrote; None when the text is not that form."""
+    out: list[dict] = []
+    for item in text.split(";") if text else []:
+        if item.startswith("s="):
+            value = _scalar(item[2:])
+            if value is None:
+                return None
+            out.append({"scalar": value})
+            continue
+        if item.startswith("?"):
+            out.append({"type": item[1:]})
+            continue
+        head, _, values = item.partition("=")
+        dtype, bracket, dims = head.partition("[")
+        if not bracket or not dims.endswith("]"):
+            return None
+        try:
+            arg: dict = {"shape": [int(d) for d in dims[:-1].split(",") if d], "dtype": dtype}
+            if values:
+                arg["values"] = [int(v) for v in values.split(",")]
+        except ValueError:
+            return None
+        out.append(arg)
+    return out
+
+
 class _Ctx:
-    def __init__(self, tables: dict, step_spans: dict, ann_spans: dict) -> None:
-        self.tables, self.step_spans, self.ann_spans = tables, step_spans, ann_spans
+    def __init__(self, tables: dict, step_spans: dict, ann_spans: dict, args_of: dict[int, str]) -> None:
+        self.tables, self.step_spans, self.ann_spans, self.args_of = tables, step_spans, ann_spans, args_of
 
     def locate(self, th: tuple, t: float) -> tuple[Optional[str], Optional[dict]]:
         """(stage, registry annotation) of a moment on a thread; stage None outside the window."""
@@ -213,6 +273,9 @@ class _Ctx:
             sk = _shape_key(shape_from) if shape_from is not None else None
             if sk:
                 row.shapes[sk] += dur
+            args = self.args_of.get(id(ann)) if ann is not None else None
+            if args:
+                row.call_args[args] += dur
 
 
 def _account_cpu(ctx: _Ctx, cpu_ops: list[dict], annotations: list[dict]) -> None:

@@ -1,9 +1,11 @@
 """``magpie optimize``: the optimization loop as a chain of steps, each a client of engine.jobs.
 
-Implemented: baseline (the clean benchmark, >= 3 repeats), profiled (its profiled twin, derived
-here), bottlenecks (the ranked per-stage table of ``engine.loop.bottlenecks``). The later steps
-are recorded ``pending`` with the reason ``not implemented in this version``; nothing pretends
-they ran.
+baseline (the clean benchmark, >= 3 repeats) -> profiled (its profiled twin, derived here) ->
+bottlenecks (the ranked per-stage table of ``engine.loop.bottlenecks``) -> harness, candidates,
+integrate (``engine.loop.kernel_steps``) -> rebenchmark, verdict (``engine.loop.verdict``).
+When no candidate is correct and faster, integrate and rebenchmark are skipped with that reason
+and the verdict says so. Exit codes: 0 a proven gain (or the ``--until`` step reached), 3 the loop
+ended without one (the verdict says which check failed), 1 a step failed, 130 cancelled.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import yaml
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
 from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
-from engine.loop.schema import LOOP_FILE, NOT_IMPLEMENTED, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
+from engine.loop.schema import LOOP_FILE, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
 from engine.runs.catalog import process_alive
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT
@@ -29,7 +31,8 @@ from engine.runs.workspace import Workspace, atomic_write_json
 
 MIN_REPEATS = 3
 PROFILED_CONFIG = "profiled_config.yaml"
-IMPLEMENTED = ("baseline", "profiled", "bottlenecks")
+EXIT_NO_GAIN = 3
+AFTER_NO_WINNER = ("integrate", "rebenchmark")  # skipped when the candidates step found no winner
 _SUMMARY_KEYS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms",
                  "median_e2el_ms", "failed")
 
@@ -53,7 +56,10 @@ class Loop:
             setattr(step, k, v)
         self.save()
 
-    def run(self, until: Optional[str]) -> int:
+    def set_run_dir(self, step: LoopStep, rel: str) -> None:
+        self._set(step, run_dir=rel)
+
+    def run(self, until: Optional[str]) -> tuple[int, str]:
         self.loop.until = until
         self.ws.events.emit("run_started", pid=os.getpid(), workspace=str(self.root), mode="loop", label=self.loop.label)
         code, state = 0, "completed"
@@ -62,28 +68,32 @@ class Loop:
                 step = self.loop.step(name)
                 if step.state in ("done", "skipped"):
                     continue
-                if name not in IMPLEMENTED:
-                    self._set(step, state="pending", reason=NOT_IMPLEMENTED)
+                if name in AFTER_NO_WINNER and not self.loop.step("candidates").result.get("winner"):
+                    self._set(step, state="skipped", reason="no winner: " + str(
+                        self.loop.step("candidates").result.get("stopped")))
                     continue
                 if not self._run_step(step):
                     code, state = (130, "cancelled") if self.cancel.cancelled else (1, "failed")
                     break
                 if until == name:
                     break
+            verdict = self.loop.step("verdict")
+            if code == 0 and verdict.state == "done" and not verdict.result.get("success"):
+                code = EXIT_NO_GAIN
         except BaseException:
             state, code = "failed", 1
             raise
         finally:
             self.ws.events.emit("run_finished", state=state, exit_code=code, report=LOOP_FILE)
             self.ws.events.close()
-        return code
+        return code, state
 
     def _run_step(self, step: LoopStep) -> bool:
         self.log(f"magpie optimize: step {step.name}")
         self._set(step, state="running", pid=os.getpid(), started=time.time(), finished=None, error=None, reason=None,
                   attempts=step.attempts + 1, result={})
         try:
-            result = getattr(self, f"_step_{step.name}")(step)
+            result = STEPS[step.name](self, step)
         except Exception as exc:
             msg = exc.message if isinstance(exc, MagpieError) else f"{type(exc).__name__}: {exc}"
             if isinstance(exc, ConfigError):
@@ -95,15 +105,18 @@ class Loop:
         self.log(f"magpie optimize: step {step.name} done ({step.elapsed_s:.1f} s)")
         return True
 
-    def _benchmark(self, step: LoopStep, config: str, flags: dict) -> tuple[Any, Any]:
+    def benchmark(self, step: LoopStep, config: str, flags: dict, folder: Optional[str] = None,
+                  record: bool = True) -> tuple[Any, Any]:
+        """One benchmark run of ``config`` into ``<loop>/<folder or step>/``; a LoopError unless it completed."""
         from engine.jobs import BenchmarkRequest, run_request
         request = BenchmarkRequest(benchmark_config=config, flags=flags)
         prepared = request.prepare()
         for o in prepared.overrides:
             if o.get("flag") == "--repeats":
                 o["flag"] = "magpie optimize (at least 3 repeats)"
-        ws = Workspace.create(self.root / step.name, "benchmark", prepared.label)
-        self._set(step, run_dir=str(ws.root.relative_to(self.root)))
+        ws = Workspace.create(self.root / (folder or step.name), "benchmark", prepared.label)
+        if record:
+            self._set(step, run_dir=str(ws.root.relative_to(self.root)))
         outcome = run_request(request, cancel=self.cancel, workspace=ws, prepared=prepared, log=self.log)
         if outcome.exit_code != 0 or outcome.state != "completed":
             errors = outcome.report.get("errors") or outcome.report.get("error") or ""
@@ -116,7 +129,7 @@ class Loop:
         from engine.config.benchmark import load_benchmark_config
         cfg, _ = load_benchmark_config(self.loop.config, [])
         flags = {"repeats": MIN_REPEATS} if cfg.client.repeats < MIN_REPEATS else {}
-        prepared, outcome = self._benchmark(step, self.loop.config, flags)
+        prepared, outcome = self.benchmark(step, self.loop.config, flags)
         self.loop.overrides = prepared.overrides
         report_path = outcome.workspace / BENCHMARK_REPORT
         digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
@@ -132,7 +145,7 @@ class Loop:
         twin_path = self.root / PROFILED_CONFIG
         twin_path.write_text("# The profiled twin of " + self.loop.config + ", derived by magpie optimize.\n"
                              + yaml.safe_dump(twin, sort_keys=False), encoding="utf-8")
-        prepared, outcome = self._benchmark(step, str(twin_path), {})
+        prepared, outcome = self.benchmark(step, str(twin_path), {})
         diff = config_diff(baseline_cfg, prepared.config.model_dump(by_alias=True))
         traces = sorted((outcome.workspace / "torch_trace").glob("*.pt.trace.json*"))
         if not traces:
@@ -225,44 +238,59 @@ def config_diff(clean: dict, profiled: dict) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------- entry points
-def start_loop(config: str, output_dir: str, until: Optional[str], log: Callable[[str], None],
-               cancel: Optional[CancelToken] = None) -> tuple[int, Path]:
-    from engine.jobs import BenchmarkRequest
-    _check_until(until)
-    path = Path(config).expanduser().resolve()
-    prepared = BenchmarkRequest(benchmark_config=str(path)).prepare()  # every config problem before a folder exists
-    ws = Workspace.create(output_dir, "loop", prepared.label)
-    loop = new_loop_file(str(path), prepared.label, time.time())
-    for step in loop.steps:
-        if step.name not in IMPLEMENTED:
-            step.reason = NOT_IMPLEMENTED
+def run_loop(prepared: Any, ws: Workspace, log: Callable[[str], None],
+             cancel: Optional[CancelToken] = None) -> tuple[int, str, dict]:
+    """Start (``prepared.config``) or resume (``prepared.resume_dir``) a loop in ``ws``: the
+    engine.jobs ``optimize`` mode. Returns (exit code, run state, the loop file as a dict)."""
+    request = prepared.request
+    if prepared.resume_dir is not None:
+        loop = load_loop_file(ws.root)
+        for step in loop.steps:
+            if step.state == "running":
+                if step.pid is not None and step.pid != os.getpid() and process_alive(step.pid):
+                    raise LoopError(f"step {step.name} is running in process {step.pid}", hint="wait for it, or stop it")
+                step.state, step.reason = "pending", f"restarted: the process {step.pid} that ran it is gone"
+            elif step.state == "failed":
+                step.state, step.reason = "pending", "restarted after a failure"
+        _resume_options(loop, request)
+        log(f"magpie optimize: resuming {ws.root}")
+    else:
+        loop = new_loop_file(str(prepared.config), prepared.label, time.time())
+        loop.kernel, loop.library = request.kernel, request.library
+        loop.candidates = [str(Path(c).expanduser().resolve()) for c in request.candidates]
+        log(f"magpie optimize: loop {ws.root}")
     runner = Loop(ws.root, loop, ws, log, cancel)
     runner.save()
-    log(f"magpie optimize: loop {ws.root}")
-    return runner.run(until), ws.root
+    code, state = runner.run(request.until)
+    return code, state, runner.loop.to_dict()
+
+
+def _resume_options(loop: LoopFile, request: Any) -> None:
+    """A resume may name the op and candidates only while the steps that use them have not run."""
+    wanted = {"kernel": request.kernel, "candidates": [str(Path(c).expanduser().resolve()) for c in request.candidates]
+              or None, "library": None if request.library else False}
+    used_by = {"kernel": "harness", "candidates": "candidates", "library": "candidates"}
+    for key, value in wanted.items():
+        if value is None or value == getattr(loop, key):
+            continue
+        if loop.step(used_by[key]).state == "done":
+            raise LoopError(f"--{key} on resume: the {used_by[key]} step already ran with {getattr(loop, key)!r}",
+                            hint="start a new loop for another choice")
+        setattr(loop, key, value)
+
+
+def start_loop(config: str, output_dir: str, until: Optional[str], log: Callable[[str], None],
+               cancel: Optional[CancelToken] = None, **options: Any) -> tuple[int, Path]:
+    from engine.jobs import LoopRequest, run_request
+    outcome = run_request(LoopRequest(benchmark_config=config, until=until, **options), output_dir, cancel=cancel, log=log)
+    return outcome.exit_code, outcome.workspace
 
 
 def resume_loop(loop_dir: str, until: Optional[str], log: Callable[[str], None],
-                cancel: Optional[CancelToken] = None) -> tuple[int, Path]:
-    _check_until(until)
-    root = Path(loop_dir).expanduser().resolve()
-    loop = load_loop_file(root)
-    for step in loop.steps:
-        if step.state == "running":
-            if step.pid is not None and step.pid != os.getpid() and process_alive(step.pid):
-                raise LoopError(f"step {step.name} is running in process {step.pid}", hint="wait for it, or stop it")
-            step.state, step.reason = "pending", f"restarted: the process {step.pid} that ran it is gone"
-        elif step.state == "failed":
-            step.state, step.reason = "pending", "restarted after a failure"
-    runner = Loop(root, loop, Workspace(root), log, cancel)
-    runner.save()
-    log(f"magpie optimize: resuming {root}")
-    return runner.run(until), root
-
-
-def _check_until(until: Optional[str]) -> None:
-    if until is not None and until not in STEP_NAMES:
-        raise ConfigError([f"--until {until}: not a step; the steps are {', '.join(STEP_NAMES)}"])
+                cancel: Optional[CancelToken] = None, **options: Any) -> tuple[int, Path]:
+    from engine.jobs import LoopRequest, run_request
+    outcome = run_request(LoopRequest(resume=loop_dir, until=until, **options), cancel=cancel, log=log)
+    return outcome.exit_code, outcome.workspace
 
 
 def format_status(loop_dir: str) -> str:
@@ -276,11 +304,25 @@ def format_status(loop_dir: str) -> str:
         elapsed = f"{s.elapsed_s:.1f} s" if s.elapsed_s is not None else "-"
         detail = s.error or s.reason or _short(s)
         lines.append(f"{i}. {s.name:<12} {state:<10} {elapsed:>9}  {s.run_dir or '-'}  {detail}")
+    verdict = loop.step("verdict")
+    if verdict.state == "done" and verdict.result.get("end_to_end"):
+        from engine.loop.verdict import verdict_lines
+        lines += verdict_lines(verdict.result)[1:]
     return "\n".join(lines)
 
 
 def _short(step: LoopStep) -> str:
     r = step.result
+    if step.name == "harness" and r.get("op"):
+        first = r["shapes"][0]["args"] if r.get("shapes") else ""
+        return f"kernels.{r['op']} at {len(r.get('shapes', []))} call shape(s): {first}"
+    if step.name == "candidates" and "rows" in r:
+        verdicts = ", ".join(f"{row['id']} {row['verdict']}" for row in r["rows"] if row["id"] != "baseline")
+        return (f"winner {r['winner']}" if r.get("winner") else str(r.get("stopped"))) + (f" ({verdicts})" if verdicts else "")
+    if step.name == "integrate" and r.get("kernels"):
+        return ", ".join(f"kernels.{k} = {v}" for k, v in r["kernels"].items())
+    if step.name == "verdict" and "success" in r:
+        return ("SUCCESS: " if r["success"] else "") + str(r.get("message"))
     if step.name == "bottlenecks" and r.get("top_replaceable"):
         t = r["top_replaceable"]
         return f"top replaceable: {t['registry_op']} {t['share_pct']:.1f}% ({r.get('device')})"
@@ -290,3 +332,14 @@ def _short(step: LoopStep) -> str:
     if isinstance(m, dict) and m.get("mean") is not None:
         return f"output {m['mean']:.1f} tok/s over {r.get('repeats')} repeats"
     return ""
+
+
+def _steps() -> dict[str, Callable[[Loop, LoopStep], dict]]:
+    from engine.loop.kernel_steps import step_candidates, step_harness, step_integrate
+    from engine.loop.verdict import step_rebenchmark, step_verdict
+    return {"baseline": Loop._step_baseline, "profiled": Loop._step_profiled, "bottlenecks": Loop._step_bottlenecks,
+            "harness": step_harness, "candidates": step_candidates, "integrate": step_integrate,
+            "rebenchmark": step_rebenchmark, "verdict": step_verdict}
+
+
+STEPS = _steps()

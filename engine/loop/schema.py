@@ -29,7 +29,6 @@ LOOP_SCHEMA_VERSION: Final = 1
 STEP_NAMES: Final = ("baseline", "profiled", "bottlenecks", "harness", "candidates", "integrate", "rebenchmark",
                      "verdict")
 StepState = Literal["pending", "running", "done", "failed", "waiting", "skipped"]
-NOT_IMPLEMENTED: Final = "not implemented in this version"
 
 
 class LoopFileError(MagpieError):
@@ -67,6 +66,9 @@ class LoopFile(BaseModel):
     created: Optional[float] = None
     until: Optional[str] = None
     overrides: list[dict[str, Any]] = Field(default_factory=list)  # what the loop changed in the clean config
+    kernel: Optional[str] = None  # --kernel OP (None: the top replaceable row)
+    candidates: list[str] = Field(default_factory=list)  # --candidates: user files or folders, absolute
+    library: bool = True  # the bundled library's candidates too
     steps: list[LoopStep]
 
     def step(self, name: str) -> LoopStep:

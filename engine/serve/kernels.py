@@ -1,10 +1,13 @@
-"""The kernel registry of the built-in server: the four hot operations of a Llama decoder layer,
-each an eager PyTorch default that a config can replace by a candidate (PyTorch or a Triton
-wrapper) named by dotted path, ``package.module:function`` or ``package.module.function``.
+"""The kernel registry of the built-in server: the hot operations of a Llama decoder layer, each
+a default that a config can replace by a candidate (PyTorch or a Triton wrapper) named by dotted
+path, ``package.module:function`` or ``package.module.function``.
 
 This is how a kernel that won ``magpie compare`` is integrated and re-benchmarked: point the
 server config's ``kernels:`` block at it. Overrides are imported and their signatures checked
-when the server starts, so a typo fails before any request, naming the key and the path.
+when the server starts, so a typo fails before any request, naming the key and the path. On a
+GPU the decode step is captured in CUDA graphs with every kernel in it, overrides included: a
+kernel that cannot be captured (a host sync such as ``.item()``, a host tensor made per call)
+fails the start naming its key, unless the server runs eager (``--eager``).
 
 Signatures (tokens are packed: T = total new tokens of all sequences in the step):
 
@@ -16,15 +19,28 @@ Signatures (tokens are packed: T = total new tokens of all sequences in the step
   cu_seqlens_k[B+1] int32, scale: float) -> [T, Hq, D]``: variable-length causal attention as
   in flash-attn's varlen API: sequence i owns rows cu_q[i]:cu_q[i+1] of q and cu_k[i]:cu_k[i+1]
   of k/v (its whole context), the causal mask aligned to the bottom right (the new tokens are
-  the last ones of the context); Hq is a multiple of Hkv (grouped-query attention).
+  the last ones of the context); Hq is a multiple of Hkv (grouped-query attention). Used by
+  prefill (eager).
+* ``decode_attention(q[B, Hq, D], k_cache[slots, L, Hkv, D], v_cache[slots, L, Hkv, D],
+  slots[B] int64, lengths[B] int32, scale: float) -> [B, Hq, D]``: one new token per sequence
+  (its keys and values already written to the cache) attending to the first ``lengths[b]``
+  positions of cache slot ``slots[b]``; lengths >= 1. Used by the decode step, which is captured
+  in a CUDA graph on a GPU: no host syncs, no shape that depends on the lengths' values.
+
+Defaults: the PyTorch functions of this module on the CPU (the references); on a GPU (CUDA or
+ROCm torch, with Triton) the Triton kernels of ``engine.serve.triton_kernels`` for rmsnorm,
+activation, rotary and decode_attention (one launch each instead of up to nine: the decode step
+is launch-bound), each checked against its reference when the server starts and replaced by the
+reference, with a warning, if it fails; ``varlen_attention`` for attention everywhere.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +48,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.errors import MagpieError
 
-KERNEL_KEYS: tuple[str, ...] = ("rmsnorm", "activation", "rotary", "attention")
+KERNEL_KEYS: tuple[str, ...] = ("rmsnorm", "activation", "rotary", "attention", "decode_attention")
+TRITON_MODULE = "engine.serve.triton_kernels"
+# Attribute under which the model hangs the host copy of a cu_seqlens tensor it built: the
+# reference varlen attention reads it instead of syncing with the device once per layer.
+HOST_OFFSETS_ATTR = "_magpie_host_offsets"
 
 
 class KernelError(MagpieError, ValueError):
@@ -78,11 +98,17 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale)
 
 
+def _host_offsets(cu: torch.Tensor) -> list[int] | None:
+    return getattr(cu, HOST_OFFSETS_ATTR, None)
+
+
 def _varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                       cu_seqlens_k: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.empty_like(q)
     groups = q.shape[1] // k.shape[1]
-    cq, ck = torch.stack((cu_seqlens_q, cu_seqlens_k)).tolist()  # one device sync, not two
+    cq, ck = _host_offsets(cu_seqlens_q), _host_offsets(cu_seqlens_k)
+    if cq is None or ck is None:
+        cq, ck = torch.stack((cu_seqlens_q, cu_seqlens_k)).tolist()  # one device sync, not two
     decode = []
     for i in range(len(cq) - 1):
         sq, sk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
@@ -112,25 +138,58 @@ def _varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     return out
 
 
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                     lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    # The reference: gather each sequence's slot and run one masked SDPA over the padded batch.
+    # On the CPU the context is cut at the longest sequence (a host sync costs nothing there);
+    # on a GPU the whole slot length is read, so that nothing depends on the lengths' values and
+    # the call can be captured. Correct but slow there: the GPU default is the Triton kernel.
+    ctx = int(lengths.max()) if lengths.device.type == "cpu" else k_cache.shape[1]
+    groups = q.shape[1] // k_cache.shape[2]
+    k = k_cache[slots, :ctx].transpose(1, 2).repeat_interleave(groups, dim=1)  # [B, Hq, ctx, D]
+    v = v_cache[slots, :ctx].transpose(1, 2).repeat_interleave(groups, dim=1)
+    valid = torch.arange(ctx, device=q.device)[None, :] < lengths[:, None]  # [B, ctx]
+    with sdpa_kernel(_SDPA_BACKENDS):
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=valid[:, None, None, :], scale=scale)
+    return out.squeeze(2)
+
+
 _DEFAULTS: dict[str, Callable] = {
     "rmsnorm": rmsnorm,
     "activation": silu_and_mul,
     "rotary": rotary,
     "attention": varlen_attention,
+    "decode_attention": decode_attention,
 }
+# The Triton defaults on a GPU: key -> function name in TRITON_MODULE.
+_TRITON_DEFAULTS = {"rmsnorm": "rmsnorm", "activation": "silu_and_mul", "rotary": "rotary",
+                    "decode_attention": "decode_attention"}
 # Positional parameters each kernel is called with (its signature must accept exactly these).
-_ARITY: dict[str, int] = {"rmsnorm": 3, "activation": 1, "rotary": 4, "attention": 6}
+_ARITY: dict[str, int] = {"rmsnorm": 3, "activation": 1, "rotary": 4, "attention": 6, "decode_attention": 6}
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """The resolved kernels a model calls; ``sources`` says where each came from."""
+    """The resolved kernels a model calls; ``sources`` says where each came from, ``notes``
+    what changed a default (a Triton kernel that failed its start-up check, no Triton)."""
 
     rmsnorm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     activation: Callable[[torch.Tensor], torch.Tensor]
     rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
     attention: Callable[..., torch.Tensor]
+    decode_attention: Callable[..., torch.Tensor]
     sources: Mapping[str, str]
+    notes: Sequence[str] = ()
+
+    def replace(self, key: str, fn: Callable, source: str, note: str | None = None) -> "Kernels":
+        fns = {k: getattr(self, k) for k in KERNEL_KEYS}
+        fns[key] = fn
+        notes = (*self.notes, note) if note else self.notes
+        return Kernels(sources={**self.sources, key: source}, notes=notes, **fns)
+
+    def wrapped(self, wrap: Callable[[str, Callable], Callable]) -> "Kernels":
+        """The same kernels, each passed through ``wrap(key, fn)`` (annotation, tracking)."""
+        return Kernels(sources=self.sources, notes=self.notes, **{k: wrap(k, getattr(self, k)) for k in KERNEL_KEYS})
 
 
 def _import(key: str, path: str) -> Callable:
@@ -169,20 +228,37 @@ def _check_signature(key: str, path: str, fn: Callable) -> None:
                           f"{_ARITY[key]} positional arguments {expected} ({exc})") from None
 
 
-def resolve_kernels(overrides: Mapping[str, str] | None = None) -> Kernels:
-    """The defaults with ``overrides`` (kernel key → dotted path) swapped in, each imported and
-    checked; raises ``KernelError`` naming the key and path of the first bad one."""
+def _defaults(device: torch.device | str | None, triton_defaults: bool) -> tuple[dict[str, Callable], dict[str, str], list[str]]:
+    chosen = dict(_DEFAULTS)
+    sources = {k: f"{__name__}:{fn.__name__}" for k, fn in _DEFAULTS.items()}
+    notes: list[str] = []
+    if device is None or torch.device(device).type != "cuda" or not triton_defaults:
+        return chosen, sources, notes
+    try:
+        module = importlib.import_module(TRITON_MODULE)
+    except ImportError as exc:
+        notes.append(f"Triton is not importable ({exc}): the PyTorch reference kernels are the defaults")
+        return chosen, sources, notes
+    for key, name in _TRITON_DEFAULTS.items():
+        chosen[key] = getattr(module, name)
+        sources[key] = f"{TRITON_MODULE}:{name}"
+    return chosen, sources, notes
+
+
+def resolve_kernels(overrides: Mapping[str, str] | None = None, device: torch.device | str | None = None,
+                    triton_defaults: bool = True) -> Kernels:
+    """The defaults for ``device`` (the PyTorch references unless it is a GPU, see the module
+    docstring; ``triton_defaults=False`` keeps the references there too) with ``overrides``
+    (kernel key → dotted path) swapped in, each imported and checked; raises ``KernelError``
+    naming the key and path of the first bad one."""
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(KERNEL_KEYS))
     if unknown:
         raise KernelError(f"kernels.{unknown[0]}: unknown kernel key (known: {', '.join(KERNEL_KEYS)})")
-    chosen: dict[str, Callable] = {}
-    sources: dict[str, str] = {}
+    chosen, sources, notes = _defaults(device, triton_defaults)
     for key in KERNEL_KEYS:
         path = overrides.get(key)
         if path is None:
-            chosen[key] = _DEFAULTS[key]
-            sources[key] = f"{__name__}:{_DEFAULTS[key].__name__}"
             continue
         if not isinstance(path, str) or not path.strip():
             raise KernelError(f"kernels.{key}: expected a dotted path string, got {path!r}")
@@ -190,4 +266,85 @@ def resolve_kernels(overrides: Mapping[str, str] | None = None) -> Kernels:
         _check_signature(key, path, fn)
         chosen[key] = fn
         sources[key] = path.strip()
-    return Kernels(sources=sources, **chosen)
+    return Kernels(sources=sources, notes=tuple(notes), **chosen)
+
+
+# -- the start-up check of the Triton defaults ----------------------------------------------------
+
+def _sample_inputs(key: str, shapes: Any, device: torch.device, dtype: torch.dtype) -> tuple:
+    """Small inputs of the model's sizes for ``key``, strided as the model passes them."""
+    gen = torch.Generator(device=device).manual_seed(1)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    h, hq, hkv, d = shapes.hidden_size, shapes.num_heads, shapes.num_kv_heads, shapes.head_dim
+    if key == "rmsnorm":
+        return rand(5, h), rand(h), shapes.rms_eps
+    if key == "activation":
+        return (rand(5, 2 * shapes.intermediate_size),)
+    if key == "rotary":
+        qkv = rand(5, (hq + 2 * hkv) * d)  # q and k are views into the QKV projection, as in the model
+        q, k, _ = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+        angles = torch.outer(torch.arange(64, device=device, dtype=torch.float32),
+                             torch.rand(d // 2, generator=gen, device=device))
+        cache = torch.cat((angles.cos(), angles.sin()), dim=-1)
+        positions = torch.tensor([0, 3, 17, 63, 5], device=device)
+        return positions, q.view(5, hq, d), k.view(5, hkv, d), cache
+    k_cache, v_cache = rand(4, 80, hkv, d), rand(4, 80, hkv, d)
+    slots = torch.tensor([2, 0, 3], device=device)
+    lengths = torch.tensor([1, 80, 37], device=device, dtype=torch.int32)
+    return rand(3, hq, d), k_cache, v_cache, slots, lengths, d ** -0.5
+
+
+def check_triton_defaults(kernels: Kernels, shapes: Any, device: torch.device, dtype: torch.dtype) -> Kernels:
+    """Run each Triton default once against its PyTorch reference on inputs of the model's
+    sizes; one that raises or disagrees is replaced by the reference, with a note (printed by
+    the server) saying why. Overrides are not checked here: ``magpie compare`` gates those."""
+    tol = 1e-3 if dtype == torch.float32 else 3e-2
+    for key, name in _TRITON_DEFAULTS.items():
+        if kernels.sources.get(key) != f"{TRITON_MODULE}:{name}":
+            continue
+        args = _sample_inputs(key, shapes, device, dtype)
+        try:
+            got, want = getattr(kernels, key)(*args), _DEFAULTS[key](*args)
+            for g, w in zip(got, want) if isinstance(got, tuple) else [(got, want)]:
+                torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol)
+        except Exception as exc:  # a compile error or a wrong result: the reference is always there
+            reference = f"{__name__}:{_DEFAULTS[key].__name__}"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            kernels = kernels.replace(key, _DEFAULTS[key], reference,
+                                      f"the Triton default of {key} ({TRITON_MODULE}:{name}) failed its start-up check; "
+                                      f"the reference {reference} replaces it ({type(exc).__name__}: {first})")
+    return kernels
+
+
+# -- naming the kernel that broke a warm-up or a graph capture ------------------------------------
+
+class KernelTracker:
+    """Wraps kernels so that an exception escaping one of them can be pinned on its key."""
+
+    def __init__(self, kernels: Kernels) -> None:
+        self.sources = kernels.sources
+        self.active: str | None = None
+
+    def wrap(self, key: str, fn: Callable) -> Callable:
+        def call(*args: Any) -> Any:
+            self.active = key
+            out = fn(*args)
+            self.active = None
+            return out
+        return call
+
+    def error(self, exc: BaseException, what: str, fix: str) -> Exception:
+        """A ``KernelError`` naming the kernel that raised ``exc`` during ``what``, or a
+        ``RuntimeError`` when it was not a registry kernel."""
+        detail = f"{type(exc).__name__}: {exc}".strip()
+        if self.active is None:
+            return RuntimeError(f"{what} failed outside the registry kernels: {detail}; {fix}")
+        return KernelError(f"kernels.{self.active}: {self.sources.get(self.active)!r} failed during {what}: {detail}; {fix}")
+
+
+def print_notes(kernels: Kernels) -> None:
+    for note in kernels.notes:
+        print(f"magpie-serve: warning: {note}", file=sys.stderr, flush=True)

@@ -24,11 +24,35 @@ from engine.serve.kernels import KERNEL_KEYS, Kernels, resolve_kernels
 KERNEL_ANNOTATION = "magpie_kernel::"
 
 
+ARGS_ANNOTATION = "magpie_args::"
+
+
+def describe_args(args: Sequence[Any]) -> str:
+    """A registry call's arguments in a quote-free form (the profiler writes annotation names into
+    its JSON trace unescaped): ``bfloat16[16,2048];int32[3]=0,5,9;s=1e-05``, tensors as dtype and
+    shape (with the values of small integer ones, such as cu_seqlens), scalars after ``s=``.
+    The optimization loop's harness rebuilds the call from it (engine.loop.bottlenecks)."""
+    out: list[str] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            item = f"{str(a.dtype).removeprefix('torch.')}[{','.join(str(d) for d in a.shape)}]"
+            if not a.is_floating_point() and a.numel() <= 256:
+                item += "=" + ",".join(str(int(v)) for v in a.flatten().tolist())
+            out.append(item)
+        elif isinstance(a, (bool, int, float)):
+            out.append(f"s={a!r}")
+        else:
+            out.append(f"?{type(a).__name__}")
+    return ";".join(out)
+
+
 def _annotated(key: str, fn: Callable) -> Callable:
     name = KERNEL_ANNOTATION + key
 
     def call(*args: Any) -> Any:
         with torch.profiler.record_function(name):
+            with torch.profiler.record_function(ARGS_ANNOTATION + describe_args(args)):
+                pass  # a zero-length span at the call's start: its arguments, by name
             return fn(*args)
     return call
 

@@ -315,6 +315,26 @@ def make_app(engine: Engine, config: ServeConfig, profiler_dir: Path | None = No
     return app
 
 
+PARENT_PID_ENV = "MAGPIE_PARENT_PID"
+
+
+async def _exit_with_parent(stop: asyncio.Event) -> None:
+    """Stop when the process that launched us is gone (``$MAGPIE_PARENT_PID``): the server runs in
+    a session of its own, so a SIGKILLed benchmark or loop could not stop it otherwise."""
+    try:
+        parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+    except ValueError:
+        return
+    if parent <= 1:
+        return
+    while not stop.is_set():
+        if os.getppid() != parent:  # re-parented: the launcher died, whatever signal killed it
+            print(f"magpie-serve: the launching process {parent} is gone; stopping", flush=True)
+            stop.set()
+            return
+        await asyncio.sleep(0.5)
+
+
 async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
     """Run until SIGTERM/SIGINT; prints the ready line once the socket accepts requests."""
     engine = build_engine(config)
@@ -328,6 +348,7 @@ async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    watchdog = asyncio.ensure_future(_exit_with_parent(stop))
     m = engine.model
     kernels = ", ".join(f"{k}={v}" for k, v in m.kernels.sources.items() if k in config.kernels) or "defaults"
     print(f"magpie-serve ready: http://{config.host}:{port} model={config.name} "
@@ -336,6 +357,7 @@ async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
     try:
         await stop.wait()
     finally:
+        watchdog.cancel()
         print("magpie-serve: shutting down", flush=True)
         await loop.run_in_executor(None, engine.stop)  # ends unfinished requests with an error event
         await runner.cleanup()
@@ -352,11 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["auto", *_DTYPES])
     ap.add_argument("--max-batch-size", type=int)
     ap.add_argument("--profiler-dir", help=f"where /stop_profile writes traces (else ${PROFILER_DIR_ENV})")
+    ap.add_argument("--kernel", action="append", default=[], metavar="KEY=PATH",
+                    help="replace a registry kernel (rmsnorm, activation, rotary, attention) by the function at PATH; "
+                         "repeatable; over the config's kernels:")
     args = ap.parse_args(argv)
     try:
         config = load_serve_config(args.config) if args.config else ServeConfig()
-        flags = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
-        config = ServeConfig.model_validate({**config.model_dump(), **flags})
+        flags = {k: v for k, v in vars(args).items() if k not in ("config", "kernel") and v is not None}
+        kernels = dict(config.kernels)
+        for item in args.kernel:
+            key, sep, path = item.partition("=")
+            if not sep or not key or not path:
+                raise ConfigError([f"--kernel {item!r}: expected KEY=PATH, e.g. rmsnorm=my_pkg.norms:rmsnorm"])
+            kernels[key.strip()] = path.strip()
+        config = ServeConfig.model_validate({**config.model_dump(), **flags, "kernels": kernels})
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

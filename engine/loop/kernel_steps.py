@@ -1,0 +1,240 @@
+"""Steps 4-6 of the loop: the harness of the chosen op, the candidates' compare, and the
+integration of the winner into the server config.
+
+Each function takes the running ``Loop`` (engine.loop.run) and its step, does its work in the
+step's folder, and returns the step's short result (``loop.json``); a ``LoopError`` says why it
+could not. The compare is an ordinary ``magpie compare`` run (engine.jobs), so its verdicts are
+the correctness-gated, noise-aware ones of that mode.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import yaml
+
+from engine.loop.bottlenecks import BOTTLENECKS_FILE
+from engine.loop.harness import HARNESS_DIR, HARNESS_FILE, chosen_calls, harness_tolerances, write_candidate, write_harness
+from engine.runs.schema import COMPARE_REPORT
+
+if TYPE_CHECKING:
+    from engine.loop.run import Loop
+    from engine.loop.schema import LoopStep
+
+CANDIDATES_DIR = "candidates"
+INTEGRATE_DIR = "integrate"
+INTEGRATED_CONFIG = "integrated_config.yaml"
+BASELINE_ID = "baseline"
+
+
+def _error(message: str, hint: str = "") -> Exception:
+    from engine.loop.run import LoopError
+    return LoopError(message, hint=hint) if hint else LoopError(message)
+
+
+# ---------------------------------------------------------------------------- 4. harness
+def step_harness(loop: "Loop", step: "LoopStep") -> dict:
+    table = json.loads((loop.root / "bottlenecks" / BOTTLENECKS_FILE).read_text(encoding="utf-8"))
+    op = loop.loop.kernel
+    rows = table.get("stages", {}).get("all", {}).get("rows", [])
+    replaceable = [r for r in rows if r.get("replaceable")]
+    if op is None:
+        if not replaceable:
+            raise _error("no row of the bottleneck table is a replaceable registry op")
+        row = replaceable[0]
+        op = row["registry_op"]
+    else:
+        row = next((r for r in replaceable if r["registry_op"] == op), None)
+        if row is None:
+            raise _error(f"--kernel {op}: the profiled run recorded no call of kernels.{op}",
+                         hint=f"replaceable ops in the table: {', '.join(r['registry_op'] for r in replaceable) or 'none'}")
+    calls = chosen_calls(row)
+    if not calls:
+        raise _error(f"the trace recorded no arguments for kernels.{op} (a trace of a server without "
+                     "magpie_args:: annotations?)", hint="profile again with this version's built-in server")
+    implementation = _implementation_in_use(loop, op)
+    folder = loop.root / HARNESS_DIR
+    result = write_harness(folder, op, implementation, calls)
+    result["row"] = {"rank": row["rank"], "share_pct": row["share_pct"], "calls": row["calls"],
+                     "confidence": row["mapping"]["confidence"], "method": row["mapping"]["method"]}
+    result["device"] = table.get("device")
+    loop.set_run_dir(step, HARNESS_DIR)
+    loop.log(f"magpie optimize: harness {folder / HARNESS_FILE} for kernels.{op} "
+             f"({row['share_pct']:.1f}% of the profiled time, {len(calls)} call shape(s))")
+    return result
+
+
+def _implementation_in_use(loop: "Loop", op: str) -> str:
+    from engine.serve.kernels import default_kernel_path
+    raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
+    kernels = ((raw.get("benchmark") or {}).get("server") or {}).get("kernels") or {}
+    return kernels.get(op) or default_kernel_path(op)
+
+
+# ---------------------------------------------------------------------------- 5. candidates
+def gather_candidates(op: str, device: str, user_paths: list[str], library: bool,
+                      folder: Path) -> tuple[list[dict], list[dict]]:
+    """(usable candidates, left out with why): the library's for ``op`` on ``device`` and the
+    user's files. A user file is a module defining a function named after the op (or ``kernel``)
+    with the registry signature; it is copied into ``folder/user`` (the compare and the server
+    import the copy, so a later edit of the original cannot change what was measured)."""
+    usable: list[dict] = []
+    left_out: list[dict] = []
+    if library:
+        from engine.library import candidates_for
+        for entry, ok, why in candidates_for(op, "cuda" if device == "gpu" else "cpu"):
+            item = {"id": entry.name, "path": entry.path, "origin": "library", "description": entry.description}
+            (usable if ok else left_out).append(item if ok else {**item, "reason": why})
+    for src in _user_files(user_paths):
+        fn = _user_function(src, op)
+        cid = _unique(f"user_{src.stem}", usable + left_out)
+        if fn is None:
+            left_out.append({"id": cid, "path": str(src), "origin": "user",
+                             "reason": f"defines no function {op}() or kernel()"})
+            continue
+        copy = folder / "user" / f"{cid}.py"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, copy)
+        usable.append({"id": cid, "path": f"{copy}:{fn}", "origin": "user", "description": f"{src}:{fn}"})
+    return usable, left_out
+
+
+def _user_files(paths: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        path = Path(p).expanduser().resolve()
+        out.extend(sorted(path.glob("*.py")) if path.is_dir() else [path])
+    return [p for p in out if p.name != "__init__.py"]
+
+
+def _user_function(path: Path, op: str) -> Optional[str]:
+    import ast
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return op if op in names else ("kernel" if "kernel" in names else None)
+
+
+def _unique(cid: str, taken: list[dict]) -> str:
+    ids = {t["id"] for t in taken}
+    out, i = cid, 2
+    while out in ids:
+        out, i = f"{cid}_{i}", i + 1
+    return out
+
+
+def step_candidates(loop: "Loop", step: "LoopStep") -> dict:
+    from engine.jobs import KernelRequest, run_request
+    from engine.runs.workspace import Workspace
+    harness = loop.loop.step("harness").result
+    op, harness_file = harness["op"], loop.root / harness["file"]
+    if not harness_file.is_file():
+        raise _error(f"the harness {harness_file} is gone", hint="resume from the harness step or restore the file")
+    folder = loop.root / CANDIDATES_DIR
+    usable, left_out = gather_candidates(op, harness.get("device") or "cpu", loop.loop.candidates, loop.loop.library,
+                                         folder)
+    if not usable:
+        return {"op": op, "winner": None, "rows": [], "left_out": left_out,
+                "stopped": f"no candidate for kernels.{op} can run here"
+                           + (f" ({'; '.join(c['id'] + ': ' + c['reason'] for c in left_out)})" if left_out else "")}
+    entries = [{"id": BASELINE_ID, "type": "pytorch", "source_files": [str(harness_file)], "baseline": True}]
+    for c in usable:
+        src = write_candidate(folder, c["id"], c["path"], c["description"], harness_file)
+        entries.append({"id": c["id"], "type": "pytorch", "source_files": [str(src)]})
+    compare_yaml = folder / "compare.yaml"
+    compare_yaml.write_text("# The candidates' compare, written by magpie optimize.\n"
+                            + yaml.safe_dump({"kernels": entries}, sort_keys=False), encoding="utf-8")
+    rtol, atol = harness_tolerances(harness_file)
+    request = KernelRequest(mode="compare", kernel_config=str(compare_yaml), rtol=rtol, atol=atol)
+    prepared = request.prepare()
+    ws = Workspace.create(folder, "compare", f"{op}_candidates")
+    loop.set_run_dir(step, str(ws.root.relative_to(loop.root)))
+    outcome = run_request(request, cancel=loop.cancel, workspace=ws, prepared=prepared)
+    if outcome.state == "cancelled":
+        raise _error("the candidates' compare was cancelled")
+    result = summarize_compare(outcome.report, op, usable, left_out, str(ws.root.relative_to(loop.root)))
+    for row in result["rows"]:
+        speed = f" {row['speedup']:.3f}x" if row.get("speedup") is not None else ""
+        loop.log(f"  [{row['id']}] {row['verdict']}{speed}" + (f": {row['reason']}" if row.get("reason") else ""))
+    for c in left_out:
+        loop.log(f"  [{c['id']}] left out: {c['reason']}")
+    return result
+
+
+def summarize_compare(report: dict, op: str, usable: list[dict], left_out: list[dict], run_dir: str) -> dict:
+    by_id = {c["id"]: c for c in usable}
+    rows = []
+    for k in (report.get("results") or {}).get("kernel_results", []):
+        cid = k.get("kernel_id")
+        verdict = k.get("verdict")
+        correct = k.get("correctness_state") == "SUCCESS"
+        rejected = bool((k.get("guards") or {}).get("rejected"))
+        if not correct:
+            verdict = "incorrect"
+        elif rejected:
+            verdict = "rejected"
+        reason = "; ".join(str(e) for e in (k.get("errors") or [])[:2]) or None
+        rows.append({"id": cid, "source": by_id.get(cid, {}).get("path", "baseline"),
+                     "origin": by_id.get(cid, {}).get("origin", "baseline"), "correct": correct, "verdict": verdict,
+                     "speedup": k.get("speedup"), "ci95": k.get("speedup_ci"),
+                     "median_ms": (k.get("timing") or {}).get("median"), "reason": reason})
+    winner = report.get("winner_id")
+    winner_row = next((r for r in rows if r["id"] == winner), None)
+    if winner is None or winner == BASELINE_ID or winner_row is None or winner_row["verdict"] != "faster":
+        why = report.get("winner_reason") or f"the compare ended {report.get('state')}"
+        return {"op": op, "compare_run": run_dir, "winner": None, "rows": rows, "left_out": left_out,
+                "stopped": f"no candidate is correct and faster beyond the noise: {why}"}
+    return {"op": op, "compare_run": run_dir, "winner": winner, "winner_path": by_id[winner]["path"],
+            "speedup": winner_row["speedup"], "ci95": winner_row["ci95"], "rows": rows, "left_out": left_out,
+            "stopped": None, "report": f"{run_dir}/{COMPARE_REPORT}"}
+
+
+# ---------------------------------------------------------------------------- 6. integrate
+def step_integrate(loop: "Loop", step: "LoopStep") -> dict:
+    cand = loop.loop.step("candidates").result
+    op, path = cand["op"], cand["winner_path"]
+    raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
+    bench = raw.get("benchmark") or {}
+    framework = bench.get("framework")
+    if framework != "builtin":
+        raise _error(f"integrating into framework {framework!r}: this version integrates winners into the built-in "
+                     "server only", hint="benchmark the built-in server (framework: builtin) in the loop")
+    folder = loop.root / INTEGRATE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    integrated = json.loads(json.dumps(raw))  # a deep copy of plain YAML data
+    server = integrated["benchmark"].setdefault("server", {}) or {}
+    integrated["benchmark"]["server"] = server
+    kernels = dict(server.get("kernels") or {})
+    before = kernels.get(op)
+    kernels[op] = path
+    server["kernels"] = kernels
+    out = folder / INTEGRATED_CONFIG
+    out.write_text(f"# {loop.loop.config} with the winner of the candidates' compare as kernels.{op},\n"
+                   "# written by magpie optimize. Nothing else differs.\n"
+                   + yaml.safe_dump(integrated, sort_keys=False), encoding="utf-8")
+    from engine.serve.kernels import resolve_kernels
+    resolve_kernels(kernels)  # the server would refuse it at start: fail here, naming the key
+    loop.set_run_dir(step, INTEGRATE_DIR)
+    return {"config": f"{INTEGRATE_DIR}/{INTEGRATED_CONFIG}", "kernels": {op: path},
+            "changed": [{"field": f"benchmark.server.kernels.{op}", "clean": before, "integrated": path}]}
+
+
+def workload_differences(clean: dict, new: dict, allowed_prefix: str) -> list[dict]:
+    """Effective-config fields that differ between two runs, other than ``allowed_prefix``."""
+    from engine.loop.run import config_diff
+    return [d for d in config_diff(clean, new) if not d["field"].startswith(allowed_prefix)]
+
+
+def environment_differences(a: dict, b: dict) -> list[dict]:
+    keys = ("python", "platform", "host", "http_client")
+    ea, eb = a.get("environment") or {}, b.get("environment") or {}
+    out: list[dict[str, Any]] = [{"field": f"environment.{k}", "clean": ea.get(k), "new": eb.get(k)}
+                                 for k in keys if ea.get(k) != eb.get(k)]
+    if a.get("model") != b.get("model"):
+        out.append({"field": "model", "clean": a.get("model"), "new": b.get("model")})
+    return out
