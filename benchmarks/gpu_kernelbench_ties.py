@@ -133,6 +133,12 @@ def _median(k: dict | None) -> float | None:
     return t.get("median") if isinstance(t, dict) else None
 
 
+def _floor(k: dict | None) -> float | None:
+    p = (k or {}).get("performance_result") or {}
+    method = p.get("method") if isinstance(p, dict) else None
+    return method.get("hardware_floor_ms") if isinstance(method, dict) else None
+
+
 def _backend(k: dict | None) -> str | None:
     p = (k or {}).get("performance_result") or {}
     return p.get("backend") if isinstance(p, dict) else None
@@ -154,6 +160,7 @@ def summarise(problem: str, run: int, code: int | None, wall_s: float, timed_out
         "speedup_ci": (copy or {}).get("speedup_ci"),
         "ref_median_ms": _median(ref),
         "copy_median_ms": _median(copy),
+        "floor_ms": _floor(ref),
         "ref_backend": _backend(ref),
         "copy_backend": _backend(copy),
         "ref_correctness": (ref or {}).get("correctness_state"),
@@ -178,7 +185,7 @@ def _ratio(v) -> str:
 
 def format_table(rows: list[dict]) -> str:
     header = f"{'problem':<22} {'run':>3} {'verdict':<12} {'speedup [95% CI]':<24} {'median ms ref/copy':<23} " \
-             f"{'timer':<26} {'rc':>4} {'wall s':>7}"
+             f"{'floor ms':>9} {'timer':<26} {'rc':>4} {'wall s':>7}"
     lines = [header, "-" * len(header)]
     for r in rows:
         ci = r.get("speedup_ci")
@@ -189,7 +196,8 @@ def format_table(rows: list[dict]) -> str:
         timer = r.get("copy_backend") or r.get("ref_backend") or "-"
         rc = "-" if r.get("exit_code") is None else str(r["exit_code"])
         lines.append(f"{r['problem'][:22]:<22} {r['run']:>3} {str(r.get('verdict') or r['status'])[:12]:<12} "
-                     f"{sp[:24]:<24} {med[:23]:<23} {timer[:26]:<26} {rc:>4} {r['wall_s']:>7.1f}")
+                     f"{sp[:24]:<24} {med[:23]:<23} {_num(r.get('floor_ms'), '.4g'):>9} {timer[:26]:<26} {rc:>4} "
+                     f"{r['wall_s']:>7.1f}")
     ties = sum(1 for r in rows if r.get("verdict") == "tie")
     lines.append(f"{ties}/{len(rows)} runs called the identical copy a tie")
     return "\n".join(lines)

@@ -147,11 +147,23 @@ class WorkbenchApp(App):
         self.started[started.pid] = started
 
     def open_run(self, info: RunInfo) -> None:
+        """The run screen, or for an optimization loop (mode ``loop``) the loop's chain."""
+        if info.mode == "loop":
+            self.open_loop(info.path)
+            return
         from magpie_tui.screens.run import RunScreen
         self.push_screen(RunScreen(info))
 
+    def open_loop(self, path: Path, tab: str | None = None) -> None:
+        from magpie_tui.screens.loop import LoopScreen
+        self.push_screen(LoopScreen(path, tab=tab))
+
     def open_report(self, info: RunInfo) -> None:
-        """The report screen that fits the run's mode; its files are read in a thread worker."""
+        """The report screen that fits the run's mode; its files are read in a thread worker.
+        A loop's report is its verdict, on the loop screen."""
+        if info.mode == "loop":
+            self.open_loop(info.path, tab="tab-verdict")
+            return
         self._read_report(info)
 
     @work(thread=True, exclusive=True, group="report-files", exit_on_error=False,

@@ -28,13 +28,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from engine.serve.kernels import KERNEL_KEYS
+from engine.serve.call_args import ARGS_ANNOTATION, parse_call_args
 from engine.trace.steps import parse_step_annotation
 
+# The built-in server's registry ops (engine.serve.kernels.KERNEL_KEYS, which imports torch; a
+# test checks that the two agree): this module is read by the workbench, which must not wait for torch.
+KERNEL_KEYS = ("rmsnorm", "activation", "rotary", "attention", "decode_attention")
 ANNOTATION_PREFIX = "magpie_kernel::"
 # A zero-length span at the start of each registry call naming its arguments (shapes, dtypes,
 # scalars, the values of small integer tensors): what the harness step rebuilds the call from.
-ARGS_PREFIX = "magpie_args::"
+ARGS_PREFIX = ARGS_ANNOTATION
 BOTTLENECKS_FILE = "bottlenecks.json"
 STAGE_OF_KIND = {"prefill": "prefill_only", "decode": "decode_only", "prefilldecode": "prefilldecode"}
 STAGES = ("all", "prefill_only", "decode_only", "prefilldecode")
@@ -205,44 +208,6 @@ def _call_args(events: list[dict], ann_spans: dict) -> dict[int, str]:
         parsed = parse_call_args(name[len(ARGS_PREFIX):]) if ann is not None else None
         if parsed is not None:
             out[id(ann)] = json.dumps(parsed)  # one key per distinct call
-    return out
-
-
-def _scalar(text: str) -> Optional[object]:
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return None
-
-
-def parse_call_args(text: str) -> Optional[list[dict]]:
-    """The arguments engine.serve.model.describe_args wrote; None when the text is not that form."""
-    out: list[dict] = []
-    for item in text.split(";") if text else []:
-        if item.startswith("s="):
-            value = _scalar(item[2:])
-            if value is None:
-                return None
-            out.append({"scalar": value})
-            continue
-        if item.startswith("?"):
-            out.append({"type": item[1:]})
-            continue
-        head, _, values = item.partition("=")
-        dtype, bracket, dims = head.partition("[")
-        if not bracket or not dims.endswith("]"):
-            return None
-        try:
-            arg: dict = {"shape": [int(d) for d in dims[:-1].split(",") if d], "dtype": dtype}
-            if values:
-                arg["values"] = [int(v) for v in values.split(",")]
-        except ValueError:
-            return None
-        out.append(arg)
     return out
 
 

@@ -129,15 +129,26 @@ def _unique(cid: str, taken: list[dict]) -> str:
 
 
 def step_candidates(loop: "Loop", step: "LoopStep") -> dict:
-    from engine.jobs import KernelRequest, run_request
-    from engine.runs.workspace import Workspace
     harness = loop.loop.step("harness").result
-    op, harness_file = harness["op"], loop.root / harness["file"]
+    harness_file = loop.root / harness["file"]
     if not harness_file.is_file():
         raise _error(f"the harness {harness_file} is gone", hint="resume from the harness step or restore the file")
-    folder = loop.root / CANDIDATES_DIR
-    usable, left_out = gather_candidates(op, harness.get("device") or "cpu", loop.loop.candidates, loop.loop.library,
-                                         folder)
+    result = compare_candidates(loop.root / CANDIDATES_DIR, harness_file, harness["op"], harness.get("device") or "cpu",
+                                loop.loop.candidates, loop.loop.library, cancel=loop.cancel, log=loop.log,
+                                on_run_dir=lambda d: loop.set_run_dir(step, str(d.relative_to(loop.root))))
+    if result.get("compare_run"):
+        result["compare_run"] = str(Path(result["compare_run"]).relative_to(loop.root))
+        result["report"] = f"{result['compare_run']}/{COMPARE_REPORT}"
+    return result
+
+
+def compare_candidates(folder: Path, harness_file: Path, op: str, device: str, user_paths: list[str], library: bool,
+                       cancel: Any = None, log: Any = lambda s: None, on_run_dir: Any = lambda d: None) -> dict:
+    """Write a ModelNew module per candidate into ``folder``, compare them all against the
+    harness's Model in one ``magpie compare`` run, and summarize the verdicts."""
+    from engine.jobs import KernelRequest, run_request
+    from engine.runs.workspace import Workspace
+    usable, left_out = gather_candidates(op, device, user_paths, library, folder)
     if not usable:
         return {"op": op, "winner": None, "rows": [], "left_out": left_out,
                 "stopped": f"no candidate for kernels.{op} can run here"
@@ -153,16 +164,16 @@ def step_candidates(loop: "Loop", step: "LoopStep") -> dict:
     request = KernelRequest(mode="compare", kernel_config=str(compare_yaml), rtol=rtol, atol=atol)
     prepared = request.prepare()
     ws = Workspace.create(folder, "compare", f"{op}_candidates")
-    loop.set_run_dir(step, str(ws.root.relative_to(loop.root)))
-    outcome = run_request(request, cancel=loop.cancel, workspace=ws, prepared=prepared)
+    on_run_dir(ws.root)
+    outcome = run_request(request, cancel=cancel, workspace=ws, prepared=prepared)
     if outcome.state == "cancelled":
         raise _error("the candidates' compare was cancelled")
-    result = summarize_compare(outcome.report, op, usable, left_out, str(ws.root.relative_to(loop.root)))
+    result = summarize_compare(outcome.report, op, usable, left_out, str(ws.root))
     for row in result["rows"]:
         speed = f" {row['speedup']:.3f}x" if row.get("speedup") is not None else ""
-        loop.log(f"  [{row['id']}] {row['verdict']}{speed}" + (f": {row['reason']}" if row.get("reason") else ""))
+        log(f"  [{row['id']}] {row['verdict']}{speed}" + (f": {row['reason']}" if row.get("reason") else ""))
     for c in left_out:
-        loop.log(f"  [{c['id']}] left out: {c['reason']}")
+        log(f"  [{c['id']}] left out: {c['reason']}")
     return result
 
 
@@ -191,7 +202,7 @@ def summarize_compare(report: dict, op: str, usable: list[dict], left_out: list[
                 "stopped": f"no candidate is correct and faster beyond the noise: {why}"}
     return {"op": op, "compare_run": run_dir, "winner": winner, "winner_path": by_id[winner]["path"],
             "speedup": winner_row["speedup"], "ci95": winner_row["ci95"], "rows": rows, "left_out": left_out,
-            "stopped": None, "report": f"{run_dir}/{COMPARE_REPORT}"}
+            "stopped": None}
 
 
 # ---------------------------------------------------------------------------- 6. integrate

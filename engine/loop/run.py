@@ -23,13 +23,12 @@ import yaml
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
 from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
-from engine.loop.schema import LOOP_FILE, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
+from engine.loop.schema import LOOP_FILE, MIN_REPEATS, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
 from engine.runs.catalog import process_alive
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT
 from engine.runs.workspace import Workspace, atomic_write_json
 
-MIN_REPEATS = 3
 PROFILED_CONFIG = "profiled_config.yaml"
 EXIT_NO_GAIN = 3
 AFTER_NO_WINNER = ("integrate", "rebenchmark")  # skipped when the candidates step found no winner
@@ -90,6 +89,10 @@ class Loop:
 
     def _run_step(self, step: LoopStep) -> bool:
         self.log(f"magpie optimize: step {step.name}")
+        index = STEP_NAMES.index(step.name)
+        self.ws.events.emit("stage", stage=step.name, state="RUNNING", index=index)
+        self.ws.events.emit("progress", done=index, total=len(STEP_NAMES), phase=f"step {index + 1}/{len(STEP_NAMES)}: "
+                            f"{step.name}")
         self._set(step, state="running", pid=os.getpid(), started=time.time(), finished=None, error=None, reason=None,
                   attempts=step.attempts + 1, result={})
         try:
@@ -99,9 +102,11 @@ class Loop:
             if isinstance(exc, ConfigError):
                 msg = "; ".join(exc.problems)
             self._set(step, state="failed", finished=time.time(), error=msg)
+            self.ws.events.emit("stage", stage=step.name, state="FAILED", index=index)
             self.log(f"magpie optimize: step {step.name} failed: {msg}")
             return False
         self._set(step, state="done", finished=time.time(), result=result)
+        self.ws.events.emit("stage", stage=step.name, state="SUCCESS", index=index)
         self.log(f"magpie optimize: step {step.name} done ({step.elapsed_s:.1f} s)")
         return True
 

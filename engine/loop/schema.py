@@ -24,6 +24,7 @@ from engine.errors import MagpieError
 
 LOOP_FILE: Final = "loop.json"
 LOOP_SCHEMA_VERSION: Final = 1
+MIN_REPEATS: Final = 3  # the baseline and the re-benchmark run at least this many times
 
 # The chain, in order (issue 13): each step consumes what the ones before it wrote.
 STEP_NAMES: Final = ("baseline", "profiled", "bottlenecks", "harness", "candidates", "integrate", "rebenchmark",

@@ -89,6 +89,7 @@ class RunInfo:
         if isinstance(ev, RunStarted):
             self.state = RunState.RUNNING
             self.started = self.last_event
+            self.finished = self.exit_code = None  # a resumed run (a loop) starts again
             self.mode = ev.mode or self.mode
             self.pid = ev.pid
             if ev.label:

@@ -44,7 +44,7 @@ class ConfigCheck:
         if self.kind == "kernel":
             return list(self.valid_modes)
         if self.kind == "benchmark":
-            return ["benchmark"]
+            return ["benchmark", "optimize"]  # optimize: the loop, with this file as its clean config
         return []
 
 
@@ -113,7 +113,7 @@ def check_config(path: Path | str) -> ConfigCheck:
 
 @dataclass
 class LaunchRequest:
-    mode: str  # analyze | compare | benchmark
+    mode: str  # analyze | compare | benchmark | optimize
     config: Path
     output_dir: Path
     # Common overrides; None = keep the config's value.
@@ -125,10 +125,11 @@ class LaunchRequest:
     num_prompts: Optional[int] = None
     profiler: Optional[bool] = None
     only: Optional[list[str]] = None  # kernel ids (analyze/compare); the baseline is always kept
+    until: Optional[str] = None  # optimize: stop after this step (None: every step)
 
     def to_request(self) -> Any:
         """The typed request this launch runs (``engine.jobs.requests``)."""
-        from engine.jobs.requests import BenchmarkRequest, KernelRequest
+        from engine.jobs.requests import BenchmarkRequest, KernelRequest, LoopRequest
         config = str(Path(self.config).resolve())
         if self.mode in ("analyze", "compare"):
             return KernelRequest(mode=self.mode, kernel_config=config, repeats=self.repeats,
@@ -138,7 +139,9 @@ class LaunchRequest:
             flags = {"repeats": self.repeats, "concurrency": self.concurrency, "input_len": self.input_len,
                      "output_len": self.output_len, "num_prompts": self.num_prompts, "torch_profiler": self.profiler}
             return BenchmarkRequest(benchmark_config=config, flags={k: v for k, v in flags.items() if v is not None})
-        raise ValueError(f"unknown mode {self.mode!r}: analyze, compare or benchmark")
+        if self.mode == "optimize":
+            return LoopRequest(benchmark_config=config, until=self.until)
+        raise ValueError(f"unknown mode {self.mode!r}: analyze, compare, benchmark or optimize")
 
     def argv(self, python: str = sys.executable) -> list[str]:
         """The equivalent command line (what the launch screen shows)."""
@@ -163,8 +166,10 @@ class LaunchRequest:
                 args.append("--torch-profiler")
             elif self.profiler is False:
                 args.append("--no-torch-profiler")
+        elif self.mode == "optimize":
+            args += ["-b", config, "-o", output] + (["--until", self.until] if self.until else [])
         else:
-            raise ValueError(f"unknown mode {self.mode!r}: analyze, compare or benchmark")
+            raise ValueError(f"unknown mode {self.mode!r}: analyze, compare, benchmark or optimize")
         return args
 
 
@@ -174,7 +179,17 @@ def effective_config(req: LaunchRequest) -> tuple[dict[str, Any], list[dict], li
     prepared = req.to_request().prepare()
     if req.mode == "benchmark":
         return {"benchmark": prepared.config.model_dump(by_alias=True)}, prepared.overrides, prepared.warnings
+    if req.mode == "optimize":
+        return _loop_baseline_config(prepared)
     return prepared.plan.effective_config(), prepared.overrides, prepared.warnings
+
+
+def _loop_baseline_config(prepared: Any) -> tuple[dict[str, Any], list[dict], list[str]]:
+    """What the loop's baseline step starts from: the clean config as it stands (the loop raises
+    its repeats to the minimum it needs for a confidence interval, and records that in loop.json)."""
+    from engine.jobs.requests import BenchmarkRequest
+    bench = BenchmarkRequest(benchmark_config=prepared.config).prepare()
+    return {"benchmark": bench.config.model_dump(by_alias=True)}, list(bench.overrides), prepared.warnings
 
 
 @dataclass
@@ -210,3 +225,15 @@ def start_run(req: LaunchRequest, cwd: Optional[Path] = None) -> StartedRun:
     ex = job.execution
     return StartedRun(process=ex.process, argv=req.argv(), console_log=ex.console_log, started=time.time(),
                       run_dir=job.run_dir)
+
+
+def resume_loop(loop_dir: Path | str, until: Optional[str] = None) -> StartedRun:
+    """Continue a stopped loop (``magpie optimize --resume``) as a detached job; a step whose
+    process was killed restarts. The job's console log goes next to the loop folder's."""
+    from engine.jobs.api import submit
+    from engine.jobs.requests import LoopRequest
+    root = Path(loop_dir).resolve()
+    job = submit(LoopRequest(resume=str(root), until=until), root.parent, executor="local-process", cwd=root)
+    ex = job.execution
+    argv = [sys.executable, "-m", "engine.cli", "optimize", "--resume", str(root)] + (["--until", until] if until else [])
+    return StartedRun(process=ex.process, argv=argv, console_log=ex.console_log, started=time.time(), run_dir=job.run_dir)

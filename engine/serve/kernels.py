@@ -1,6 +1,7 @@
 """The kernel registry of the built-in server: the hot operations of a Llama decoder layer, each
 a default that a config can replace by a candidate (PyTorch or a Triton wrapper) named by dotted
-path, ``package.module:function`` or ``package.module.function``.
+path, ``package.module:function`` or ``package.module.function``, or by file,
+``/path/to/file.py:function``.
 
 This is how a kernel that won ``magpie compare`` is integrated and re-benchmarked: point the
 server config's ``kernels:`` block at it. Overrides are imported and their signatures checked
@@ -194,14 +195,14 @@ class Kernels:
 
 def _import(key: str, path: str) -> Callable:
     if ":" in path:
-        module_name, _, attr = path.partition(":")
+        module_name, _, attr = path.rpartition(":")
     else:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise KernelError(f"kernels.{key}: {path!r} is not a dotted path "
-                          "(expected 'package.module:function' or 'package.module.function')")
+                          "(expected 'package.module:function', 'package.module.function' or '/path/file.py:function')")
     try:
-        module = importlib.import_module(module_name)
+        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure of the candidate is a config error
         raise KernelError(f"kernels.{key}: cannot import module {module_name!r} of {path!r}: "
                           f"{type(exc).__name__}: {exc}") from exc
@@ -213,6 +214,40 @@ def _import(key: str, path: str) -> Callable:
     if not callable(fn):
         raise KernelError(f"kernels.{key}: {path!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def _load_file(path: str) -> Any:
+    """A kernel module given by file (a candidate outside any package), loaded once per path."""
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"no such file {file}")
+    name = "_magpie_kernel_" + hashlib.sha1(str(file).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, str(file))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def import_kernel(key: str, path: str) -> Callable:
+    """The function at ``path`` (dotted, or ``/path/file.py:function``); KernelError naming ``key``."""
+    return _import(key, path.strip())
+
+
+def default_kernel_path(key: str, device: torch.device | str | None = None) -> str:
+    """Where the server's own implementation of registry op ``key`` lives on ``device``."""
+    return _defaults(device, True)[1][key]
 
 
 def _check_signature(key: str, path: str, fn: Callable) -> None:
@@ -339,7 +374,10 @@ class KernelTracker:
     def error(self, exc: BaseException, what: str, fix: str) -> Exception:
         """A ``KernelError`` naming the kernel that raised ``exc`` during ``what``, or a
         ``RuntimeError`` when it was not a registry kernel."""
-        detail = f"{type(exc).__name__}: {exc}".strip()
+        root = exc
+        while root.__context__ is not None:  # a failed capture's own error hides the one that broke it
+            root = root.__context__
+        detail = f"{type(root).__name__}: {root}".strip()
         if self.active is None:
             return RuntimeError(f"{what} failed outside the registry kernels: {detail}; {fix}")
         return KernelError(f"kernels.{self.active}: {self.sources.get(self.active)!r} failed during {what}: {detail}; {fix}")

@@ -13,7 +13,8 @@ from magpie_tui.settings import config_path
 _BINDING_OWNERS = (
     "widgets.data_grid.DataGrid", "widgets.diff_view.DiffView",
     "screens.configs.ConfigsScreen", "screens.launch.LaunchScreen", "screens.runs.RunsScreen",
-    "screens.run.RunScreen", "screens.reports.CompareReportScreen", "screens.reports.BenchmarkReportScreen",
+    "screens.run.RunScreen", "screens.loop.LoopScreen", "screens.reports.CompareReportScreen",
+    "screens.reports.BenchmarkReportScreen",
     "screens.roofline.RooflineScreen", "screens.kernel.KernelScreen", "screens.diff.DiffScreen",
 )
 

@@ -1,5 +1,6 @@
-"""Launch: start analyze, compare or benchmark from the selected config, with the common
-overrides and a preview of the effective config before anything starts."""
+"""Launch: start analyze, compare, benchmark or optimize (the optimization loop on a clean
+benchmark config) from the selected config, with the common overrides and a preview of the
+effective config before anything starts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from textual.widgets import Button, Input, Label, Select, Static
 
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
+from engine.loop.schema import STEP_NAMES
 from engine.runs.launch import ConfigCheck, LaunchRequest, effective_config, start_run
 from magpie_tui.errors import error_text
 
@@ -40,8 +42,8 @@ class LaunchScreen(ModalScreen):
                 with VerticalScroll(id="launch-form"):
                     yield Label("Mode")
                     yield Select([(m, m) for m in modes], value=modes[0], allow_blank=False, id="mode")
-                    yield Label("Repeats (blank: config)")
-                    yield Input(placeholder="e.g. 20", type="integer", id="repeats")
+                    yield Label("Repeats (blank: config)", classes="-repeats")
+                    yield Input(placeholder="e.g. 20", type="integer", id="repeats", classes="-repeats")
                     yield Label("Baseline", classes="-compare")
                     yield Select([(k, k) for k in self.check.kernel_ids], prompt="config's baseline",
                                  id="baseline", classes="-compare")
@@ -52,6 +54,9 @@ class LaunchScreen(ModalScreen):
                     yield Label("Torch profiler", classes="-benchmark")
                     yield Select([("on", "on"), ("off", "off")], prompt="as in the config", id="profiler",
                                  classes="-benchmark")
+                    yield Label("Stop after step", classes="-optimize")
+                    yield Select([(f"{i}. {name}", name) for i, name in enumerate(STEP_NAMES, 1)],
+                                 prompt="every step", id="until", classes="-optimize")
                 yield VerticalScroll(Static("", id="launch-preview-text"), id="launch-preview")
             with Horizontal(id="launch-buttons"):
                 yield Button("Start (ctrl+s)", variant="primary", id="start")
@@ -75,18 +80,22 @@ class LaunchScreen(ModalScreen):
 
     def _update(self) -> None:
         mode = self._value("mode")
-        for cls, on in (("-compare", mode == "compare"), ("-benchmark", mode == "benchmark")):
+        optimize = mode == "optimize"
+        for cls, on in (("-compare", mode == "compare"), ("-benchmark", mode == "benchmark"),
+                        ("-optimize", optimize), ("-repeats", not optimize)):
             for widget in self.query(f".{cls}"):
                 widget.display = on
         try:
-            values = {f: self._value(f) for f in _INT_FIELDS}
+            # The loop sets its own repeats and workload (the clean config's): no overrides.
+            values = {} if optimize else {f: self._value(f) for f in _INT_FIELDS}
         except ValueError:
             self._show_problem("numbers only in the override fields")
             return
-        profiler = self._value("profiler")
+        profiler = self._value("profiler") if mode == "benchmark" else None
         req = LaunchRequest(mode=mode, config=self.check.path, output_dir=self.app.settings.launch_results_dir,
                             baseline=self._value("baseline") if mode == "compare" else None,
                             profiler=None if profiler is None else profiler == "on",
+                            until=self._value("until") if optimize else None,
                             **{k: v for k, v in values.items() if mode == "benchmark" or k not in _BENCH_FIELDS})
         try:
             config, overrides, warnings = effective_config(req)
@@ -99,7 +108,9 @@ class LaunchScreen(ModalScreen):
             lines.append("overrides:")
             lines += [f"  {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})" for o in overrides]
         lines += [f"warning: {w}" for w in warnings]
-        lines += ["", "effective config:", yaml.safe_dump(config, sort_keys=False, default_flow_style=False)]
+        heading = ("the baseline step's config (the loop raises its repeats to the minimum a confidence interval "
+                   "needs, and derives the profiled twin from it):" if optimize else "effective config:")
+        lines += ["", heading, yaml.safe_dump(config, sort_keys=False, default_flow_style=False)]
         preview = self.query_one("#launch-preview-text", Static)
         preview.update("\n".join(lines))
         preview.set_class(False, "-invalid")
