@@ -57,6 +57,10 @@ def cases() -> dict[str, list[tuple[str, list[dict]]]]:
                       ("prefill 4 x 512", [_t([t_pre, HQ, D]), _t([t_pre, HKV, D]), _t([t_pre, HKV, D]),
                                            _t([len(prefill) + 1], "int32", _cu(prefill)),
                                            _t([len(prefill) + 1], "int32", _cu(prefill)), {"scalar": D ** -0.5}])],
+        # The decode step's own op: the cache as the server holds it (65 slots of 8192 tokens).
+        "decode_attention": [("decode 16 x 544", [_t([decode_b, HQ, D]), _t([65, POS, HKV, D]), _t([65, POS, HKV, D]),
+                                                  _t([decode_b], "int64", range(decode_b)),
+                                                  _t([decode_b], "int32", [ctx - 32] * decode_b), {"scalar": D ** -0.5}])],
     }
 
 
@@ -65,14 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     from engine.loop.kernel_steps import compare_candidates
     from engine.serve.kernels import default_kernel_path
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default="rmsnorm,activation,rotary,attention")
+    ap.add_argument("--ops", default="rmsnorm,activation,rotary,attention,decode_attention")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or tempfile.mkdtemp()) / "loop_library")
     args = ap.parse_args(argv)
+    import torch
+    device = "cuda" if torch.cuda.is_available() else None  # the server's defaults there are Triton kernels
     rows = []
     for op in args.ops.split(","):
         for label, call in cases()[op]:
             folder = args.out / f"{op}_{label.split()[0]}"
-            harness = write_harness(folder / "harness", op, default_kernel_path(op), [{"args": call,
+            harness = write_harness(folder / "harness", op, default_kernel_path(op, device), [{"args": call,
                                                                                       "share_of_op_pct": 100.0}])
             started = time.monotonic()
             try:

@@ -60,13 +60,14 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
     envs = cfg.effective_envs()
     tp = envs.get("TP", "1")
     extra = list(cfg.server_args)
-    env: dict[str, str] = {}
+    env: dict[str, str] = dict(cfg.server_env)  # the config's own; the profiler's variables below win
     fw = cfg.framework
     if fw == "builtin":
         argv = [sys.executable, "-m", "engine.serve", "--model", cfg.server.size, "--host", host,
                 "--port", str(port), "--max-batch-size", str(cfg.server.max_batch)]
         for key, path in sorted(cfg.server.kernels.items()):  # the loop's integrated winner, or the user's
             argv += ["--kernel", f"{key}={path}"]
+        argv += cfg.server.server_flags()  # eager, CUDA graph sizes, seed, max model length
         if profile_dir is not None:
             argv += ["--profiler-dir", str(profile_dir)]
     elif fw == "vllm":

@@ -30,7 +30,7 @@ from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, RunState, Stage
 from engine.runs.workspace import Workspace
 
 # Token ids a random prompt may use, per built-in preset (its byte tokenizer reserves 256/257).
-_BUILTIN_VOCAB = {"tiny": 512, "1b": 128256}
+_BUILTIN_VOCAB = {"tiny": 512, "1b": 128256, "8b": 128256}
 _BUILTIN_SPECIAL = (256, 257)
 
 
@@ -113,6 +113,10 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         _analyse_traces(cfg, ws, trace_dir, report, log)
     report["state"] = state
     report["execution_time"] = round(time.time() - started, 3)
+    if cfg.framework == "builtin":  # additive: the weight-read floor of a decode step, TPOT against it
+        from engine.serve.floor import builtin_floor
+        report["floor"] = builtin_floor(cfg.server.size, cfg.gpu_arch, ((report.get("latency") or {}).get("tpot") or {})
+                                        .get("median_ms"))
     ws.write_json(BENCHMARK_REPORT, report)
     ws.write_text("summary.txt", summary_text(report))
     code = 130 if state == RunState.CANCELLED else (0 if report["success"] else 1)

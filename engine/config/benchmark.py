@@ -177,6 +177,37 @@ class BuiltinServer(_Strict):
     max_batch: int = Field(default=64, ge=1)
     kernels: dict[str, str] = Field(default_factory=dict)
     seed: int = 0
+    # No CUDA graphs: every decode step runs eagerly (on the CPU it always does).
+    eager: bool = False
+    # Batch sizes decode steps are padded to and captured at; none: 1, 2, 4, ... up to max_batch.
+    cuda_graph_batch_sizes: Optional[list[int]] = None
+    # Prompt + output cap and the length of each KV-cache slot; none: the model's max_seq_len.
+    max_model_len: Optional[int] = Field(default=None, ge=16)
+
+    @field_validator("cuda_graph_batch_sizes")
+    @classmethod
+    def _graph_sizes(cls, v: Optional[list[int]]) -> Optional[list[int]]:
+        if v is not None and (not v or min(v) < 1):
+            raise ValueError("cuda_graph_batch_sizes: give positive batch sizes, e.g. [1, 2, 4, 8, 16, 32, 64]")
+        return v
+
+    @model_validator(mode="after")
+    def _graph_sizes_fit(self) -> "BuiltinServer":
+        if self.cuda_graph_batch_sizes and max(self.cuda_graph_batch_sizes) > self.max_batch:
+            raise ValueError(f"cuda_graph_batch_sizes: {max(self.cuda_graph_batch_sizes)} is above max_batch "
+                             f"{self.max_batch}; a step never has more sequences than that")
+        return self
+
+    def server_flags(self) -> list[str]:
+        """The ``python -m engine.serve`` flags of these settings beyond size and max_batch."""
+        flags = ["--seed", str(self.seed)] if self.seed else []
+        if self.eager:
+            flags.append("--eager")
+        if self.cuda_graph_batch_sizes:
+            flags += ["--cuda-graph-batch-sizes", ",".join(str(b) for b in sorted(set(self.cuda_graph_batch_sizes)))]
+        if self.max_model_len is not None:
+            flags += ["--max-model-len", str(self.max_model_len)]
+        return flags
 
 
 class Client(_Strict):
@@ -234,6 +265,9 @@ class BenchmarkConfig(_Strict):
     timeout_seconds: float = Field(default=3600.0, gt=0)
     hf_cache_path: Optional[str] = None
     server_args: list[str] = Field(default_factory=list, description="ours: extra server command-line args")
+    server_env: dict[str, str] = Field(default_factory=dict, description=(
+        "ours: environment variables of the server process, over the inherited ones (local) or passed with "
+        "the container's environment (docker); e.g. the loop's vLLM plugin: PYTHONPATH, VLLM_PLUGINS"))
     profiler: Profiler = Field(default_factory=Profiler)
     gap_analysis: GapAnalysis = Field(default_factory=GapAnalysis)
     gpu_selection: GpuSelection = Field(default_factory=GpuSelection)
@@ -269,6 +303,18 @@ class BenchmarkConfig(_Strict):
         if not isinstance(v, dict):
             raise ValueError("expected a mapping of environment variables")
         return {str(k).upper(): ("" if val is None else str(val)) for k, val in v.items()}
+
+    @field_validator("server_env", mode="before")
+    @classmethod
+    def _server_env(cls, v: Any) -> Any:
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            raise ValueError("expected a mapping of environment variable names to values")
+        bad = [str(k) for k in v if not str(k) or "=" in str(k) or "\0" in str(k)]
+        if bad:
+            raise ValueError(f"not an environment variable name: {', '.join(map(repr, bad))}")
+        return {str(k): ("" if val is None else str(val)) for k, val in v.items()}  # names keep their case
 
     @model_validator(mode="after")
     def _consistency(self) -> "BenchmarkConfig":

@@ -183,6 +183,7 @@ class Member:
     output_bytes: int = 0
     flops: Optional[int] = None  # per call, counted when this member ran as a reference (its own, or the judge)
     adopted: Optional[bool] = None
+    clock_audit: Optional[dict] = None  # the judge's own timing of a few calls (Session._clock_audit)
 
 
 def _add_new(dst: list, items: list) -> None:
@@ -205,6 +206,21 @@ def hardware_floor(moved_bytes: int, flops: Optional[int], bandwidth_tbs: Option
         floors.append((ms, f"its {flops / 1e9:.3g} GFLOP (counted on the reference's call) at {peak_tflops:g} "
                            f"TFLOP/s, the GPU's fastest rate in any precision, take at least {ms * 1e3:.2f} us"))
     return max(floors) if floors else None
+
+
+# The clock audit: batches of back-to-back calls of about AUDIT_BATCH_MS (so the pipe's round trip
+# and the first call's cold start are spread over many), enough real/null pairs for about
+# AUDIT_BUDGET_S of calls within these bounds; a kernel is rejected when its samples claim under
+# AUDIT_RATIO of what the judge's clock saw, beyond the audit's own noise (at least AUDIT_SLACK_MS).
+AUDIT_BATCH_MS, AUDIT_MAX_BATCH = 2.0, 64
+AUDIT_MIN_PAIRS, AUDIT_MAX_PAIRS, AUDIT_BUDGET_S = 6, 16, 0.5
+AUDIT_RATIO, AUDIT_SLACK_MS = 0.6, 0.005
+
+
+def _mad(xs: list[float]) -> float:
+    import statistics
+    med = statistics.median(xs)
+    return statistics.median(abs(x - med) for x in xs)
 
 
 def secret_seeds(n: int) -> list[int]:
@@ -242,6 +258,7 @@ class HarnessSession:
         self.python, self.env_for, self.log_stem_for = python, env_for, log_stem_for
         self.cancel, self.emit = cancel, emit
         self.degenerate: Optional[str] = None
+        self.floor_note: Optional[str] = None
         self.timer_used: Optional[str] = None
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
 
@@ -455,6 +472,9 @@ class HarnessSession:
             if m.state == "timing" and plans[m.key]["timer"] in ("events", "graph"):
                 self._audit_streams(m)
         for m in timed:
+            if m.state == "timing" and not self.cancel.cancelled:
+                self._clock_audit(m, plans[m.key])
+        for m in timed:
             if m.state == "timing":
                 m.state = "timed"
                 self._finish_timing(m, plans[m.key])
@@ -551,6 +571,75 @@ class HarnessSession:
                 + f" on streams the events do not cover (events: {ev * 1e3 if ev else 0:.1f} us); the events "
                 "timer cannot time this kernel: use the default timer (trace)")})
 
+    def _floor(self, m: Member) -> Optional[tuple[float, str]]:
+        """The hardware floor of one call of ``m`` (engine.kernels.session.hardware_floor), or None.
+
+        The byte floor assumes every call reads all its inputs; a gather (a KV cache read by
+        slot and length, an embedding lookup) reads a fraction of them. So a floor the judge's
+        own median already breaks is not a floor for this problem: it is dropped for every kernel
+        (``self.floor_note`` says why) rather than rejecting an honest kernel."""
+        import statistics
+        judge = self.reference
+        l2 = int(m.load.get("l2_bytes") or 0)
+        moved = int(m.load.get("input_bytes") or 0) + max(0, m.output_bytes - l2)
+        # The judge's count for the kernels it judges; a kernel checked against itself has its own.
+        flops = m.flops if m.role == "self" or self.reference is None else self.reference.flops
+        if flops:
+            m.timing["reference_flops"] = flops
+        floor = hardware_floor(moved, flops, self.s.bandwidth_tbs, self.s.peak_tflops)
+        if floor is None or judge is None or m.role == "self":
+            return floor  # no trusted judge: the floor stands
+        judge_samples = [x for r in judge.rounds for x in r]
+        if judge_samples and statistics.median(judge_samples) < floor[0]:
+            self.floor_note = (f"no hardware floor: the reference's own median ({statistics.median(judge_samples) * 1e3:.2f} "
+                               f"us) is below it ({floor[1]}): the problem reads only part of its inputs")
+            return None
+        return floor
+
+    def _clock_audit(self, m: Member, plan: dict) -> None:
+        """Time a few batches of calls by this process's own clock, which no kernel can reach:
+        each batch of ``k`` back-to-back calls (as in the timed rounds) against a null batch (the
+        same requests without the calls), alternated. The kernel's samples travel back through
+        its own process; if they claim much less than the judge saw, they were forged on the way
+        (a rewritten sample list, a patched serializer) and the kernel is rejected. A couple of
+        the audited calls' outputs are judged like the timed ones'."""
+        import statistics
+        est_ms = max(float(plan["warm"]["estimate_ms"]), 1e-4)
+        k = int(min(AUDIT_MAX_BATCH, max(1, math.ceil(AUDIT_BATCH_MS / est_ms))))
+        pairs = int(min(AUDIT_MAX_PAIRS, max(AUDIT_MIN_PAIRS, AUDIT_BUDGET_S * 1e3 / (est_ms * k))))
+        real: list[float] = []
+        null: list[float] = []
+        kept: list[dict] = []
+        try:
+            for i in range(2 * pairs):
+                is_null = (i % 2 == 0) == ((i // 2) % 2 == 0)  # null, real, real, null, ...: no drift wins
+                k = int(m.worker.request("audit_prepare", self.s.perf_timeout_s, k=k)["k"])  # memory may cap it
+                rep = m.worker.request("audit_go", self.s.perf_timeout_s, null=is_null,
+                                       keep=not is_null and len(kept) < 2 and i >= pairs)
+                (null if is_null else real).append(rep["_wall_s"] * 1e3 / k)
+                kept += rep.get("kept", [])
+        except (KernelRaised, WorkerError) as exc:
+            if not self.cancel.cancelled:
+                self._fail(m, f"harness failed during the clock audit: {exc}")
+            return
+        if self.reference is not None and m is not self.reference:
+            self._judge_kept(m, kept)
+        else:
+            self._release(m, kept)
+        samples = [x for r in m.rounds for x in r]
+        if not samples or not real:
+            return
+        seen = statistics.median(real) - statistics.median(null)
+        noise = 3 * (_mad(real) + _mad(null)) / math.sqrt(len(real))  # of the medians, per call
+        claimed = statistics.median(samples)
+        m.clock_audit = {"batches": len(real), "calls_per_batch": k, "judge_seen_ms": seen,
+                         "null_ms": statistics.median(null), "noise_ms": noise, "claimed_ms": claimed}
+        if claimed < AUDIT_RATIO * seen - max(AUDIT_SLACK_MS, noise):
+            m.timing_rejections.append({"guard": "judge_clock", "message": (
+                f"its samples claim a median of {claimed * 1e3:.1f} us per call, but the judge's own clock saw "
+                f"{seen * 1e3:.1f} us per call ({len(real)} batches of {k} audited calls against as many empty "
+                "ones): the numbers were changed on their way out of the kernel's process")})
+
     def _release(self, m: Member, kept: list[dict]) -> None:
         if kept:
             try:
@@ -606,6 +695,8 @@ class HarnessSession:
                         "wall": "time.perf_counter around each call (bound before the kernel's module was imported)",
                     }[timer]}
         m.timing["round_medians_ms"] = [statistics.median(r) for r in m.rounds if r]
+        if m.clock_audit:
+            m.timing["clock_audit"] = dict(m.clock_audit)
         if events:
             m.timing["events_median_ms"] = statistics.median(events)
         if samples and timer == "trace" and m.other_stream_calls:
@@ -613,16 +704,12 @@ class HarnessSession:
                             f"work ran outside the timed stream: {m.other_stream_calls} timed call(s) put kernels on "
                             "another stream than the call's; the device trace times them for what they cost"})
         if samples and timer != "wall" and m.timing["l2_flush"]:
-            l2 = int(m.load.get("l2_bytes") or 0)
-            moved = int(m.load.get("input_bytes") or 0) + max(0, m.output_bytes - l2)
-            # The judge's count for the kernels it judges; a kernel checked against itself has its own.
-            flops = m.flops if m.role == "self" or self.reference is None else self.reference.flops
-            floor = hardware_floor(moved, flops, self.s.bandwidth_tbs, self.s.peak_tflops)
-            if flops:
-                m.timing["reference_flops"] = flops
+            floor = self._floor(m)
             if floor is not None:
                 m.timing["hardware_floor_ms"], why = floor
                 med = statistics.median(samples)
                 if med < floor[0]:
                     m.timing_rejections.append({"guard": "hardware_floor", "message": (
                         f"median {med * 1e3:.2f} us is faster than the hardware allows: {why}")})
+            elif self.floor_note:
+                m.timing["hardware_floor_note"] = self.floor_note

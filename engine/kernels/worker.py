@@ -57,6 +57,26 @@ if _HAS_CUDA:
     from torch.profiler import record_function as _record_function
 _clone = torch.Tensor.clone
 
+
+AUDIT_BATCH_BYTES = 1 << 30
+
+
+def _make_serializer():
+    """JSON text of a reply through the C encoder, built now, before any kernel is imported: it
+    keeps its own references to the functions it calls, so a kernel that later rewrites
+    json.dumps or json.JSONEncoder cannot change what reaches the judge."""
+    from json import encoder as _enc
+    make = getattr(_enc, "c_make_encoder", None)
+    if make is None:  # a Python without the C accelerator: the module function, bound now
+        dumps = json.dumps
+        return lambda obj: dumps(obj, default=str)
+    c_encode = make(None, str, _enc.encode_basestring_ascii, None, ": ", ", ", False, False, True)
+    join = "".join
+    return lambda obj: join(c_encode(obj, 0))
+
+
+_serialize = _make_serializer()
+
 # What a kernel must not replace: the clocks and event APIs the harness times with, the
 # profiler, and the public functions of torch (a kernel that swaps torch.softmax for its own
 # would change the reference it is judged against).
@@ -73,6 +93,9 @@ def _watch_table(extra_modules: list) -> dict[str, Any]:
         spaces += [("torch.cuda", torch.cuda), ("torch.cuda.Event", torch.cuda.Event)]
         import torch.profiler as tprof
         spaces.append(("torch.profiler", tprof))
+    # The replies to the judge are serialized by json: a kernel that rewrote json.dumps could
+    # shrink its own samples on their way out.
+    spaces += [("json", json), ("json.JSONEncoder", json.JSONEncoder)]
     spaces += extra_modules
     for prefix, space in spaces:
         for name, obj in list(vars(space).items()):
@@ -191,6 +214,9 @@ class Worker:
         self.set_seeds: dict[int, int] = {}
         self.main_bytes = 0
         self.sleep_cycles = 0  # a spin kernel before the start event hides the host's dispatch
+        self.audit: Optional[tuple] = None  # (inputs, index, perturb) of the next clock-audit call
+        self.audit_done: Optional[tuple] = None
+        self.audit_spin: Optional[int] = None
 
     # ----------------------------------------------------------------- helpers
     def _call(self, inputs):
@@ -585,6 +611,66 @@ class Worker:
             static_out = self._call(static_in)
         self.graph = (graph, static_in, static_out)
 
+    def op_audit_prepare(self, req: dict) -> dict:
+        """Fresh inputs for the next clock-audit request's ``k`` calls, made before the judge
+        starts its clock (and the previous request's inputs and outputs freed)."""
+        self.audit_done = None
+        # At most AUDIT_BATCH_BYTES of fresh inputs alive at once (a large input gets a short batch).
+        k = max(1, min(int(req.get("k", 1)), AUDIT_BATCH_BYTES // max(1, self.main_bytes)))
+        batch = []
+        for _ in range(k):
+            index, perturb = self.rng.choice(self.main_sets), self.rng.getrandbits(62)
+            batch.append((self._fresh(index, perturb), index, perturb))
+        if self.device.type == "cuda" and self.audit_spin is None:
+            # The spin must cover the dispatch of what the audit runs: a graph replay when the
+            # kernel is timed by replays (sleep_cycles was measured for those), else the eager call.
+            self.audit_spin = self.sleep_cycles if self.graph is not None else self._spin_cycles(batch[0][0], "events")
+        self.audit = batch
+        _sync(self.device)
+        return {"k": k}
+
+    def op_audit_go(self, req: dict) -> dict:
+        """The prepared calls back to back (or none of them, ``null``), timed by the judge's own
+        clock from its request to this reply. On a GPU each call comes after the L2 flush and a
+        spin that covers the host's dispatch, as in the events timer, so the judge's difference
+        of real and null requests is device time."""
+        batch, self.audit = self.audit, None
+        if not batch:
+            raise RuntimeError("audit_go without audit_prepare")
+        null = bool(req.get("null"))
+        keep = not null and bool(req.get("keep"))
+        chosen = None  # (position, output): one call's output, drawn after the calls returned
+        for j, (inputs, _, _) in enumerate(batch):
+            if self.device.type == "cuda":
+                if self.graph is not None:  # timed by replays: audit replays (the copy in both, null too)
+                    for dst, src in zip(_tensors(self.graph[1]), _tensors(inputs)):
+                        dst.copy_(src)
+                if self.flush is not None:
+                    self.flush_sink = self.flush.sum(dtype=torch.int64)
+                if self.audit_spin:
+                    _gpu_spin(self.audit_spin)
+            if null:
+                out = None
+            elif self.graph is not None:
+                self.graph[0].replay()
+                out = _map_tensors(self.graph[2], _clone) if keep else None  # the next replay overwrites it
+            else:
+                out = self._call(inputs)
+            if self.device.type == "cuda":
+                _cuda_sync(self.device)
+            # Every other output is freed before the next call, as in the timed rounds: k live
+            # outputs would make each call fault in fresh pages the timed calls never touch.
+            if keep and self.rng.random() < 1.0 / (j + 1):
+                chosen = (j, out)
+            out = None
+        self.audit_done = batch  # freed by the next audit_prepare, as timed calls free theirs after the clock
+        kept = []
+        if chosen is not None:
+            j, out = chosen
+            h = self._hold(out, batch[j][0], {"index": batch[j][1], "perturb": batch[j][2]})
+            kept.append({"handle": h, **self.held[h]["meta"]})
+        return {"kept": kept}
+
     def op_time(self, req: dict) -> dict:
         """``n`` timed calls, each on its own fresh inputs; a few outputs kept for the judge."""
         n, timer = int(req["n"]), req["timer"]
@@ -764,10 +850,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             traceback.print_exc()
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                writer.write(json.dumps(reply, default=str) + "\n")
+                writer.write(_serialize(reply) + "\n")
                 writer.flush()
                 break
-        writer.write(json.dumps(reply, default=str) + "\n")
+        writer.write(_serialize(reply) + "\n")
         writer.flush()
     for h in list(worker.held):
         tensor_share.remove_files(worker.held[h]["files"])

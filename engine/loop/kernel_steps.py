@@ -55,7 +55,7 @@ def step_harness(loop: "Loop", step: "LoopStep") -> dict:
     if not calls:
         raise _error(f"the trace recorded no arguments for kernels.{op} (a trace of a server without "
                      "magpie_args:: annotations?)", hint="profile again with this version's built-in server")
-    implementation = _implementation_in_use(loop, op)
+    implementation = _implementation_in_use(loop, op, table.get("device"))
     folder = loop.root / HARNESS_DIR
     result = write_harness(folder, op, implementation, calls)
     result["row"] = {"rank": row["rank"], "share_pct": row["share_pct"], "calls": row["calls"],
@@ -67,11 +67,16 @@ def step_harness(loop: "Loop", step: "LoopStep") -> dict:
     return result
 
 
-def _implementation_in_use(loop: "Loop", op: str) -> str:
+def _implementation_in_use(loop: "Loop", op: str, device: Optional[str]) -> str:
+    """The clean config's kernels: entry for ``op``, else the server's default on the profiled device."""
     from engine.serve.kernels import default_kernel_path
     raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
-    kernels = ((raw.get("benchmark") or {}).get("server") or {}).get("kernels") or {}
-    return kernels.get(op) or default_kernel_path(op)
+    server = (raw.get("benchmark") or {}).get("server") or {}
+    kernels = server.get("kernels") or {}
+    if kernels.get(op):
+        return kernels[op]
+    on_gpu = device == "gpu" and server.get("triton_kernels", True) is not False
+    return default_kernel_path(op, "cuda" if on_gpu else None)
 
 
 # ---------------------------------------------------------------------------- 5. candidates
@@ -135,17 +140,31 @@ def step_candidates(loop: "Loop", step: "LoopStep") -> dict:
         raise _error(f"the harness {harness_file} is gone", hint="resume from the harness step or restore the file")
     result = compare_candidates(loop.root / CANDIDATES_DIR, harness_file, harness["op"], harness.get("device") or "cpu",
                                 loop.loop.candidates, loop.loop.library, cancel=loop.cancel, log=loop.log,
-                                on_run_dir=lambda d: loop.set_run_dir(step, str(d.relative_to(loop.root))))
+                                on_run_dir=lambda d: loop.set_run_dir(step, str(d.relative_to(loop.root))),
+                                timer=_timer_for(loop, harness["op"], harness.get("device")))
     if result.get("compare_run"):
         result["compare_run"] = str(Path(result["compare_run"]).relative_to(loop.root))
         result["report"] = f"{result['compare_run']}/{COMPARE_REPORT}"
     return result
 
 
+def _timer_for(loop: "Loop", op: str, device: Optional[str]) -> Optional[str]:
+    """The GPU timer that measures what the server will see: its decode step is replayed from a
+    CUDA graph, so decode_attention is timed by graph replay (a call of several kernels has no
+    host gaps between them there, which the default device-trace span would count)."""
+    if device != "gpu" or op != "decode_attention":
+        return None
+    raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
+    server = (raw.get("benchmark") or {}).get("server") or {}
+    return None if server.get("eager") else "graph"
+
+
 def compare_candidates(folder: Path, harness_file: Path, op: str, device: str, user_paths: list[str], library: bool,
-                       cancel: Any = None, log: Any = lambda s: None, on_run_dir: Any = lambda d: None) -> dict:
+                       cancel: Any = None, log: Any = lambda s: None, on_run_dir: Any = lambda d: None,
+                       timer: Optional[str] = None) -> dict:
     """Write a ModelNew module per candidate into ``folder``, compare them all against the
-    harness's Model in one ``magpie compare`` run, and summarize the verdicts."""
+    harness's Model in one ``magpie compare`` run (``timer``: the GPU timer, default the
+    compare's own), and summarize the verdicts."""
     from engine.jobs import KernelRequest, run_request
     from engine.runs.workspace import Workspace
     usable, left_out = gather_candidates(op, device, user_paths, library, folder)
@@ -158,8 +177,11 @@ def compare_candidates(folder: Path, harness_file: Path, op: str, device: str, u
         src = write_candidate(folder, c["id"], c["path"], c["description"], harness_file)
         entries.append({"id": c["id"], "type": "pytorch", "source_files": [str(src)]})
     compare_yaml = folder / "compare.yaml"
+    doc: dict[str, Any] = {"kernels": entries}
+    if timer:
+        doc["performance"] = {"timer": timer}
     compare_yaml.write_text("# The candidates' compare, written by magpie optimize.\n"
-                            + yaml.safe_dump({"kernels": entries}, sort_keys=False), encoding="utf-8")
+                            + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     rtol, atol = harness_tolerances(harness_file)
     request = KernelRequest(mode="compare", kernel_config=str(compare_yaml), rtol=rtol, atol=atol)
     prepared = request.prepare()
@@ -199,7 +221,7 @@ def summarize_compare(report: dict, op: str, usable: list[dict], left_out: list[
     if winner is None or winner == BASELINE_ID or winner_row is None or winner_row["verdict"] != "faster":
         why = report.get("winner_reason") or f"the compare ended {report.get('state')}"
         return {"op": op, "compare_run": run_dir, "winner": None, "rows": rows, "left_out": left_out,
-                "stopped": f"no candidate is correct and faster beyond the noise: {why}"}
+                "stopped": why}
     return {"op": op, "compare_run": run_dir, "winner": winner, "winner_path": by_id[winner]["path"],
             "speedup": winner_row["speedup"], "ci95": winner_row["ci95"], "rows": rows, "left_out": left_out,
             "stopped": None}
@@ -207,38 +229,57 @@ def summarize_compare(report: dict, op: str, usable: list[dict], left_out: list[
 
 # ---------------------------------------------------------------------------- 6. integrate
 def step_integrate(loop: "Loop", step: "LoopStep") -> dict:
+    """The clean YAML with the winner in it: for the built-in server, ``server.kernels.<op>``; for
+    vLLM, an out-of-tree plugin (engine.loop.vllm_plugin) installed into ``integrate/site`` and
+    named by ``server_env`` (PYTHONPATH, and VLLM_PLUGINS where the clean run restricted it)."""
     cand = loop.loop.step("candidates").result
     op, path = cand["op"], cand["winner_path"]
     raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
-    bench = raw.get("benchmark") or {}
-    framework = bench.get("framework")
-    if framework != "builtin":
+    framework = str((raw.get("benchmark") or {}).get("framework") or "").strip().lower()
+    if framework not in ("builtin", "vllm"):
         raise _error(f"integrating into framework {framework!r}: this version integrates winners into the built-in "
-                     "server only", hint="benchmark the built-in server (framework: builtin) in the loop")
+                     "server and vLLM only", hint="benchmark the built-in server or vLLM in the loop")
     folder = loop.root / INTEGRATE_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    integrated = json.loads(json.dumps(raw))  # a deep copy of plain YAML data
-    server = integrated["benchmark"].setdefault("server", {}) or {}
-    integrated["benchmark"]["server"] = server
-    kernels = dict(server.get("kernels") or {})
-    before = kernels.get(op)
-    kernels[op] = path
-    server["kernels"] = kernels
+    extra: dict[str, Any] = {}
+    if framework == "vllm":
+        from engine.loop.vllm_plugin import VllmPluginError, integrate_vllm
+        try:
+            integrated, changed, extra = integrate_vllm(raw, op, path, folder, log=loop.log)
+        except VllmPluginError as exc:
+            raise _error(str(exc), hint=exc.hint or "") from None
+        extra["site"] = str(Path(extra["site"]).relative_to(loop.root))  # folders relative to the loop, as the others
+        extra["plugin"]["dir"] = str(Path(extra["plugin"]["dir"]).relative_to(loop.root))
+        how = f"loaded into vLLM by the out-of-tree plugin {extra['plugin']['name']} (server_env)"
+    else:
+        integrated = json.loads(json.dumps(raw))  # a deep copy of plain YAML data
+        server = integrated["benchmark"].setdefault("server", {}) or {}
+        integrated["benchmark"]["server"] = server
+        kernels = dict(server.get("kernels") or {})
+        before = kernels.get(op)
+        kernels[op] = path
+        server["kernels"] = kernels
+        changed = [{"field": f"benchmark.server.kernels.{op}", "clean": before, "integrated": path}]
+        how = f"as kernels.{op}"
     out = folder / INTEGRATED_CONFIG
-    out.write_text(f"# {loop.loop.config} with the winner of the candidates' compare as kernels.{op},\n"
+    out.write_text(f"# {loop.loop.config} with the winner of the candidates' compare {how},\n"
                    "# written by magpie optimize. Nothing else differs.\n"
                    + yaml.safe_dump(integrated, sort_keys=False), encoding="utf-8")
-    from engine.serve.kernels import resolve_kernels
-    resolve_kernels(kernels)  # the server would refuse it at start: fail here, naming the key
+    if framework == "builtin":
+        from engine.serve.kernels import resolve_kernels
+        resolve_kernels(integrated["benchmark"]["server"]["kernels"])  # the server would refuse it at start
     loop.set_run_dir(step, INTEGRATE_DIR)
-    return {"config": f"{INTEGRATE_DIR}/{INTEGRATED_CONFIG}", "kernels": {op: path},
-            "changed": [{"field": f"benchmark.server.kernels.{op}", "clean": before, "integrated": path}]}
+    return {"config": f"{INTEGRATE_DIR}/{INTEGRATED_CONFIG}", "framework": framework, "kernels": {op: path},
+            "changed": changed, **extra}
 
 
-def workload_differences(clean: dict, new: dict, allowed_prefix: str) -> list[dict]:
-    """Effective-config fields that differ between two runs, other than ``allowed_prefix``."""
+def workload_differences(clean: dict, new: dict, allowed: list[str]) -> list[dict]:
+    """Effective-config fields that differ between two runs, other than the ``allowed`` ones (a
+    field is allowed when it is one of them or lies under one: ``benchmark.server_env.PYTHONPATH``,
+    not ``benchmark.server_env.PYTHONPATHX``)."""
     from engine.loop.run import config_diff
-    return [d for d in config_diff(clean, new) if not d["field"].startswith(allowed_prefix)]
+    return [d for d in config_diff(clean, new)
+            if not any(d["field"] == a or d["field"].startswith(a + ".") for a in allowed)]
 
 
 def environment_differences(a: dict, b: dict) -> list[dict]:

@@ -154,7 +154,7 @@ def _checks(loop: "Loop", base: dict, new: dict, rows: list[dict]) -> list[dict]
     op = cand["op"]
     clean_cfg = _config(loop, loop.loop.step("baseline").run_dir)
     new_cfg = _config(loop, loop.loop.step("rebenchmark").run_dir)
-    diffs = workload_differences(clean_cfg, new_cfg, f"benchmark.server.kernels.{op}")
+    diffs = workload_differences(clean_cfg, new_cfg, [c["field"] for c in loop.loop.step("integrate").result["changed"]])
     diffs += environment_differences(base, new)
     conf = (harness.get("row") or {}).get("confidence")
     by = {r["metric"]: r for r in rows}

@@ -1,22 +1,29 @@
 """Continuous batching for the built-in server.
 
-One engine thread owns the model. Each iteration it admits waiting requests (their whole prompt
-is prefilled in this step), adds every running request's last token (one decode token each),
-and runs them all in a single forward, so a new request joins the batch at the next step instead
-of waiting for the batch to drain. Sampled tokens go back to the callers through callbacks;
-``generate`` turns those into an async iterator for asyncio code (the HTTP server).
+One engine thread owns the model and a KV cache allocated once (``model.KVCache``: one slot per
+running request, plus a pad slot for the padding rows of decode steps). Each iteration it
+schedules prompt tokens up to ``max_prefill_tokens`` (continuing a prompt that did not fit the
+previous step first: long prompts are prefilled in chunks), admits waiting requests while a slot
+is free, and decodes one token for every running request, so a new request joins at the next
+step instead of waiting for the batch to drain. The prompt chunks run in one eager forward; the
+decode tokens run through ``graphs.DecodeRunner`` (a CUDA graph replay on a GPU unless eager).
+Greedy sampling runs on the device and the step's new tokens come back in one device-to-host
+copy. Tokens go back to the callers through callbacks; ``generate`` turns those into an async
+iterator for asyncio code (the HTTP server), waking its event loop once per step, not per token.
 
 Each step runs inside ``torch.profiler.record_function`` named with vLLM's detailed step
 annotation (TraceLens §5.1), so the trace analysis splits a profile of this server into
 prefill, mixed and decode steps with the attention aggregates of each.
 
 The profiler is started and stopped on the engine thread, between steps, so that it sees the
-step annotations and the kernels of the thread that runs them.
+step annotations and the kernels of the thread that runs them. While it runs, decode steps run
+eagerly (graph replays carry no ``magpie_kernel::`` annotations); counters say how many did.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import itertools
 import os
@@ -28,15 +35,18 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncGenerator, Callable, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Callable, Sequence, TypeVar
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from engine.serve.model import KVCache, LlamaModel, greedy
+from engine.serve.graphs import DecodeRunner, batch_buckets
+from engine.serve.model import LlamaModel
 from engine.serve.tokenizer import EOS_ID
 
 T = TypeVar("T")
+# Upper bounds of the decode batch-size histogram (``/metrics``).
+BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,8 @@ class _Request:
     ignore_eos: bool
     sink: Callable[[TokenEvent], None]
     output: list[int] = field(default_factory=list)
-    cache: KVCache | None = None
+    slot: int | None = None
+    prefilled: int = 0  # prompt tokens whose keys and values are in the cache
 
 
 def step_annotation(context: Sequence[tuple[int, int]], generation: Sequence[tuple[int, int]]) -> str:
@@ -76,26 +87,94 @@ def step_annotation(context: Sequence[tuple[int, int]], generation: Sequence[tup
     return f"execute_{tokens}_context_{agg(context)}_generation_{agg(generation)}"
 
 
+class _LoopBridge:
+    """Hands token events from the engine thread to one asyncio loop: events queue up here and
+    the loop is woken once per batch (``call_soon_threadsafe`` writes to its self-pipe)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue, TokenEvent]] = []
+
+    def push(self, queue: asyncio.Queue, ev: TokenEvent) -> None:
+        with self._lock:
+            self._pending.append((queue, ev))
+            first = len(self._pending) == 1
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop closed (shutdown) while requests ran
+                pass
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for queue, ev in pending:
+            queue.put_nowait(ev)
+
+
+@dataclass
+class EngineStats:
+    """Counters since the start (``/metrics``, the log line)."""
+
+    steps: dict[str, int] = field(default_factory=lambda: {"prefill": 0, "decode": 0, "mixed": 0})
+    step_seconds: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0, "mixed": 0.0})
+    batch_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BOUNDS) + 1))  # last: above the bounds
+    batch_sum: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "error": 0, "abort": 0})
+
+    def record_step(self, prefill_tokens: int, decode_batch: int, seconds: float) -> None:
+        kind = "mixed" if prefill_tokens and decode_batch else "prefill" if prefill_tokens else "decode"
+        self.steps[kind] += 1
+        self.step_seconds[kind] += seconds
+        self.prompt_tokens += prefill_tokens
+        if decode_batch:
+            self.batch_counts[bisect.bisect_left(BATCH_BOUNDS, decode_batch)] += 1
+            self.batch_sum += decode_batch
+
+
 class Engine:
     """Continuous-batching scheduler around a ``LlamaModel``. ``max_batch_size`` caps the
-    running requests; ``max_prefill_tokens`` caps the prompt tokens admitted in one step (at
-    least one request is always admitted, whatever its length)."""
+    running requests (the KV cache has that many slots); ``max_prefill_tokens`` caps the prompt
+    tokens of one step (a longer prompt is prefilled in chunks over several steps);
+    ``max_model_len`` (default: the model's ``max_seq_len``) caps prompt + max_tokens and sizes
+    every slot. ``cuda_graphs`` replays decode steps from CUDA graphs (on a GPU only, once
+    ``warm_up()`` captured them) padded to ``graph_batch_sizes`` (see ``graphs.batch_buckets``);
+    ``stats_interval_s`` > 0 prints a stats line that often while steps run."""
 
     def __init__(self, model: LlamaModel, max_batch_size: int = 32, max_prefill_tokens: int = 8192,
-                 eos_id: int = EOS_ID) -> None:
+                 eos_id: int = EOS_ID, *, max_model_len: int | None = None, cuda_graphs: bool = False,
+                 graph_batch_sizes: Sequence[int] | None = None, stats_interval_s: float = 0.0) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be at least 1")
         self.model = model
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
+        self.max_len = max_model_len or model.config.max_seq_len
         self.eos_id = eos_id
-        self.steps = 0
+        self.cuda_graphs = cuda_graphs and model.device.type == "cuda"
+        self.cache = model.new_cache(max_batch_size + 1, self.max_len)
+        self.pad_slot = max_batch_size  # the extra slot: decode padding rows write and read only this one
+        self.decoder = DecodeRunner(model, self.cache, self.pad_slot, batch_buckets(max_batch_size, graph_batch_sizes),
+                                    max_batch_size)
+        pinned = model.device.type == "cuda"
+        self._tokens_host = torch.zeros(2 * max_batch_size, dtype=torch.long, pin_memory=pinned)
+        self.stats = EngineStats()
+        self.stats_interval_s = stats_interval_s
+        self._stats_lock = threading.Lock()
+        self._last_stats: tuple[float, EngineStats] | None = None
+        self._started = time.monotonic()
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
+        self._prefilling: list[_Request] = []  # hold a slot, prompt not all in the cache yet
+        self._running: list[_Request] = []  # decoding
+        self._free_slots = list(range(max_batch_size - 1, -1, -1))  # pop() hands out slot 0 first
         self._aborted: set[str] = set()
         self._commands: deque[tuple[Callable[[], object], concurrent.futures.Future]] = deque()
+        self._bridges: dict[asyncio.AbstractEventLoop, _LoopBridge] = {}
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._profiler: profile | None = None
@@ -103,23 +182,35 @@ class Engine:
         self._profile_steps_left: int | None = None  # auto-stop after this many steps
         self._auto_stopped: Path | None = None  # the trace an auto-stop wrote, for stop_profile
 
+    @property
+    def steps(self) -> int:
+        return sum(self.stats.steps.values())
+
+    def warm_up(self) -> None:
+        """Run every path once on the pad slot (whole and continued prompts, a decode step per
+        batch bucket), so that a broken kernel fails here naming its key (``KernelError``);
+        then capture the decode graphs when ``cuda_graphs`` is on."""
+        pad = self.pad_slot
+        with self.model.tracking_kernels() as tracker:
+            try:
+                self.model.prefill(self.cache, [pad, pad], [0, 0], [[0, 1], [2]])
+                if self.max_len >= 3:
+                    self.model.prefill(self.cache, [pad], [2], [[3]])
+                self.decoder.warm_up()
+                if self.model.device.type == "cuda":
+                    torch.cuda.synchronize(self.model.device)  # an asynchronous kernel error surfaces here
+            except Exception as exc:
+                raise tracker.error(exc, "the warm-up step", "fix it, or remove its override from the config") from exc
+        if self.cuda_graphs:
+            self.decoder.capture()
+
     # -- requests ---------------------------------------------------------------------------
 
     def submit(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool,
                sink: Callable[[TokenEvent], None]) -> str:
         """Queue a request; ``sink`` is called on the engine thread with each ``TokenEvent``.
         Raises ``ValueError`` for a request the model cannot run."""
-        cfg = self.model.config
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        bad = next((t for t in prompt if not 0 <= t < cfg.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {cfg.vocab_size})")
-        if len(prompt) + max_tokens > cfg.max_seq_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-                             f"max_seq_len {cfg.max_seq_len}")
+        self.validate(prompt, max_tokens)
         req = _Request(f"req-{next(self._ids)}", list(prompt), max_tokens, ignore_eos, sink)
         with self._cond:
             if self._stopping:
@@ -128,98 +219,225 @@ class Engine:
             self._cond.notify()
         return req.request_id
 
+    def validate(self, prompt: Sequence[int], max_tokens: int) -> None:
+        """``ValueError`` for a request the model cannot run (``submit`` checks the same)."""
+        cfg = self.model.config
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        bad = next((t for t in prompt if not 0 <= t < cfg.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {cfg.vocab_size})")
+        if len(prompt) + max_tokens > self.max_len:
+            what = "max_seq_len" if self.max_len == cfg.max_seq_len else "max_model_len"
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                             f"{what} {self.max_len}")
+
     def abort(self, request_id: str) -> None:
         """Drop a request (its client went away); takes effect before the next step."""
         with self._cond:
             self._aborted.add(request_id)
 
-    async def generate(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> AsyncGenerator[TokenEvent, None]:
-        """The request's events in the running event loop; closing the iterator early aborts it."""
-        loop = asyncio.get_running_loop()
+    def _bridge(self, loop: asyncio.AbstractEventLoop) -> _LoopBridge:
+        with self._cond:
+            bridge = self._bridges.get(loop)
+            if bridge is None:
+                self._bridges = {lp: b for lp, b in self._bridges.items() if not lp.is_closed()}
+                bridge = self._bridges[loop] = _LoopBridge(loop)
+            return bridge
+
+    async def stream(self, prompt: Sequence[int], max_tokens: int,
+                     ignore_eos: bool) -> AsyncGenerator[list[TokenEvent], None]:
+        """The request's events in the running event loop, in batches of those that arrived
+        together; closing the iterator early aborts the request."""
+        bridge = self._bridge(asyncio.get_running_loop())
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-
-        def sink(ev: TokenEvent) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, ev)
-            except RuntimeError:  # the loop closed (shutdown) while the request ran
-                pass
-
-        request_id = self.submit(prompt, max_tokens, ignore_eos, sink)
+        request_id = self.submit(prompt, max_tokens, ignore_eos, lambda ev: bridge.push(queue, ev))
         finished = False
         try:
             while not finished:
-                ev = await queue.get()
-                finished = ev.finish_reason is not None or ev.error is not None
-                yield ev
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                finished = any(ev.finish_reason is not None or ev.error is not None for ev in batch)
+                yield batch
         finally:
             if not finished:
                 self.abort(request_id)
 
+    async def generate(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> AsyncGenerator[TokenEvent, None]:
+        """The request's events one at a time (see ``stream``)."""
+        events = self.stream(prompt, max_tokens, ignore_eos)
+        try:
+            async for batch in events:
+                for ev in batch:
+                    yield ev
+        finally:
+            await events.aclose()
+
     @property
     def num_unfinished(self) -> int:
         with self._cond:
-            return len(self._waiting) + len(self._running)
+            return len(self._waiting) + len(self._prefilling) + len(self._running)
 
     # -- the step ---------------------------------------------------------------------------
 
-    def _admit(self) -> list[_Request]:
+    def _drop_aborted(self) -> None:
+        """Under the lock: forget aborted requests and free their slots."""
+        self._waiting = deque(r for r in self._waiting if r.request_id not in self._aborted)
+        for group in (self._prefilling, self._running):
+            for r in group:
+                if r.request_id in self._aborted:
+                    self._release(r, "abort")
+        self._prefilling = [r for r in self._prefilling if r.request_id not in self._aborted]
+        self._running = [r for r in self._running if r.request_id not in self._aborted]
+        self._aborted.clear()
+
+    def _release(self, req: _Request, reason: str) -> None:
+        if req.slot is not None:
+            self._free_slots.append(req.slot)
+            req.slot = None
+        self.stats.finished[reason] += 1
+
+    def _schedule(self) -> tuple[list[tuple[_Request, int, int]], list[_Request]]:
+        """This step's prompt chunks (request, start, length), the partly prefilled requests
+        first, then waiting ones while a slot is free, within max_prefill_tokens; and the
+        running requests, one decode token each."""
         with self._cond:
             if self._aborted:
-                self._waiting = deque(r for r in self._waiting if r.request_id not in self._aborted)
-                self._running = [r for r in self._running if r.request_id not in self._aborted]
-                self._aborted.clear()
-            admitted: list[_Request] = []
+                self._drop_aborted()
             budget = self.max_prefill_tokens
-            while self._waiting and len(self._running) + len(admitted) < self.max_batch_size:
-                if admitted and len(self._waiting[0].prompt) > budget:
+            chunks: list[tuple[_Request, int, int]] = []
+            for req in self._prefilling:
+                if not budget:
                     break
+                n = min(len(req.prompt) - req.prefilled, budget)
+                chunks.append((req, req.prefilled, n))
+                budget -= n
+            while budget and self._waiting and self._free_slots:
                 req = self._waiting.popleft()
-                budget -= len(req.prompt)
-                admitted.append(req)
-            return admitted
+                req.slot = self._free_slots.pop()
+                self._prefilling.append(req)
+                n = min(len(req.prompt), budget)
+                chunks.append((req, 0, n))
+                budget -= n
+            return chunks, list(self._running)
 
     def step(self) -> str | None:
         """Run one scheduler step on the calling thread; returns its annotation, or None when
         there was nothing to do. (The engine thread calls this; tests may call it directly.)"""
-        admitted = self._admit()
-        decoding = list(self._running)
-        if not admitted and not decoding:
+        chunks, decoding = self._schedule()
+        if not chunks and not decoding:
             return None
-        batch = admitted + decoding
-        tokens = [r.prompt for r in admitted] + [[r.output[-1]] for r in decoding]
-        name = step_annotation([(len(r.prompt), len(r.prompt)) for r in admitted],
+        name = step_annotation([(n, s + n) for _, s, n in chunks],
                                [(1, len(r.prompt) + len(r.output)) for r in decoding])
+        started = time.perf_counter()
         try:
-            for req in admitted:  # inside the try: an out-of-memory here fails these requests only
-                req.cache = self.model.new_cache(len(req.prompt) + req.max_tokens)
-            caches = [r.cache for r in batch if r.cache is not None]
             with record_function(name):
-                next_tokens = greedy(self.model.forward(tokens, caches))
-        except Exception as exc:  # a bad candidate kernel or an OOM fails this step's requests, not the server
+                tokens = self._forward(chunks, decoding)
+        except Exception as exc:  # a bad candidate kernel fails this step's requests, not the server
             traceback.print_exc(file=sys.stderr)
-            with self._cond:
-                self._running = []
-            for req in batch:
-                req.cache = None
-                req.sink(TokenEvent(None, error=f"{type(exc).__name__}: {exc}"))
+            self._fail([r for r, _, _ in chunks] + decoding, f"{type(exc).__name__}: {exc}")
             return name
-        self.steps += 1
-        running: list[_Request] = []
-        for req, tok in zip(batch, next_tokens):
-            req.output.append(tok)
-            finish = None
-            if not req.ignore_eos and tok == self.eos_id:
-                finish = "stop"
-            elif len(req.output) >= req.max_tokens:
-                finish = "length"
-            req.sink(TokenEvent(tok, finish_reason=finish))
-            if finish is None:
-                running.append(req)
-            else:
-                req.cache = None  # free the KV cache now, not when the caller lets go
-        with self._cond:
-            self._running = running
+        self._finish(chunks, decoding, tokens)
+        with self._stats_lock:
+            self.stats.record_step(sum(n for _, _, n in chunks), len(decoding), time.perf_counter() - started)
         return name
+
+    def _forward(self, chunks: list[tuple[_Request, int, int]], decoding: list[_Request]) -> list[int]:
+        outs = []
+        if chunks:
+            logits = self.model.prefill(self.cache, [r.slot for r, _, _ in chunks], [s for _, s, _ in chunks],
+                                        [r.prompt[s:s + n] for r, s, n in chunks])
+            outs.append(logits.argmax(dim=-1))
+        if decoding:
+            positions = [len(r.prompt) + len(r.output) - 1 for r in decoding]
+            outs.append(self.decoder.run([r.output[-1] for r in decoding], positions, [r.slot for r in decoding]))
+        tokens = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if tokens.device.type != "cuda":
+            return tokens.tolist()
+        host = self._tokens_host[:tokens.numel()]
+        host.copy_(tokens, non_blocking=True)
+        # The one device-to-host copy of the step; waiting on the stream releases the GIL, so the
+        # HTTP thread streams the previous step's tokens while the GPU runs this one.
+        torch.cuda.current_stream(tokens.device).synchronize()
+        return host.tolist()
+
+    def _emit(self, req: _Request, token: int) -> bool:
+        """Hand ``token`` to the request; True when that finished it (its slot is freed)."""
+        req.output.append(token)
+        finish = None
+        if not req.ignore_eos and token == self.eos_id:
+            finish = "stop"
+        elif len(req.output) >= req.max_tokens:
+            finish = "length"
+        req.sink(TokenEvent(token, finish_reason=finish))
+        if finish is not None:
+            with self._cond:
+                self._release(req, finish)
+        return finish is not None
+
+    def _finish(self, chunks: list[tuple[_Request, int, int]], decoding: list[_Request], tokens: list[int]) -> None:
+        started: list[_Request] = []  # whose prompt is now all in the cache, and not finished by its first token
+        for (req, s, n), token in zip(chunks, tokens):
+            req.prefilled = s + n
+            if req.prefilled == len(req.prompt) and not self._emit(req, token):
+                started.append(req)
+        running = [req for req, token in zip(decoding, tokens[len(chunks):]) if not self._emit(req, token)]
+        with self._cond:
+            self._prefilling = [r for r in self._prefilling if r.prefilled < len(r.prompt)]
+            self._running = running + started
+            self.stats.generation_tokens += len(decoding) + sum(1 for r, s, n in chunks if s + n == len(r.prompt))
+
+    def _fail(self, batch: list[_Request], error: str) -> None:
+        failed = {id(r) for r in batch}
+        with self._cond:
+            for req in batch:
+                self._release(req, "error")
+            self._prefilling = [r for r in self._prefilling if id(r) not in failed]
+            self._running = [r for r in self._running if id(r) not in failed]
+        for req in batch:
+            req.sink(TokenEvent(None, error=error))
+
+    # -- metrics ----------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        """A consistent snapshot of the counters and the current state (``/metrics``)."""
+        with self._stats_lock, self._cond:
+            s = self.stats
+            running = len(self._prefilling) + len(self._running)
+            return {"steps": dict(s.steps), "step_seconds": dict(s.step_seconds), "batch_bounds": BATCH_BOUNDS,
+                    "batch_counts": list(s.batch_counts), "batch_sum": s.batch_sum, "prompt_tokens": s.prompt_tokens,
+                    "generation_tokens": s.generation_tokens, "finished": dict(s.finished),
+                    "running": running, "waiting": len(self._waiting), "kv_slots_used": running,
+                    "kv_slots": self.max_batch_size, "graph_replays": self.decoder.replays,
+                    "eager_decode_steps": self.decoder.eager_steps, "graph_batch_sizes": sorted(self.decoder.graphs)}
+
+    def stats_line(self, now: float | None = None) -> str:
+        """What happened since the previous call, one line (the server prints it every interval)."""
+        now = time.monotonic() if now is None else now
+        m = self.metrics()
+        prev_t, prev = self._last_stats or (self._started, EngineStats())
+        self._last_stats = (now, EngineStats(steps=dict(m["steps"]), prompt_tokens=m["prompt_tokens"],
+                                             generation_tokens=m["generation_tokens"], batch_sum=m["batch_sum"],
+                                             batch_counts=list(m["batch_counts"])))
+        dt = max(now - prev_t, 1e-9)
+        steps = sum(m["steps"].values()) - sum(prev.steps.values())
+        batches = sum(m["batch_counts"]) - sum(prev.batch_counts)
+        mean_batch = (m["batch_sum"] - prev.batch_sum) / batches if batches else 0.0
+        return (f"magpie-serve stats: {sum(m['steps'].values())} steps (+{steps} in {dt:.1f} s, decode batch mean "
+                f"{mean_batch:.1f}), running {m['running']}, waiting {m['waiting']}, kv slots {m['kv_slots_used']}/"
+                f"{m['kv_slots']}, prompt {(m['prompt_tokens'] - prev.prompt_tokens) / dt:.1f} tok/s, generation "
+                f"{(m['generation_tokens'] - prev.generation_tokens) / dt:.1f} tok/s, decode graph replays "
+                f"{m['graph_replays']}, eager decode steps {m['eager_decode_steps']}")
+
+    def _maybe_print_stats(self) -> None:
+        if self.stats_interval_s <= 0:
+            return
+        now = time.monotonic()
+        if now - (self._last_stats[0] if self._last_stats else self._started) >= self.stats_interval_s:
+            print(self.stats_line(now), flush=True)
 
     # -- the engine thread ------------------------------------------------------------------
 
@@ -241,7 +459,7 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._waiting or self._running or self._commands):
+                while not (self._stopping or self._waiting or self._prefilling or self._running or self._commands):
                     self._cond.wait()
                 if self._stopping:
                     break
@@ -252,7 +470,10 @@ class Engine:
                     fut.set_result(fn())
                 except Exception as exc:
                     fut.set_exception(exc)
-            if self.step() is not None and self._profile_steps_left is not None and self._profiler is not None:
+            if self.step() is None:
+                continue
+            self._maybe_print_stats()
+            if self._profile_steps_left is not None and self._profiler is not None:
                 self._profile_steps_left -= 1
                 if self._profile_steps_left <= 0:
                     self._auto_stopped = self._stop_profile()
@@ -260,9 +481,9 @@ class Engine:
 
     def _shutdown(self) -> None:
         with self._cond:
-            pending = list(self._waiting) + self._running
+            pending = list(self._waiting) + self._prefilling + self._running
             self._waiting.clear()
-            self._running = []
+            self._prefilling, self._running = [], []
             commands = list(self._commands)
             self._commands.clear()
         for req in pending:

@@ -1,49 +1,41 @@
 """A Llama-shaped decoder in plain PyTorch with seeded random weights: token embeddings,
-RMSNorm, rotary positions, grouped-query attention over a per-sequence KV cache, SwiGLU MLP and
-an LM head. The weights are random because the server exists to be measured, not to write prose:
-the shapes, and so the kernels and their cost, are those of the real model of that size.
+RMSNorm, rotary positions, grouped-query attention over a static KV cache, SwiGLU MLP and an LM
+head. The weights are random because the server exists to be measured, not to write prose: the
+shapes, and so the kernels and their cost, are those of the real model of that size (presets in
+``engine.serve.shapes``).
 
-A step runs any mix of sequences at once (prefill of whole prompts and decode of one token) on
-packed tokens, as vLLM does: the linear layers see all T tokens of the step together, attention
-gets the flash-attn varlen layout. Normalisation, activation, rotary and attention go through
-``engine.serve.kernels`` so that candidate kernels can be swapped in.
+The KV cache (``KVCache``) is allocated once for the whole server: ``k``/``v`` of
+``[layers, slots, max_len, Hkv, D]``, one slot per running sequence. New keys and values are
+written in place (``index_copy_`` at ``slot * max_len + position``), never concatenated.
+
+Two forwards, both writing the cache and returning logits (the model's dtype):
+
+* ``prefill``: prompt chunks of several sequences packed into one forward (eager); attention
+  through the registry's varlen ``attention`` over the packed new tokens (a chunk that follows
+  earlier ones of its prompt gathers its context from the cache first);
+* ``decode``: one token per sequence from device tensors only (ids, positions, slots, lengths),
+  so that it can be captured in a CUDA graph (``engine.serve.graphs``); attention through the
+  registry's ``decode_attention``, which reads the cache by slot up to each sequence's length.
+
+Normalisation, activation, rotary and both attentions go through ``engine.serve.kernels`` so
+that candidate kernels can be swapped in.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence, cast
+import contextlib
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 from torch import nn
 
-from engine.serve.kernels import KERNEL_KEYS, Kernels, resolve_kernels
+from engine.serve.call_args import ARGS_ANNOTATION, describe_args
+from engine.serve.kernels import HOST_OFFSETS_ATTR, KernelTracker, Kernels, resolve_kernels
+from engine.serve.shapes import PRESETS, ModelConfig, model_config
 
+__all__ = ["KERNEL_ANNOTATION", "KVCache", "LlamaModel", "ModelConfig", "PRESETS", "greedy", "model_config"]
 
 KERNEL_ANNOTATION = "magpie_kernel::"
-
-
-ARGS_ANNOTATION = "magpie_args::"
-
-
-def describe_args(args: Sequence[Any]) -> str:
-    """A registry call's arguments in a quote-free form (the profiler writes annotation names into
-    its JSON trace unescaped): ``bfloat16[16,2048];int32[3]=0,5,9;s=1e-05``, tensors as dtype and
-    shape (with the values of small integer ones, such as cu_seqlens), scalars after ``s=``.
-    The optimization loop's harness rebuilds the call from it (engine.loop.bottlenecks)."""
-    out: list[str] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            item = f"{str(a.dtype).removeprefix('torch.')}[{','.join(str(d) for d in a.shape)}]"
-            if not a.is_floating_point() and a.numel() <= 256:
-                item += "=" + ",".join(str(int(v)) for v in a.flatten().tolist())
-            out.append(item)
-        elif isinstance(a, (bool, int, float)):
-            out.append(f"s={a!r}")
-        else:
-            out.append(f"?{type(a).__name__}")
-    return ";".join(out)
 
 
 def _annotated(key: str, fn: Callable) -> Callable:
@@ -51,80 +43,40 @@ def _annotated(key: str, fn: Callable) -> Callable:
 
     def call(*args: Any) -> Any:
         with torch.profiler.record_function(name):
+            # The call's arguments, for the loop's harness (engine.serve.call_args): a zero-length
+            # span at the start of the kernel's own.
             with torch.profiler.record_function(ARGS_ANNOTATION + describe_args(args)):
-                pass  # a zero-length span at the call's start: its arguments, by name
+                pass
             return fn(*args)
     return call
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of the decoder. ``vocab_size`` must hold the byte tokenizer's 258 ids."""
-
-    name: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    max_seq_len: int
-    rope_theta: float = 500000.0
-    rms_eps: float = 1e-5
-    tie_embeddings: bool = True
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
-        if self.vocab_size < 258:
-            raise ValueError(f"vocab_size ({self.vocab_size}) must be at least 258 (256 bytes + BOS + EOS)")
-
-    def num_parameters(self) -> int:
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        attn = h * (self.num_heads * self.head_dim) * 2 + h * kv * 2
-        mlp = 3 * h * self.intermediate_size
-        layer = attn + mlp + 2 * h
-        embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
-        return self.num_layers * layer + embed + h
-
-
-PRESETS: dict[str, ModelConfig] = {
-    # CPU: a step takes milliseconds on two cores, so tests and the CPU benchmark stay short.
-    "tiny": ModelConfig(name="tiny", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2,
-                        num_heads=4, num_kv_heads=2, head_dim=64, max_seq_len=2048),
-    # GPU: Llama-3.2-1B's shapes (1.24 B parameters with the tied embedding).
-    "1b": ModelConfig(name="1b", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
-                      num_heads=32, num_kv_heads=8, head_dim=64, max_seq_len=8192),
-}
-
-
-def model_config(preset: str, **overrides: Any) -> ModelConfig:
-    """A preset with some fields replaced (``ValueError`` for an unknown preset or field)."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown model {preset!r} (known: {', '.join(PRESETS)})")
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    bad = sorted(set(overrides) - fields)
-    if bad:
-        raise ValueError(f"unknown model field {bad[0]!r} (known: {', '.join(sorted(fields))})")
-    return dataclasses.replace(PRESETS[preset], **overrides)
-
-
 class KVCache:
-    """One sequence's keys and values for every layer, allocated once for its whole length
-    (prompt + max new tokens) so that decoding never reallocates."""
+    """Keys and values of every slot, allocated once: ``k``/``v`` [layers, slots, max_len, Hkv, D].
+    A sequence owns one slot for its life; position p of slot s is row ``s * max_len + p`` of a
+    layer's flat view. Zero-filled, so that a padding row reading an unwritten slot gets finite
+    numbers."""
 
-    def __init__(self, config: ModelConfig, capacity: int, device: torch.device, dtype: torch.dtype) -> None:
-        if capacity > config.max_seq_len:
-            raise ValueError(f"sequence of {capacity} tokens exceeds max_seq_len {config.max_seq_len}")
-        shape = (config.num_layers, capacity, config.num_kv_heads, config.head_dim)
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.capacity = capacity
-        self.length = 0  # tokens whose keys and values are stored
+    def __init__(self, config: ModelConfig, num_slots: int, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        if not 1 <= max_len <= config.max_seq_len:
+            raise ValueError(f"max_len {max_len}: must be between 1 and the model's max_seq_len {config.max_seq_len}")
+        if num_slots < 1:
+            raise ValueError(f"num_slots {num_slots}: must be at least 1")
+        shape = (config.num_layers, num_slots, max_len, config.num_kv_heads, config.head_dim)
+        need = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        try:
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+        except RuntimeError as exc:  # out of memory: say which settings size the cache
+            raise ValueError(f"the KV cache ({num_slots} slots x {max_len} tokens, {need / 2**30:.1f} GiB) does not fit "
+                             f"on {device}: lower max_batch_size or max_model_len ({type(exc).__name__})") from None
+        self.num_slots, self.max_len = num_slots, max_len
+        self.nbytes = need
+        # Per-layer views, made once: the decode graph and the prefill loop index them every layer.
+        self.k_layers = list(self.k.unbind(0))
+        self.v_layers = list(self.v.unbind(0))
+        self.k_flat = [t.view(num_slots * max_len, config.num_kv_heads, config.head_dim) for t in self.k_layers]
+        self.v_flat = [t.view(num_slots * max_len, config.num_kv_heads, config.head_dim) for t in self.v_layers]
 
 
 class DecoderLayer(nn.Module):
@@ -139,6 +91,16 @@ class DecoderLayer(nn.Module):
         self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
 
+def _offsets(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+    """cu_seqlens as an int32 device tensor that carries its host copy (see HOST_OFFSETS_ATTR)."""
+    host = [0]
+    for n in lengths:
+        host.append(host[-1] + n)
+    cu = torch.tensor(host, dtype=torch.int32).to(device, non_blocking=True)
+    setattr(cu, HOST_OFFSETS_ATTR, host)
+    return cu
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  kernels: Kernels | None = None) -> None:
@@ -146,19 +108,20 @@ class LlamaModel(nn.Module):
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         self.config, self.device, self.dtype = config, device, dtype
-        self.kernels = kernels or resolve_kernels()
+        self.kernels = kernels or resolve_kernels(device=device)
         # While the engine profiles, each registry call runs inside a record_function named
         # ``magpie_kernel::<key>`` (KERNEL_ANNOTATION): the call site that maps a trace's ops to
         # the registry op that issued them. Off otherwise: no cost on the measured path.
         self.annotate_kernels = False
         self._annotated: Kernels | None = None
+        self._tracked: Kernels | None = None
         with torch.device("meta"):  # shapes only; the seeded init below fills them on the device
             self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
             self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
             self.final_norm = nn.Parameter(torch.ones(config.hidden_size))
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.to(dtype)  # still on meta: the weights are created in their dtype, never in float32 first
         self.to_empty(device=device)
-        self.to(dtype)
         self._init_weights()
         self.requires_grad_(False)
         inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
@@ -176,86 +139,108 @@ class LlamaModel(nn.Module):
             else:
                 p.normal_(0.0, 0.02, generator=gen)
 
-    def _annotated_kernels(self) -> Kernels:
+    def _kernels(self) -> Kernels:
+        if self._tracked is not None:
+            return self._tracked
+        if not self.annotate_kernels:
+            return self.kernels
         if self._annotated is None:
-            wrapped = {key: _annotated(key, getattr(self.kernels, key)) for key in KERNEL_KEYS}
-            self._annotated = Kernels(sources=self.kernels.sources, **wrapped)
+            self._annotated = self.kernels.wrapped(_annotated)
         return self._annotated
 
-    def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.config, capacity, self.device, self.dtype)
+    @contextlib.contextmanager
+    def tracking_kernels(self) -> Iterator[KernelTracker]:
+        """Inside: every registry call records its key, so that an exception (a warm-up, a graph
+        capture) can be pinned on the kernel that raised it."""
+        tracker = KernelTracker(self.kernels)
+        self._tracked = self.kernels.wrapped(tracker.wrap)
+        try:
+            yield tracker
+        finally:
+            self._tracked = None
+
+    def new_cache(self, num_slots: int, max_len: int | None = None) -> KVCache:
+        return KVCache(self.config, num_slots, max_len or self.config.max_seq_len, self.device, self.dtype)
+
+    def _head(self, kn: Kernels, rows: torch.Tensor) -> torch.Tensor:
+        rows = kn.rmsnorm(rows, self.final_norm, self.config.rms_eps)
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return rows @ head.T
 
     @torch.no_grad()
-    def forward(self, tokens: Sequence[Sequence[int]], caches: Sequence[KVCache]) -> torch.Tensor:
-        """Run the new ``tokens`` of each sequence (a whole prompt, a single decode token, or any
-        chunk) after what its cache holds; append their keys/values to the caches and return the
-        logits of each sequence's last token, float32 ``[B, vocab]``."""
-        if len(tokens) != len(caches) or not tokens:
-            raise ValueError(f"{len(tokens)} token lists for {len(caches)} caches")
-        q_lens = [len(t) for t in tokens]
-        starts = [c.length for c in caches]
-        for t, c, s in zip(tokens, caches, starts):
-            if not t:
+    def prefill(self, cache: KVCache, slots: Sequence[int], starts: Sequence[int],
+                chunks: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Run chunk i of prompt tokens at positions ``starts[i]..`` of slot ``slots[i]`` (a whole
+        prompt from 0, or the next chunk of one whose earlier chunks are in the cache), all in one
+        forward; write their keys/values to the cache and return the logits after each chunk's
+        last token, ``[len(chunks), vocab]``."""
+        if not (len(slots) == len(starts) == len(chunks)) or not chunks:
+            raise ValueError(f"{len(chunks)} chunks for {len(slots)} slots and {len(starts)} starts")
+        ends = [s + len(c) for s, c in zip(starts, chunks)]
+        for c, s, e, slot in zip(chunks, starts, ends, slots):
+            if not c:
                 raise ValueError("a sequence with no new tokens")
-            if s + len(t) > c.capacity:
-                raise ValueError(f"{s + len(t)} tokens exceed the cache capacity {c.capacity}")
-        k_lens = [s + n for s, n in zip(starts, q_lens)]
-        ids = torch.tensor([i for t in tokens for i in t], dtype=torch.long).to(self.device, non_blocking=True)
-        positions = torch.cat([torch.arange(s, e) for s, e in zip(starts, k_lens)]).to(self.device, non_blocking=True)
-        cu_q = torch.tensor([0, *_cumsum(q_lens)], dtype=torch.int32).to(self.device, non_blocking=True)
-        cu_k = torch.tensor([0, *_cumsum(k_lens)], dtype=torch.int32).to(self.device, non_blocking=True)
-        cfg, kn = self.config, self._annotated_kernels() if self.annotate_kernels else self.kernels
+            if s < 0 or e > cache.max_len:
+                raise ValueError(f"positions {s}..{e - 1} exceed the cache length {cache.max_len}")
+            if not 0 <= slot < cache.num_slots:
+                raise ValueError(f"slot {slot} is outside the cache's {cache.num_slots} slots")
+        dev, cfg, kn = self.device, self.config, self._kernels()
+        q_lens = [len(c) for c in chunks]
+        positions_host = [p for s, e in zip(starts, ends) for p in range(s, e)]
+        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long).to(dev, non_blocking=True)
+        positions = torch.tensor(positions_host, dtype=torch.long).to(dev, non_blocking=True)
+        flat = torch.tensor([slot * cache.max_len + p for slot, s, e in zip(slots, starts, ends) for p in range(s, e)],
+                            dtype=torch.long).to(dev, non_blocking=True)
+        cu_q = _offsets(q_lens, dev)
+        fresh = not any(starts)  # whole prompts: the new tokens are the whole context
+        cu_k, context = cu_q, None
+        if not fresh:
+            cu_k = _offsets(ends, dev)
+            context = torch.tensor([slot * cache.max_len + p for slot, e in zip(slots, ends) for p in range(e)],
+                                   dtype=torch.long).to(dev, non_blocking=True)
+        last = torch.tensor([o - 1 for o in getattr(cu_q, HOST_OFFSETS_ATTR)[1:]], dtype=torch.long).to(dev, non_blocking=True)
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        offsets = [0, *_cumsum(q_lens)]
-
         x = self.embed(ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
             h = kn.rmsnorm(x, layer.input_norm, cfg.rms_eps)
             q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
-            q = q.view(-1, cfg.num_heads, cfg.head_dim)
-            k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-            v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
-            q, k = kn.rotary(positions, q, k, self.cos_sin_cache)
-            # One multi-tensor copy for all sequences' new keys and values, not 2·B launches.
-            torch._foreach_copy_([c.k[li, s:e] for c, s, e in zip(caches, starts, k_lens)] +
-                                 [c.v[li, s:e] for c, s, e in zip(caches, starts, k_lens)],
-                                 [k[a:b] for a, b in zip(offsets, offsets[1:])] +
-                                 [v[a:b] for a, b in zip(offsets, offsets[1:])])
-            if len(caches) == 1:  # no copy: the one cache is the packed context
-                k_all, v_all = caches[0].k[li, :k_lens[0]], caches[0].v[li, :k_lens[0]]
-            else:
-                k_all = torch.cat([c.k[li, :e] for c, e in zip(caches, k_lens)])
-                v_all = torch.cat([c.v[li, :e] for c, e in zip(caches, k_lens)])
-            attn = kn.attention(q, k_all, v_all, cu_q, cu_k, self.scale)
+            q, k = kn.rotary(positions, q.view(-1, cfg.num_heads, cfg.head_dim),
+                             k.view(-1, cfg.num_kv_heads, cfg.head_dim), self.cos_sin_cache)
+            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            cache.k_flat[li].index_copy_(0, flat, k)
+            cache.v_flat[li].index_copy_(0, flat, v)
+            if context is not None:  # a continued prompt: its context is partly in the cache
+                k, v = cache.k_flat[li].index_select(0, context), cache.v_flat[li].index_select(0, context)
+            attn = kn.attention(q, k, v, cu_q, cu_k, self.scale)
             x = x + layer.o(attn.reshape(-1, q_size))
             h = kn.rmsnorm(x, layer.post_norm, cfg.rms_eps)
             x = x + layer.down(kn.activation(layer.gate_up(h)))
-        for c, e in zip(caches, k_lens):
-            c.length = e
-        last = x[cu_q[1:].long() - 1]
-        last = kn.rmsnorm(last, self.final_norm, cfg.rms_eps)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return (last @ head.T).float()
+        return self._head(kn, x.index_select(0, last))
 
-    def prefill(self, prompts: Sequence[Sequence[int]], caches: Sequence[KVCache]) -> torch.Tensor:
-        """Logits after each whole prompt; the caches must be empty."""
-        if any(c.length for c in caches):
-            raise ValueError("prefill needs empty caches")
-        return self.forward(prompts, caches)
-
-    def decode(self, last_tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:
-        """Logits after one more token per sequence."""
-        return self.forward([[t] for t in last_tokens], caches)
+    @torch.no_grad()
+    def decode(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               lengths: torch.Tensor) -> torch.Tensor:
+        """One new token per sequence, from device tensors only (capturable): token ``ids[b]``
+        at ``positions[b]`` of slot ``slots[b]`` (int64), ``lengths[b]`` = positions[b] + 1
+        (int32). Writes its key/value into the cache and returns the logits ``[B, vocab]``."""
+        cfg, kn = self.config, self._kernels()
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        flat = slots * cache.max_len + positions
+        x = self.embed(ids)
+        for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
+            h = kn.rmsnorm(x, layer.input_norm, cfg.rms_eps)
+            q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
+            q, k = kn.rotary(positions, q.view(-1, cfg.num_heads, cfg.head_dim),
+                             k.view(-1, cfg.num_kv_heads, cfg.head_dim), self.cos_sin_cache)
+            cache.k_flat[li].index_copy_(0, flat, k)
+            cache.v_flat[li].index_copy_(0, flat, v.view(-1, cfg.num_kv_heads, cfg.head_dim))
+            attn = kn.decode_attention(q, cache.k_layers[li], cache.v_layers[li], slots, lengths, self.scale)
+            x = x + layer.o(attn.reshape(-1, q_size))
+            h = kn.rmsnorm(x, layer.post_norm, cfg.rms_eps)
+            x = x + layer.down(kn.activation(layer.gate_up(h)))
+        return self._head(kn, x)
 
 
 def greedy(logits: torch.Tensor) -> list[int]:
     """Greedy sampling: the argmax token of each row."""
     return logits.argmax(dim=-1).tolist()
-
-
-def _cumsum(values: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for v in values:
-        total += v
-        out.append(total)
-    return out

@@ -12,7 +12,12 @@ engine, with the routes a serving benchmark uses.
 * ``POST /start_profile`` and ``POST /stop_profile``: torch.profiler (shapes recorded, CPU plus
   CUDA/HIP on a GPU) writing ``<host>_<pid>.<ms>.pt.trace.json.gz`` into the profiler directory
   (``--profiler-dir``, else ``$MAGPIE_SERVE_PROFILER_DIR``, else the config's ``profiler_dir``;
-  without one these routes answer 400).
+  without one these routes answer 400). Decode steps run eagerly while the profiler runs;
+* ``GET /metrics``: the engine's counters in Prometheus text format (``engine.serve.metrics``).
+
+On a GPU the decode steps are CUDA graph replays (``engine.serve.graphs``) unless ``--eager``
+(config ``eager: true``); the graphs are captured before the ready line, with every kernel,
+overrides included. A stats line is printed every ``stats_interval_s`` seconds while steps run.
 
 ``python -m engine.serve --config FILE | --model tiny [--host H] [--port N]`` prints one line
 ``magpie-serve ready: http://H:N ...`` when it accepts requests (``--port 0`` picks a free port
@@ -40,7 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.config.yamlfile import ConfigError, format_loc, load_located_yaml
 from engine.serve.engine import Engine, TokenEvent
-from engine.serve.kernels import KernelError, resolve_kernels
+from engine.serve.kernels import TRITON_MODULE, KernelError, check_triton_defaults, print_notes, resolve_kernels
+from engine.serve.metrics import CONTENT_TYPE, render
 from engine.serve.model import LlamaModel, model_config
 from engine.serve.tokenizer import StreamDecoder, chat_prompt, encode
 
@@ -62,8 +68,17 @@ class ServeConfig(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_batch_size: int = Field(default=32, ge=1)
     max_prefill_tokens: int = Field(default=8192, ge=1)
+    # Prompt + max_tokens cap and the length of every KV-cache slot (default: the model's max_seq_len).
+    max_model_len: int | None = Field(default=None, ge=16)
     profiler_dir: str | None = None
     kernels: dict[str, str] = Field(default_factory=dict)
+    # No CUDA graphs: every decode step runs eagerly (always so on the CPU).
+    eager: bool = False
+    # Batch sizes decode steps are padded to and captured at (default 1, 2, 4, ... up to max_batch_size).
+    cuda_graph_batch_sizes: list[int] | None = None
+    # On a GPU, Triton kernels as the defaults of rmsnorm, activation, rotary, decode_attention; false: PyTorch.
+    triton_kernels: bool = True
+    stats_interval_s: float = Field(default=10.0, ge=0)
 
     @property
     def name(self) -> str:
@@ -88,16 +103,30 @@ def load_serve_config(path: Path | str) -> ServeConfig:
 
 
 def build_engine(config: ServeConfig) -> Engine:
-    """Model and engine from the config (``ValueError``/``KernelError`` for bad settings); a
-    warm-up step runs the kernels once so a broken candidate fails here, not on a request."""
-    kernels = resolve_kernels(config.kernels)
+    """Model and engine from the config (``ValueError``/``KernelError`` for bad settings); the
+    engine's warm-up runs every kernel once, and captures the decode graphs, so that a broken
+    candidate fails here, not on a request."""
     device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available() else
                           "cpu" if config.device == "auto" else config.device)
-    dtype = None if config.dtype == "auto" else _DTYPES[config.dtype]
-    model = LlamaModel(model_config(config.model, **config.model_overrides), device=device, dtype=dtype,
-                       kernels=kernels)
-    model.prefill([[0, 1]], [model.new_cache(2)])
-    return Engine(model, max_batch_size=config.max_batch_size, max_prefill_tokens=config.max_prefill_tokens)
+    dtype = _DTYPES[config.dtype] if config.dtype != "auto" else torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        if device.index is None:  # "cuda": the current device, made explicit (set_device needs an index)
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)  # Triton launches and graph captures go to the current device
+    shapes = model_config(config.model, **config.model_overrides)
+    if config.max_model_len is not None and config.max_model_len > shapes.max_seq_len:
+        raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's max_seq_len {shapes.max_seq_len} "
+                         "(raise it with model_overrides: {max_seq_len: N})")
+    kernels = resolve_kernels(config.kernels, device, config.triton_kernels)
+    if any(src.startswith(TRITON_MODULE + ":") for src in kernels.sources.values()):
+        kernels = check_triton_defaults(kernels, shapes, device, dtype)
+    print_notes(kernels)
+    model = LlamaModel(shapes, device=device, dtype=dtype, kernels=kernels)
+    engine = Engine(model, max_batch_size=config.max_batch_size, max_prefill_tokens=config.max_prefill_tokens,
+                    max_model_len=config.max_model_len, cuda_graphs=not config.eager,
+                    graph_batch_sizes=config.cuda_graph_batch_sizes, stats_interval_s=config.stats_interval_s)
+    engine.warm_up()
+    return engine
 
 
 class _BadRequest(Exception):
@@ -147,7 +176,10 @@ class _Handlers:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{
             "id": self.config.name, "object": "model", "created": self.created, "owned_by": "magpie",
-            "root": self.config.name, "max_model_len": self.engine.model.config.max_seq_len}]})
+            "root": self.config.name, "max_model_len": self.engine.max_len}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=render(self.engine.metrics()).encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def start_profile(self, request: web.Request) -> web.Response:
         if self.profiler_dir is None:
@@ -190,7 +222,8 @@ class _Handlers:
             return _error("the request body must be a JSON object", 400)
         try:
             prompt, max_tokens, stream, include_usage = self._parse(body, chat)
-            events = self.engine.generate(prompt, max_tokens, bool(body.get("ignore_eos", False)))
+            self.engine.validate(prompt, max_tokens)  # now: the stream below submits only when first read
+            events = self.engine.stream(prompt, max_tokens, bool(body.get("ignore_eos", False)))
         except _BadRequest as exc:
             return _error(str(exc), exc.status)
         except (ValueError, RuntimeError) as exc:
@@ -228,7 +261,7 @@ class _Handlers:
             prompt = _completion_prompt(body["prompt"])
             max_tokens = _int_field(body, "max_tokens")
         if max_tokens is None:
-            max_tokens = self.engine.model.config.max_seq_len - len(prompt)
+            max_tokens = self.engine.max_len - len(prompt)
         stream = bool(body.get("stream", False))
         options = body.get("stream_options")
         if options is not None and not stream:
@@ -246,45 +279,67 @@ class _Handlers:
         return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
                 "model": self.config.name, "choices": [choice]}
 
-    async def _stream(self, request: web.Request, events: AsyncGenerator[TokenEvent, None], rid: str, chat: bool,
+    def _token_head(self, rid: str, chat: bool, created: int) -> bytes:
+        """The bytes of a token chunk before its JSON-quoted text, built once per request: a chunk
+        per token is the hot path of a streaming benchmark, and json.dumps of the whole chunk
+        costs more than the rest of it."""
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        return (f'data: {{"id":{json.dumps(rid)},"object":"{obj}","created":{created},"model":{json.dumps(self.config.name)},'
+                f'"choices":[{{"index":0,' + ('"delta":{"content":' if chat else '"text":')).encode()
+
+    @staticmethod
+    def _token_tail(chat: bool, finish: str | None) -> bytes:
+        """The bytes after a token chunk's text (what ``_chunk`` would give around it)."""
+        return f'{"}" if chat else ""},"logprobs":null,"finish_reason":{json.dumps(finish)}}}]}}\n\n'.encode()
+
+    async def _stream(self, request: web.Request, events: AsyncGenerator[list[TokenEvent], None], rid: str, chat: bool,
                       prompt_tokens: int, include_usage: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
 
-        async def send(payload: dict[str, Any]) -> None:
-            await resp.write(b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n")
+        def frame(payload: dict[str, Any]) -> bytes:
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
         if chat:
-            await send(self._chunk(rid, chat, None, None, role=True))
+            await resp.write(frame(self._chunk(rid, chat, None, None, role=True)))
+        head, tail = self._token_head(rid, chat, int(time.time())), self._token_tail(chat, None)
         decoder = StreamDecoder()
         completion_tokens = 0
         failed = False
-        async for ev in events:
-            if ev.token is None:  # an error event: the only kind without a token
-                await send({"error": {"message": str(ev.error), "type": "InternalServerError", "code": 500}})
-                failed = True
+        async for batch in events:
+            parts = []
+            for ev in batch:
+                if ev.token is None:  # an error event: the only kind without a token
+                    parts.append(frame({"error": {"message": str(ev.error), "type": "InternalServerError", "code": 500}}))
+                    failed = True
+                    break
+                completion_tokens += 1
+                text = decoder.feed(ev.token) + (decoder.flush() if ev.finish_reason else "")
+                end = tail if ev.finish_reason is None else self._token_tail(chat, ev.finish_reason)
+                parts.append(head + json.dumps(text).encode() + end)
+            await resp.write(b"".join(parts))  # one write per batch of tokens that arrived together
+            if failed:
                 break
-            completion_tokens += 1
-            text = decoder.feed(ev.token) + (decoder.flush() if ev.finish_reason else "")
-            await send(self._chunk(rid, chat, text, ev.finish_reason))
         if include_usage and not failed:
             usage = self._chunk(rid, chat, None, None)
             usage["choices"] = []
             usage["usage"] = _usage(prompt_tokens, completion_tokens)
-            await send(usage)
+            await resp.write(frame(usage))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
-    async def _complete(self, events: AsyncGenerator[TokenEvent, None], rid: str, chat: bool, prompt_tokens: int) -> web.Response:
+    async def _complete(self, events: AsyncGenerator[list[TokenEvent], None], rid: str, chat: bool,
+                        prompt_tokens: int) -> web.Response:
         tokens: list[int] = []
         finish = None
         decoder = StreamDecoder()
-        async for ev in events:
-            if ev.token is None:
-                return _error(str(ev.error), 500)
-            tokens.append(ev.token)
-            finish = ev.finish_reason
+        async for batch in events:
+            for ev in batch:
+                if ev.token is None:
+                    return _error(str(ev.error), 500)
+                tokens.append(ev.token)
+                finish = ev.finish_reason
         text = "".join(decoder.feed(t) for t in tokens) + decoder.flush()
         if chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -311,6 +366,7 @@ def make_app(engine: Engine, config: ServeConfig, profiler_dir: Path | None = No
         web.post("/v1/chat/completions", h.chat_completions),
         web.post("/start_profile", h.start_profile),
         web.post("/stop_profile", h.stop_profile),
+        web.get("/metrics", h.metrics),
     ])
     return app
 
@@ -335,8 +391,25 @@ async def _exit_with_parent(stop: asyncio.Event) -> None:
         await asyncio.sleep(0.5)
 
 
+def _ready_line(engine: Engine, config: ServeConfig, port: int) -> str:
+    m = engine.model
+    overrides = ", ".join(f"{k}={v}" for k, v in m.kernels.sources.items() if k in config.kernels)
+    triton = sorted(k for k, v in m.kernels.sources.items() if v.startswith(TRITON_MODULE + ":"))
+    defaults = f"defaults (Triton: {', '.join(triton)})" if triton else "defaults (PyTorch)"
+    graphs = engine.decoder.graphs
+    mode = (f"cuda_graphs={','.join(map(str, sorted(graphs)))}" if graphs else
+            "cuda_graphs=off (" + ("eager" if config.eager else m.device.type) + ")")
+    return (f"magpie-serve ready: http://{config.host}:{port} model={config.name} "
+            f"({m.config.num_parameters() / 1e6:.1f}M parameters, {m.device.type} {str(m.dtype).removeprefix('torch.')}) "
+            f"max_batch_size={engine.max_batch_size} {mode} kv_cache={engine.cache.num_slots}x{engine.max_len} tokens "
+            f"({engine.cache.nbytes / 2**30:.2f} GiB) kernels: {overrides + '; ' if overrides else ''}{defaults}")
+
+
 async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
     """Run until SIGTERM/SIGINT; prints the ready line once the socket accepts requests."""
+    # The engine thread and the HTTP thread share the GIL: a short switch interval bounds how
+    # long a step that finished on the GPU waits for the HTTP thread to let go (default 5 ms).
+    sys.setswitchinterval(0.0005)
     engine = build_engine(config)
     engine.start()
     runner = web.AppRunner(make_app(engine, config, profiler_dir), access_log=None, shutdown_timeout=5.0)
@@ -349,11 +422,7 @@ async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watchdog = asyncio.ensure_future(_exit_with_parent(stop))
-    m = engine.model
-    kernels = ", ".join(f"{k}={v}" for k, v in m.kernels.sources.items() if k in config.kernels) or "defaults"
-    print(f"magpie-serve ready: http://{config.host}:{port} model={config.name} "
-          f"({m.config.num_parameters() / 1e6:.1f}M parameters, {m.device.type} {str(m.dtype).removeprefix('torch.')}) "
-          f"max_batch_size={engine.max_batch_size} kernels: {kernels}", flush=True)
+    print(_ready_line(engine, config, port), flush=True)
     try:
         await stop.wait()
     finally:
@@ -363,24 +432,43 @@ async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
         await runner.cleanup()
 
 
+def _int_list(flag: str, text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError([f"{flag} {text!r}: expected comma-separated integers, e.g. 1,2,4,8,16"]) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.serve", description="The built-in reference inference server.")
     ap.add_argument("--config", type=Path, help="server YAML (see examples/serve/); flags below override it")
-    ap.add_argument("--model", help="model preset: tiny (CPU) or 1b (GPU)")
+    ap.add_argument("--model", help="model preset: tiny (CPU), 1b or 8b (GPU)")
     ap.add_argument("--served-model-name")
     ap.add_argument("--host")
     ap.add_argument("--port", type=int, help="0 picks a free port (the ready line names it)")
     ap.add_argument("--device", help="auto (cuda when available), cpu, cuda, cuda:N")
     ap.add_argument("--dtype", choices=["auto", *_DTYPES])
     ap.add_argument("--max-batch-size", type=int)
+    ap.add_argument("--max-prefill-tokens", type=int, help="prompt tokens per step (longer prompts go in chunks)")
+    ap.add_argument("--max-model-len", type=int, help="prompt + max_tokens cap, the length of every KV-cache slot")
+    ap.add_argument("--seed", type=int, help="seed of the random weights")
+    ap.add_argument("--eager", action="store_const", const=True, help="no CUDA graphs: every decode step eager")
+    ap.add_argument("--cuda-graph-batch-sizes", metavar="N,N,...",
+                    help="batch sizes decode steps are padded to and captured at (default 1,2,4,... up to max batch)")
+    ap.add_argument("--stats-interval", dest="stats_interval_s", type=float, help="seconds between stats lines (0: none)")
     ap.add_argument("--profiler-dir", help=f"where /stop_profile writes traces (else ${PROFILER_DIR_ENV})")
     ap.add_argument("--kernel", action="append", default=[], metavar="KEY=PATH",
-                    help="replace a registry kernel (rmsnorm, activation, rotary, attention) by the function at PATH; "
+                    help="replace a registry kernel (rmsnorm, activation, rotary, attention, decode_attention) by the "
+                         "function at PATH; "
                          "repeatable; over the config's kernels:")
     args = ap.parse_args(argv)
     try:
         config = load_serve_config(args.config) if args.config else ServeConfig()
-        flags = {k: v for k, v in vars(args).items() if k not in ("config", "kernel") and v is not None}
+        flags = {k: v for k, v in vars(args).items() if k not in ("config", "kernel", "seed") and v is not None}
+        if args.seed is not None:
+            flags["model_overrides"] = {**config.model_overrides, "seed": args.seed}
+        if args.cuda_graph_batch_sizes is not None:
+            flags["cuda_graph_batch_sizes"] = _int_list("--cuda-graph-batch-sizes", args.cuda_graph_batch_sizes)
         kernels = dict(config.kernels)
         for item in args.kernel:
             key, sep, path = item.partition("=")

@@ -31,7 +31,8 @@ def server(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "MAGPIE_SERVE_PROFILER_DIR": str(profile_dir)}
     proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", "tiny", "--host", "127.0.0.1",
-                             "--port", str(port), "--max-batch-size", "4"], cwd=REPO, env=env,
+                             "--port", str(port), "--max-batch-size", "4", "--eager", "--cuda-graph-batch-sizes", "1,2,4",
+                             "--stats-interval", "0.2"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -93,6 +94,31 @@ def test_concurrent_streaming_completions_with_token_ids(server):
         assert len({c["id"] for c in content}) == 1
 
 
+def test_metrics_endpoint_counts_what_the_server_did(server):
+    _, url, _ = server
+
+    async def metrics() -> dict[str, float]:
+        async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = await r.text()
+        samples = [line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#")]
+        return {name: float(value) for name, value in samples}
+
+    async def go():
+        before = await metrics()
+        async with aiohttp.ClientSession() as s:
+            await asyncio.gather(*(_stream(s, url + "/v1/completions", _completion([4] * (3 + i), 5)) for i in range(3)))
+        return before, await metrics()
+
+    before, after = asyncio.run(go())
+    gen = "magpie_serve_generation_tokens_total"
+    assert after[gen] - before[gen] == 15 and after["magpie_serve_kv_cache_slots"] == 4
+    assert after['magpie_serve_requests_finished_total{reason="length"}'] - before['magpie_serve_requests_finished_total{reason="length"}'] == 3
+    assert after["magpie_serve_requests_running"] == 0 and after["magpie_serve_decode_graph_replays_total"] == 0
+    decode_steps = after['magpie_serve_steps_total{kind="decode"}'] + after['magpie_serve_steps_total{kind="mixed"}']
+    assert after["magpie_serve_decode_eager_steps_total"] == decode_steps > 0  # the CPU: eager always
+
+
 def test_usage_chunk_only_when_asked_and_non_streaming_response(server):
     _, url, _ = server
 
@@ -129,9 +155,12 @@ def test_chat_completions_and_models(server):
             async with s.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 1,
                                                              "temperature": 0.0}) as r:
                 cold = r.status
-            return events, models, wrong, n2, hot, cold
+            async with s.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2047, "stream": True}) as r:
+                long = (r.status, await r.json())
+            return events, models, wrong, n2, hot, cold, long
 
-    events, models, wrong, n2, hot, cold = asyncio.run(go())
+    events, models, wrong, n2, hot, cold, long = asyncio.run(go())
+    assert long[0] == 400 and "exceeds the model's max_seq_len 2048" in long[1]["error"]["message"]
     assert events[0]["object"] == "chat.completion.chunk"
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     content = events[1:-2]
@@ -204,7 +233,9 @@ def test_sigterm_stops_the_server_cleanly_mid_stream(server):
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
     lines = out.splitlines()
-    assert any(line.startswith("magpie-serve ready: http://127.0.0.1:") for line in lines), out
+    ready = next((line for line in lines if line.startswith("magpie-serve ready: http://127.0.0.1:")), None)
+    assert ready is not None and "cuda_graphs=off (eager)" in ready and "kv_cache=5x2048 tokens" in ready, out
+    assert any(line.startswith("magpie-serve stats: ") for line in lines), out
     assert "magpie-serve: shutting down" in lines and "Traceback" not in out
 
 

@@ -134,3 +134,27 @@ def test_chat_needs_text_prompts(tmp_path):
     assert cfg.effective_tokenizer() is None  # token ids unless asked
     new, overrides = apply_cli_overrides(cfg, {"endpoint": "chat", "tokenizer": "builtin"})
     assert new.client.endpoint == "chat" and {o["flag"] for o in overrides} == {"--endpoint", "--tokenizer"}
+
+
+def test_server_env_reaches_the_server_process_env(tmp_path):
+    """`server_env` (ours): names keep their case, values become strings; server_command puts them in
+    the server's env (the local server runs with os.environ + that env, the container gets it as its
+    environment), and a framework's own profiler variables still win."""
+    from engine.bench.docker_launch import container_spec
+    from engine.bench.launch import server_command
+    cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: m\n  server_env:\n"
+                                                    "    PYTHONPATH: /site\n    VLLM_PLUGINS: magpie_oot_rmsnorm\n"
+                                                    "    lower_case: 1\n"))
+    assert cfg.server_env == {"PYTHONPATH": "/site", "VLLM_PLUGINS": "magpie_oot_rmsnorm", "lower_case": "1"}
+    cmd = server_command(cfg, 8123)
+    assert cmd.env == cfg.server_env
+    spec = container_spec(cfg, cmd, arch="sm_90", workspace=tmp_path, host_port=8123)
+    assert spec["environment"]["PYTHONPATH"] == "/site" and spec["environment"]["VLLM_PLUGINS"] == "magpie_oot_rmsnorm"
+    sg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: sglang\n  model: m\n  server_env:\n"
+                                                   "    SGLANG_TORCH_PROFILER_DIR: /mine\n    A: b\n"))
+    assert server_command(sg, 8123).env == {"SGLANG_TORCH_PROFILER_DIR": "/mine", "A": "b"}
+    assert server_command(sg, 8123, profile_dir=tmp_path).env["SGLANG_TORCH_PROFILER_DIR"] == str(tmp_path)
+    default, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n"))
+    assert default.server_env == {} and server_command(default, 8123).env == {}
+    with pytest.raises(ConfigError, match="not an environment variable name: 'A=B'"):
+        load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n  server_env: {A=B: 1}\n"))

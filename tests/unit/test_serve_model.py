@@ -1,4 +1,5 @@
-"""The built-in server's model, kernel registry, continuous batching and step annotations."""
+"""The built-in server's model, static KV cache, decode runner, kernel registry, continuous
+batching and step annotations, on the CPU against a reference decoder that has no cache."""
 
 import dataclasses
 import sys
@@ -6,11 +7,13 @@ import textwrap
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.config.yamlfile import ConfigError
 from engine.serve.engine import Engine, TokenEvent, step_annotation
+from engine.serve.graphs import DecodeRunner, batch_buckets
 from engine.serve.kernels import KERNEL_KEYS, KernelError, resolve_kernels
-from engine.serve.model import PRESETS, LlamaModel, greedy, model_config
+from engine.serve.model import PRESETS, LlamaModel, model_config
 from engine.serve.server import load_serve_config
 from engine.serve.tokenizer import BOS_ID, EOS_ID, StreamDecoder, chat_prompt, decode, encode
 from engine.trace.steps import parse_step_annotation
@@ -20,47 +23,122 @@ PROMPTS = [[5, 9, 2, 7, 1], [3, 300, 11], [BOS_ID, 42, 17, 99, 4, 8, 250, 33]]
 
 @pytest.fixture(scope="module")
 def model() -> LlamaModel:
-    return LlamaModel(PRESETS["tiny"])
+    # Untied embeddings: the tied tiny model mostly repeats its last token, which would let a
+    # wrong attention pass a token comparison.
+    return LlamaModel(model_config("tiny", tie_embeddings=False))
 
 
-def _generate_alone(model: LlamaModel, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
-    cache = model.new_cache(len(prompt) + steps)
-    logits = [model.prefill([prompt], [cache])[0]]
-    tokens = [greedy(logits[-1][None])[0]]
-    for _ in range(steps - 1):
-        logits.append(model.decode([tokens[-1]], [cache])[0])
-        tokens.append(greedy(logits[-1][None])[0])
-    return tokens, logits
+def reference_logits(model: LlamaModel, tokens: list[int]) -> torch.Tensor:
+    """Logits after the last of ``tokens``, recomputing the whole sequence with plain torch ops
+    (no cache, no registry kernels, causal SDPA): what the static-cache path must reproduce."""
+    cfg = model.config
+    t, hq, hkv, d = len(tokens), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.outer(torch.arange(t, dtype=torch.float64), inv)
+    cos, sin = angles.cos().float()[:, None], angles.sin().float()[:, None]
+
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_eps) * w
+
+    def rope(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    x = model.embed.weight[tokens]
+    for layer in model.layers:
+        q, k, v = (norm(x, layer.input_norm) @ layer.qkv.weight.T).split((hq * d, hkv * d, hkv * d), dim=-1)
+        q, k, v = rope(q.view(t, hq, d)), rope(k.view(t, hkv, d)), v.view(t, hkv, d)
+        k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        att = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
+        x = x + att.transpose(0, 1).reshape(t, hq * d) @ layer.o.weight.T
+        gate, up = (norm(x, layer.post_norm) @ layer.gate_up.weight.T).chunk(2, dim=-1)
+        x = x + (F.silu(gate) * up) @ layer.down.weight.T
+    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
+    return (norm(x[-1:], model.final_norm) @ head.T)[0]
 
 
-def test_batched_prefill_and_decode_match_one_sequence_at_a_time(model):
-    steps = 4
-    alone = [_generate_alone(model, p, steps) for p in PROMPTS]
-    caches = [model.new_cache(len(p) + steps) for p in PROMPTS]
-    logits = model.prefill(PROMPTS, caches)
-    for step in range(steps):
-        for i, (_, ref) in enumerate(alone):
-            torch.testing.assert_close(logits[i], ref[step], rtol=1e-4, atol=1e-4)
-        if step < steps - 1:
-            logits = model.decode([tokens[step] for tokens, _ in alone], caches)
-    assert [c.length for c in caches] == [len(p) + steps - 1 for p in PROMPTS]
+def reference_tokens(model: LlamaModel, prompt: list[int], n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(reference_logits(model, prompt + out).argmax()))
+    return out
 
 
-def test_kv_cache_decode_equals_recomputing_the_whole_sequence(model):
-    prompt = PROMPTS[2]
-    tokens, logits = _generate_alone(model, prompt, 3)
-    full = prompt + tokens[:2]
-    recomputed = model.forward([full], [model.new_cache(len(full))])[0]
-    torch.testing.assert_close(logits[2], recomputed, rtol=1e-4, atol=1e-4)
+def run_engine(engine: Engine, prompts: list[list[int]], max_tokens: list[int]) -> tuple[list[list[int]], list[str]]:
+    events: list[list[TokenEvent]] = [[] for _ in prompts]
+    for prompt, n, sink in zip(prompts, max_tokens, events):
+        engine.submit(prompt, n, True, sink.append)
+    names = []
+    while (name := engine.step()) is not None:
+        names.append(name)
+    assert all(ev.error is None for evs in events for ev in evs)
+    return [[ev.token for ev in evs] for evs in events], names
 
 
-def test_mixed_step_equals_separate_prefill_and_decode(model):
-    tokens, logits = _generate_alone(model, PROMPTS[0], 2)
-    a, b = model.new_cache(len(PROMPTS[0]) + 2), model.new_cache(len(PROMPTS[1]) + 1)
-    model.prefill([PROMPTS[0]], [a])
-    mixed = model.forward([[tokens[0]], PROMPTS[1]], [a, b])  # one decode and one prefill together
-    torch.testing.assert_close(mixed[0], logits[1], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(mixed[1], _generate_alone(model, PROMPTS[1], 1)[1][0], rtol=1e-4, atol=1e-4)
+# -- the static KV cache ------------------------------------------------------------------------
+
+def test_prefill_and_padded_decode_match_the_reference_and_touch_only_their_slots(model):
+    cache = model.new_cache(num_slots=5, max_len=64)
+    runner = DecodeRunner(model, cache, pad_slot=4, buckets=[1, 2, 4], rows=4)
+    slots = [2, 0, 3]  # not in order; slot 1 stays unused
+    logits = model.prefill(cache, slots, [0, 0, 0], PROMPTS)
+    seqs = [list(p) for p in PROMPTS]
+    for _ in range(4):
+        for i, seq in enumerate(seqs):
+            torch.testing.assert_close(logits[i], reference_logits(model, seq), rtol=1e-4, atol=1e-4)
+        nxt = logits.argmax(dim=-1).tolist()
+        positions = [len(s) for s in seqs]
+        for seq, tok in zip(seqs, nxt):
+            seq.append(tok)
+        logits = runner.logits(nxt, positions, slots, graph=False)  # 3 rows padded to the bucket of 4
+        assert logits.shape == (3, model.config.vocab_size)
+    assert runner.eager_steps == 0 and not runner.graphs  # logits() is the check path, not counted as steps
+    assert not cache.k[:, 1].any() and not cache.v[:, 1].any()
+    for slot, seq in zip(slots, seqs):  # each slot holds exactly its sequence's positions, nothing after
+        assert cache.k[:, slot, :len(seq)].abs().sum(dim=(2, 3)).all()
+        assert not cache.k[:, slot, len(seq):].any()
+
+
+def test_a_prompt_prefilled_in_chunks_equals_it_prefilled_whole(model):
+    prompt = PROMPTS[2] + PROMPTS[0]
+    whole, chunked = model.new_cache(2, 32), model.new_cache(2, 32)
+    want = model.prefill(whole, [1], [0], [prompt])
+    model.prefill(chunked, [1], [0], [prompt[:4]])
+    model.prefill(chunked, [1, 0], [4, 0], [prompt[4:9], PROMPTS[1]])  # a continued chunk beside a new prompt
+    got = model.prefill(chunked, [1], [9], [prompt[9:]])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(chunked.k[:, 1], whole.k[:, 1], rtol=1e-5, atol=1e-5)
+
+
+def test_engine_tokens_equal_the_reference_with_chunked_prefill_padding_and_slot_reuse(model):
+    prompts = PROMPTS + [list(range(20, 60))]
+    max_tokens = [6, 2, 4, 5]
+    engine = Engine(model, max_batch_size=3, max_prefill_tokens=16, max_model_len=64)
+    tokens, names = run_engine(engine, prompts, max_tokens)
+    assert tokens == [reference_tokens(model, p, n) for p, n in zip(prompts, max_tokens)]
+    steps = [parse_step_annotation(n) for n in names]
+    assert sum(s.c_sq for s in steps) == sum(map(len, prompts))
+    assert max(s.c_sq for s in steps) <= 16  # the 40-token prompt went in chunks
+    assert sum(s.context_requests for s in steps) > len(prompts)
+    assert {s.generation_requests for s in steps} >= {1, 2, 3}  # buckets 1, 2 and 4 (3 padded) all ran
+    m = engine.metrics()
+    assert m["kv_slots_used"] == 0 and m["running"] == m["waiting"] == 0
+    assert m["finished"]["length"] == 4 and m["generation_tokens"] == sum(max_tokens)
+    assert m["eager_decode_steps"] == m["steps"]["decode"] + m["steps"]["mixed"] and m["graph_replays"] == 0
+
+
+def test_batch_buckets():
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(16, [8, 1, 4, 8]) == [1, 4, 8]
+    with pytest.raises(ValueError, match="above max_batch_size 16"):
+        batch_buckets(16, [1, 32])
+    with pytest.raises(ValueError, match="positive batch sizes"):
+        batch_buckets(16, [0, 2])
+    tiny = LlamaModel(PRESETS["tiny"])
+    runner = DecodeRunner(tiny, tiny.new_cache(9, 16), 8, [1, 4], rows=8)
+    assert [runner.bucket(n) for n in (1, 2, 4, 5, 8)] == [1, 4, 4, 5, 8]  # above the largest: unpadded, eager
 
 
 def test_weights_are_seeded_and_sizes_follow_the_config():
@@ -71,16 +149,24 @@ def test_weights_are_seeded_and_sizes_follow_the_config():
     assert a.dtype == torch.float32
     assert sum(p.numel() for p in a.parameters()) == PRESETS["tiny"].num_parameters()
     assert 1.0e9 < PRESETS["1b"].num_parameters() < 1.5e9
+    eight = PRESETS["8b"]  # Llama-3.1-8B's shapes
+    assert (eight.hidden_size, eight.intermediate_size, eight.num_layers, eight.num_heads, eight.num_kv_heads,
+            eight.head_dim, eight.vocab_size, eight.tie_embeddings) == (4096, 14336, 32, 32, 8, 128, 128256, False)
+    assert 8.0e9 < eight.num_parameters() < 8.1e9
     with pytest.raises(ValueError, match="unknown model field 'layers'"):
         model_config("tiny", layers=3)
     with pytest.raises(ValueError, match="unknown model 'huge'"):
         model_config("huge")
 
 
-def test_cache_overflow_is_an_error(model):
-    cache = model.new_cache(3)
-    with pytest.raises(ValueError, match="exceed the cache capacity 3"):
-        model.prefill([[1, 2, 3, 4]], [cache])
+def test_cache_bounds_are_errors(model):
+    cache = model.new_cache(2, 3)
+    with pytest.raises(ValueError, match="exceed the cache length 3"):
+        model.prefill(cache, [0], [0], [[1, 2, 3, 4]])
+    with pytest.raises(ValueError, match="slot 2 is outside"):
+        model.prefill(cache, [2], [0], [[1]])
+    with pytest.raises(ValueError, match="max_seq_len 2048"):
+        model.new_cache(2, 4096)
 
 
 # -- step annotations ------------------------------------------------------------------------
@@ -104,7 +190,7 @@ def _collect(events: dict[str, list[TokenEvent]], key: str):
 
 
 def test_engine_batches_continuously_and_annotates_each_step(model):
-    engine = Engine(model, max_batch_size=2)
+    engine = Engine(model, max_batch_size=2, max_model_len=64)
     events: dict[str, list[TokenEvent]] = {}
     engine.submit(PROMPTS[0], 3, True, _collect(events, "a"))
     engine.submit(PROMPTS[1], 2, True, _collect(events, "b"))
@@ -117,18 +203,19 @@ def test_engine_batches_continuously_and_annotates_each_step(model):
     first, second, third, fourth = steps
     assert (first.c_sq, first.c_sk, first.c_sqsq, first.c_sqsk) == (8, 8, 25 + 9, 25 + 9)
     assert (second.g_sq, second.g_sk, second.g_sqsq, second.g_sqsk) == (2, 6 + 4, 2, 10)
-    # b finished after 2 tokens, so c is admitted beside a's last decode token (sk = 5 + 2).
+    # b finished after 2 tokens, so c is admitted (into b's slot) beside a's last decode token (sk = 5 + 2).
     assert (third.c_sq, third.c_sk, third.c_sqsq, third.g_sq, third.g_sk, third.g_sqsk) == (8, 8, 64, 1, 7, 7)
     assert (fourth.g_sq, fourth.g_sk, fourth.kind) == (1, 9, "decode")
     for key, prompt, n in (("a", PROMPTS[0], 3), ("b", PROMPTS[1], 2), ("c", PROMPTS[2], 2)):
-        assert [e.token for e in events[key]] == _generate_alone(model, prompt, n)[0]
+        assert [e.token for e in events[key]] == reference_tokens(model, prompt, n)
         assert [e.finish_reason for e in events[key]] == [None] * (n - 1) + ["length"]
     assert engine.num_unfinished == 0
+    assert engine.metrics()["steps"] == {"prefill": 1, "decode": 2, "mixed": 1}
 
 
 def test_eos_stops_unless_ignore_eos(model):
-    first = _generate_alone(model, PROMPTS[0], 1)[0][0]
-    engine = Engine(model, eos_id=first)
+    first = reference_tokens(model, PROMPTS[0], 1)[0]
+    engine = Engine(model, eos_id=first, max_model_len=64)
     events: dict[str, list[TokenEvent]] = {}
     engine.submit(PROMPTS[0], 4, False, _collect(events, "stop"))
     engine.submit(PROMPTS[0], 4, True, _collect(events, "ignore"))
@@ -136,14 +223,28 @@ def test_eos_stops_unless_ignore_eos(model):
         pass
     assert [e.finish_reason for e in events["stop"]] == ["stop"]
     assert [e.finish_reason for e in events["ignore"]] == [None, None, None, "length"]
+    assert engine.metrics()["finished"] == {"stop": 1, "length": 1, "error": 0, "abort": 0}
+
+
+def test_an_aborted_request_frees_its_slot_for_a_waiting_one(model):
+    engine = Engine(model, max_batch_size=1, max_model_len=64)
+    events: dict[str, list[TokenEvent]] = {}
+    rid = engine.submit(PROMPTS[0], 50, True, _collect(events, "gone"))
+    engine.submit(PROMPTS[1], 2, True, _collect(events, "next"))
+    engine.step()
+    engine.abort(rid)
+    while engine.step() is not None:
+        pass
+    assert len(events["gone"]) == 1 and [e.token for e in events["next"]] == reference_tokens(model, PROMPTS[1], 2)
+    assert engine.metrics()["finished"]["abort"] == 1
 
 
 def test_engine_rejects_requests_the_model_cannot_run(model):
-    engine = Engine(model)
+    engine = Engine(model, max_model_len=100)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.submit([1, 512], 2, True, print)
-    with pytest.raises(ValueError, match="exceeds the model's max_seq_len 2048"):
-        engine.submit([1] * 2000, 100, True, print)
+    with pytest.raises(ValueError, match="exceeds the model's max_model_len 100"):
+        engine.submit([1] * 90, 11, True, print)
     with pytest.raises(ValueError, match="max_tokens must be at least 1"):
         engine.submit([1], 0, True, print)
 
@@ -152,19 +253,23 @@ def test_a_failing_kernel_fails_the_steps_requests_not_the_engine():
     def broken(x):
         raise RuntimeError("kernel exploded")
 
-    engine = Engine(LlamaModel(PRESETS["tiny"], kernels=dataclasses.replace(resolve_kernels(), activation=broken)))
+    engine = Engine(LlamaModel(PRESETS["tiny"], kernels=dataclasses.replace(resolve_kernels(), activation=broken)),
+                    max_model_len=32)
     events: dict[str, list[TokenEvent]] = {}
     engine.submit([1, 2], 2, True, _collect(events, "a"))
     engine.step()
     assert events["a"] == [TokenEvent(None, error="RuntimeError: kernel exploded")]
-    assert engine.step() is None
+    assert engine.step() is None and engine.metrics()["kv_slots_used"] == 0
+    with pytest.raises(KernelError, match=r"kernels\.activation: 'engine\.serve\.kernels:silu_and_mul' failed during the "
+                                          r"warm-up step: RuntimeError: kernel exploded"):
+        engine.warm_up()
 
 
 # -- kernel registry -------------------------------------------------------------------------
 
 CANDIDATE = textwrap.dedent("""
     import torch
-    calls = {"rmsnorm": 0, "activation": 0, "rotary": 0, "attention": 0}
+    calls = {"rmsnorm": 0, "activation": 0, "rotary": 0, "attention": 0, "decode_attention": 0}
 
     def rmsnorm(x, weight, eps):
         calls["rmsnorm"] += 1
@@ -194,6 +299,18 @@ CANDIDATE = textwrap.dedent("""
         scores = scores.masked_fill(~mask, float("-inf")).softmax(-1)
         return torch.einsum("hqk,khd->qhd", scores, v)
 
+    def decode_attention(q, k_cache, v_cache, slots, lengths, scale):
+        # Per sequence, a plain softmax over its slot's first lengths[b] positions.
+        calls["decode_attention"] += 1
+        groups = q.shape[1] // k_cache.shape[2]
+        out = []
+        for b in range(q.shape[0]):
+            k = k_cache[slots[b], :lengths[b]].repeat_interleave(groups, 1)
+            v = v_cache[slots[b], :lengths[b]].repeat_interleave(groups, 1)
+            p = (torch.einsum("hd,khd->hk", q[b], k) * scale).softmax(-1)
+            out.append(torch.einsum("hk,khd->hd", p, v))
+        return torch.stack(out)
+
     def two_args(x, weight):
         return x
 
@@ -213,23 +330,34 @@ def candidate(tmp_path, monkeypatch):
 
 def test_swapped_in_kernels_are_called_and_match_the_defaults(model, candidate):
     overrides = {"rmsnorm": "serve_candidate:rmsnorm", "activation": "serve_candidate.silu_and_mul",
-                 "rotary": "serve_candidate:rotary", "attention": "serve_candidate:attention"}
+                 "rotary": "serve_candidate:rotary", "attention": "serve_candidate:attention",
+                 "decode_attention": "serve_candidate:decode_attention"}
     kernels = resolve_kernels(overrides)
     assert dict(kernels.sources) == overrides
-    swapped = LlamaModel(PRESETS["tiny"], kernels=kernels)
-    caches = [swapped.new_cache(len(p) + 1) for p in PROMPTS]
-    ref_caches = [model.new_cache(len(p) + 1) for p in PROMPTS]
-    torch.testing.assert_close(swapped.prefill(PROMPTS, caches), model.prefill(PROMPTS, ref_caches), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(swapped.decode([1, 2, 3], caches), model.decode([1, 2, 3], ref_caches), rtol=1e-4, atol=1e-4)
-    layers = PRESETS["tiny"].num_layers
+    swapped = LlamaModel(model.config, kernels=kernels)
+    cache, ref_cache = swapped.new_cache(4, 32), model.new_cache(4, 32)
+    torch.testing.assert_close(swapped.prefill(cache, [0, 1, 2], [0, 0, 0], PROMPTS),
+                               model.prefill(ref_cache, [0, 1, 2], [0, 0, 0], PROMPTS), rtol=1e-4, atol=1e-4)
+    args = [torch.tensor(v) for v in ([1, 2, 3], [len(p) for p in PROMPTS], [0, 1, 2])]
+    lengths = args[1].to(torch.int32) + 1
+    torch.testing.assert_close(swapped.decode(cache, *args, lengths), model.decode(ref_cache, *args, lengths),
+                               rtol=1e-4, atol=1e-4)
+    layers = model.config.num_layers
     assert candidate.calls == {"rmsnorm": 2 * (2 * layers + 1), "activation": 2 * layers, "rotary": 2 * layers,
-                               "attention": 2 * layers}
+                               "attention": layers, "decode_attention": layers}
 
 
 def test_defaults_when_nothing_is_overridden():
     kernels = resolve_kernels({})
     assert set(kernels.sources) == set(KERNEL_KEYS)
     assert kernels.sources["attention"] == "engine.serve.kernels:varlen_attention"
+    assert kernels.sources["decode_attention"] == "engine.serve.kernels:decode_attention"
+    # On a GPU the Triton kernels are the defaults (imported only there); opting out keeps the references.
+    gpu = resolve_kernels({"rmsnorm": "engine.serve.kernels:rmsnorm"}, device="cuda")
+    assert gpu.sources["rmsnorm"] == "engine.serve.kernels:rmsnorm"
+    assert gpu.sources["decode_attention"] == "engine.serve.triton_kernels:decode_attention"
+    assert gpu.sources["attention"] == "engine.serve.kernels:varlen_attention"
+    assert resolve_kernels({}, device="cuda", triton_defaults=False).sources == kernels.sources
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -239,6 +367,7 @@ def test_defaults_when_nothing_is_overridden():
     ({"rotary": "serve_candidate:not_a_function"}, r"kernels\.rotary: 'serve_candidate:not_a_function' is a int"),
     ({"rmsnorm": "serve_candidate:two_args"}, r"kernels\.rmsnorm: 'serve_candidate:two_args' has signature \(x, weight\)"),
     ({"attention": "serve_candidate:rmsnorm"}, r"kernels\.attention: 'serve_candidate:rmsnorm'.*6 positional"),
+    ({"decode_attention": "serve_candidate:silu_and_mul"}, r"kernels\.decode_attention: .*6 positional"),
     ({"rmsnorm": "justaname"}, r"kernels\.rmsnorm: 'justaname' is not a dotted path"),
 ])
 def test_bad_overrides_name_the_key_and_the_path(candidate, overrides, message):
@@ -272,3 +401,17 @@ def test_example_configs_load_and_bad_keys_name_file_and_line(tmp_path):
     assert f"{bad}:2: max_batch_size:" in str(err.value) and f"{bad}:3: max_batch:" in str(err.value)
     bad.write_text("profiler_dir: traces\n")
     assert load_serve_config(bad).profiler_dir == str(tmp_path / "traces")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_streamed_token_chunks_are_the_json_of_the_chunk(chat):
+    import json
+
+    from engine.serve.server import ServeConfig, _Handlers
+    handlers = _Handlers.__new__(_Handlers)  # only the chunk builders, no engine
+    handlers.config = ServeConfig(model="tiny", served_model_name='my "model"')
+    for text, finish in (("a\"é\n", None), ("", "length"), ("x", "stop")):
+        chunk = handlers._chunk("cmpl-1", chat, text, finish)
+        chunk["created"] = 1700000000
+        fast = handlers._token_head("cmpl-1", chat, 1700000000) + json.dumps(text).encode() + handlers._token_tail(chat, finish)
+        assert fast == b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
