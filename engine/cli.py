@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", description="also: 'magpie tui [DIR]' opens the workbench")
     _add_kernel_flags(sub.add_parser("analyze", help="evaluate kernels: compile, correctness, performance"), False)
     _add_kernel_flags(sub.add_parser("compare", help="rank kernels against a baseline, correctness-gated"), True)
-    _add_benchmark_flags(sub.add_parser("benchmark", help="analyse torch-profiler traces (--trace-dir)"))
+    _add_benchmark_flags(sub.add_parser("benchmark", help="benchmark a serving framework (vllm, sglang, atom, builtin); "
+                                                     "with --trace-dir, analyse torch-profiler traces"))
     _add_optimize_flags(sub.add_parser("optimize", help="the optimization loop: baseline, profiled run, bottlenecks, ..."))
     return parser
 
@@ -92,7 +93,10 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--num-prompts", type=int, help="requests per run (envs.NUM_PROMPTS; default CONC x 10)")
     b.add_argument("--request-rate", type=float, help="requests/s (default: all at once)")
     b.add_argument("--burstiness", type=float, help="gamma shape of arrivals (1 = Poisson)")
-    b.add_argument("--range-ratio", type=float, help="length spread (envs.RANDOM_RANGE_RATIO)")
+    b.add_argument("--range-ratio", type=float,
+                   help="length spread in [0, 1): lengths drawn from [L*(1-r), L*(1+r)] (envs.RANDOM_RANGE_RATIO; "
+                        "default 0.5 as in Magpie, where vllm bench serve's --random-range-ratio defaults to 0.0: "
+                        "give 0 for vLLM's fixed lengths)")
     b.add_argument("--warmup", type=int, help="warm-up requests, not measured")
     b.add_argument("--repeats", type=int, help="measured runs; metrics get a 95%% interval across them")
     b.add_argument("--sweep", action="append", help="KEY=V1,V2,... (concurrency, input_len, output_len, request_rate)")
@@ -105,7 +109,11 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--endpoint", choices=["completions", "chat"],
                    help="the API the load uses (default completions; chat needs text prompts: --tokenizer)")
     b.add_argument("--tokenizer", help="text prompts through this tokenizer (Hugging Face name or folder, or "
-                                       "'builtin'), as vllm bench serve sends them; default: token-id prompts")
+                                       "'builtin'), as vllm bench serve sends them; default: the model's, as vLLM "
+                                       "(needs transformers; builtin completions: token ids); 'none': token ids")
+    b.add_argument("--vocab-size", type=int, help="the model's vocabulary size (client.vocab_size): token-id prompts "
+                                                  "stay below it when no tokenizer loads (default: the model "
+                                                  "folder's config.json)")
     b.add_argument("--http-client", choices=["lean", "aiohttp"],
                    help="the load generator's HTTP client (default lean: stamps each read where it arrives)")
     b.add_argument("--torch-profiler", action="store_true", default=None, help="collect server-side torch traces")
@@ -303,7 +311,7 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "request_rate": args.request_rate, "burstiness": args.burstiness, "range_ratio": args.range_ratio,
              "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
              "base_url": args.base_url, "seed": args.seed, "http_client": args.http_client,
-             "tokenizer": args.tokenizer, "endpoint": args.endpoint, "prefix_len": args.prefix_len,
+             "tokenizer": args.tokenizer, "vocab_size": args.vocab_size, "endpoint": args.endpoint, "prefix_len": args.prefix_len,
              "goodput": _parse_goodput(args.goodput),
              "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,

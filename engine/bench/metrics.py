@@ -266,11 +266,18 @@ def _numeric(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+MIN_REPEATS_FOR_CI = 3
+CI_NOT_MEANINGFUL = "not meaningful with fewer than 3 repeats"
+
+
 def aggregate_repeats(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per metric across repeated runs: mean, sample std, and the 95% t-interval of the mean.
 
     `runs` are result dicts (`BenchmarkMetrics.to_result()`); only keys that are numeric in every
-    run are aggregated. With one run the interval is None (no noise estimate).
+    run are aggregated. With fewer than `MIN_REPEATS_FOR_CI` runs the interval is None and
+    `ci95_note` says why (two samples give a t-interval of +-12.7 std: no noise estimate). Every
+    metric of a run (throughputs, latencies, counts, durations) is >= 0, so the interval is
+    clipped at 0 (`ci95_clipped` says so): it is never shown outside what is possible.
     """
     if not runs:
         raise ValueError("no runs to aggregate")
@@ -281,11 +288,30 @@ def aggregate_repeats(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, 
         x = np.array([float(r[k]) for r in runs])
         mean = float(x.mean())
         std = float(x.std(ddof=1)) if n > 1 else 0.0
-        half = t_quantile_975(n - 1) * std / math.sqrt(n) if n > 1 else None
-        out[k] = {"mean": mean, "std": std, "n": n,
-                  "ci95": [mean - half, mean + half] if half is not None else None,
-                  "values": x.tolist()}
+        stat: dict[str, Any] = {"mean": mean, "std": std, "n": n, "ci95": None, "values": x.tolist()}
+        if n < MIN_REPEATS_FOR_CI:
+            stat["ci95_note"] = CI_NOT_MEANINGFUL
+        else:
+            half = t_quantile_975(n - 1) * std / math.sqrt(n)
+            low = mean - half
+            stat["ci95"] = [max(0.0, low), mean + half]
+            if low < 0.0:
+                stat["ci95_clipped"] = True
+        out[k] = stat
     return out
+
+
+def format_interval(stat: Mapping[str, Any] | None, fmt: str = ".3f") -> str:
+    """The interval as the summary and the workbench show it: "[lo, hi]", or why there is none."""
+    if not stat:
+        return ""
+    ci, n = stat.get("ci95"), stat.get("n") or 0
+    if n < 2:
+        return "no interval (one run)"
+    if not ci or n < MIN_REPEATS_FOR_CI:  # also a report written before this rule
+        return stat.get("ci95_note") or CI_NOT_MEANINGFUL
+    lo, hi = (max(0.0, float(ci[0])), float(ci[1]))  # a report written before the clipping
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
 def _side(report: Mapping[str, Any], key: str) -> tuple[float, list[float] | None] | None:

@@ -22,16 +22,15 @@ from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, Server, ServerCommand, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
-from engine.bench.metrics import aggregate_repeats, detailed_lists
-from engine.bench.tokenizers import TokenizerError, load_tokenizer
+from engine.bench.metrics import aggregate_repeats, detailed_lists, format_interval
+from engine.bench.tokenizers import NO_VOCAB_FIX, TokenizerError, known_vocab, load_tokenizer
 from engine.config.benchmark import BenchmarkConfig
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, RunState, StageState
 from engine.runs.workspace import Workspace
 
-# Token ids a random prompt may use, per built-in preset (its byte tokenizer reserves 256/257).
-_BUILTIN_VOCAB = {"tiny": 512, "1b": 128256, "8b": 128256}
-_BUILTIN_SPECIAL = (256, 257)
+# Token ids below this when nothing is known (only a config built without prepare() gets here).
+_GUESSED_VOCAB = 32000
 
 
 def _post(url: str, timeout: float, body: Optional[dict] = None) -> int:
@@ -85,42 +84,72 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     monitor: Optional[GpuMonitor] = None
     chosen: list[GpuState] = []
     state = RunState.FAILED
-    tokenizer_name = cfg.effective_tokenizer()
-    report["dataset"] = {"name": "random", "prompts": "text" if tokenizer_name else "token ids",
-                         "tokenizer": tokenizer_name, "prefix_len": cfg.client.prefix_len}
+    report["dataset"] = {"name": "random", "prompts": "token ids", "tokenizer": None,
+                         "prefix_len": cfg.client.prefix_len}
     try:
-        # Before the server starts: a tokenizer that cannot load should not cost a server start.
-        tokenizer = load_tokenizer(tokenizer_name) if tokenizer_name else None
+        # Before the server starts: prompts that cannot be made should not cost a server start.
+        prompts = _prompt_source(run)
         if cfg.client.base_url:
             report["server"] = {"base_url": cfg.client.base_url.rstrip("/"), "launched": False}
         else:
             chosen = _select_gpus(cfg, report, log)
             server = _start_server(run, chosen)
         monitor = _start_monitor(cfg, chosen)
-        state = _assemble_results(run, _run_points(run, _load_target(run, server, tokenizer)))
+        state = _assemble_results(run, _run_points(run, _load_target(run, server, prompts)))
     except (LaunchError, OSError, TokenizerError) as exc:
         report["errors"].append(str(exc))
+    except BaseException as exc:  # anything else still ends in a report that says what happened
+        _record_crash(run, exc)
     finally:
-        if monitor is not None:
-            monitor.stop()
-            report["gpu_monitor"] = monitor.summary()
-        if server is not None:
-            ws.events.emit("stage", stage="server", state=StageState.STOPPING)
-            server.stop()
+        _stop_all(run, monitor, server)
     if cancel.cancelled:
         state = RunState.CANCELLED  # also when the cancel interrupted the server's start
-    if profiled and trace_dir is not None and state == RunState.COMPLETED:
-        _analyse_traces(cfg, ws, trace_dir, report, log)
+    _finish_report(run, state, started)
+    ws.write_text("summary.txt", summary_text(report))
+    code = 130 if report["state"] == RunState.CANCELLED else (0 if report["success"] else 1)
+    return code, report
+
+
+def _record_crash(run: BenchRun, exc: BaseException) -> None:
+    """An unexpected exception: its one-line form in the report, the traceback in logs/."""
+    import traceback
+    run.report["errors"].append(f"internal error: {type(exc).__name__}: {exc}")
+    try:
+        (run.ws.logs_dir / "engine_error.log").write_text(traceback.format_exc())
+    except OSError:
+        pass
+    if not isinstance(exc, Exception):  # Ctrl-C reaching here: the run is cancelled, not crashed
+        run.cancel.cancel("interrupted")
+
+
+def _stop_all(run: BenchRun, monitor: Optional[GpuMonitor], server: Optional[Server]) -> None:
+    try:
+        if monitor is not None:
+            monitor.stop()
+            run.report["gpu_monitor"] = monitor.summary()
+    finally:
+        if server is not None:
+            run.ws.events.emit("stage", stage="server", state=StageState.STOPPING)
+            server.stop()
+
+
+def _finish_report(run: BenchRun, state: str, started: float) -> None:
+    """Trace analysis and the floor (never losing the report to them), then the report and summary."""
+    cfg, report = run.cfg, run.report
+    try:
+        if cfg.profiler.torch_profiler.enabled and run.trace_dir is not None and state == RunState.COMPLETED:
+            _analyse_traces(cfg, run.ws, run.trace_dir, report, run.log)
+        if cfg.framework == "builtin":  # additive: the weight-read floor of a decode step, TPOT against it
+            from engine.serve.floor import builtin_floor
+            report["floor"] = builtin_floor(cfg.server.size, cfg.gpu_arch,
+                                            ((report.get("latency") or {}).get("tpot") or {}).get("median_ms"))
+    except Exception as exc:
+        _record_crash(run, exc)
+        state = RunState.FAILED
+        report["success"] = report["reward_eligible"] = False
     report["state"] = state
     report["execution_time"] = round(time.time() - started, 3)
-    if cfg.framework == "builtin":  # additive: the weight-read floor of a decode step, TPOT against it
-        from engine.serve.floor import builtin_floor
-        report["floor"] = builtin_floor(cfg.server.size, cfg.gpu_arch, ((report.get("latency") or {}).get("tpot") or {})
-                                        .get("median_ms"))
-    ws.write_json(BENCHMARK_REPORT, report)
-    ws.write_text("summary.txt", summary_text(report))
-    code = 130 if state == RunState.CANCELLED else (0 if report["success"] else 1)
-    return code, report
+    run.ws.write_json(BENCHMARK_REPORT, report)
 
 
 @dataclass
@@ -190,6 +219,14 @@ def _start_monitor(cfg: BenchmarkConfig, chosen: list[GpuState]) -> Optional[Gpu
 
 
 @dataclass
+class PromptSource:
+    """How the random prompts are made: through a tokenizer (text), or token ids below ``vocab``."""
+    tokenizer: Any  # None: token-id prompts
+    vocab: Optional[int]
+    special: tuple[int, ...]
+
+
+@dataclass
 class LoadTarget:
     """Where the load goes, and how its random prompts are made."""
     base_url: str
@@ -199,21 +236,41 @@ class LoadTarget:
     special: tuple[int, ...]
 
 
-def _load_target(run: BenchRun, server: Optional[Server], tokenizer: Any) -> LoadTarget:
-    cfg, envs = run.cfg, run.envs
+def _prompt_source(run: BenchRun) -> PromptSource:
+    """The tokenizer (named, or the model's as vLLM defaults it), else a vocabulary size known for
+    certain; neither raises TokenizerError before anything starts. Recorded in ``report.dataset``."""
+    cfg, dataset = run.cfg, run.report["dataset"]
+    name = cfg.effective_tokenizer()
+    known = known_vocab(cfg)
+    if name:
+        try:
+            tokenizer = load_tokenizer(name)
+            dataset.update(prompts="text", tokenizer=name)
+            return PromptSource(tokenizer, None, ())
+        except TokenizerError as exc:
+            if not cfg.tokenizer_is_default() or cfg.client.endpoint == "chat":
+                raise
+            if known is None:
+                # A config built without prepare(): the command line, workbench and MCP stop earlier.
+                run.warnings.append(f"random prompts use token ids below {_GUESSED_VOCAB}, a guess: {exc} "
+                                    f"({NO_VOCAB_FIX})")
+                return PromptSource(None, _GUESSED_VOCAB, ())
+            run.warnings.append(f"the model's tokenizer could not be loaded ({exc}); random prompts are token ids "
+                                f"below {known[0]} ({known[2]})")
+    elif known is None:
+        raise TokenizerError(f"random token-id prompts for {cfg.framework} {cfg.model!r} need the model's vocabulary "
+                             f"size, and none is known: {NO_VOCAB_FIX}")
+    dataset.update(vocab_size=known[0], vocab_source=known[2])
+    return PromptSource(None, known[0], known[1])
+
+
+def _load_target(run: BenchRun, server: Optional[Server], prompts: PromptSource) -> LoadTarget:
+    cfg = run.cfg
     if server is not None:
         base_url, model = server.base_url, server.model_id or cfg.model or cfg.server.size
     else:
         base_url, model = (cfg.client.base_url or "").rstrip("/"), cfg.model or cfg.server.size
-    if tokenizer is not None:
-        vocab, special = None, ()
-    elif cfg.framework == "builtin":
-        vocab, special = _BUILTIN_VOCAB.get(cfg.server.size, 512), _BUILTIN_SPECIAL
-    else:
-        vocab, special = int(envs.get("VOCAB_SIZE", "32000")), ()
-        run.warnings.append(f"random prompts use token ids below VOCAB_SIZE={vocab} (set envs.VOCAB_SIZE to the "
-                            "model's vocabulary size)")
-    return LoadTarget(base_url, model, tokenizer, vocab, special)
+    return LoadTarget(base_url, model, prompts.tokenizer, prompts.vocab, prompts.special)
 
 
 @dataclass
@@ -455,7 +512,8 @@ def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report
 
 
 def summary_text(report: dict) -> str:
-    lines = [f"magpie benchmark: {report['framework']} {report['model']} — {report.get('state')}",
+    lines = [line for line in (_all_failed_line(report),) if line]
+    lines += [f"magpie benchmark: {report['framework']} {report['model']} — {report.get('state')}",
              f"run kind: {report['run_kind']}; profiling: {report['profiling_enabled']}; "
              f"workspace: {report['workspace_dir']}"]
     t = report.get("throughput") or {}
@@ -472,10 +530,21 @@ def summary_text(report: dict) -> str:
         for key in ("output_throughput", "median_ttft_ms", "median_tpot_ms"):
             r = rep.get(key)
             if r:
-                lines.append(f"{key} over {r['n']} repeats: {r['mean']:.3f} (95% CI {r['ci95'][0]:.3f}-{r['ci95'][1]:.3f})")
+                lines.append(f"{key} over {r['n']} repeats: {r['mean']:.3f} (95% CI {format_interval(r)})")
     for name in report.get("top_bottlenecks", [])[:5]:
         lines.append(f"bottleneck: {name[:100]}")
     for e in report.get("errors", []):
         lines.append(f"error: {e.splitlines()[0] if e else e}")
     lines.append(f"elapsed: {report.get('execution_time', 0):.1f} s")
     return "\n".join(lines) + "\n"
+
+
+def _all_failed_line(report: dict) -> str:
+    """One line for the top of summary.txt when every measured request failed (else "")."""
+    result = report.get("result") or {}
+    failed, completed = result.get("failed") or 0, result.get("completed") or 0
+    if not failed or completed:
+        return ""
+    first = (result.get("errors") or [""])[0]
+    return (f"ALL {failed} REQUESTS FAILED: no measurement" + (f"; first error: {first.splitlines()[0][:200]}"
+                                                              if first else ""))

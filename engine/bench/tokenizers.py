@@ -4,13 +4,19 @@
 anything else is a Hugging Face tokenizer (a hub name or a local folder), loaded with
 `transformers.AutoTokenizer` — transformers is not a dependency of this package, so it must be
 installed where a benchmark wants one (vLLM and SGLang environments have it).
+
+Unset, the tokenizer is the model's (`--model`), as `vllm bench serve` defaults it; `none` asks for
+token-id prompts. Token-id prompts (no tokenizer, or the model's cannot load) stay below a
+vocabulary size known for certain (`known_vocab`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.bench.dataset import Tokenizer
 from engine.errors import MagpieError
-from engine.serve.tokenizer import BOS_ID, decode
+from engine.serve.tokenizer import BOS_ID, EOS_ID, decode
 
 BUILTIN = "builtin"
 
@@ -47,7 +53,7 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False) -> Tokenizer:
         from transformers import AutoTokenizer
     except ImportError:
         raise TokenizerError(f"client.tokenizer {name!r}: loading a Hugging Face tokenizer needs the transformers "
-                             "package (pip install transformers), or leave client.tokenizer unset for token-id "
+                             "package (pip install transformers), or set client.tokenizer none (--tokenizer none) for token-id "
                              "prompts") from None
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
@@ -55,3 +61,52 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False) -> Tokenizer:
         raise TokenizerError(f"client.tokenizer {name!r} could not be loaded: {type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''} (give a local folder with "
                              "tokenizer files, or a hub name reachable from here)") from None
+
+
+def transformers_available() -> bool:
+    """Whether `transformers` can be imported here (checked without importing it: that takes seconds)."""
+    import importlib.util
+    return importlib.util.find_spec("transformers") is not None
+
+
+def folder_vocab_size(model: str) -> int | None:
+    """`vocab_size` from a local model folder's `config.json` (or its `text_config`), else None."""
+    import json
+    from pathlib import Path
+    if not model:
+        return None
+    path = Path(model).expanduser() / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for node in (data, data.get("text_config") if isinstance(data, dict) else None):
+        if isinstance(node, dict) and isinstance(node.get("vocab_size"), int) and node["vocab_size"] > 0:
+            return int(node["vocab_size"])
+    return None
+
+
+def known_vocab(cfg: Any) -> tuple[int, tuple[int, ...], str] | None:
+    """A vocabulary size known for certain for token-id prompts: (size, special ids, where from).
+
+    In order: `client.vocab_size` (--vocab-size), `envs.VOCAB_SIZE`, the built-in server's preset
+    (its byte tokenizer's BOS/EOS are special), a local model folder's `config.json`."""
+    if cfg.client.vocab_size:
+        return int(cfg.client.vocab_size), (), "client.vocab_size"
+    env = cfg.envs.get("VOCAB_SIZE", "")
+    if env.strip().isdigit() and int(env) > 0:
+        return int(env), (), "envs.VOCAB_SIZE"
+    if cfg.framework == "builtin":
+        from engine.serve.shapes import PRESETS
+        preset = PRESETS.get(cfg.server.size)
+        if preset is not None:
+            return preset.vocab_size, (BOS_ID, EOS_ID), f"the built-in {cfg.server.size} preset"
+    size = folder_vocab_size(cfg.model)
+    if size is not None:
+        return size, (), f"{cfg.model}/config.json"
+    return None
+
+
+NO_VOCAB_FIX = ("set --tokenizer NAME_OR_FOLDER (client.tokenizer; needs transformers: pip install transformers), "
+                "or --vocab-size N (client.vocab_size) with the model's vocabulary size, or give --model as a local "
+                "folder holding its config.json")

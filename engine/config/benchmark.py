@@ -13,7 +13,9 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.config.yamlfile import ConfigError, LocatedYaml, format_loc, load_located_yaml, validate_located
+from engine.config.yamlfile import (
+    ConfigError, LocatedYaml, expand_env_vars, format_loc, load_located_yaml, validate_located,
+)
 
 FRAMEWORKS = ("vllm", "sglang", "atom", "builtin")
 STAGES = ("prefilldecode", "decode_only", "prefill_only")
@@ -21,6 +23,59 @@ _STAGE_ALIASES = {"pd": "prefilldecode", "mixed": "prefilldecode", "prefill_deco
                   "decode": "decode_only", "prefill": "prefill_only"}
 # Magpie's defaults when `envs` is empty, plus NUM_PROMPTS = CONC x 10 when absent.
 DEFAULT_ENVS = {"TP": "1", "CONC": "32", "ISL": "1024", "OSL": "512", "RANDOM_RANGE_RATIO": "0.5"}
+
+# Every `envs` value the benchmark reads: (type, lowest, lowest allowed?, highest, highest allowed?, what it is).
+_ENV_RULES: dict[str, tuple[type, float, bool, Optional[float], bool, str]] = {
+    "TP": (int, 1, True, None, True, "tensor-parallel size"),
+    "CONC": (int, 1, True, None, True, "the client's max concurrency"),
+    "ISL": (int, 1, True, None, True, "input tokens per request"),
+    "OSL": (int, 1, True, None, True, "output tokens per request"),
+    "NUM_PROMPTS": (int, 1, True, None, True, "requests per run"),
+    "MAX_MODEL_LEN": (int, 1, True, None, True, "the server's context length"),
+    "VOCAB_SIZE": (int, 1, True, None, True, "the model's vocabulary size"),
+    # [0, 1): at 1 the shortest sampled length is 0 tokens (vLLM asserts < 1 too).
+    "RANDOM_RANGE_RATIO": (float, 0, True, 1, False, "the spread of sampled lengths"),
+    "GPU_MEMORY_UTILIZATION": (float, 0, False, 1, True, "the share of GPU memory the server may take"),
+}
+
+
+def env_problem(key: str, value: str) -> Optional[str]:
+    """What is wrong with ``envs.KEY: value`` (None when it is fine, or a key the benchmark does not read)."""
+    rule = _ENV_RULES.get(key.upper())
+    if rule is None:
+        return None
+    kind, lo, lo_ok, hi, hi_ok, what = rule
+    allowed = f"{'an integer' if kind is int else 'a number'} {'>=' if lo_ok else '>'} {lo:g}"
+    if hi is not None:
+        allowed = f"a number in {'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
+    text = str(value).strip()
+    try:
+        num = int(text) if kind is int else float(text)
+    except ValueError:
+        num = None
+    if num is None or num != num or (num < lo if lo_ok else num <= lo) or \
+            (hi is not None and (num > hi if hi_ok else num >= hi)):
+        return f"{what}: expected {allowed}, got {value!r}"
+    return None
+
+
+def _envs_problems(doc: LocatedYaml) -> list[str]:
+    """file:line problems of the raw ``benchmark.envs`` values (after ``$VAR`` expansion)."""
+    bench = doc.data.get("benchmark") if isinstance(doc.data, dict) else None
+    raw = bench.get("envs") if isinstance(bench, dict) else None
+    if not isinstance(raw, dict):
+        return []
+    out = []
+    for key, value in expand_env_vars(raw).items():
+        problem = env_problem(str(key), "" if value is None else str(value))
+        if problem:
+            out.append(f"{doc.where(('benchmark', 'envs', key))}: benchmark.envs.{str(key).upper()}: {problem}")
+    return out
+
+
+def _line_key(problem: str) -> int:
+    parts = problem.split(":", 2)
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
 
 
 class _Strict(BaseModel):
@@ -225,8 +280,11 @@ class Client(_Strict):
     # client library vLLM's benchmark uses (a cross-check, or for servers behind what lean lacks).
     http_client: Literal["lean", "aiohttp"] = "lean"
     # Text prompts through this tokenizer (a Hugging Face name or folder, or "builtin"), as
-    # `vllm bench serve` sends them; unset: token-id prompts (the chat endpoint needs text).
+    # `vllm bench serve` sends them; unset: the model's, as vLLM defaults it (token ids for the
+    # built-in server's completions); "none": token-id prompts (the chat endpoint needs text).
     tokenizer: Optional[str] = None
+    # The model's vocabulary size, for token-id prompts when no tokenizer loads (ids stay below it).
+    vocab_size: Optional[int] = Field(default=None, ge=1)
     # A shared prefix of this many tokens in front of every prompt (vLLM's --random-prefix-len).
     prefix_len: int = Field(default=0, ge=0)
 
@@ -304,6 +362,14 @@ class BenchmarkConfig(_Strict):
             raise ValueError("expected a mapping of environment variables")
         return {str(k).upper(): ("" if val is None else str(val)) for k, val in v.items()}
 
+    @field_validator("envs")
+    @classmethod
+    def _envs_values(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [f"envs.{k}: {p}" for k, p in ((k, env_problem(k, val)) for k, val in v.items()) if p]
+        if bad:
+            raise ValueError("; ".join(bad))
+        return v
+
     @field_validator("server_env", mode="before")
     @classmethod
     def _server_env(cls, v: Any) -> Any:
@@ -336,11 +402,19 @@ class BenchmarkConfig(_Strict):
         return self
 
     def effective_tokenizer(self) -> Optional[str]:
-        """The tokenizer for text prompts, or None for token ids. The built-in server's chat
-        endpoint gets its own byte tokenizer without being asked."""
-        if self.client.tokenizer:
-            return self.client.tokenizer
-        return "builtin" if self.framework == "builtin" and self.client.endpoint == "chat" else None
+        """The tokenizer for text prompts, or None for token ids: the one named, else the model's
+        (as `vllm bench serve` defaults it). The built-in server's chat endpoint gets its own byte
+        tokenizer without being asked; its completions get token ids; ``none`` asks for token ids."""
+        name = self.client.tokenizer
+        if name:
+            return None if name.strip().lower() == "none" else name
+        if self.framework == "builtin":
+            return "builtin" if self.client.endpoint == "chat" else None
+        return self.model or None
+
+    def tokenizer_is_default(self) -> bool:
+        """True when the tokenizer is the model's because none was named (a fallback is allowed)."""
+        return not self.client.tokenizer and self.framework != "builtin"
 
     def effective_run_kind(self) -> str:
         if self.run_kind != "auto":
@@ -376,6 +450,18 @@ def load_benchmark_config(path: Path | str, warnings: list[str] | None = None) -
     doc = load_located_yaml(path)
     if not isinstance(doc.data, dict) or "benchmark" not in doc.data:
         raise ConfigError([f"{doc.path}:1: expected a top-level 'benchmark:' mapping"])
+    env_problems = _envs_problems(doc)
+    if env_problems:
+        # The rest of the file is still checked, so that every problem is listed at once.
+        rest = {**doc.data, "benchmark": {k: v for k, v in doc.data["benchmark"].items() if k != "envs"}} \
+            if isinstance(doc.data["benchmark"], dict) else doc.data
+        others: list[str] = []
+        try:
+            validate_located(BenchmarkFile, LocatedYaml(doc.path, rest, doc._lines), None,
+                             missing_hint=_missing_framework_hint)
+        except ConfigError as exc:
+            others = exc.problems
+        raise ConfigError(sorted(env_problems + others, key=_line_key))
     cfg = validate_located(BenchmarkFile, doc, warnings, missing_hint=_missing_framework_hint).benchmark
     if warnings is not None:
         warnings.extend(f"{doc.where(tuple(k.split('.')))}: {k}: accepted for Magpie compatibility, has no "
@@ -395,6 +481,7 @@ _CLI_FIELDS = {
     "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
     "http_client": ("client.http_client", None), "tokenizer": ("client.tokenizer", None),
     "endpoint": ("client.endpoint", None), "prefix_len": ("client.prefix_len", None),
+    "vocab_size": ("client.vocab_size", None),
     "goodput": ("client.goodput", None),
     "torch_profiler": ("profiler.torch_profiler.enabled", None),
     "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
@@ -426,8 +513,42 @@ def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any]) -> tuple[Be
         data["profiler"]["torch_profiler"]["enabled"] = True  # TraceLens needs traces
         overrides.append({"field": "benchmark.profiler.torch_profiler.enabled", "yaml": False, "cli": True,
                           "flag": "--tracelens", "note": "traces are needed for the analysis"})
+    bad_flags = [f"command line: {o['flag']} {o['cli']}: {p}" for o in overrides
+                 if o["field"].startswith("benchmark.envs.")
+                 and (p := env_problem(o["field"].rsplit(".", 1)[1], str(o["cli"])))]
+    if bad_flags:
+        raise ConfigError(bad_flags)
     try:
-        return BenchmarkConfig.model_validate(data), overrides
+        new = BenchmarkConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError([f"command line: {format_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
                            for e in exc.errors()]) from None
+    problems = prompt_problems(new)
+    if problems:
+        raise ConfigError(problems)
+    return new, overrides
+
+
+def prompt_problems(cfg: BenchmarkConfig) -> list[str]:
+    """Why the random prompts could not be made for this server, checked before anything starts:
+    a named tokenizer without transformers, or token ids with no vocabulary size known for certain
+    (ids outside the model's vocabulary fail every request)."""
+    from engine.bench.tokenizers import BUILTIN, NO_VOCAB_FIX, known_vocab, transformers_available
+    name = cfg.effective_tokenizer()
+    has_hf = name == BUILTIN or transformers_available()
+    if name and has_hf:
+        return []  # loaded before the server starts; the model's own falls back to token ids if it cannot load
+    if name and not cfg.tokenizer_is_default():
+        return [f"benchmark.client.tokenizer {name!r}: loading a Hugging Face tokenizer needs the transformers "
+                "package: pip install transformers, or set client.tokenizer none (--tokenizer none) for token-id "
+                "prompts with --vocab-size N"]
+    if name and cfg.client.endpoint == "chat":
+        return [f"benchmark.client.endpoint chat sends text messages, but the model's tokenizer ({name}) cannot be "
+                "loaded here: transformers is not installed (pip install transformers), or set client.tokenizer "
+                "(--tokenizer) to 'builtin' for the built-in server"]
+    if known_vocab(cfg) is None:
+        why = "transformers is not installed, so the model's tokenizer cannot be loaded" if name else \
+            "client.tokenizer is none"
+        return [f"benchmark.client.vocab_size: random token-id prompts for {cfg.framework} {cfg.model!r} need the "
+                f"model's vocabulary size ({why}), and none is known: {NO_VOCAB_FIX}"]
+    return []

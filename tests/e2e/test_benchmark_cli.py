@@ -23,10 +23,13 @@ def test_builtin_clean_run(tmp_path):
     lat = r["latency"]
     assert 0 < lat["ttft"]["median_ms"] <= lat["e2el"]["median_ms"] and lat["tpot"]["mean_ms"] > 0
     rep = r["repeats"]["output_throughput"]
-    assert rep["n"] == 2 and rep["ci95"][0] <= rep["mean"] <= rep["ci95"][1]
+    # two repeats: no interval (t(1) = 12.7 makes it meaningless), the reason in its place
+    assert rep["n"] == 2 and rep["ci95"] is None and rep["ci95_note"] == "not meaningful with fewer than 3 repeats"
     assert {"field": "benchmark.envs.CONC", "yaml": "32", "cli": "3", "flag": "--concurrency"} in r["overrides"]
     assert (ws / "server.log").read_text().count("magpie-serve ready") == 1
-    assert "output tok/s" in (ws / "summary.txt").read_text()
+    summary = (ws / "summary.txt").read_text()
+    assert "output tok/s" in summary and "over 2 repeats" in summary and "not meaningful" in summary
+    assert "FAILED" not in summary.splitlines()[0]
     events = read_events(ws)
     assert events[0]["event"] == "run_started" and events[-1]["state"] == "completed"
     assert any(e["event"] == "progress" and e["phase"] == "measure" for e in events)
@@ -54,7 +57,7 @@ def test_base_url_server_and_failures(tmp_path):
     with BenchServer(Script(tokens=5, itl_s=0.001)) as srv:
         proc = run_magpie("benchmark", "vllm", "-m", "test-model", "--base-url", srv.url, "--concurrency", "2",
                           "--num-prompts", "4", "--input-len", "8", "--output-len", "5", "--http-client", "aiohttp",
-                          "-o", tmp_path, timeout=120)
+                          "--vocab-size", "1000", "-o", tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, r = _report(tmp_path)
     assert r["server"] == {"base_url": srv.url, "launched": False}
@@ -62,7 +65,9 @@ def test_base_url_server_and_failures(tmp_path):
     assert r["environment"]["http_client"] == "aiohttp"
     assert {"field": "benchmark.client.http_client", "yaml": "lean", "cli": "aiohttp",
             "flag": "--http-client"} in r["overrides"]
-    assert any("VOCAB_SIZE" in w for w in r["warnings"])
+    assert r["dataset"]["prompts"] == "token ids" or r["dataset"]["tokenizer"] == "test-model"
+    if r["dataset"]["prompts"] == "token ids":  # no transformers here: ids below the size given
+        assert r["dataset"]["vocab_size"] == 1000 and r["dataset"]["vocab_source"] == "client.vocab_size"
 
 
 def test_chat_endpoint_with_text_prompts(tmp_path):
@@ -78,8 +83,13 @@ def test_chat_endpoint_with_text_prompts(tmp_path):
 
 
 def test_a_tokenizer_that_cannot_load_fails_before_any_server_starts(tmp_path):
+    from engine.bench.tokenizers import transformers_available
     proc = run_magpie("benchmark", "builtin", "--tokenizer", str(tmp_path / "no-such-tokenizer"), "-o", tmp_path,
                       timeout=120)
+    if not transformers_available():  # known before anything starts: exit 2, no workspace
+        assert proc.returncode == 2 and "needs the transformers package" in proc.stderr
+        assert not list(tmp_path.glob("benchmark_*"))
+        return
     assert proc.returncode == 1
     ws, r = _report(tmp_path)
     assert r["state"] == "failed" and "no-such-tokenizer" in r["errors"][0]
@@ -138,7 +148,7 @@ def test_compare_reports_says_what_lies_inside_the_noise(tmp_path):
 
 
 def test_docker_mode_errors_are_reported_in_the_run(tmp_path):
-    proc = run_magpie("benchmark", "vllm", "-m", "org/m", "--run-mode", "docker", "--gpu-arch", "sm_90",
+    proc = run_magpie("benchmark", "vllm", "-m", "org/m", "--run-mode", "docker", "--gpu-arch", "sm_90", "--vocab-size", "1000",
                       "-o", tmp_path / "a", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
     assert proc.returncode == 1
     _, r = _report(tmp_path / "a")
@@ -168,3 +178,80 @@ def test_gpu_selection_pins_a_free_gpu_for_the_server(tmp_path):
     sel = r["gpu_selection"]
     assert [g["uuid"] for g in sel["gpus"]] == ["GPU-bbb"] and sel["env"] == {"CUDA_VISIBLE_DEVICES": "GPU-bbb"}
     assert "0.5 GB free" in sel["skipped"][0]
+
+
+def test_bad_envs_stop_before_anything_starts_with_every_problem(tmp_path):
+    bad = tmp_path / "b.yaml"
+    bad.write_text("benchmark:\n  framework: builtin\n  envs:\n    CONC: -4\n    ISL: lots\n"
+                   "    RANDOM_RANGE_RATIO: 2\n  client: {repeats: 0}\n")
+    proc = run_magpie("benchmark", "-b", bad, "-o", tmp_path / "o", timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    for expected in (f"{bad}:4: benchmark.envs.CONC: the client's max concurrency: expected an integer >= 1, "
+                     "got '-4'",
+                     f"{bad}:5: benchmark.envs.ISL: input tokens per request: expected an integer >= 1, got 'lots'",
+                     f"{bad}:6: benchmark.envs.RANDOM_RANGE_RATIO: the spread of sampled lengths: expected a number "
+                     "in [0, 1), got '2'",
+                     f"{bad}:7: benchmark.client.repeats:"):
+        assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+    proc = run_magpie("benchmark", "builtin", "--concurrency", "-4", "-o", tmp_path / "o", timeout=60)
+    assert proc.returncode == 2 and "--concurrency -4: the client's max concurrency" in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_token_ids_without_a_known_vocabulary_stop_before_any_request(tmp_path):
+    from bench_server import BenchServer, Script
+    from engine.bench.tokenizers import transformers_available
+    if transformers_available():
+        import pytest
+        pytest.skip("transformers is installed here: the model's tokenizer is tried first")
+    with BenchServer(Script(tokens=2)) as srv:
+        proc = run_magpie("benchmark", "vllm", "-m", "org/no-folder", "--base-url", srv.url, "-o", tmp_path / "o",
+                          timeout=60)
+        served = srv.max_in_flight
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "random token-id prompts for vllm 'org/no-folder' need the model's vocabulary size" in proc.stderr
+    assert "--vocab-size N" in proc.stderr and "--tokenizer NAME_OR_FOLDER" in proc.stderr
+    assert served == 0 and not (tmp_path / "o").exists()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 358}))
+    with BenchServer(Script(tokens=2)) as srv:
+        proc = run_magpie("benchmark", "vllm", "-m", model, "--base-url", srv.url, "--num-prompts", "3",
+                          "--concurrency", "1", "--input-len", "8", "--output-len", "2", "-o", tmp_path / "o",
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path / "o")
+    assert r["dataset"]["vocab_size"] == 358 and r["dataset"]["vocab_source"] == f"{model}/config.json"
+
+
+def test_a_run_whose_every_request_fails_says_so_first(tmp_path):
+    from bench_server import BenchServer, Script
+    with BenchServer(Script(status=400)) as srv:
+        proc = run_magpie("benchmark", "vllm", "-m", "m", "--base-url", srv.url, "--vocab-size", "1000",
+                          "--num-prompts", "3", "--concurrency", "1", "--input-len", "8", "--output-len", "2",
+                          "--warmup", "0", "-o", tmp_path, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    ws, r = _report(tmp_path)
+    first = (ws / "summary.txt").read_text().splitlines()[0]
+    assert r["state"] == "failed" and first.startswith("ALL 3 REQUESTS FAILED: no measurement")
+
+
+def test_an_unexpected_exception_still_writes_a_failed_report(tmp_path, monkeypatch):
+    """In-process through the job API: whatever breaks inside the run, the report says so."""
+    from engine.bench import run as bench_run
+    from engine.jobs import BenchmarkRequest, run_benchmark
+
+    def broken(*_a, **_k):
+        raise RuntimeError("the load generator exploded")
+
+    monkeypatch.setattr(bench_run, "_run_points", broken)
+    request = BenchmarkRequest(framework="builtin", flags={"base_url": "http://127.0.0.1:9", "num_prompts": 2})
+    outcome = run_benchmark(request, tmp_path)
+    assert outcome.exit_code == 1 and outcome.state == "failed"
+    on_disk = json.loads((outcome.workspace / "benchmark_report.json").read_text())
+    assert on_disk["state"] == "failed" and on_disk["success"] is False
+    assert on_disk["errors"] == ["internal error: RuntimeError: the load generator exploded"]
+    assert "RuntimeError" in (outcome.workspace / "logs" / "engine_error.log").read_text()
+    assert "error: internal error: RuntimeError" in (outcome.workspace / "summary.txt").read_text()
+    assert read_events(outcome.workspace)[-1]["state"] == "failed"

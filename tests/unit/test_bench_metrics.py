@@ -117,7 +117,9 @@ def test_aggregate_repeats_t_interval():
     assert set(agg) == {"x"}  # only keys numeric in every run
     half = 4.302652730 / math.sqrt(3)  # t(0.975, df=2) * s / sqrt(n), s = 1
     assert agg["x"]["mean"] == 2.0 and agg["x"]["std"] == 1.0
-    assert agg["x"]["ci95"] == pytest.approx([2.0 - half, 2.0 + half])
+    assert agg["x"]["ci95"] == pytest.approx([max(0.0, 2.0 - half), 2.0 + half])  # clipped at 0
+    agg = aggregate_repeats([{"x": 11.0}, {"x": 12.0}, {"x": 13.0}])
+    assert agg["x"]["ci95"] == pytest.approx([12.0 - half, 12.0 + half])
     assert aggregate_repeats([{"x": 5.0}])["x"]["ci95"] is None
 
 
@@ -217,3 +219,22 @@ def test_arrivals_match_vllm_gamma_stream_and_rescale():
     assert offs[-1] == pytest.approx(n / rate)
     assert arrival_offsets(3, math.inf) == [0.0, 0.0, 0.0]
     assert arrival_offsets(4, 2.0, math.inf) == pytest.approx([0.5, 1.0, 1.5, 2.0])
+
+
+def test_repeat_intervals_stay_physical_and_need_three_repeats():
+    from engine.bench.metrics import CI_NOT_MEANINGFUL, format_interval
+    two = aggregate_repeats([{"request_throughput": 12.0, "completed": 40}, {"request_throughput": 69.3, "completed": 40}])
+    # two repeats: t(1) = 12.7 would give [-128.3, 184.9] req/s; no interval, the reason instead
+    assert two["request_throughput"]["ci95"] is None and two["request_throughput"]["ci95_note"] == CI_NOT_MEANINGFUL
+    assert format_interval(two["request_throughput"]) == "not meaningful with fewer than 3 repeats"
+    wide = aggregate_repeats([{"request_throughput": v, "mean_ttft_ms": t, "failed": f}
+                              for v, t, f in ((1.0, 5.0, 0), (1.2, 900.0, 0), (30.0, 7.0, 9))])
+    for key in ("request_throughput", "mean_ttft_ms", "failed"):
+        lo, hi = wide[key]["ci95"]
+        assert lo == 0.0 and hi > wide[key]["mean"] and wide[key]["ci95_clipped"] is True
+    tight = aggregate_repeats([{"output_throughput": v} for v in (100.0, 101.0, 99.0)])["output_throughput"]
+    assert 0 < tight["ci95"][0] < 100 < tight["ci95"][1] and "ci95_clipped" not in tight
+    assert format_interval(tight, ".1f") == f"[{tight['ci95'][0]:.1f}, {tight['ci95'][1]:.1f}]"
+    # a report written before these rules: n = 2 with an interval, or a negative low end
+    assert format_interval({"n": 2, "mean": 40.6, "ci95": [-128.3, 184.9]}) == CI_NOT_MEANINGFUL
+    assert format_interval({"n": 3, "mean": 4.0, "ci95": [-1.0, 9.0]}, ".1f") == "[0.0, 9.0]"

@@ -92,7 +92,7 @@ def test_cli_flags_override_and_are_listed(tmp_path):
   envs: {TP: 2, CONC: 8}
 """))
     new, overrides = apply_cli_overrides(cfg, {"concurrency": 16, "model": "c/d", "tp": None, "tracelens": True,
-                                              "repeats": 3, "sweep": {"concurrency": [1, 4]}})
+                                              "repeats": 3, "sweep": {"concurrency": [1, 4]}, "vocab_size": 1000})
     assert new.model == "c/d" and new.envs["CONC"] == "16" and new.envs["TP"] == "2"
     assert new.effective_envs()["NUM_PROMPTS"] == "160"
     assert new.profiler.tracelens.enabled and new.profiler.torch_profiler.enabled
@@ -122,9 +122,15 @@ def test_shipped_benchmark_examples_load_and_pair_up():
         assert a == b and prof.profiler.tracelens.enabled and prof.profiler.torch_profiler.enabled
 
 
-def test_chat_needs_text_prompts(tmp_path):
+def test_chat_needs_text_prompts(tmp_path, monkeypatch):
+    monkeypatch.setattr("engine.bench.tokenizers.transformers_available", lambda: False)
     with pytest.raises(ConfigError, match="client.endpoint chat sends text messages: set client.tokenizer"):
-        load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: a/b\n  client: {endpoint: chat}\n"))
+        load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: a/b\n"
+                                               "  client: {endpoint: chat, tokenizer: none}\n"))
+    cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: a/b\n"
+                                                    "  client: {endpoint: chat}\n"))
+    with pytest.raises(ConfigError, match="chat sends text messages, but the model's tokenizer .a/b. cannot be loaded"):
+        apply_cli_overrides(cfg, {})  # the model's tokenizer is the default, but transformers is missing
     cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: a/b\n"
                                                     "  client: {endpoint: chat, tokenizer: a/b}\n"))
     assert cfg.effective_tokenizer() == "a/b"
@@ -158,3 +164,81 @@ def test_server_env_reaches_the_server_process_env(tmp_path):
     assert default.server_env == {} and server_command(default, 8123).env == {}
     with pytest.raises(ConfigError, match="not an environment variable name: 'A=B'"):
         load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n  server_env: {A=B: 1}\n"))
+
+
+def test_env_values_are_checked_on_load_with_lines_all_at_once(tmp_path):
+    p = _write(tmp_path, """benchmark:
+  framework: vllm
+  model: m
+  envs:
+    conc: -4
+    ISL: lots
+    OSL: 0
+    NUM_PROMPTS: 2.5
+    TP: 1
+    RANDOM_RANGE_RATIO: 1
+    MAX_MODEL_LEN: 4096
+    GPU_MEMORY_UTILIZATION: 0
+    SOME_OTHER_VAR: anything
+  client: {warmup: -1}
+""")
+    with pytest.raises(ConfigError) as info:
+        load_benchmark_config(p)
+    problems = info.value.problems
+    assert problems == [
+        f"{p}:5: benchmark.envs.CONC: the client's max concurrency: expected an integer >= 1, got '-4'",
+        f"{p}:6: benchmark.envs.ISL: input tokens per request: expected an integer >= 1, got 'lots'",
+        f"{p}:7: benchmark.envs.OSL: output tokens per request: expected an integer >= 1, got '0'",
+        f"{p}:8: benchmark.envs.NUM_PROMPTS: requests per run: expected an integer >= 1, got '2.5'",
+        f"{p}:10: benchmark.envs.RANDOM_RANGE_RATIO: the spread of sampled lengths: expected a number in [0, 1), "
+        "got '1'",
+        f"{p}:12: benchmark.envs.GPU_MEMORY_UTILIZATION: the share of GPU memory the server may take: expected a "
+        "number in (0, 1], got '0'",
+        f"{p}:14: benchmark.client.warmup: Input should be greater than or equal to 0 (got -1)",
+    ]
+    ok, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n  envs:\n"
+                                                   "    RANDOM_RANGE_RATIO: 0\n    GPU_MEMORY_UTILIZATION: 1\n"))
+    assert ok.envs["GPU_MEMORY_UTILIZATION"] == "1"
+
+
+def test_env_flags_and_direct_configs_are_checked_too(tmp_path):
+    from engine.config.benchmark import BenchmarkConfig
+    cfg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n"))
+    with pytest.raises(ConfigError) as info:
+        apply_cli_overrides(cfg, {"concurrency": -4, "range_ratio": 1.5})
+    assert info.value.problems == [
+        "command line: --concurrency -4: the client's max concurrency: expected an integer >= 1, got '-4'",
+        "command line: --range-ratio 1.5: the spread of sampled lengths: expected a number in [0, 1), got '1.5'"]
+    with pytest.raises(ValueError, match="envs.CONC: the client's max concurrency: expected an integer >= 1"):
+        BenchmarkConfig.model_validate({"framework": "builtin", "envs": {"CONC": "lots"}})
+
+
+def test_tokenizer_defaults_to_the_model_and_token_ids_need_a_known_vocabulary(tmp_path, monkeypatch):
+    import json
+    from engine.bench.tokenizers import known_vocab
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 358}))
+    vllm, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: vllm\n  model: org/m\n"))
+    assert vllm.effective_tokenizer() == "org/m" and vllm.tokenizer_is_default()  # as vllm bench serve
+    monkeypatch.setattr("engine.bench.tokenizers.transformers_available", lambda: True)
+    apply_cli_overrides(vllm, {})  # the model's tokenizer will be loaded before the server starts
+    monkeypatch.setattr("engine.bench.tokenizers.transformers_available", lambda: False)
+    with pytest.raises(ConfigError) as info:
+        apply_cli_overrides(vllm, {})
+    text = str(info.value)
+    assert "benchmark.client.vocab_size: random token-id prompts for vllm 'org/m' need the model's vocabulary size" \
+        in text and "--vocab-size N" in text and "--tokenizer NAME_OR_FOLDER" in text
+    new, overrides = apply_cli_overrides(vllm, {"vocab_size": 1000})
+    assert known_vocab(new) == (1000, (), "client.vocab_size") and overrides[0]["flag"] == "--vocab-size"
+    new, _ = apply_cli_overrides(vllm, {"model": str(folder)})
+    assert known_vocab(new) == (358, (), f"{folder}/config.json")
+    new, _ = apply_cli_overrides(vllm, {"tokenizer": "none", "model": str(folder)})
+    assert new.effective_tokenizer() is None
+    with pytest.raises(ConfigError, match="client.tokenizer 'a/tok': loading a Hugging Face tokenizer needs the "
+                                          "transformers package"):
+        apply_cli_overrides(vllm, {"tokenizer": "a/tok", "vocab_size": 1000})
+    builtin, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n"))
+    assert builtin.effective_tokenizer() is None and known_vocab(builtin) == (512, (256, 257), "the built-in tiny preset")
+    with pytest.raises(ConfigError, match="vocab_size must be|greater than or equal to 1"):
+        apply_cli_overrides(vllm, {"vocab_size": 0})

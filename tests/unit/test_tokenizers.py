@@ -41,3 +41,15 @@ def test_hugging_face_tokenizer_that_cannot_be_found(tmp_path):
     pytest.importorskip("transformers")
     with pytest.raises(TokenizerError, match="could not be loaded"):
         load_tokenizer(str(tmp_path / "no-such-tokenizer"))
+
+
+def test_folder_vocab_size_reads_config_json(tmp_path):
+    import json
+    from engine.bench.tokenizers import folder_vocab_size
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 358}))
+    assert folder_vocab_size(str(tmp_path)) == 358
+    (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 262144}}))
+    assert folder_vocab_size(str(tmp_path)) == 262144  # multimodal configs keep it under text_config
+    (tmp_path / "config.json").write_text("{not json")
+    assert folder_vocab_size(str(tmp_path)) is None
+    assert folder_vocab_size("org/hub-name") is None and folder_vocab_size("") is None
