@@ -136,11 +136,34 @@ def _kill_servers_under(folder: Path) -> None:
 @pytest.mark.slow
 def test_whole_loop_with_the_bundled_candidate_and_a_kill_during_rebenchmark(until_harness, tmp_path):
     root = _copy_loop(until_harness[0], tmp_path)
+    first = run_magpie("optimize", "--resume", root, "--until", "candidates", "--candidates", CANDIDATES / "wrong",
+                       timeout=300)
+    assert first.returncode in (0, 3), first.stdout + first.stderr
+    loop = load_loop_file(root)
+    cand = loop.step("candidates").result
+    verdicts = {r["id"]: r["verdict"] for r in cand["rows"]}
+    # The bundled torch RMSNorm runs on the CPU (the Triton one needs a GPU or the interpreter:
+    # left out, with the reason); the user's unnormalised one is caught by correctness.
+    assert verdicts["baseline"] == "baseline" and verdicts["user_rmsnorm_unnormalised"] == "incorrect"
+    assert verdicts["rmsnorm_torch_fused"] in ("faster", "tie")  # 1.25-1.3x on an idle CPU; a tie under load
+    assert any(c["id"] == "rmsnorm_triton" and "TRITON_INTERPRET" in c["reason"] for c in cand["left_out"])
+    if cand["winner"] is None:
+        # The choice is the compare's (tested above and in the compare's own tests); the steps
+        # after it must run whatever this shared CPU's noise decided, so they get the library's
+        # candidate as the winner, as the compare gives it on an idle machine.
+        assert loop.step("verdict").result["success"] is False and loop.step("integrate").state == "skipped"
+        row = next(r for r in cand["rows"] if r["id"] == "rmsnorm_torch_fused")
+        step = loop.step("candidates")
+        step.result = {**cand, "winner": row["id"], "winner_path": "engine.library.rmsnorm:rmsnorm_torch_fused",
+                       "speedup": row["speedup"], "ci95": row["ci95"], "stopped": None}
+        for name in ("integrate", "rebenchmark", "verdict"):
+            loop.step(name).state, loop.step(name).result, loop.step(name).reason = "pending", {}, None
+        (root / "loop.json").write_text(json.dumps(loop.to_dict()))
+        cand = step.result
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "optimize", "--resume", str(root), "--candidates",
-                             str(CANDIDATES / "wrong")], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "optimize", "--resume", str(root)], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None and not (root / "rebenchmark").is_dir():
@@ -154,17 +177,6 @@ def test_whole_loop_with_the_bundled_candidate_and_a_kill_during_rebenchmark(unt
             os.killpg(proc.pid, signal.SIGKILL)
         _kill_servers_under(tmp_path)
     loop = load_loop_file(root)
-    cand = loop.step("candidates").result
-    verdicts = {r["id"]: r["verdict"] for r in cand["rows"]}
-    # The bundled torch RMSNorm runs on the CPU (the Triton one needs a GPU or the interpreter:
-    # left out, with the reason); the user's unnormalised one is caught by correctness.
-    assert verdicts["baseline"] == "baseline" and verdicts["user_rmsnorm_unnormalised"] == "incorrect"
-    assert "rmsnorm_torch_fused" in verdicts
-    assert any(c["id"] == "rmsnorm_triton" and "TRITON_INTERPRET" in c["reason"] for c in cand["left_out"])
-    if cand["winner"] is None:  # a tie on a noisy CPU: the loop stopped by itself, saying why
-        assert not still_running and loop.step("integrate").state == "skipped"
-        assert loop.step("verdict").result["success"] is False
-        return
     assert still_running, "the loop ended before its rebenchmark step started"
     assert loop.step("rebenchmark").state == "running" and loop.step("rebenchmark").pid == proc.pid
     status = run_magpie("optimize", "--status", root, timeout=60)
