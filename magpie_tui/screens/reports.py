@@ -18,6 +18,7 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
+from engine.bench.metrics import format_interval
 from engine.runs import schema
 from engine.runs.catalog import RunInfo
 from engine.runs.schema import Report, StageState, Verdict
@@ -205,7 +206,10 @@ def benchmark_rows(report: schema.BenchmarkReport | dict) -> list[dict[str, Any]
     def add(key: str, label: str, unit: str) -> None:
         value = result.value(key)
         rep = repeats.get(key) or schema.RepeatStat()
-        ci = rep.ci95 or [None, None]
+        ci: list[Any] = [None, None]
+        if rep.n and rep.n > 1:  # the interval as the report gives it, or the report's reason for none
+            text = format_interval(rep.model_dump(), ".4g")
+            ci = [max(0.0, rep.ci95[0]), rep.ci95[1]] if text.startswith("[") and rep.ci95 else [text, ""]
         rows.append({"metric": label, "unit": unit, "value": value, "mean": rep.mean,
                      "ci_low": ci[0], "ci_high": ci[1], "n": rep.n, "key": key})
 
