@@ -266,11 +266,36 @@ def step_integrate(loop: "Loop", step: "LoopStep") -> dict:
                    "# written by magpie optimize. Nothing else differs.\n"
                    + yaml.safe_dump(integrated, sort_keys=False), encoding="utf-8")
     if framework == "builtin":
-        from engine.serve.kernels import resolve_kernels
-        resolve_kernels(integrated["benchmark"]["server"]["kernels"])  # the server would refuse it at start
+        for key, kpath in integrated["benchmark"]["server"]["kernels"].items():
+            check_kernel_path(key, kpath)  # the server would refuse it at start: fail here, naming it
     loop.set_run_dir(step, INTEGRATE_DIR)
     return {"config": f"{INTEGRATE_DIR}/{INTEGRATED_CONFIG}", "framework": framework, "kernels": {op: path},
             "changed": changed, **extra}
+
+
+def check_kernel_path(key: str, path: str) -> None:
+    """That ``path`` names a function the server can import, without importing it here (a Triton
+    module would load triton into the loop's process): the module is found and defines it."""
+    import ast
+    import importlib.util
+    module, sep, attr = path.rpartition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    try:
+        source = Path(module) if module.endswith(".py") else Path(str((importlib.util.find_spec(module) or object).origin))
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (ImportError, AttributeError, ValueError, OSError, SyntaxError) as exc:
+        raise _error(f"kernels.{key}: cannot find the module of {path!r} ({type(exc).__name__}: {exc})") from None
+    names: set[str] = set()
+    for n in tree.body:  # what the module defines at its top level: functions, classes, names, imports
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, ast.Assign):
+            names.update(t.id for t in n.targets if isinstance(t, ast.Name))
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+    if attr.split(".")[0] not in names:
+        raise _error(f"kernels.{key}: {source} defines no {attr!r} ({path!r})")
 
 
 def workload_differences(clean: dict, new: dict, allowed: list[str]) -> list[dict]:

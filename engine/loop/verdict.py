@@ -3,7 +3,8 @@ it), then the verdict: the kernel-level speedup with its interval, the end-to-en
 their noise verdicts, and the checks that must all hold before the loop calls it a success.
 
 Success needs every check (the walkthrough's rule): correctness proven (the winner won a
-correctness-gated compare), the workload identical (only ``server.kernels.<op>`` differs), the
+correctness-gated compare), the workload identical (only what the integrate step changed differs:
+``server.kernels.<op>``, or the vLLM plugin's ``server_env`` entries), the
 mapping from trace to op confident (the call-site annotation), no more failed requests, and the
 end-to-end gain outside the run-to-run noise. A regression beyond the noise is reported as one.
 """
@@ -154,7 +155,8 @@ def _checks(loop: "Loop", base: dict, new: dict, rows: list[dict]) -> list[dict]
     op = cand["op"]
     clean_cfg = _config(loop, loop.loop.step("baseline").run_dir)
     new_cfg = _config(loop, loop.loop.step("rebenchmark").run_dir)
-    diffs = workload_differences(clean_cfg, new_cfg, [c["field"] for c in loop.loop.step("integrate").result["changed"]])
+    allowed = [c["field"] for c in loop.loop.step("integrate").result["changed"]]
+    diffs = workload_differences(clean_cfg, new_cfg, allowed)
     diffs += environment_differences(base, new)
     conf = (harness.get("row") or {}).get("confidence")
     by = {r["metric"]: r for r in rows}
@@ -164,7 +166,7 @@ def _checks(loop: "Loop", base: dict, new: dict, rows: list[dict]) -> list[dict]
         {"name": "correctness proven", "ok": True,
          "detail": f"{cand['winner']} passed the compare's correctness gate at every recorded call shape"},
         {"name": "workload identical", "ok": not diffs,
-         "detail": "only benchmark.server.kernels." + op + " differs" if not diffs else
+         "detail": f"only {', '.join(allowed)} differ{'s' if len(allowed) == 1 else ''}" if not diffs else
          "; ".join(f"{d['field']}: {d.get('clean')!r} -> {d.get('profiled', d.get('new'))!r}" for d in diffs)},
         {"name": "mapping confident", "ok": conf == "high",
          "detail": f"trace rows mapped to kernels.{op} by {(harness.get('row') or {}).get('method')} ({conf})"},

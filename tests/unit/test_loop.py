@@ -134,3 +134,20 @@ def test_end_to_end_deltas_say_what_lies_inside_the_noise():
     worse = {"repeats": {"output_throughput": {"mean": 80.0, "values": [79.0, 80.0, 81.0]}}}
     assert {r["metric"]: r for r in end_to_end(base, worse)}["output_throughput"]["verdict"] == "worse"
     json.dumps(rows)  # the verdict is written as JSON
+
+
+def test_the_integrated_path_is_checked_without_importing_it(tmp_path):
+    import subprocess
+    code = ("import sys; from engine.loop.kernel_steps import check_kernel_path; "
+            "check_kernel_path('rmsnorm', 'engine.library.rmsnorm:rmsnorm_triton'); print('triton' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # a Triton candidate's module is read, not imported
+    f = tmp_path / "mine.py"
+    f.write_text("from torch.nn.functional import rms_norm as rmsnorm\n")
+    from engine.loop.kernel_steps import check_kernel_path
+    check_kernel_path("rmsnorm", f"{f}:rmsnorm")
+    from engine.loop.run import LoopError
+    with pytest.raises(LoopError, match="defines no 'nope'"):
+        check_kernel_path("rmsnorm", f"{f}:nope")
+    with pytest.raises(LoopError, match="cannot find the module"):
+        check_kernel_path("rmsnorm", "no_such_package.mod:f")
