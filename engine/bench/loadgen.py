@@ -174,10 +174,21 @@ class LoadGenerator:
         self._arrivals: asyncio.Task[Any] | None = None
         self._lock = threading.Lock()
         self._finished = {"warmup": 0, "measure": 0}
+        # Read by a progress timer in another thread, never reported from the hot path: the phase
+        # now running ("warmup", "measure", "done"), its request count, when the measured load
+        # started (perf_counter) and the measured requests as they finish (a list append each).
+        self.phase = "warmup" if config.num_warmups > 0 else "measure"
+        self.phase_total = config.num_warmups if config.num_warmups > 0 else len(self.requests)
+        self.measure_start: float | None = None
+        self.measured: list[RequestOutput] = []
         self._headers = {"Content-Type": "application/json", **(config.headers or {})}
         self._path = "/" + config.endpoint.lstrip("/")  # the lean client adds the base URL's own path
 
     # ---- control ----------------------------------------------------------------------------
+
+    def finished(self, phase: str) -> int:
+        """Requests of ``phase`` ("warmup" or "measure") finished so far (any thread may ask)."""
+        return self._finished.get(phase, 0)
 
     def cancel(self) -> None:
         with self._lock:
@@ -215,7 +226,8 @@ class LoadGenerator:
                 await asyncio.to_thread(self.before_measure)
             offsets = arrival_offsets(len(self.requests), cfg.request_rate, cfg.burstiness, cfg.seed)
             tasks: list[asyncio.Task[RequestOutput]] = []
-            t0 = time.perf_counter()
+            self.phase, self.phase_total = "measure", len(self.requests)
+            t0 = self.measure_start = time.perf_counter()
             self._arrivals = asyncio.create_task(self._release(client, sem, offsets, t0, tasks))
             try:
                 await self._arrivals
@@ -224,6 +236,7 @@ class LoadGenerator:
                     raise
             outputs = await asyncio.gather(*tasks)
             duration = time.perf_counter() - t0
+            self.phase = "done"
         return LoadResult(outputs=list(outputs), warmup_outputs=warm, duration_s=duration,
                           cancelled=self._cancelled)
 
@@ -276,6 +289,8 @@ class LoadGenerator:
                                 start_time=time.perf_counter())
         out.queue_time = out.start_time - arrival
         self._finished[phase] += 1
+        if phase == "measure":
+            self.measured.append(out)
         if self.on_progress is not None:
             self.on_progress(phase, self._finished[phase], total, out)
         return out

@@ -11,6 +11,8 @@ import json
 import math
 import os
 import platform
+import statistics
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -23,11 +25,14 @@ from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, sel
 from engine.bench.launch import LaunchError, LocalServer, Server, ServerCommand, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
 from engine.bench.metrics import aggregate_repeats, detailed_lists, format_interval
+from engine.bench.server_metrics import ServerMetricsScraper
 from engine.bench.tokenizers import NO_VOCAB_FIX, TokenizerError, known_vocab, load_tokenizer
 from engine.config.benchmark import BenchmarkConfig
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, RunState, StageState
 from engine.runs.workspace import Workspace
+
+SERVER_METRICS_FILE = "server_metrics.jsonl"  # the server's /metrics, one scrape a line
 
 # Token ids below this when nothing is known (only a config built without prepare() gets here).
 _GUESSED_VOCAB = 32000
@@ -82,6 +87,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     run = BenchRun(cfg, ws, cancel, report, warnings, log, envs, trace_dir)
     server: Optional[Server] = None
     monitor: Optional[GpuMonitor] = None
+    scraper: Optional[ServerMetricsScraper] = None
     chosen: list[GpuState] = []
     state = RunState.FAILED
     report["dataset"] = {"name": "random", "prompts": "token ids", "tokenizer": None,
@@ -95,13 +101,16 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
             chosen = _select_gpus(cfg, report, log)
             server = _start_server(run, chosen)
         monitor = _start_monitor(cfg, chosen)
-        state = _assemble_results(run, _run_points(run, _load_target(run, server, prompts)))
+        target = _load_target(run, server, prompts)
+        # The server's /metrics once a second, in a thread of its own: off the load generator's event loop.
+        scraper = ServerMetricsScraper(target.base_url, ws.path(SERVER_METRICS_FILE)).start()
+        state = _assemble_results(run, _run_points(run, target))
     except (LaunchError, OSError, TokenizerError) as exc:
         report["errors"].append(str(exc))
     except BaseException as exc:  # anything else still ends in a report that says what happened
         _record_crash(run, exc)
     finally:
-        _stop_all(run, monitor, server)
+        _stop_all(run, monitor, server, scraper)
     if cancel.cancelled:
         state = RunState.CANCELLED  # also when the cancel interrupted the server's start
     _finish_report(run, state, started)
@@ -122,8 +131,11 @@ def _record_crash(run: BenchRun, exc: BaseException) -> None:
         run.cancel.cancel("interrupted")
 
 
-def _stop_all(run: BenchRun, monitor: Optional[GpuMonitor], server: Optional[Server]) -> None:
+def _stop_all(run: BenchRun, monitor: Optional[GpuMonitor], server: Optional[Server],
+              scraper: Optional[ServerMetricsScraper] = None) -> None:
     try:
+        if scraper is not None:  # before the server stops: its last scrape closes the counters' deltas
+            run.report["server_metrics"] = scraper.stop()
         if monitor is not None:
             monitor.stop()
             run.report["gpu_monitor"] = monitor.summary()
@@ -307,7 +319,7 @@ def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
 
 
 def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shape, rep: int) -> LoadGenerator:
-    cfg, ws, envs = run.cfg, run.ws, run.envs
+    cfg, envs = run.cfg, run.envs
     requests = sample_random_requests(shape.num_prompts, input_len=shape.isl, output_len=shape.osl,
                                       range_ratio=float(envs["RANDOM_RANGE_RATIO"]),
                                       prefix_len=cfg.client.prefix_len,
@@ -321,9 +333,7 @@ def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shap
                                        seed=cfg.client.seed + rep,
                                        request_timeout_s=cfg.timeout_seconds,
                                        http_client=cfg.client.http_client),
-                         requests, on_progress=lambda phase, done, total, _o, rep=rep, point=point:
-                         ws.events.emit("progress", phase=phase, done=done, total=total, repeat=rep,
-                                        point=point) if done == total or done % 10 == 0 else None)
+                         requests)
 
 
 def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, shape: _Shape) -> list[dict]:
@@ -338,10 +348,15 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
             break
         lg = _load_generator(run, target, point, shape, rep)
         cancel_watch = _watch_cancel(cancel, lg)
+        progress = ProgressTimer(lg, lambda **f: run.ws.events.emit("progress", **f),
+                                 {"repeat": rep, "point": point, "point_index": index}).start()
         if profiled and rep == 0:
             # After the warm-up: the trace's bounded step window holds the measured load.
             lg.before_measure = lambda: _post(base_url + "/start_profile", 60, _profile_body(cfg))
-        result_obj = _run(lg)
+        try:
+            result_obj = _run(lg)
+        finally:
+            progress.stop()
         if profiled and rep == cfg.client.repeats - 1:
             _stop_profiler(run, base_url)
         cancel_watch()
@@ -361,6 +376,72 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
                 f"{result['completed']} ok, {result['failed']} failed, "
                 f"{result['output_throughput']:.1f} output tok/s, TTFT p50 {result['median_ttft_ms']:.1f} ms")
     return runs
+
+
+class ProgressTimer:
+    """A ``progress`` event about once a second while a load generator runs, and one last one at
+    its end. A thread of its own reads the generator's counters (its phase, the measured requests
+    finished so far), so the load generator does no reporting work per request and its event
+    loop is never woken for this."""
+
+    def __init__(self, lg: LoadGenerator, emit: Callable[..., None], extra: dict[str, Any],
+                 interval_s: float = 1.0) -> None:
+        self.lg, self.emit, self.extra, self.interval_s = lg, emit, extra, interval_s
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._seen = 0
+        self._broken = False
+        self._completed = self._failed = self._tokens = 0
+        self._ttfts: list[float] = []
+        self._tpots: list[float] = []
+
+    def start(self) -> "ProgressTimer":
+        self._thread = threading.Thread(target=self._loop, name="bench-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._emit()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._emit()
+
+    def _emit(self) -> None:
+        if self._broken:
+            return
+        try:
+            self.emit(**self.snapshot(), **self.extra)
+        except OSError:  # events.jsonl cannot be written (a full disk): the load goes on, unreported
+            self._broken = True
+
+    def snapshot(self) -> dict[str, Any]:
+        lg = self.lg
+        if lg.phase == "warmup":
+            return {"phase": "warmup", "done": lg.finished("warmup"), "total": lg.phase_total}
+        outs = lg.measured
+        n = len(outs)
+        for o in outs[self._seen:n]:
+            if not o.success:
+                self._failed += 1
+                continue
+            self._completed += 1
+            n_out = o.effective_output_tokens
+            self._tokens += n_out
+            self._ttfts.append(o.ttft)
+            if n_out > 1:
+                self._tpots.append((o.latency - o.ttft) / (n_out - 1))
+        self._seen = n
+        start = lg.measure_start
+        elapsed = time.perf_counter() - start if start is not None else 0.0
+        return {"phase": "measure", "done": n, "total": lg.phase_total, "completed": self._completed,
+                "failed": self._failed, "elapsed_s": round(elapsed, 3),
+                "output_tok_s": round(self._tokens / elapsed, 3) if elapsed > 0 else None,
+                "ttft_p50_ms": round(statistics.median(self._ttfts) * 1e3, 3) if self._ttfts else None,
+                "tpot_p50_ms": round(statistics.median(self._tpots) * 1e3, 3) if self._tpots else None}
 
 
 def _stop_profiler(run: BenchRun, base_url: str) -> None:

@@ -168,6 +168,14 @@ class ProgressEvent(Event):
     total: Optional[int] = None
     repeat: Optional[int] = None
     point: Optional[dict[str, Any]] = None
+    # A benchmark's live numbers (about once a second), over the measured requests finished so far.
+    point_index: Optional[int] = None
+    completed: Optional[int] = None
+    failed: Optional[int] = None
+    elapsed_s: Optional[float] = None
+    output_tok_s: Optional[float] = None
+    ttft_p50_ms: Optional[float] = None
+    tpot_p50_ms: Optional[float] = None
 
 
 class RunFinished(Event):

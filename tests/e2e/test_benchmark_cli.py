@@ -255,3 +255,28 @@ def test_an_unexpected_exception_still_writes_a_failed_report(tmp_path, monkeypa
     assert "RuntimeError" in (outcome.workspace / "logs" / "engine_error.log").read_text()
     assert "error: internal error: RuntimeError" in (outcome.workspace / "summary.txt").read_text()
     assert read_events(outcome.workspace)[-1]["state"] == "failed"
+
+
+def test_live_progress_and_server_metrics_of_the_builtin_server(tmp_path):
+    proc = run_magpie("benchmark", "builtin", "--concurrency", "4", "--input-len", "16", "--output-len", "32",
+                      "--num-prompts", "60", "--range-ratio", "0", "-o", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ws, r = _report(tmp_path)
+    sm = r["server_metrics"]
+    assert sm["available"] is True and sm["scrapes"] >= 2 and sm["file"] == "server_metrics.jsonl"
+    rows = [json.loads(line) for line in (ws / "server_metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == sm["scrapes"] and all("t" in row for row in rows)
+    assert {"magpie_serve_requests_running", "magpie_serve_kv_cache_slots_used",
+            "magpie_serve_generation_tokens_total", "magpie_serve_requests_finished_total"} <= set(sm["found"])
+    series = sm["series"]
+    # the first scrape is taken before the warm-up, the last after the load: the deltas hold all of it
+    assert series["magpie_serve_generation_tokens_total"]["delta"] >= 60 * 32
+    assert series["magpie_serve_requests_finished_total"]["delta"] >= 60
+    assert series["magpie_serve_requests_running"]["kind"] == "gauge"
+    assert 1 <= sm["derived"]["decode_batch_size_mean"] <= 4
+    progress = [e for e in read_events(ws) if e["event"] == "progress" and e["phase"] == "measure"]
+    last = progress[-1]
+    assert (last["done"], last["total"], last["completed"], last["failed"]) == (60, 60, 60, 0)
+    assert last["output_tok_s"] > 0 and 0 < last["ttft_p50_ms"] and last["tpot_p50_ms"] > 0
+    assert last["repeat"] == 0 and last["point_index"] == 0
+    assert all(a["done"] <= b["done"] for a, b in zip(progress, progress[1:]))
