@@ -42,6 +42,19 @@ def test_catalog_follows_a_run_as_it_writes_events(tmp_path):
     assert info.elapsed() >= 0
 
 
+def test_a_live_benchmark_shows_its_running_numbers(tmp_path):
+    ws = Workspace.create(tmp_path, "benchmark", "builtin-tiny")
+    cat = RunCatalog([tmp_path])
+    ws.events.emit("run_started", mode="benchmark", pid=os.getpid(), workspace=str(ws.root))
+    ws.events.emit("progress", phase="measure", done=32, total=60, completed=30, failed=2, output_tok_s=12345.0,
+                   ttft_p50_ms=41.7, tpot_p50_ms=2.21)
+    info = cat.refresh()[0]
+    assert info.progress_text == "32/60 · 2 failed · 12.3k tok/s · TTFT 41.7 ms · TPOT 2.21 ms"
+    ws.events.emit("progress", phase="warmup", done=1, total=2)  # the next repeat's warm-up: no numbers yet
+    cat.refresh()
+    assert info.progress_text == "1/2"
+
+
 def test_half_written_line_waits_for_its_end(tmp_path):
     run = tmp_path / "benchmark_x_20260101_000000_abc123"
     run.mkdir()
