@@ -151,7 +151,7 @@ def test_whole_loop_with_the_bundled_candidate_and_a_kill_during_rebenchmark(unt
         # The choice is the compare's (tested above and in the compare's own tests); the steps
         # after it must run whatever this shared CPU's noise decided, so they get the library's
         # candidate as the winner, as the compare gives it on an idle machine.
-        assert loop.step("verdict").result["success"] is False and loop.step("integrate").state == "skipped"
+        assert loop.step("integrate").state == "pending" and not loop.step("verdict").result  # --until candidates
         row = next(r for r in cand["rows"] if r["id"] == "rmsnorm_torch_fused")
         step = loop.step("candidates")
         step.result = {**cand, "winner": row["id"], "winner_path": "engine.library.rmsnorm:rmsnorm_torch_fused",
