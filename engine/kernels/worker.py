@@ -105,7 +105,8 @@ def _watch_table(extra_modules: list) -> dict[str, Any]:
                 table[f"{prefix}.{name}"] = obj
     me = sys.modules[__name__]
     for name in ("_perf_counter", "_monotonic", "_Event", "_event_record", "_event_elapsed", "_cuda_sync",
-                 "_profile", "_record_function", "_clone", "_time_call", "_device_spans", "_gpu_spin"):
+                 "_profile", "_record_function", "_clone", "_time_call", "_before_gpu_call", "_device_spans",
+                 "_gpu_spin"):
         if hasattr(me, name):
             table[f"{__name__}.{name}"] = getattr(me, name)
     return table
@@ -641,14 +642,8 @@ class Worker:
         keep = not null and bool(req.get("keep"))
         chosen = None  # (position, output): one call's output, drawn after the calls returned
         for j, (inputs, _, _) in enumerate(batch):
-            if self.device.type == "cuda":
-                if self.graph is not None:  # timed by replays: audit replays (the copy in both, null too)
-                    for dst, src in zip(_tensors(self.graph[1]), _tensors(inputs)):
-                        dst.copy_(src)
-                if self.flush is not None:
-                    self.flush_sink = self.flush.sum(dtype=torch.int64)
-                if self.audit_spin:
-                    _gpu_spin(self.audit_spin)
+            if self.device.type == "cuda":  # timed by replays: audit replays (the copy in both, null too)
+                _before_gpu_call(self, inputs, self.graph is not None, self.audit_spin or 0)
             if null:
                 out = None
             elif self.graph is not None:
@@ -693,6 +688,21 @@ class Worker:
         return reply
 
 
+def _before_gpu_call(w: Worker, inputs, into_graph: bool, spin_cycles: int) -> None:
+    """What precedes a timed GPU call: its inputs copied into the graph's static buffers (when it
+    is replayed), the L2 flush, and a spin that keeps the GPU busy while the host dispatches.
+    A module function in the watch table, as _time_call is: a kernel cannot swap it."""
+    if into_graph:
+        for dst, src in zip(_tensors(w.graph[1]), _tensors(inputs)):
+            dst.copy_(src)
+    if w.flush is not None:
+        # A read, not a write: writing the buffer would leave L2 full of dirty lines that the timed
+        # kernel pays to write back; a read leaves clean ones, the state ncu's --cache-control all leaves.
+        w.flush_sink = w.flush.sum(dtype=torch.int64)  # stays on the device: no sync
+    if spin_cycles:
+        _gpu_spin(spin_cycles)
+
+
 def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) -> dict:
     """Run the planned calls. Returns ``samples_ms``, the handles ``kept`` for the judge and, on
     a GPU, ``events_ms``; with the trace timer also ``trace_spans_ms`` and ``other_stream_calls``."""
@@ -727,17 +737,8 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
             ctx = _record_function("magpie_prep") if prof is not None else contextlib.nullcontext()
             with ctx:
                 inputs = w._fresh(index, perturb)
-                if timer == "graph":
-                    _, static_in, _ = w.graph
-                    for dst, src in zip(_tensors(static_in), _tensors(inputs)):
-                        dst.copy_(src)
-                if w.flush is not None:
-                    # A read, not a write: writing the buffer would leave L2 full of dirty lines
-                    # that the timed kernel pays to write back; a read leaves clean ones, the
-                    # state ncu's --cache-control all leaves.
-                    w.flush_sink = w.flush.sum(dtype=torch.int64)  # stays on the device: no sync
-                if prof is None and w.sleep_cycles:
-                    _gpu_spin(w.sleep_cycles)  # the start event runs only once the call is queued
+                # The spin: the start event runs only once the call is queued (not under the trace).
+                _before_gpu_call(w, inputs, timer == "graph", 0 if prof is not None else w.sleep_cycles)
             if prof is not None:
                 _cuda_sync(dev)  # the trace times the device; the host's dispatch is not in it
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)

@@ -15,10 +15,8 @@ file path (``/path/file.py:function``) is what the integrate step writes into th
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,16 +37,8 @@ def load_implementation(path: str) -> Any:
 
 def load_harness(path: Path) -> Any:
     """The harness module at ``path`` (a candidate reads its SCALARS from it)."""
-    name = "_magpie_loop_harness"
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(path):
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, str(path))
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the harness {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    from engine.serve.kernels import load_module_file
+    return load_module_file(str(path))
 
 
 def build_inputs(op: str, args: list[dict]) -> list:

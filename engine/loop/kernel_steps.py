@@ -70,7 +70,7 @@ def step_harness(loop: "Loop", step: "LoopStep") -> dict:
 def _implementation_in_use(loop: "Loop", op: str, device: Optional[str]) -> str:
     """The clean config's kernels: entry for ``op``, else the server's default on the profiled device."""
     from engine.serve.kernels import default_kernel_path
-    raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
+    raw = loop.clean_yaml()
     server = (raw.get("benchmark") or {}).get("server") or {}
     kernels = server.get("kernels") or {}
     if kernels.get(op):
@@ -154,7 +154,7 @@ def _timer_for(loop: "Loop", op: str, device: Optional[str]) -> Optional[str]:
     host gaps between them there, which the default device-trace span would count)."""
     if device != "gpu" or op != "decode_attention":
         return None
-    raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
+    raw = loop.clean_yaml()
     server = (raw.get("benchmark") or {}).get("server") or {}
     return None if server.get("eager") else "graph"
 
@@ -234,7 +234,7 @@ def step_integrate(loop: "Loop", step: "LoopStep") -> dict:
     named by ``server_env`` (PYTHONPATH, and VLLM_PLUGINS where the clean run restricted it)."""
     cand = loop.loop.step("candidates").result
     op, path = cand["op"], cand["winner_path"]
-    raw = yaml.safe_load(Path(loop.loop.config).read_text(encoding="utf-8")) or {}
+    raw = loop.clean_yaml()
     framework = str((raw.get("benchmark") or {}).get("framework") or "").strip().lower()
     if framework not in ("builtin", "vllm"):
         raise _error(f"integrating into framework {framework!r}: this version integrates winners into the built-in "

@@ -144,9 +144,8 @@ class Loop:
                 "metrics": _metrics(outcome.report)}
 
     def _step_profiled(self, step: LoopStep) -> dict:
-        baseline_cfg = self._baseline_config()
-        raw = yaml.safe_load(Path(self.loop.config).read_text(encoding="utf-8"))
-        twin = profiled_twin(raw)
+        baseline_cfg = self.run_config(self.loop.step("baseline").run_dir)
+        twin = profiled_twin(self.clean_yaml())
         twin_path = self.root / PROFILED_CONFIG
         twin_path.write_text("# The profiled twin of " + self.loop.config + ", derived by magpie optimize.\n"
                              + yaml.safe_dump(twin, sort_keys=False), encoding="utf-8")
@@ -159,9 +158,13 @@ class Loop:
                 "metrics": _metrics(outcome.report), "note": "profiling perturbs latency: these numbers diagnose, "
                                                              "the baseline's measure"}
 
-    def _baseline_config(self) -> dict:
-        base = self.loop.step("baseline")
-        cfg = yaml.safe_load((self.root / str(base.run_dir) / "config.yaml").read_text(encoding="utf-8"))
+    def clean_yaml(self) -> dict:
+        """The clean benchmark YAML of ``-b`` as written (plain data)."""
+        return yaml.safe_load(Path(self.loop.config).read_text(encoding="utf-8")) or {}
+
+    def run_config(self, run_dir: Optional[str]) -> dict:
+        """The effective ``benchmark`` config a step's run recorded (its config.yaml)."""
+        cfg = yaml.safe_load((self.root / str(run_dir) / "config.yaml").read_text(encoding="utf-8"))
         return cfg["benchmark"]
 
     def _step_bottlenecks(self, step: LoopStep) -> dict:

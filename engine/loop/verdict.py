@@ -153,8 +153,8 @@ def _checks(loop: "Loop", base: dict, new: dict, rows: list[dict]) -> list[dict]
     cand = loop.loop.step("candidates").result
     harness = loop.loop.step("harness").result
     op = cand["op"]
-    clean_cfg = _config(loop, loop.loop.step("baseline").run_dir)
-    new_cfg = _config(loop, loop.loop.step("rebenchmark").run_dir)
+    clean_cfg = loop.run_config(loop.loop.step("baseline").run_dir)
+    new_cfg = loop.run_config(loop.loop.step("rebenchmark").run_dir)
     allowed = [c["field"] for c in loop.loop.step("integrate").result["changed"]]
     diffs = workload_differences(clean_cfg, new_cfg, allowed)
     diffs += environment_differences(base, new)
@@ -181,11 +181,6 @@ def _checks(loop: "Loop", base: dict, new: dict, rows: list[dict]) -> list[dict]
 
 def _fmt_ci(ci: Optional[list]) -> str:
     return f"[{ci[0]:+.4g}, {ci[1]:+.4g}]" if ci else "unknown (one run per side)"
-
-
-def _config(loop: "Loop", run_dir: Optional[str]) -> dict:
-    cfg = yaml.safe_load((loop.root / str(run_dir) / "config.yaml").read_text(encoding="utf-8"))
-    return cfg["benchmark"]
 
 
 def verdict_lines(result: dict) -> list[str]:

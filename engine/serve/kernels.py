@@ -202,7 +202,7 @@ def _import(key: str, path: str) -> Callable:
         raise KernelError(f"kernels.{key}: {path!r} is not a dotted path "
                           "(expected 'package.module:function', 'package.module.function' or '/path/file.py:function')")
     try:
-        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        module = load_module_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure of the candidate is a config error
         raise KernelError(f"kernels.{key}: cannot import module {module_name!r} of {path!r}: "
                           f"{type(exc).__name__}: {exc}") from exc
@@ -216,8 +216,8 @@ def _import(key: str, path: str) -> Callable:
     return fn
 
 
-def _load_file(path: str) -> Any:
-    """A kernel module given by file (a candidate outside any package), loaded once per path."""
+def load_module_file(path: str) -> Any:
+    """A module given by file (a candidate kernel, the loop's harness), loaded once per path."""
     import hashlib
     import importlib.util
     from pathlib import Path

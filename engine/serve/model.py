@@ -184,7 +184,7 @@ class LlamaModel(nn.Module):
                 raise ValueError(f"positions {s}..{e - 1} exceed the cache length {cache.max_len}")
             if not 0 <= slot < cache.num_slots:
                 raise ValueError(f"slot {slot} is outside the cache's {cache.num_slots} slots")
-        dev, cfg, kn = self.device, self.config, self._kernels()
+        dev, kn = self.device, self._kernels()
         q_lens = [len(c) for c in chunks]
         positions_host = [p for s, e in zip(starts, ends) for p in range(s, e)]
         ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long).to(dev, non_blocking=True)
@@ -199,23 +199,34 @@ class LlamaModel(nn.Module):
             context = torch.tensor([slot * cache.max_len + p for slot, e in zip(slots, ends) for p in range(e)],
                                    dtype=torch.long).to(dev, non_blocking=True)
         last = torch.tensor([o - 1 for o in getattr(cu_q, HOST_OFFSETS_ATTR)[1:]], dtype=torch.long).to(dev, non_blocking=True)
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         x = self.embed(ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
-            h = kn.rmsnorm(x, layer.input_norm, cfg.rms_eps)
-            q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
-            q, k = kn.rotary(positions, q.view(-1, cfg.num_heads, cfg.head_dim),
-                             k.view(-1, cfg.num_kv_heads, cfg.head_dim), self.cos_sin_cache)
-            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            q, k, v = self._qkv(kn, layer, x, positions)
             cache.k_flat[li].index_copy_(0, flat, k)
             cache.v_flat[li].index_copy_(0, flat, v)
             if context is not None:  # a continued prompt: its context is partly in the cache
                 k, v = cache.k_flat[li].index_select(0, context), cache.v_flat[li].index_select(0, context)
-            attn = kn.attention(q, k, v, cu_q, cu_k, self.scale)
-            x = x + layer.o(attn.reshape(-1, q_size))
-            h = kn.rmsnorm(x, layer.post_norm, cfg.rms_eps)
-            x = x + layer.down(kn.activation(layer.gate_up(h)))
+            x = self._finish_layer(kn, layer, x, kn.attention(q, k, v, cu_q, cu_k, self.scale))
         return self._head(kn, x.index_select(0, last))
+
+    def _qkv(self, kn: Kernels, layer: DecoderLayer, x: torch.Tensor,
+             positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's normed QKV projection with rotary applied: q [T, Hq, D], k and v [T, Hkv, D]
+        (prefill and decode share it, so both run the same kernels in the same order)."""
+        cfg = self.config
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        h = kn.rmsnorm(x, layer.input_norm, cfg.rms_eps)
+        q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
+        q, k = kn.rotary(positions, q.view(-1, cfg.num_heads, cfg.head_dim),
+                         k.view(-1, cfg.num_kv_heads, cfg.head_dim), self.cos_sin_cache)
+        return q, k, v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+
+    def _finish_layer(self, kn: Kernels, layer: DecoderLayer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The rest of a layer after attention: output projection, residual, norm, SwiGLU MLP."""
+        cfg = self.config
+        x = x + layer.o(attn.reshape(-1, cfg.num_heads * cfg.head_dim))
+        h = kn.rmsnorm(x, layer.post_norm, cfg.rms_eps)
+        return x + layer.down(kn.activation(layer.gate_up(h)))
 
     @torch.no_grad()
     def decode(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -223,21 +234,15 @@ class LlamaModel(nn.Module):
         """One new token per sequence, from device tensors only (capturable): token ``ids[b]``
         at ``positions[b]`` of slot ``slots[b]`` (int64), ``lengths[b]`` = positions[b] + 1
         (int32). Writes its key/value into the cache and returns the logits ``[B, vocab]``."""
-        cfg, kn = self.config, self._kernels()
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        kn = self._kernels()
         flat = slots * cache.max_len + positions
         x = self.embed(ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
-            h = kn.rmsnorm(x, layer.input_norm, cfg.rms_eps)
-            q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
-            q, k = kn.rotary(positions, q.view(-1, cfg.num_heads, cfg.head_dim),
-                             k.view(-1, cfg.num_kv_heads, cfg.head_dim), self.cos_sin_cache)
+            q, k, v = self._qkv(kn, layer, x, positions)
             cache.k_flat[li].index_copy_(0, flat, k)
-            cache.v_flat[li].index_copy_(0, flat, v.view(-1, cfg.num_kv_heads, cfg.head_dim))
+            cache.v_flat[li].index_copy_(0, flat, v)
             attn = kn.decode_attention(q, cache.k_layers[li], cache.v_layers[li], slots, lengths, self.scale)
-            x = x + layer.o(attn.reshape(-1, q_size))
-            h = kn.rmsnorm(x, layer.post_norm, cfg.rms_eps)
-            x = x + layer.down(kn.activation(layer.gate_up(h)))
+            x = self._finish_layer(kn, layer, x, attn)
         return self._head(kn, x)
 
 

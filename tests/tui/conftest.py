@@ -78,3 +78,19 @@ class Harness(App):
         for t in load_themes()[0]:
             self.register_theme(t)
         self.theme = "magpie-dark"
+
+
+# -- pilot helpers shared by the workbench tests ------------------------------------------------
+
+async def wait_for(pilot, condition, timeout: float = 10.0, step: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await pilot.pause(step)
+
+
+async def wait_screen(pilot, app, cls, selector: str = "Footer", timeout: float = 10.0) -> None:
+    """Until ``cls`` is the active screen and its widgets are mounted (``selector`` found)."""
+    await wait_for(pilot, lambda: isinstance(app.screen, cls) and bool(app.screen.query(selector)), timeout)
+    await pilot.pause()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tui.conftest import build_app
+from tui.conftest import build_app, wait_for, wait_screen
 
 from engine.runs.workspace import Workspace
 from magpie_tui.screens.configs import ConfigsScreen
@@ -29,20 +29,6 @@ from magpie_tui.widgets.diff_view import DiffView
 from magpie_tui.widgets.run_log import RunLog
 
 SIZE = (140, 45)
-
-
-async def wait_for(pilot, condition, timeout: float = 10.0, step: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await pilot.pause(step)
-
-
-async def wait_screen(pilot, app, cls, selector: str = "Footer", timeout: float = 10.0) -> None:
-    """Until ``cls`` is the active screen and its widgets are mounted (``selector`` found)."""
-    await wait_for(pilot, lambda: isinstance(app.screen, cls) and bool(app.screen.query(selector)), timeout)
-    await pilot.pause()
 
 
 def find_run(app, prefix: str):

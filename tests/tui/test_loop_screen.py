@@ -18,7 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tui.conftest import build_app
+from tui.conftest import build_app, wait_for, wait_screen
 
 from engine.jobs.requests import LoopRequest
 from engine.loop.schema import STEP_NAMES, LoopFile, LoopStep
@@ -194,19 +194,6 @@ def submitted(monkeypatch, tmp_path):
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-async def wait_for(pilot, condition, timeout: float = 10.0, step: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await pilot.pause(step)
-
-
-async def wait_screen(pilot, app, cls, selector: str = "Footer") -> None:
-    await wait_for(pilot, lambda: isinstance(app.screen, cls) and bool(app.screen.query(selector)))
-    await pilot.pause()
-
 
 async def open_loop(pilot, app) -> LoopScreen:
     await pilot.press("2")

@@ -272,7 +272,8 @@ def test_step_integrate_writes_the_vllm_config(tmp_path, monkeypatch):
     runs: dict = {}
     steps = {"candidates": SimpleNamespace(result={"op": "rmsnorm", "winner_path": f"{winner}:rmsnorm"})}
     loop = SimpleNamespace(root=root, loop=SimpleNamespace(config=str(clean), step=steps.__getitem__),
-                           log=lambda s: None, set_run_dir=lambda step, rel: runs.update(integrate=rel))
+                           log=lambda s: None, set_run_dir=lambda step, rel: runs.update(integrate=rel),
+                           clean_yaml=lambda: yaml.safe_load(clean.read_text()))
     result = step_integrate(loop, SimpleNamespace(name="integrate"))
     assert result["framework"] == "vllm" and result["kernels"] == {"rmsnorm": f"{winner}:rmsnorm"}
     assert result["site"] == "integrate/site" and result["plugin"]["dir"] == "integrate/vllm_plugin"
