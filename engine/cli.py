@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where kernels run (only 'local' is supported by this version)")
     parser.add_argument("-w", "--workers", type=int, help="parallel compile/testcase workers (timing stays serial)")
     parser.add_argument("--docker-image", help="image for --environment container")
-    sub = parser.add_subparsers(dest="command", description="also: 'magpie tui [DIR]' opens the workbench")
+    sub = parser.add_subparsers(dest="command", description="also: 'magpie tui [DIR]' opens the workbench; "
+                                                               "'magpie mcp' serves the tools to agents")
     _add_kernel_flags(sub.add_parser("analyze", help="evaluate kernels: compile, correctness, performance"), False)
     _add_kernel_flags(sub.add_parser("compare", help="rank kernels against a baseline, correctness-gated"), True)
     _add_benchmark_flags(sub.add_parser("benchmark", help="benchmark a serving framework (vllm, sglang, atom, builtin); "
@@ -354,6 +355,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # The workbench is a separate front end; the engine itself never imports textual.
         import importlib
         return importlib.import_module("magpie_tui.cli").main(argv[1:])
+    if argv[:1] == ["mcp"]:
+        # The MCP server for agents: a thin client of the job API, with its own options.
+        import importlib
+        return importlib.import_module("engine.mcp.cli").main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(message)s")
