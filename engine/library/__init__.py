@@ -153,6 +153,9 @@ CATALOG: tuple[LibraryKernel, ...] = (
     LibraryKernel("decode_attention", "decode_attention_grouped", "engine.library.attention:decode_attention_grouped",
                   "torch", "The default's masked SDPA over the gathered cache slots with each kv group's query heads "
                   "folded into the query axis: k/v are not repeated per query head."),
+    LibraryKernel("decode_attention", "decode_attention_rowwise", "engine.serve.triton_kernels:decode_attention",
+                  "triton", "One program per (sequence, query head) walking its whole context with a float32 online "
+                  "softmax (K/V blocks read once per query head); the server's GPU default before flash-decoding."),
     LibraryKernel("decode_attention", "decode_attention_split", "engine.library.attention:decode_attention_split",
                   "triton", "Flash-decoding: grid (B, Hkv, splits of the context), each program serving all query "
                   "heads of its kv head (each K/V block read once, one tl.dot), float32 online softmax, then a "

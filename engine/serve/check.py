@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from engine.serve.engine import Engine, TokenEvent
-from engine.serve.kernels import TRITON_MODULE, check_triton_defaults, print_notes, resolve_kernels
+from engine.serve.kernels import check_triton_defaults, print_notes, resolve_kernels, triton_defaults_in_use
 from engine.serve.model import LlamaModel, model_config
 from engine.serve.tokenizer import BOS_ID
 
@@ -103,7 +103,7 @@ def compare_step_logits(engine: Engine, prompts: Sequence[Sequence[int]], steps:
 
 def _kernels(size: str, device: torch.device, dtype: torch.dtype) -> Any:
     kernels = resolve_kernels({}, device)
-    if any(src.startswith(TRITON_MODULE + ":") for src in kernels.sources.values()):
+    if triton_defaults_in_use(kernels):
         kernels = check_triton_defaults(kernels, model_config(size), device, dtype)
     print_notes(kernels)
     return kernels

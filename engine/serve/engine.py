@@ -8,8 +8,12 @@ is free, and decodes one token for every running request, so a new request joins
 step instead of waiting for the batch to drain. The prompt chunks run in one eager forward; the
 decode tokens run through ``graphs.DecodeRunner`` (a CUDA graph replay on a GPU unless eager).
 Greedy sampling runs on the device and the step's new tokens come back in one device-to-host
-copy. Tokens go back to the callers through callbacks; ``generate`` turns those into an async
-iterator for asyncio code (the HTTP server), waking its event loop once per step, not per token.
+copy. With ``overlap`` (on with CUDA graphs) a decode step whose every request goes on is
+followed at once by the next one, queued on the device with this step's tokens as its inputs
+before the host waits for them: the host hands out step N's tokens and schedules while the GPU
+runs step N+1 (requests that ended in between, by EOS or abort, drop their rows). Tokens go
+back to the callers through callbacks; ``generate`` turns those into an async iterator for
+asyncio code (the HTTP server), waking its event loop once per step, not per token.
 
 Each step runs inside ``torch.profiler.record_function`` named with vLLM's detailed step
 annotation (TraceLens §5.1), so the trace analysis splits a profile of this server into
@@ -146,7 +150,8 @@ class Engine:
 
     def __init__(self, model: LlamaModel, max_batch_size: int = 32, max_prefill_tokens: int = 8192,
                  eos_id: int = EOS_ID, *, max_model_len: int | None = None, cuda_graphs: bool = False,
-                 graph_batch_sizes: Sequence[int] | None = None, stats_interval_s: float = 0.0) -> None:
+                 graph_batch_sizes: Sequence[int] | None = None, stats_interval_s: float = 0.0,
+                 overlap: bool | None = None) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be at least 1")
         self.model = model
@@ -161,6 +166,11 @@ class Engine:
                                     max_batch_size)
         pinned = model.device.type == "cuda"
         self._tokens_host = torch.zeros(2 * max_batch_size, dtype=torch.long, pin_memory=pinned)
+        self._tokens_copied = torch.cuda.Event() if pinned else None
+        self.overlap = self.cuda_graphs if overlap is None else overlap
+        # The decode step queued ahead: its requests (in row order) and its tokens on the device.
+        self._ahead: tuple[list[_Request], torch.Tensor] | None = None
+        self.ahead_steps = 0  # decode steps queued ahead and used
         self.stats = EngineStats()
         self.stats_interval_s = stats_interval_s
         self._stats_lock = threading.Lock()
@@ -329,6 +339,7 @@ class Engine:
         there was nothing to do. (The engine thread calls this; tests may call it directly.)"""
         chunks, decoding = self._schedule()
         if not chunks and not decoding:
+            self._ahead = None  # its requests were all aborted
             return None
         name = step_annotation([(n, s + n) for _, s, n in chunks],
                                [(1, len(r.prompt) + len(r.output)) for r in decoding])
@@ -337,6 +348,7 @@ class Engine:
             with record_function(name):
                 tokens = self._forward(chunks, decoding)
         except Exception as exc:  # a bad candidate kernel fails this step's requests, not the server
+            self._ahead = None
             traceback.print_exc(file=sys.stderr)
             self._fail([r for r, _, _ in chunks] + decoding, f"{type(exc).__name__}: {exc}")
             return name
@@ -351,18 +363,49 @@ class Engine:
             logits = self.model.prefill(self.cache, [r.slot for r, _, _ in chunks], [s for _, s, _ in chunks],
                                         [r.prompt[s:s + n] for r, s, n in chunks])
             outs.append(logits.argmax(dim=-1))
-        if decoding:
-            positions = [len(r.prompt) + len(r.output) - 1 for r in decoding]
-            outs.append(self.decoder.run([r.output[-1] for r in decoding], positions, [r.slot for r in decoding]))
+        ahead, self._ahead = self._ahead, None
+        decoded, staged = self._decode(decoding, ahead) if decoding else (None, False)
+        if decoded is not None:
+            outs.append(decoded)
         tokens = outs[0] if len(outs) == 1 else torch.cat(outs)
-        if tokens.device.type != "cuda":
-            return tokens.tolist()
+        go_on = staged and self._can_run_ahead(chunks, decoding)
+        if self._tokens_copied is None:  # the CPU: the tokens are there already
+            out = tokens.tolist()
+            if go_on:
+                self._ahead = (decoding, self.decoder.run_next(decoded))
+            return out
         host = self._tokens_host[:tokens.numel()]
         host.copy_(tokens, non_blocking=True)
-        # The one device-to-host copy of the step; waiting on the stream releases the GIL, so the
-        # HTTP thread streams the previous step's tokens while the GPU runs this one.
-        torch.cuda.current_stream(tokens.device).synchronize()
+        self._tokens_copied.record()
+        if go_on:  # queued behind the copy: the GPU starts the next step while the host waits for this one's tokens
+            self._ahead = (decoding, self.decoder.run_next(decoded))
+        # The one device-to-host copy of the step; waiting releases the GIL, so the HTTP thread
+        # streams the previous step's tokens meanwhile.
+        self._tokens_copied.synchronize()
         return host.tolist()
+
+    def _decode(self, decoding: list[_Request], ahead: tuple[list[_Request], torch.Tensor] | None) -> tuple[torch.Tensor, bool]:
+        """This step's decode tokens (on the device) and whether the decoder's staged rows are
+        exactly ``decoding``'s (so the next step can be queued from them)."""
+        if ahead is not None:
+            reqs, tokens = ahead
+            if len(reqs) == len(decoding) and all(a is b for a, b in zip(reqs, decoding)):
+                self.ahead_steps += 1
+                return tokens, True
+            row = {id(r): i for i, r in enumerate(reqs)}
+            if all(id(r) in row for r in decoding):  # some ended (EOS, abort): their rows are dropped
+                self.ahead_steps += 1
+                index = torch.tensor([row[id(r)] for r in decoding], device=tokens.device)
+                return tokens.index_select(0, index), False
+        positions = [len(r.prompt) + len(r.output) - 1 for r in decoding]
+        return self.decoder.run([r.output[-1] for r in decoding], positions, [r.slot for r in decoding]), True
+
+    def _can_run_ahead(self, chunks: list, decoding: list[_Request]) -> bool:
+        # Not after a step with prompt chunks (its new requests join the next decode), not while
+        # profiling (one annotated step at a time), and not when a request ends by length now
+        # (its next position may lie past its slot).
+        return (self.overlap and not chunks and not self.model.annotate_kernels
+                and all(len(r.output) + 1 < r.max_tokens for r in decoding))
 
     def _emit(self, req: _Request, token: int) -> bool:
         """Hand ``token`` to the request; True when that finished it (its slot is freed)."""
@@ -412,7 +455,8 @@ class Engine:
                     "generation_tokens": s.generation_tokens, "finished": dict(s.finished),
                     "running": running, "waiting": len(self._waiting), "kv_slots_used": running,
                     "kv_slots": self.max_batch_size, "graph_replays": self.decoder.replays,
-                    "eager_decode_steps": self.decoder.eager_steps, "graph_batch_sizes": sorted(self.decoder.graphs)}
+                    "eager_decode_steps": self.decoder.eager_steps, "ahead_steps": self.ahead_steps,
+                    "graph_batch_sizes": sorted(self.decoder.graphs)}
 
     def stats_line(self, now: float | None = None) -> str:
         """What happened since the previous call, one line (the server prints it every interval)."""
@@ -430,7 +474,7 @@ class Engine:
                 f"{mean_batch:.1f}), running {m['running']}, waiting {m['waiting']}, kv slots {m['kv_slots_used']}/"
                 f"{m['kv_slots']}, prompt {(m['prompt_tokens'] - prev.prompt_tokens) / dt:.1f} tok/s, generation "
                 f"{(m['generation_tokens'] - prev.generation_tokens) / dt:.1f} tok/s, decode graph replays "
-                f"{m['graph_replays']}, eager decode steps {m['eager_decode_steps']}")
+                f"{m['graph_replays']}, eager decode steps {m['eager_decode_steps']}, queued ahead {m['ahead_steps']}")
 
     def _maybe_print_stats(self) -> None:
         if self.stats_interval_s <= 0:

@@ -102,6 +102,24 @@ class DecodeRunner:
         self.eager_steps += 1
         return self._forward(b)[0][:n]
 
+    def run_next(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The decode step after the last ``run`` (or ``run_next``) for the same sequences, queued
+        without waiting for it: its new tokens (``tokens``, on the device) become the inputs, and
+        positions and lengths advance by one, all on the device. The host learns nothing it must
+        wait for, so it can hand out the last step's tokens while the GPU runs this one."""
+        n = tokens.shape[0]
+        b = self.bucket(n)
+        self._dev[0, :n].copy_(tokens)  # queued before the replay overwrites the graph's output
+        self._dev[1, :n] += 1
+        self._dev[3, :n] += 1
+        graph = None if self.model.annotate_kernels else self.graphs.get(b)
+        if graph is not None:
+            graph[0].replay()
+            self.replays += 1
+            return graph[1][:n]
+        self.eager_steps += 1
+        return self._forward(b)[0][:n]
+
     def logits(self, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int], graph: bool) -> torch.Tensor:
         """The logits ``[len(ids), vocab]`` of the decode step ``run`` would take, from its graph
         (``graph=True``, which must exist) or eagerly: for checking one against the other. Both

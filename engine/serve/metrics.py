@@ -53,6 +53,8 @@ def render(m: dict[str, Any]) -> str:
                    [("", {}, m["graph_replays"])])
     out += _family("decode_eager_steps_total", "counter", "Decode steps run eagerly (no graph).",
                    [("", {}, m["eager_decode_steps"])])
+    out += _family("decode_steps_ahead_total", "counter", "Decode steps queued on the device before the host had "
+                   "the previous step's tokens (host and GPU overlapped).", [("", {}, m["ahead_steps"])])
     out += _family("cuda_graph_batch_sizes", "gauge", "Batch sizes with a captured decode graph (1 each).",
                    [("", {"batch_size": str(b)}, 1) for b in m["graph_batch_sizes"]])
     for name, key, help_text in (

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.config.yamlfile import ConfigError, format_loc, load_located_yaml
 from engine.serve.engine import Engine, TokenEvent
-from engine.serve.kernels import TRITON_MODULE, KernelError, check_triton_defaults, print_notes, resolve_kernels
+from engine.serve.kernels import KernelError, check_triton_defaults, print_notes, resolve_kernels, triton_defaults_in_use
 from engine.serve.metrics import CONTENT_TYPE, render
 from engine.serve.model import LlamaModel, model_config
 from engine.serve.tokenizer import StreamDecoder, chat_prompt, encode
@@ -118,7 +118,7 @@ def build_engine(config: ServeConfig) -> Engine:
         raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's max_seq_len {shapes.max_seq_len} "
                          "(raise it with model_overrides: {max_seq_len: N})")
     kernels = resolve_kernels(config.kernels, device, config.triton_kernels)
-    if any(src.startswith(TRITON_MODULE + ":") for src in kernels.sources.values()):
+    if triton_defaults_in_use(kernels):
         kernels = check_triton_defaults(kernels, shapes, device, dtype)
     print_notes(kernels)
     model = LlamaModel(shapes, device=device, dtype=dtype, kernels=kernels)
@@ -394,7 +394,7 @@ async def _exit_with_parent(stop: asyncio.Event) -> None:
 def _ready_line(engine: Engine, config: ServeConfig, port: int) -> str:
     m = engine.model
     overrides = ", ".join(f"{k}={v}" for k, v in m.kernels.sources.items() if k in config.kernels)
-    triton = sorted(k for k, v in m.kernels.sources.items() if v.startswith(TRITON_MODULE + ":"))
+    triton = sorted(triton_defaults_in_use(m.kernels))
     defaults = f"defaults (Triton: {', '.join(triton)})" if triton else "defaults (PyTorch)"
     graphs = engine.decoder.graphs
     mode = (f"cuda_graphs={','.join(map(str, sorted(graphs)))}" if graphs else

@@ -1,5 +1,7 @@
 """Triton kernels: the built-in server's registry defaults on a GPU (CUDA or ROCm) for rmsnorm,
-activation, rotary and decode_attention, with the signatures of ``engine.serve.kernels``.
+activation and rotary, with the signatures of ``engine.serve.kernels``, and a one-pass decode
+attention (the library's ``decode_attention_rowwise`` candidate; the GPU default is the library's
+flash-decoding kernel, see ``engine.serve.kernels``).
 
 Why: a decode step of a small batch is launch-bound, and the PyTorch references take up to nine
 launches each (rmsnorm: cast, square, mean, add, rsqrt, two multiplies, cast back; rotary about

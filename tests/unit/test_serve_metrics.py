@@ -62,8 +62,8 @@ def test_metrics_text_is_valid_exposition_with_the_engine_state(engine_after_loa
     families = parse_exposition(render(engine.metrics()))
     assert {f: d["type"] for f, d in families.items() if f.endswith("_total")} == {
         f"magpie_serve_{n}_total": "counter" for n in ("steps", "step_seconds", "decode_graph_replays",
-                                                        "decode_eager_steps", "prompt_tokens", "generation_tokens",
-                                                        "requests_finished")}
+                                                        "decode_eager_steps", "decode_steps_ahead", "prompt_tokens",
+                                                        "generation_tokens", "requests_finished")}
     value = {f: {tuple(sorted(s[1].items())): s[2] for s in d["samples"]} for f, d in families.items()}
     steps = value["magpie_serve_steps_total"]
     assert steps[(("kind", "prefill"),)] >= 1 and steps[(("kind", "mixed"),)] == 1  # the 5th joined mid-way

@@ -213,6 +213,37 @@ def test_engine_batches_continuously_and_annotates_each_step(model):
     assert engine.metrics()["steps"] == {"prefill": 1, "decode": 2, "mixed": 1}
 
 
+def test_decode_steps_queued_ahead_give_the_same_tokens_through_eos_abort_and_arrivals(model):
+    prompts = PROMPTS + [list(range(20, 40))]
+    want = [reference_tokens(model, p, 8) for p in prompts]
+    stop_at = next(k for k in range(2, 8) if want[0][k] not in want[0][:k])
+    eos = want[0][stop_at]  # request a ends by EOS mid-batch; the others ignore it
+    seen = {}
+    for overlap in (False, True):
+        engine = Engine(model, max_batch_size=4, max_model_len=64, eos_id=eos, overlap=overlap)
+        events: dict[str, list[TokenEvent]] = {}
+        engine.submit(prompts[0], 8, False, _collect(events, "a"))
+        engine.submit(prompts[1], 8, True, _collect(events, "b"))
+        engine.submit(prompts[2], 5, True, _collect(events, "c"))
+        for _ in range(3):
+            engine.step()
+        engine.submit(prompts[3], 6, True, _collect(events, "late"))  # joins while the others decode
+        gone = engine.submit(prompts[1], 30, True, _collect(events, "gone"))
+        steps = 0
+        while engine.step() is not None:
+            steps += 1
+            if steps == 5:
+                engine.abort(gone)  # its row is in the step queued ahead
+        assert [e.token for e in events["a"]] == want[0][:stop_at + 1] and events["a"][-1].finish_reason == "stop"
+        assert [e.token for e in events["b"]] == want[1] and [e.token for e in events["c"]] == want[2][:5]
+        assert [e.token for e in events["late"]] == want[3][:6]
+        assert [e.token for e in events["gone"]] == reference_tokens(model, prompts[1], len(events["gone"]))
+        assert engine.num_unfinished == 0 and engine.metrics()["kv_slots_used"] == 0
+        seen[overlap] = (engine.ahead_steps, {k: [e.token for e in v] for k, v in events.items()})
+    assert seen[False][0] == 0 and seen[True][0] >= 3
+    assert seen[True][1] == seen[False][1]
+
+
 def test_eos_stops_unless_ignore_eos(model):
     first = reference_tokens(model, PROMPTS[0], 1)[0]
     engine = Engine(model, eos_id=first, max_model_len=64)
@@ -355,8 +386,9 @@ def test_defaults_when_nothing_is_overridden():
     # On a GPU the Triton kernels are the defaults (imported only there); opting out keeps the references.
     gpu = resolve_kernels({"rmsnorm": "engine.serve.kernels:rmsnorm"}, device="cuda")
     assert gpu.sources["rmsnorm"] == "engine.serve.kernels:rmsnorm"
-    assert gpu.sources["decode_attention"] == "engine.serve.triton_kernels:decode_attention"
-    assert gpu.sources["attention"] == "engine.serve.kernels:varlen_attention"
+    assert gpu.sources["decode_attention"] == "engine.library.attention:decode_attention_split"
+    assert gpu.sources["attention"] == "engine.library.attention:varlen_attention_triton"
+    assert gpu.sources["activation"] == "engine.serve.triton_kernels:silu_and_mul"
     assert resolve_kernels({}, device="cuda", triton_defaults=False).sources == kernels.sources
 
 

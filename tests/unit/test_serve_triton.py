@@ -60,7 +60,9 @@ def test_triton_kernel_in_the_interpreter(results, name):
 def check_start_up_check(interpreted):
     shapes = model_config("tiny")
     kernels = registry.resolve_kernels({}, device="cuda")  # the GPU defaults: Triton where there is one
-    assert kernels.rmsnorm is interpreted.rmsnorm and kernels.decode_attention is interpreted.decode_attention
+    from engine.library import attention as library
+    assert kernels.rmsnorm is interpreted.rmsnorm and kernels.decode_attention is library.decode_attention_split
+    assert kernels.attention is library.varlen_attention_triton
     checked = registry.check_triton_defaults(kernels, shapes, torch.device("cpu"), torch.float32)
     assert checked.notes == () and checked.sources == kernels.sources
 
