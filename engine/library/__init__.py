@@ -153,7 +153,7 @@ CATALOG: tuple[LibraryKernel, ...] = (
     LibraryKernel("decode_attention", "decode_attention_grouped", "engine.library.attention:decode_attention_grouped",
                   "torch", "The default's masked SDPA over the gathered cache slots with each kv group's query heads "
                   "folded into the query axis: k/v are not repeated per query head."),
-    LibraryKernel("decode_attention", "decode_attention_rowwise", "engine.serve.triton_kernels:decode_attention",
+    LibraryKernel("decode_attention", "decode_attention_rowwise", "engine.library.attention:decode_attention_rowwise",
                   "triton", "One program per (sequence, query head) walking its whole context with a float32 online "
                   "softmax (K/V blocks read once per query head); the server's GPU default before flash-decoding."),
     LibraryKernel("decode_attention", "decode_attention_split", "engine.library.attention:decode_attention_split",

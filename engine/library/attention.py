@@ -391,6 +391,18 @@ def _check_decode_on_host(name: str, slots: torch.Tensor, lengths: torch.Tensor,
         raise LibraryInputError(f"{name}: lengths must be >= 1, got a minimum of {int(lengths.min())}")
 
 
+def decode_attention_rowwise(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                             lengths: torch.Tensor, scale: float) -> torch.Tensor:
+    """The server's one-pass Triton decode attention (``engine.serve.triton_kernels``: one program
+    per sequence and query head over its whole context), with the library's input checks."""
+    from engine.serve import triton_kernels
+    name = "decode_attention_rowwise"
+    _check_decode(name, q, k_cache, v_cache, slots, lengths)
+    require_runnable(name, triton_kernels._decode_attention_kernel, (q,))
+    _check_decode_on_host(name, slots, lengths, k_cache.shape[0])
+    return triton_kernels.decode_attention(q, k_cache, v_cache, slots, lengths, float(scale))
+
+
 def decode_attention_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                            lengths: torch.Tensor, scale: float) -> torch.Tensor:
     """Triton flash-decoding (split context, GQA-shared K/V blocks, float32 online softmax, one

@@ -17,6 +17,9 @@ the CPU time of the top-level ops, since there is no device timeline. Stages com
 annotations (vLLM's detailed names, as the built-in server writes them): ``prefill_only``,
 ``decode_only``, ``prefilldecode`` and ``all``. Window: every profiled step except the first of
 the trace (it carries one-time allocation costs); the table says so.
+
+Each row also has ``bound`` (memory or compute) and ``roofline_pct`` on a GPU trace, from the
+work its calls recorded and the GPU's ceilings (``engine.loop.roofline``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from engine.loop.roofline import arch_of_trace, row_roofline, works_of
 from engine.serve.call_args import ARGS_ANNOTATION, parse_call_args
 from engine.trace.steps import parse_step_annotation
 
@@ -107,8 +111,10 @@ class _Row:
         self.behind: dict[str, list] = defaultdict(lambda: [0, 0.0])  # op/kernel -> [calls, us]
         self.shapes: dict[str, float] = defaultdict(float)
         self.call_args: dict[str, float] = defaultdict(float)  # args JSON -> us
+        self.call_counts: dict[str, int] = defaultdict(int)  # args JSON -> calls
+        self.op_calls: dict[str, list] = defaultdict(lambda: [0, 0.0])  # [top-level op, its args] JSON -> [calls, us]
 
-    def to_dict(self, total: float, rank: int) -> dict:
+    def to_dict(self, total: float, rank: int, arch: Optional[dict] = None) -> dict:
         behind = sorted(self.behind.items(), key=lambda kv: -kv[1][1])[:8]
         shapes = sorted(self.shapes.items(), key=lambda kv: -kv[1])[:3]
         replaceable = self.registry is not None
@@ -125,8 +131,21 @@ class _Row:
             "call_args": [{"args": json.loads(k), "time_us": round(t, 3),
                            "share_of_op_pct": round(100.0 * t / self.time_us, 2) if self.time_us else 0.0}
                           for k, t in sorted(self.call_args.items(), key=lambda kv: -kv[1])[:5]],
-            "bound": None, "roofline_pct": None,
+            **self.roofline(arch),
         }
+
+    def roofline(self, arch: Optional[dict]) -> dict:
+        registry = self.registry if self.confidence == "high" else None
+        calls = {k: [self.call_counts.get(k, 0), t] for k, t in self.call_args.items()}
+        return row_roofline(works_of(calls, self.op_calls, registry), arch)
+
+
+_OP_ARG_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+
+
+def _op_key(op: dict) -> str:
+    args = op.get("args") or {}
+    return json.dumps([op.get("name", ""), {k: args[k] for k in _OP_ARG_KEYS if k in args}])
 
 
 def _row_for(rows: dict, name: str, registry: Optional[str], confidence: str, method: str) -> _Row:
@@ -177,6 +196,7 @@ def analyze_trace(path: Path) -> dict:
         _account_cpu(ctx, cpu_ops, annotations)
     else:
         _account_gpu(ctx, events, kernels, cpu_ops)
+    arch = arch_of_trace(data) if device == "gpu" else None
     out_stages = {}
     for st in STAGES:
         rows = sorted(tables[st].values(), key=lambda r: -r.time_us)
@@ -185,7 +205,7 @@ def analyze_trace(path: Path) -> dict:
             continue
         out_stages[st] = {
             "steps": step_count[st], "step_time_us": round(step_time[st], 3), "accounted_time_us": round(total, 3),
-            "rows": [r.to_dict(total, i + 1) for i, r in enumerate(rows[:TOP_ROWS])],
+            "rows": [r.to_dict(total, i + 1, arch) for i, r in enumerate(rows[:TOP_ROWS])],
             "rows_left_out": max(0, len(rows) - TOP_ROWS),
         }
     return {"trace": str(path), "device": device,
@@ -193,7 +213,9 @@ def analyze_trace(path: Path) -> dict:
             "CPU time of top-level ops (a CPU-only trace has no device timeline)",
             "window": {"steps": len(window_steps), "steps_in_trace": len(steps),
                        "rule": "every profiled step but the first (one-time allocation costs)"},
-            "annotated": bool(annotations), "stages": out_stages}
+            "annotated": bool(annotations), "gpu_arch": arch.get("name") if arch else None,
+            "roofline": ("least time = max(FLOPs / peak, bytes / bandwidth) per call, datasheet ceilings of "
+                         f"{arch['name']} (engine.hw.specs)") if arch else None, "stages": out_stages}
 
 
 def _call_args(events: list[dict], ann_spans: dict) -> dict[int, str]:
@@ -241,6 +263,10 @@ class _Ctx:
             args = self.args_of.get(id(ann)) if ann is not None else None
             if args:
                 row.call_args[args] += dur
+            elif ann is None and shape_from is not None:
+                work = row.op_calls[_op_key(shape_from)]
+                work[0] += 1
+                work[1] += dur
 
 
 def _account_cpu(ctx: _Ctx, cpu_ops: list[dict], annotations: list[dict]) -> None:
@@ -265,7 +291,7 @@ def _account_cpu(ctx: _Ctx, cpu_ops: list[dict], annotations: list[dict]) -> Non
         for a in items:
             stage, _ = ctx.locate(th, a["ts"])
             if stage is not None:
-                _count_call(ctx.tables, stage, a, None)
+                _count_call(ctx.tables, stage, a, None, ctx.args_of.get(id(a)))
 
 
 def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: list[dict]) -> None:
@@ -291,10 +317,11 @@ def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: li
         call_key = id(ann) if ann is not None else (id(top) if top is not None else id(k))
         if call_key not in seen_calls:
             seen_calls.add(call_key)
-            _count_call(ctx.tables, stage, ann, k["name"] if ann is None else None)
+            _count_call(ctx.tables, stage, ann, k["name"] if ann is None else None,
+                        ctx.args_of.get(id(ann)) if ann is not None else None)
 
 
-def _count_call(tables: dict, stage: str, ann: Optional[dict], op_name: Optional[str]) -> None:
+def _count_call(tables: dict, stage: str, ann: Optional[dict], op_name: Optional[str], args: Optional[str] = None) -> None:
     for st in ("all", stage):
         if ann is not None:
             key = ann["name"][len(ANNOTATION_PREFIX):]
@@ -303,6 +330,8 @@ def _count_call(tables: dict, stage: str, ann: Optional[dict], op_name: Optional
             row = tables[st].get(f"op:{op_name}")
         if row is not None:
             row.calls += 1
+            if args:
+                row.call_counts[args] += 1
 
 
 def top_replaceable(table: dict, stage: str = "all") -> Optional[dict]:

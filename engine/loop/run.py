@@ -184,7 +184,9 @@ class Loop:
         table["tracelens_errors"] = (report.get("tracelens_analysis") or {}).get("errors", [])
         atomic_write_json(folder / BOTTLENECKS_FILE, table)
         top = top_replaceable(table)
-        stages = {st: [f"{r['name']} {r['share_pct']:.1f}%" for r in tab["rows"][:3]]
+        stages = {st: [f"{r['name']} {r['share_pct']:.1f}%" + (f" ({r['bound']}-bound, {r['roofline_pct']:.0f}% of roofline)"
+                                                              if r.get("roofline_pct") is not None else "")
+                       for r in tab["rows"][:3]]
                   for st, tab in table["stages"].items()}
         if top is None:
             raise LoopError("no row of the bottleneck table maps to a replaceable registry op "
