@@ -155,7 +155,7 @@ async def measure(n: int, presses: int, log_presses: int, log_mb: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="magpie-many-runs-"))
     os.environ["MAGPIE_TUI_CONFIG"] = str(tmp / "settings" / "tui.yaml")
     from textual import events
-    from textual.widgets import DataTable
+    from magpie_tui.widgets.data_grid import DataGrid
 
     from magpie_tui.app import WorkbenchApp
     from magpie_tui.screens.run import RunScreen
@@ -179,8 +179,8 @@ async def measure(n: int, presses: int, log_presses: int, log_mb: int) -> dict:
             t0 = time.perf_counter()
             await pilot.press("2")
             await _until(lambda: isinstance(app.screen, RunsScreen) and bool(app.screen.query("#runs-table")))
-            table = app.screen.query_one("#runs-table", DataTable)
-            await _until(lambda: table.row_count == n, timeout=120)
+            table = app.screen.query_one("#runs-table", DataGrid)
+            await _until(lambda: table.visible_count == n, timeout=120)
             out["first_list_s"] = time.perf_counter() - t0
             out["startup_stall_ms"] = meter.stop() * 1e3
             writer.start()
@@ -188,16 +188,16 @@ async def measure(n: int, presses: int, log_presses: int, log_mb: int) -> dict:
 
             meter.start()
             keys = []
-            table.move_cursor(row=0)
+            table.action_first_row()
             for _ in range(presses):
                 await asyncio.sleep(rng.uniform(0.005, 0.045))
-                if table.cursor_row >= n - 1:
-                    table.move_cursor(row=0)
+                if table.cursor_position >= n - 1:
+                    table.action_first_row()
                     await asyncio.sleep(0.01)
-                before = table.cursor_row
+                before = table.cursor_position
                 t1 = time.perf_counter()
                 app.post_message(events.Key("down", None))
-                await _until(lambda before=before: table.cursor_row != before)
+                await _until(lambda before=before: table.cursor_position != before)
                 keys.append(time.perf_counter() - t1)
             out["table_stall_ms"] = meter.stop() * 1e3
             out["table_keys_ms"] = [k * 1e3 for k in keys]

@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--gpu-info", action="store_true", help="print the detected GPU, compiler and profiler, then exit")
     parser.add_argument("-e", "--environment", choices=["local", "container", "ray"],
-                        help="where kernels run (only 'local' is supported by this version)")
+                        help="where kernels run: local (default), container (inside --docker-image) or ray "
+                             "(stages and benchmark points as Ray tasks; see docs/scale-out.md)")
+    parser.add_argument("--ray-address", help="Ray cluster for -e ray: auto, HOST:6379 or ray://HOST:10001 "
+                                              "(default: $RAY_ADDRESS, else a Ray instance on this machine)")
     parser.add_argument("-w", "--workers", type=int, help="parallel compile/testcase workers (timing stays serial)")
     parser.add_argument("--docker-image", help="image for --environment container")
     sub = parser.add_subparsers(dest="command", description="also: 'magpie tui [DIR]' opens the workbench; "
@@ -85,6 +88,8 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("framework", nargs="?", choices=["vllm", "sglang", "atom", "builtin"],
                    help="server to benchmark (or benchmark.framework in -b)")
     b.add_argument("-b", "--benchmark-config", help="benchmark YAML (Magpie's benchmark: format)")
+    b.add_argument("--batch", metavar="FILE.yaml", help="a batch of benchmark points (a list of configs or a "
+                                                         "sweep), each a run of its own, one batch report")
     b.add_argument("-m", "--model", help="model (HF id or local path; builtin: ignored, see server.size)")
     b.add_argument("-p", "--precision", help="precision label (fp8, bf16, ...)")
     b.add_argument("--tp", type=int, help="tensor parallel size (envs.TP)")
@@ -115,6 +120,26 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--vocab-size", type=int, help="the model's vocabulary size (client.vocab_size): token-id prompts "
                                                   "stay below it when no tokenizer loads (default: the model "
                                                   "folder's config.json)")
+    b.add_argument("--dataset-name", choices=["random", "custom", "sharegpt"],
+                   help="as vllm bench serve: random (default), custom (JSONL: prompt or prompt_token_ids, "
+                        "output_len, optional timestamp for a trace replay), sharegpt (JSON)")
+    b.add_argument("--dataset-path", help="the custom JSONL or ShareGPT JSON file")
+    b.add_argument("--custom-output-len", type=int, help="output tokens of custom lines without output_len")
+    b.add_argument("--sharegpt-output-len", type=int, help="fix ShareGPT output lengths (default: the reply's)")
+    b.add_argument("--duration", type=float, help="send load for S seconds (the dataset cycled) instead of a "
+                                                  "number of prompts")
+    b.add_argument("--warmup-seconds", type=float, help="with --duration: requests started in the first S "
+                                                        "seconds are not measured")
+    b.add_argument("--cooldown-seconds", type=float, help="with --duration: nor those started in the last S")
+    b.add_argument("--find-capacity", nargs="+", metavar="KEY:MS",
+                   help="SLO capacity search: the highest concurrency (or --capacity-over request_rate) whose "
+                        "goodput meets --goodput-target, e.g. ttft:500 tpot:50")
+    b.add_argument("--goodput-target", type=float, help="share of requests that must meet the SLOs (default 0.9)")
+    b.add_argument("--capacity-over", choices=["concurrency", "request_rate"],
+                   help="what the capacity search varies (default concurrency)")
+    b.add_argument("--capacity-max", type=float, help="the highest level the capacity search tries (default 1024)")
+    b.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
+                   help="the load generator's event loop (default auto: uvloop where installed)")
     b.add_argument("--http-client", choices=["lean", "aiohttp"],
                    help="the load generator's HTTP client (default lean: stamps each read where it arrives)")
     b.add_argument("--torch-profiler", action="store_true", default=None, help="collect server-side torch traces")
@@ -183,7 +208,7 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
         framework_config=args.config, testcase=args.testcase, type=args.type, compile_cmd=args.compile_cmd,
         baseline=getattr(args, "baseline", None), no_perf=args.no_perf, repeats=args.repeats, warmup=args.warmup,
         timeout=args.timeout, seed=args.seed, rtol=args.rtol, atol=args.atol, workers=args.workers,
-        environment=args.environment, docker_image=args.docker_image,
+        environment=args.environment, docker_image=args.docker_image, ray_address=args.ray_address,
         only=[i.strip() for i in args.only.split(",") if i.strip()] if args.only else None,
         tie_margin=getattr(args, "tie_margin", None))
     prepared = request.prepare()
@@ -289,7 +314,7 @@ def _parse_sweep(items: Optional[list[str]]) -> Optional[dict]:
     return out
 
 
-def _parse_goodput(items: Optional[list[str]]) -> Optional[dict]:
+def _parse_goodput(items: Optional[list[str]], flag: str = "--goodput") -> Optional[dict]:
     if not items:
         return None
     out: dict[str, float] = {}
@@ -300,7 +325,7 @@ def _parse_goodput(items: Optional[list[str]]) -> Optional[dict]:
                 raise ValueError
             out[key.strip().lower()] = float(value)
         except ValueError:
-            raise ConfigError([f"--goodput {item}: expected KEY:MS (ttft, tpot or e2el, in ms), e.g. ttft:200"]) from None
+            raise ConfigError([f"{flag} {item}: expected KEY:MS (ttft, tpot or e2el, in ms), e.g. ttft:200"]) from None
     return out
 
 
@@ -314,10 +339,17 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "base_url": args.base_url, "seed": args.seed, "http_client": args.http_client,
              "tokenizer": args.tokenizer, "vocab_size": args.vocab_size, "endpoint": args.endpoint, "prefix_len": args.prefix_len,
              "goodput": _parse_goodput(args.goodput),
+             "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
+             "custom_output_len": args.custom_output_len, "sharegpt_output_len": args.sharegpt_output_len,
+             "duration": args.duration, "warmup_seconds": args.warmup_seconds, "cooldown_seconds": args.cooldown_seconds,
+             "find_capacity": _parse_goodput(args.find_capacity, "--find-capacity"),
+             "goodput_target": args.goodput_target, "capacity_over": args.capacity_over,
+             "capacity_max": args.capacity_max, "event_loop": args.event_loop,
              "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
              "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}
-    request = BenchmarkRequest(benchmark_config=args.benchmark_config, framework=args.framework, flags=flags)
+    request = BenchmarkRequest(benchmark_config=args.benchmark_config, framework=args.framework, flags=flags,
+                               batch=args.batch, environment=args.environment, ray_address=args.ray_address)
     prepared = request.prepare()
     _print_prepared(prepared)
     cancel = CancelToken()

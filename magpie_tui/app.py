@@ -33,9 +33,10 @@ class WorkbenchApp(App):
     CSS_PATH = [stylesheet("app.tcss")]
     ENABLE_COMMAND_PALETTE = True
     BINDINGS = [
-        Binding("1", "switch_mode('configs')", "Configs", id="app.configs"),
-        Binding("2", "switch_mode('runs')", "Runs", id="app.runs"),
-        Binding("f1,question_mark", "help", "Help", id="app.help"),
+        Binding("1", "show_side('configs')", "Configs", id="app.configs"),
+        Binding("2", "show_side('runs')", "Runs", id="app.runs"),
+        Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
+        Binding("f1", "help", "Help", show=False, id="app.help_f1"),
         Binding("ctrl+t", "cycle_theme", "Theme", show=False, id="app.cycle_theme"),
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
     ]
@@ -57,6 +58,10 @@ class WorkbenchApp(App):
         self.theme_problems: list[str] = []
         self._stop_watch: asyncio.Event | None = None
         self.animation_level = "none"  # over SSH every byte counts
+        # A run just launched from here: the Runs list selects it as soon as its folder appears.
+        self.select_next: StartedRun | None = None
+        # What a screen looked like when it closed (filter, sort, stage, tab), by (screen, run folder).
+        self.view_state: dict[tuple[str, Path], dict] = {}
 
     # -- themes -------------------------------------------------------------------------------
     def get_theme_variable_defaults(self) -> dict[str, str]:
@@ -134,10 +139,23 @@ class WorkbenchApp(App):
             self._stop_watch.set()
         self.exit()
 
+    def action_show_side(self, mode: str) -> None:
+        """``1``/``2``: the Configs tree or the Runs list itself, never whatever was last opened
+        on that side (an old diff, a report): what the key names is what the user sees."""
+        self.switch_mode(mode)
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+
+    def show_started(self, started: StartedRun) -> None:
+        """After a launch: the Runs list, with the new run selected once its folder appears."""
+        self.track_started(started)
+        self.select_next = started
+        self.action_show_side("runs")
+
     def action_help(self) -> None:
         from magpie_tui.screens.help import HelpScreen
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(self.screen))
 
     # -- runs ---------------------------------------------------------------------------------
     def run_by_path(self, path: Path) -> RunInfo | None:
@@ -158,26 +176,29 @@ class WorkbenchApp(App):
         from magpie_tui.screens.loop import LoopScreen
         self.push_screen(LoopScreen(path, tab=tab))
 
-    def open_report(self, info: RunInfo) -> None:
+    def open_report(self, info: RunInfo, compare_with: RunInfo | None = None) -> None:
         """The report screen that fits the run's mode; its files are read in a thread worker.
-        A loop's report is its verdict, on the loop screen."""
+        A loop's report is its verdict, on the loop screen. ``compare_with``: a second benchmark
+        run shown side by side (B) once the report is up."""
         if info.mode == "loop":
             self.open_loop(info.path, tab="tab-verdict")
             return
-        self._read_report(info)
+        self._read_report(info, compare_with)
 
     @work(thread=True, exclusive=True, group="report-files", exit_on_error=False,
           description="read a run's report files")
-    def _read_report(self, info: RunInfo) -> None:
+    def _read_report(self, info: RunInfo, compare_with: RunInfo | None = None) -> None:
         from magpie_tui.screens.reports import read_report_files
         files = read_report_files(info)
-        self.call_from_thread(self._show_report, info, files)
+        self.call_from_thread(self._show_report, info, files, compare_with)
 
-    def _show_report(self, info: RunInfo, files) -> None:
+    def _show_report(self, info: RunInfo, files, compare_with: RunInfo | None = None) -> None:
         from magpie_tui.screens.reports import open_report_screen
         screen = open_report_screen(self, info, files)
         if screen is not None:
             self.push_screen(screen)
+            if compare_with is not None and hasattr(screen, "compare_with"):
+                screen.call_after_refresh(screen.compare_with, compare_with)
 
     def get_system_commands(self, screen):
         yield from super().get_system_commands(screen)

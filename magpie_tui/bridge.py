@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -102,15 +103,32 @@ class RunsWatcher:
     def __init__(self, roots: Iterable[Path], target) -> None:
         self.catalog = RunCatalog(roots)
         self.target = target
+        self.titles: dict[Path, str] = {}  # run folder -> what the Runs list calls it (read once)
         self._first = True
         self._lock = threading.Lock()
 
     def poll(self) -> None:
         with self._lock:
+            before = set(self.catalog.runs)
             changed = self.catalog.refresh()
-            if changed or self._first:
+            gone = before - set(self.catalog.runs)  # deleted or archived folders leave the list too
+            for path in gone:
+                self.titles.pop(path, None)
+            if changed or gone or self._first:
                 self._first = False
                 self.target.post_message(RunsChanged(self.catalog.sorted_runs(), changed))
+            # Titles after the list is out (hundreds of config reads must not delay it), a
+            # bounded slice per poll; the runs that got one are posted as changed.
+            titled = []
+            deadline = time.monotonic() + 0.25
+            for info in self.catalog.sorted_runs():
+                if info.path not in self.titles:
+                    self.titles[info.path] = run_title(info)
+                    titled.append(info)
+                    if time.monotonic() > deadline:
+                        break
+            if titled:
+                self.target.post_message(RunsChanged(self.catalog.sorted_runs(), titled))
 
 
 async def watch_configs(root: Path, target, stop_event=None, debounce_ms: int = 300) -> None:
@@ -125,3 +143,36 @@ async def watch_configs(root: Path, target, stop_event=None, debounce_ms: int = 
     async for changes in awatch(root, watch_filter=interesting, debounce=debounce_ms, stop_event=stop_event,
                                 recursive=True, ignore_permission_denied=True):
         target.post_message(ConfigsChanged({Path(p) for _c, p in changes}))
+
+
+def run_title(info) -> str:
+    """A label that tells runs of one kind apart, from the run's recorded ``config.yaml``: a
+    compare names its config and baseline, a benchmark its framework and load; else the label
+    from the folder name. Blocking (a small YAML read): called from the scan thread."""
+    import yaml
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built: 10x faster
+    try:
+        cfg = yaml.load((info.path / "config.yaml").read_text(encoding="utf-8"), Loader=loader) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return info.label
+    if not isinstance(cfg, dict):
+        return info.label
+    if isinstance(cfg.get("benchmark"), dict):
+        bench = cfg["benchmark"]
+        envs = bench.get("envs") or {}
+        load = " ".join(f"{short}{envs[key]}" for key, short in (("CONC", "c"), ("ISL", "i"), ("OSL", "o"))
+                        if envs.get(key) not in (None, ""))
+        client = bench.get("client") if isinstance(bench.get("client"), dict) else {}
+        sweep = client.get("sweep") if isinstance(client.get("sweep"), dict) else {}
+        short = {"concurrency": "c", "input_len": "i", "output_len": "o", "request_rate": "rate"}
+        swept = " ".join(f"sweep {short.get(k, k)}{','.join(map(str, v))}" for k, v in sweep.items()
+                         if isinstance(v, list))
+        repeats = f"x{client['repeats']}" if isinstance(client.get("repeats"), int) and client["repeats"] > 1 else ""
+        return " ".join(p for p in (info.label, load, swept, repeats) if p)
+    config_file = cfg.get("config_file")
+    if config_file:
+        path = Path(str(config_file))
+        name = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+        baseline = (cfg.get("baseline") or {}).get("id") if isinstance(cfg.get("baseline"), dict) else None
+        return f"{name} · base {baseline}" if baseline else name
+    return info.label

@@ -43,12 +43,14 @@ class Tokenizer(Protocol):
 
 @dataclass(frozen=True)
 class SampleRequest:
-    """One request: the prompt (token ids, or text when a tokenizer was given) and its lengths."""
+    """One request: the prompt (token ids, or text when a tokenizer was given) and its lengths;
+    `timestamp` (seconds, any origin) when it comes from a trace to be replayed on its own schedule."""
 
     prompt: list[int] | str
     prompt_len: int
     output_len: int
     request_id: str
+    timestamp: float | None = None
 
 
 RangeRatio = float | tuple[float, float] | Mapping[str, float]

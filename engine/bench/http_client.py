@@ -3,9 +3,13 @@
 Why not aiohttp for the timed path: aiohttp hands each read to the request's task through a
 StreamReader and a future, so every chunk costs a task wake-up and is stamped only when that task
 next runs — after every other stream that became readable in the same loop turn. Here the response
-is parsed where the bytes arrive (`data_received`), the read is stamped there with one
-`perf_counter()`, and the body goes straight to the caller's `on_body(data, stamp)`; the request's
-task wakes once, when the response ends. benchmarks/loadgen_overhead.py measures the difference.
+is read where the bytes arrive (`data_received`), each read is stamped there with one
+`perf_counter()`, and the request's task wakes once, when the response ends. Once the head of a
+chunked response is parsed, a read is only stamped and kept: the chunk framing and the caller's
+`on_body(data, stamp)` run over the kept reads when a read could be the response's last (it ends
+with a blank line), so the work of parsing comes after the stream's tokens, not between them, and
+a read's stamp never waits behind another stream's parsing. benchmarks/loadgen_overhead.py and
+benchmarks/client_cost.py measure the difference.
 
 What it speaks: HTTP/1.1 (and 1.0 responses), keep-alive with a pool of idle connections per
 client, responses framed by `Transfer-Encoding: chunked`, `Content-Length`, or the connection's
@@ -29,11 +33,15 @@ from engine.errors import MagpieError
 # returning True stops the response there (the connection is closed, not reused).
 BodySink = Callable[[bytes, float], "bool | None"]
 
+# on_bodies(pieces, stamps): the same for several reads at once (their body bytes and stamps, in order).
+BodiesSink = Callable[[list[bytes], list[float]], "bool | None"]
+
 _MAX_HEAD = 64 * 1024
 _ERROR_BODY_LIMIT = 4096
 
 # parser states
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+_CHUNKED_STATES = frozenset((_CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER))
 
 
 class HTTPError(MagpieError):
@@ -70,8 +78,10 @@ class ResponseParser:
     carried (chunk framing removed); with any other status the body is kept in `error_body`.
     """
 
-    def __init__(self, on_body: BodySink, *, head_request: bool = False) -> None:
+    def __init__(self, on_body: BodySink, *, head_request: bool = False,
+                 on_bodies: BodiesSink | None = None) -> None:
         self.on_body = on_body
+        self.on_bodies = on_bodies
         self.head_request = head_request
         self.state = _HEAD
         self.buf = b""
@@ -149,6 +159,37 @@ class ResponseParser:
         if pieces:
             self._deliver(b"".join(pieces) if len(pieces) > 1 else pieces[0], now)
 
+    def feed_reads(self, reads: list[bytes], stamps: list[float]) -> None:
+        """`feed` each read in turn; reads made of whole chunks (how an SSE server writes its events)
+        take a short cut, and their bodies go to `on_bodies` together when it is given."""
+        i, n = 0, len(reads)
+        pieces: list[bytes] = []
+        at: list[float] = []
+        resp = self.response
+        while (i < n and self.state == _CHUNK_SIZE and not self.buf and resp is not None and resp.status == 200
+               and self.on_bodies is not None):
+            whole = _whole_chunks(reads[i])
+            if whole is None:
+                break
+            body, ended = whole
+            if body:
+                pieces.append(body)
+                at.append(stamps[i])
+            i += 1
+            if ended:
+                self.state = _DONE
+                if i < n:
+                    self.keep_alive = False  # bytes after the response: do not trust this connection
+                break
+        if pieces and self.on_bodies is not None and self.on_bodies(pieces, at):
+            self.stopped = True
+        if self.state == _DONE or self.stopped:
+            return
+        for j in range(i, n):
+            self.feed(reads[j], stamps[j])
+            if self.stopped:
+                return
+
     def _skip_trailer(self, buf: bytes, pos: int) -> int:
         """Skip the complete trailer lines from ``pos`` (trailers are not kept); the empty line that ends them
         ends the response. Returns where the unread bytes start."""
@@ -217,6 +258,33 @@ class ResponseParser:
             self.keep_alive = False
 
 
+def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
+    """(body, ended) when `data` is a run of complete chunks, the last one possibly the terminal
+    chunk with no trailers; None for anything else (the general parser takes it)."""
+    pos, n = 0, len(data)
+    out: list[bytes] = []
+    while pos < n:
+        eol = data.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        try:
+            size = int(data[pos:eol], 16)
+        except ValueError:  # chunk extensions, or malformed: the general parser says which
+            return None
+        if size < 0:
+            return None
+        if size == 0:
+            if data[eol + 2:] != b"\r\n":
+                return None
+            return b"".join(out), True
+        end = eol + 2 + size
+        if data[end:end + 2] != b"\r\n":
+            return None
+        out.append(data[eol + 2:end])
+        pos = end + 2
+    return (out[0] if len(out) == 1 else b"".join(out)), False
+
+
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; it carries one request at a time."""
 
@@ -225,6 +293,9 @@ class _Connection(asyncio.Protocol):
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
+        # Reads of a chunked body kept with their stamps, parsed when the response may have ended.
+        self.kept: list[bytes] = []
+        self.kept_at: list[float] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -235,8 +306,18 @@ class _Connection(asyncio.Protocol):
         if parser is None or waiter is None or waiter.done():
             self._close()  # bytes nobody asked for: this connection cannot be trusted for the next request
             return
+        if parser.state in _CHUNKED_STATES:
+            self.kept.append(data)
+            self.kept_at.append(now)
+            # A chunked response ends with a blank line ("0\r\n" [trailers] "\r\n"); a read that
+            # does not end so (or is too short to tell) cannot be its last.
+            if len(data) >= 4 and not data.endswith(b"\r\n\r\n"):
+                return
         try:
-            parser.feed(data, now)
+            if self.kept:
+                self._feed_kept()
+            else:
+                parser.feed(data, now)
         except Exception as exc:  # a malformed response, or on_body raised: this request fails
             self._fail(exc)
             return
@@ -248,14 +329,25 @@ class _Connection(asyncio.Protocol):
 
     # eof_received is left as asyncio's default (close the transport): connection_lost then decides
     # whether the response was complete.
+    def _feed_kept(self) -> None:
+        assert self.parser is not None
+        reads, stamps = self.kept, self.kept_at
+        self.kept, self.kept_at = [], []
+        self.parser.feed_reads(reads, stamps)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         parser, waiter = self.parser, self.waiter
         if parser is None or waiter is None or waiter.done():
             return
         try:
+            if self.kept:
+                self._feed_kept()
+            if parser.done:  # the kept reads held the whole response
+                waiter.set_result(None)
+                return
             parser.eof()
-        except HTTPError as err:
+        except Exception as err:  # cut short, malformed, or on_body raised
             waiter.set_exception(err)
             return
         waiter.set_result(None)
@@ -309,21 +401,45 @@ class StreamingHTTPClient:
             self._open.discard(conn)
         return None
 
+    def build_post(self, path: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+        """The bytes of one POST (build them before the clock starts, send them with `send`)."""
+        lines = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self.host_header}",
+                 f"Content-Length: {len(body)}"]
+        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("host", "content-length")]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+    async def open_connections(self, count: int) -> int:
+        """Open connections until `count` are idle in the pool, all at once; returns how many were opened.
+        Done before a timed run, so that its requests do not pay for (or wait on) a TCP handshake.
+        Raises the first OSError when some could not be opened (those that could stay in the pool)."""
+        live = [c for c in self._idle if not c.closed]
+        self._idle = live
+        missing = max(0, count - len(live))
+        if not missing:
+            return 0
+        opened = await asyncio.gather(*(self._connect() for _ in range(missing)), return_exceptions=True)
+        self._idle.extend(c for c in opened if isinstance(c, _Connection))
+        errors = [e for e in opened if isinstance(e, BaseException)]
+        if errors:  # the ones that did open stay in the pool
+            raise errors[0]
+        return missing
+
     async def post(self, path: str, body: bytes, headers: Mapping[str, str], on_body: BodySink) -> Response:
         """Send one POST and read its response to the end (or until on_body returns True).
 
         Raises HTTPError when the response cannot be read, OSError when the server cannot be reached.
         """
-        lines = [f"POST {self.base_path}{path} HTTP/1.1", f"Host: {self.host_header}",
-                 f"Content-Length: {len(body)}"]
-        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("host", "content-length")]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        return await self.send(self.build_post(path, body, headers), on_body)
+
+    async def send(self, request: bytes, on_body: BodySink, on_bodies: BodiesSink | None = None) -> Response:
+        """Send the bytes of one request (`build_post`) and read its response, as `post` does;
+        `on_bodies`, when given, takes the bodies of several kept reads at once."""
         conn = self._take_idle()
         reused = conn is not None
         while True:
             if conn is None:
                 conn = await self._connect()
-            parser = ResponseParser(on_body)
+            parser = ResponseParser(on_body, on_bodies=on_bodies)
             try:
                 return await self._exchange(conn, request, parser)
             except HTTPError:
@@ -337,6 +453,7 @@ class StreamingHTTPClient:
 
     async def _exchange(self, conn: _Connection, request: bytes, parser: ResponseParser) -> Response:
         conn.parser = parser
+        conn.kept, conn.kept_at = [], []
         conn.waiter = waiter = asyncio.get_running_loop().create_future()
         keep = False
         try:

@@ -72,6 +72,7 @@ class _Chunk(msgspec.Struct):
 
 
 _DECODE = msgspec.json.Decoder(_Chunk).decode
+_DECODE_MANY = msgspec.json.Decoder(list[_Chunk]).decode
 _ENCODE = msgspec.json.Encoder().encode
 
 
@@ -95,6 +96,15 @@ class LoadGenConfig:
     # "lean": engine.bench.http_client (parses and stamps each read where it arrives; the default);
     # "aiohttp": aiohttp's client session, as vLLM's client uses it.
     http_client: str = "lean"
+    # A run bounded by time: requests (the list cycled) are released for duration_s seconds; only
+    # those that start in [warmup_s, duration_s - cooldown_s] are measured (timestamps are ignored).
+    duration_s: float | None = None
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
+    # Requests carrying a `timestamp` (a trace) are released at (timestamp - first) x this.
+    timestamp_scale: float = 1.0
+    # "auto": uvloop where installed, else asyncio's loop; "uvloop"; "asyncio" (see event_loop_name).
+    event_loop: str = "auto"
 
     @property
     def is_chat(self) -> bool:
@@ -113,6 +123,9 @@ class LoadResult:
     warmup_outputs: list[RequestOutput] = field(default_factory=list)
     duration_s: float = 0.0
     cancelled: bool = False
+    # A duration-bounded run: the measured window (s from the start) and the requests left out of it.
+    window: tuple[float, float] | None = None
+    excluded: int = 0
 
     def metrics(self, *, selected_percentiles: Sequence[float] = (50, 90, 99),
                 goodput_slos: dict[str, float] | None = None) -> BenchmarkMetrics:
@@ -162,12 +175,20 @@ class LoadGenerator:
             raise ValueError(f"http client {config.http_client!r}: choose one of {', '.join(HTTP_CLIENTS)}")
         if config.max_concurrency is not None and config.max_concurrency < 1:
             raise ValueError(f"max concurrency must be >= 1, got {config.max_concurrency}")
+        if config.duration_s is not None:
+            if config.duration_s <= config.warmup_s + config.cooldown_s:
+                raise ValueError("the warm-up and cool-down windows leave nothing of the duration to measure")
+            if math.isinf(config.request_rate) and not config.max_concurrency:
+                raise ValueError("a duration-bounded run needs a max concurrency or a finite request rate")
         self.config = config
         self.requests = list(requests)
         self.on_progress = on_progress
         # Called (in a thread) after the warm-up requests and before the measured ones: a profiler
         # started here records the measured load, not the warm-up.
         self.before_measure: Callable[[], Any] | None = None
+        # When the measured load starts (a perf_counter() value; None: when it is ready). Several
+        # client processes sharing one load are given one start, so their releases share one clock.
+        self.start_at: float | None = None
         self._cancelled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -224,11 +245,20 @@ class LoadGenerator:
                 return LoadResult(outputs=[], warmup_outputs=warm, cancelled=True)
             if self.before_measure is not None:
                 await asyncio.to_thread(self.before_measure)
-            offsets = arrival_offsets(len(self.requests), cfg.request_rate, cfg.burstiness, cfg.seed)
+            if cfg.duration_s is not None:
+                return await self._run_for_duration(client, sem, warm)
+            offsets = self._offsets()
+            # Before the clock: every request's bytes, and the connections the load will hold at once.
+            payloads = self._payloads(client)
+            if isinstance(client, StreamingHTTPClient):
+                try:
+                    await client.open_connections(min(cfg.max_concurrency or len(self.requests), len(self.requests)))
+                except OSError:
+                    pass  # each request then meets the error on its own, and fails with it
             tasks: list[asyncio.Task[RequestOutput]] = []
             self.phase, self.phase_total = "measure", len(self.requests)
-            t0 = self.measure_start = time.perf_counter()
-            self._arrivals = asyncio.create_task(self._release(client, sem, offsets, t0, tasks))
+            t0 = self.measure_start = self.start_at if self.start_at is not None else time.perf_counter()
+            self._arrivals = asyncio.create_task(self._release(client, sem, offsets, t0, tasks, payloads))
             try:
                 await self._arrivals
             except asyncio.CancelledError:
@@ -239,6 +269,91 @@ class LoadGenerator:
             self.phase = "done"
         return LoadResult(outputs=list(outputs), warmup_outputs=warm, duration_s=duration,
                           cancelled=self._cancelled)
+
+    async def _run_for_duration(self, client: Any, sem: asyncio.Semaphore | None,
+                                warm: list[RequestOutput]) -> LoadResult:
+        cfg = self.config
+        assert cfg.duration_s is not None
+        if isinstance(client, StreamingHTTPClient) and cfg.max_concurrency:
+            try:
+                await client.open_connections(cfg.max_concurrency)
+            except OSError:
+                pass
+        bodies = [self._body(r) for r in self.requests]
+        tasks: list[asyncio.Task[RequestOutput]] = []
+        self.phase, self.phase_total = "measure", 0
+        t0 = self.measure_start = self.start_at if self.start_at is not None else time.perf_counter()
+        self._arrivals = asyncio.create_task(self._release_for_duration(client, sem, t0, tasks, bodies))
+        try:
+            await self._arrivals
+        except asyncio.CancelledError:
+            if not self._cancelled:
+                raise
+        outputs = list(await asyncio.gather(*tasks))
+        self.phase = "done"
+        lo, hi = cfg.warmup_s, cfg.duration_s - cfg.cooldown_s
+        measured = [o for o in outputs if t0 + lo <= o.start_time <= t0 + hi]
+        return LoadResult(outputs=measured, warmup_outputs=warm, duration_s=hi - lo, cancelled=self._cancelled,
+                          window=(lo, hi), excluded=len(outputs) - len(measured))
+
+    async def _release_for_duration(self, client: Any, sem: asyncio.Semaphore | None, t0: float,
+                                    tasks: list[asyncio.Task[RequestOutput]], bodies: list[bytes]) -> None:
+        """Release requests (the list cycled) until the duration ends: closed loop at the concurrency
+        cap when the rate is inf (a request goes when a slot frees), else gamma arrivals at the rate."""
+        cfg = self.config
+        assert cfg.duration_s is not None
+        end = t0 + cfg.duration_s
+        closed = sem is not None and math.isinf(cfg.request_rate)
+        rng = np.random.RandomState(cfg.seed)
+        lean = isinstance(client, StreamingHTTPClient)
+        next_at, i, n = t0, 0, len(self.requests)
+        while not self._cancelled:
+            if closed:
+                assert sem is not None
+                await sem.acquire()
+            elif time.perf_counter() < next_at:
+                await asyncio.sleep(next_at - time.perf_counter())
+            if time.perf_counter() >= end or self._cancelled:
+                if closed:
+                    sem.release()  # type: ignore[union-attr]
+                return
+            if not closed:
+                rate, b = cfg.request_rate, cfg.burstiness
+                next_at += 1.0 / rate if math.isinf(b) else float(rng.gamma(b, 1.0 / (rate * b)))
+            req = self.requests[i % n]
+            rid = f"{cfg.request_id_prefix}d{i}"
+            body = bodies[i % n]
+            payload = client.build_post(self._path, body, {**self._headers, "x-request-id": rid}) if lean else body
+            tasks.append(self._track(asyncio.create_task(self._limited(
+                client, None if closed else sem, req, rid, time.perf_counter(), "measure", 0, payload,
+                held=sem if closed else None))))
+            i += 1
+
+    def _offsets(self) -> list[float]:
+        """Release times from the start: the requests' own timestamps (a trace replay, scaled by
+        `timestamp_scale`), else vLLM's arrival process."""
+        cfg = self.config
+        stamps = [r.timestamp for r in self.requests]
+        if any(t is not None for t in stamps):
+            base = min(t for t in stamps if t is not None)
+            return [max(0.0, ((t if t is not None else base) - base) * cfg.timestamp_scale) for t in stamps]
+        return arrival_offsets(len(self.requests), cfg.request_rate, cfg.burstiness, cfg.seed)
+
+    def request_id(self, i: int) -> str:
+        req = self.requests[i]
+        return f"{self.config.request_id_prefix}{req.request_id or i}"
+
+    def _payloads(self, client: Any) -> list[Any]:
+        """What `_send` sends for each measured request, built once: the raw HTTP request for the
+        lean client, the JSON body for aiohttp."""
+        out: list[Any] = []
+        for i, req in enumerate(self.requests):
+            body = self._body(req)
+            if isinstance(client, StreamingHTTPClient):
+                out.append(client.build_post(self._path, body, {**self._headers, "x-request-id": self.request_id(i)}))
+            else:
+                out.append(body)
+        return out
 
     def _client(self) -> Any:
         if self.config.http_client == "lean":
@@ -258,29 +373,34 @@ class LoadGenerator:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _release(self, client: Any, sem: asyncio.Semaphore | None,
-                       offsets: list[float], t0: float, tasks: list[asyncio.Task[RequestOutput]]) -> None:
-        cfg = self.config
+    async def _release(self, client: Any, sem: asyncio.Semaphore | None, offsets: list[float], t0: float,
+                       tasks: list[asyncio.Task[RequestOutput]], payloads: list[Any]) -> None:
         n = len(self.requests)
         for i, (req, off) in enumerate(zip(self.requests, offsets)):
-            if off > 0:
-                wait = t0 + off - time.perf_counter()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+            wait = t0 + off - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
             if self._cancelled:
                 return
-            rid = f"{cfg.request_id_prefix}{req.request_id or i}"
             tasks.append(self._track(asyncio.create_task(
-                self._limited(client, sem, req, rid, time.perf_counter(), "measure", n))))
+                self._limited(client, sem, req, self.request_id(i), time.perf_counter(), "measure", n, payloads[i]))))
 
-    async def _limited(self, client: Any, sem: asyncio.Semaphore | None,
-                       req: SampleRequest, rid: str, arrival: float, phase: str, total: int) -> RequestOutput:
+    async def _limited(self, client: Any, sem: asyncio.Semaphore | None, req: SampleRequest, rid: str,
+                       arrival: float, phase: str, total: int, payload: Any = None,
+                       held: asyncio.Semaphore | None = None) -> RequestOutput:
+        """One request under the concurrency cap: it waits for a slot of `sem`, or was released
+        holding one of `held` (a duration-bounded closed loop), given back when it ends."""
         try:
-            if sem is None:
-                out = await self._send(client, req, rid)
+            if held is not None:
+                try:
+                    out = await self._send(client, req, rid, payload)
+                finally:
+                    held.release()
+            elif sem is None:
+                out = await self._send(client, req, rid, payload)
             else:
                 async with sem:
-                    out = await self._send(client, req, rid)
+                    out = await self._send(client, req, rid, payload)
         except asyncio.CancelledError:
             if not self._cancelled:
                 raise
@@ -310,18 +430,24 @@ class LoadGenerator:
             body.update(cfg.extra_body)
         return _ENCODE(body)
 
-    async def _send(self, client: Any, req: SampleRequest, rid: str) -> RequestOutput:
+    async def _send(self, client: Any, req: SampleRequest, rid: str, payload: Any = None) -> RequestOutput:
+        """One request; `payload` is what `_payloads` built for it (None: build it now, untimed warm-up)."""
         out = RequestOutput(prompt_len=req.prompt_len, request_id=rid)
-        body = self._body(req)
+        lean = isinstance(client, StreamingHTTPClient)
+        if payload is None:
+            body = self._body(req)
+            payload = client.build_post(self._path, body, {**self._headers, "x-request-id": rid}) if lean else body
         headers = {**self._headers, "x-request-id": rid}
         st = time.perf_counter()
         out.start_time = st
         stream = _CompletionStream(out, st)
-        exchange = self._exchange_lean if isinstance(client, StreamingHTTPClient) else self._exchange_aiohttp
         timeout = self.config.request_timeout_s
         try:
-            request = exchange(client, body, headers, stream)
-            status_error = await (asyncio.wait_for(request, timeout) if timeout else request)
+            request = client.send(payload, stream.feed, stream.feed_many) if lean else \
+                self._exchange_aiohttp(client, payload, headers, stream)
+            result = await (asyncio.wait_for(request, timeout) if timeout else request)
+            status_error = result if not lean else (
+                "" if result.status == 200 else _status_error(result.status, result.reason, result.error_body))
             if status_error:
                 out.error = status_error
         except asyncio.TimeoutError:
@@ -335,13 +461,7 @@ class LoadGenerator:
         stream.finish()
         return out
 
-    # Each exchange streams a 200 response into `stream` and returns "", or returns the error of any
-    # other status.
-
-    async def _exchange_lean(self, client: StreamingHTTPClient, body: bytes, headers: dict[str, str],
-                             stream: _CompletionStream) -> str:
-        resp = await client.post(self._path, body, headers, stream.feed)
-        return "" if resp.status == 200 else _status_error(resp.status, resp.reason, resp.error_body)
+    # aiohttp: streams a 200 response into `stream` and returns "", or returns the error of any other status.
 
     async def _exchange_aiohttp(self, session: aiohttp.ClientSession, body: bytes, headers: dict[str, str],
                                 stream: _CompletionStream) -> str:
@@ -402,33 +522,82 @@ class _CompletionStream:
                 if payload == b"[DONE]":
                     self.done = True
                     return False
-                chunk = _DECODE(payload)
-                if chunk.error is not None:
-                    out.error = ("error event in stream: " + _ENCODE(chunk.error).decode())[:_ERROR_TEXT_LIMIT]
+                if self._take(_DECODE(payload), now):
                     return True
-                choices = chunk.choices
-                if choices:
-                    if self.got_choice:
-                        out.itl.append(now - self.last)
-                    else:
-                        self.got_choice = True
-                        out.ttft = now - self.start
-                    self.last = now
-                    c = choices[0]
-                    text = c.text if c.text is not None else (
-                        (c.delta.content or c.delta.reasoning_content) if c.delta is not None else None)
-                    if text:
-                        self.pieces += 1
-                        self.text_len += len(text)
-                    if chunk.usage is not None and chunk.usage.completion_tokens is not None:
-                        self.running_usage = chunk.usage.completion_tokens
-                elif chunk.usage is not None:
-                    out.output_tokens = chunk.usage.completion_tokens or 0
-                    if chunk.usage.prompt_tokens is not None:
-                        out.prompt_len = chunk.usage.prompt_tokens
         except msgspec.DecodeError as exc:
             out.error = f"malformed message in stream: {exc}"[:_ERROR_TEXT_LIMIT]
             return True
+        return False
+
+    def feed_many(self, pieces: list[bytes], stamps: list[float]) -> bool:
+        """`feed` for several reads; a read that is one whole `data: {...}` event (what servers write)
+        is decoded with the others in one call. Returns True when reading should stop."""
+        i, n = 0, len(pieces)
+        while i < n:
+            if self.buf or self.done or self.out.error:
+                break
+            j = i
+            while j < n and _simple_event(pieces[j]):
+                j += 1
+            if j > i and not self._take_events(pieces[i:j], stamps[i:j]):
+                return bool(self.out.error)
+            if j == n:
+                return bool(self.out.error)
+            if self.feed(pieces[j], stamps[j]):  # anything else, the general way
+                return True
+            i = j + 1
+        for k in range(i, n):
+            if self.feed(pieces[k], stamps[k]):
+                return True
+        return bool(self.out.error)
+
+    def _take_events(self, events: list[bytes], stamps: list[float]) -> bool:
+        """Whole simple events, decoded at once; False when a message was malformed (the general
+        path then reports it) or one asked to stop."""
+        payloads = [ev[5:-2].strip() for ev in events]
+        done_at = payloads.index(b"[DONE]") if b"[DONE]" in payloads else -1
+        if done_at >= 0:
+            payloads = payloads[:done_at]
+        try:
+            chunks = _DECODE_MANY(b"[" + b",".join(payloads) + b"]") if payloads else []
+        except msgspec.DecodeError:
+            for ev, at in zip(events, stamps):
+                if self.feed(ev, at):
+                    return False
+            return True
+        for chunk, at in zip(chunks, stamps):
+            if self._take(chunk, at):
+                return False
+        if done_at >= 0:
+            self.done = True
+        return True
+
+    def _take(self, chunk: _Chunk, now: float) -> bool:
+        """One decoded message that arrived at `now`; True when it ends the request (an error event)."""
+        out = self.out
+        if chunk.error is not None:
+            out.error = ("error event in stream: " + _ENCODE(chunk.error).decode())[:_ERROR_TEXT_LIMIT]
+            return True
+        choices = chunk.choices
+        if choices:
+            if self.got_choice:
+                out.itl.append(now - self.last)
+            else:
+                self.got_choice = True
+                out.ttft = now - self.start
+            self.last = now
+            c = choices[0]
+            text = c.text if c.text is not None else (
+                (c.delta.content or c.delta.reasoning_content) if c.delta is not None else None)
+            if text:
+                self.pieces += 1
+                self.text_len += len(text)
+            if chunk.usage is not None and chunk.usage.completion_tokens is not None:
+                self.running_usage = chunk.usage.completion_tokens
+        elif chunk.usage is not None:
+            out.output_tokens = chunk.usage.completion_tokens or 0
+            if chunk.usage.prompt_tokens is not None:
+                out.prompt_len = chunk.usage.prompt_tokens
         return False
 
     def finish(self) -> None:
@@ -447,6 +616,12 @@ class _CompletionStream:
         out.success = not out.error
 
 
+def _simple_event(piece: bytes) -> bool:
+    """One whole SSE event of one `data:` line, with nothing before or after it."""
+    return piece.startswith(b"data:") and piece.find(b"\n") == len(piece) - 2 and piece.endswith(b"\n\n") \
+        and b"\r" not in piece
+
+
 def _payload(ev: bytes) -> bytes | None:
     """The data of one SSE event (data lines joined by newlines), or None for comments/no data."""
     if ev.startswith(b"data:") and b"\n" not in ev:
@@ -463,7 +638,44 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def event_loop_name(choice: str = "auto") -> str:
+    """The event loop a run gets: uvloop where it is installed (the `fast` extra) unless asked for
+    asyncio's own; "uvloop" when it is not installed is an error."""
+    if choice not in EVENT_LOOPS:
+        raise ValueError(f"event loop {choice!r}: choose one of {', '.join(EVENT_LOOPS)}")
+    if choice == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError("event loop uvloop: it is not installed (pip install 'magpie-workbench[fast]' "
+                             "or pip install uvloop)") from None
+        return "asyncio"
+    return "uvloop"
+
+
+def run_coroutine(coro: Any, event_loop: str = "auto") -> Any:
+    """Run `coro` to its end in a fresh event loop of the kind `event_loop_name` picks."""
+    if event_loop_name(event_loop) == "asyncio":
+        return asyncio.run(coro)
+    import uvloop
+    loop = uvloop.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
 def run_load(config: LoadGenConfig, requests: Sequence[SampleRequest], *,
              on_progress: ProgressCallback | None = None) -> LoadResult:
-    """Synchronous convenience: run a LoadGenerator in a fresh event loop."""
-    return asyncio.run(LoadGenerator(config, requests, on_progress=on_progress).run())
+    """Synchronous convenience: run a LoadGenerator in a fresh event loop (`config.event_loop`)."""
+    return run_coroutine(LoadGenerator(config, requests, on_progress=on_progress).run(), config.event_loop)

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from engine.bench.dataset import sample_random_requests
+from engine.bench.capacity import DEFAULT_CEILING, CapacitySearch, capacity_table
+from engine.bench.dataset import SampleRequest, sample_random_requests
+from engine.bench.datasets import DatasetError, load_custom_jsonl, load_sharegpt
 from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, Server, ServerCommand, free_port, server_command
-from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
+from engine.bench.loadgen import LoadGenConfig, LoadGenerator, event_loop_name, freeze_heap, run_coroutine
 from engine.bench.metrics import aggregate_repeats, detailed_lists, format_interval
 from engine.bench.server_metrics import ServerMetricsScraper
 from engine.bench.tokenizers import NO_VOCAB_FIX, TokenizerError, known_vocab, load_tokenizer
@@ -90,8 +92,9 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     scraper: Optional[ServerMetricsScraper] = None
     chosen: list[GpuState] = []
     state = RunState.FAILED
-    report["dataset"] = {"name": "random", "prompts": "token ids", "tokenizer": None,
-                         "prefix_len": cfg.client.prefix_len}
+    report["dataset"] = {"name": cfg.client.dataset_name, "path": cfg.client.dataset_path, "prompts": "token ids",
+                         "tokenizer": None, "prefix_len": cfg.client.prefix_len}
+    report["environment"]["event_loop"] = event_loop_name(cfg.client.event_loop)
     try:
         # Before the server starts: prompts that cannot be made should not cost a server start.
         prompts = _prompt_source(run)
@@ -105,7 +108,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         # The server's /metrics once a second, in a thread of its own: off the load generator's event loop.
         scraper = ServerMetricsScraper(target.base_url, ws.path(SERVER_METRICS_FILE)).start()
         state = _assemble_results(run, _run_points(run, target))
-    except (LaunchError, OSError, TokenizerError) as exc:
+    except (LaunchError, OSError, TokenizerError, DatasetError) as exc:
         report["errors"].append(str(exc))
     except BaseException as exc:  # anything else still ends in a report that says what happened
         _record_crash(run, exc)
@@ -262,6 +265,10 @@ def _prompt_source(run: BenchRun) -> PromptSource:
         except TokenizerError as exc:
             if not cfg.tokenizer_is_default() or cfg.client.endpoint == "chat":
                 raise
+            if cfg.client.dataset_name != "random":
+                run.warnings.append(f"the model's tokenizer could not be loaded ({exc}); text prompts of the dataset "
+                                    "are counted by the server")
+                return PromptSource(None, None, ())
             if known is None:
                 # A config built without prepare(): the command line, workbench and MCP stop earlier.
                 run.warnings.append(f"random prompts use token ids below {_GUESSED_VOCAB}, a guess: {exc} "
@@ -269,6 +276,8 @@ def _prompt_source(run: BenchRun) -> PromptSource:
                 return PromptSource(None, _GUESSED_VOCAB, ())
             run.warnings.append(f"the model's tokenizer could not be loaded ({exc}); random prompts are token ids "
                                 f"below {known[0]} ({known[2]})")
+    elif cfg.client.dataset_name != "random":
+        return PromptSource(None, None, ())  # the dataset file has the prompts
     elif known is None:
         raise TokenizerError(f"random token-id prompts for {cfg.framework} {cfg.model!r} need the model's vocabulary "
                              f"size, and none is known: {NO_VOCAB_FIX}")
@@ -308,7 +317,10 @@ class _Shape:
 
 
 def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
-    """Every sweep point, ``client.repeats`` times; the torch profiler covers the first point."""
+    """Every sweep point, ``client.repeats`` times; the torch profiler covers the first point. With
+    ``client.find_capacity``, the levels of the capacity search instead (the knee's first)."""
+    if run.cfg.client.find_capacity:
+        return _run_capacity(run, target)
     sweep_results = []
     for index, point in enumerate(_points(run.cfg)):
         shape = _Shape.of(point, run.cfg, run.envs)
@@ -318,13 +330,58 @@ def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
     return sweep_results
 
 
-def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shape, rep: int) -> LoadGenerator:
+def _run_capacity(run: BenchRun, target: LoadTarget) -> list[dict]:
+    """The SLO capacity search (engine.bench.capacity): each level as a sweep point with its repeats;
+    ``report.capacity`` gets every level tried. Returned with the knee's level first."""
+    cl = run.cfg.client
+    search = CapacitySearch(over=cl.capacity_over, target=cl.goodput_target,
+                            ceiling=cl.capacity_max or DEFAULT_CEILING, max_steps=cl.capacity_steps)
+    results: list[dict] = []
+    index = 0
+    while not run.cancel.cancelled:
+        level = search.next_level()
+        if level is None:
+            break
+        point = {cl.capacity_over: int(level) if cl.capacity_over == "concurrency" else level}
+        shape = _Shape.of(point, run.cfg, run.envs)
+        runs = _run_repeats(run, target, point, index, shape)
+        if not runs:
+            break
+        lv = search.record(level, runs)
+        run.log(f"capacity: {cl.capacity_over} {level:g}: goodput {lv.share:.1%} -> {'pass' if lv.passed else 'fail'}")
+        run.ws.events.emit("capacity_level", **lv.to_dict(cl.capacity_over))
+        results.append({"point": shape.to_dict(), "runs": runs,
+                        "repeats": aggregate_repeats(runs) if len(runs) > 1 else None, "level": level})
+        index += 1
+    section = search.summary(cl.find_capacity)
+    run.report["capacity"] = section
+    knee = section["knee"]
+    results.sort(key=lambda r: r["level"] != knee)  # the knee's result is the run's headline
+    return results
+
+
+def _requests(run: BenchRun, target: LoadTarget, shape: _Shape, rep: int) -> list[SampleRequest]:
+    """The measured requests of one repeat: the random dataset, or the file that client.dataset_name names."""
     cfg, envs = run.cfg, run.envs
-    requests = sample_random_requests(shape.num_prompts, input_len=shape.isl, output_len=shape.osl,
-                                      range_ratio=float(envs["RANDOM_RANGE_RATIO"]),
-                                      prefix_len=cfg.client.prefix_len,
-                                      seed=cfg.client.seed + rep, vocab_size=target.vocab, special_ids=target.special,
-                                      tokenizer=target.tokenizer)
+    cl = cfg.client
+    explicit = int(cfg.envs["NUM_PROMPTS"]) if "NUM_PROMPTS" in cfg.envs else None
+    if cl.dataset_name == "custom":
+        assert cl.dataset_path is not None
+        return load_custom_jsonl(cl.dataset_path, num_requests=explicit, tokenizer=target.tokenizer,
+                                 output_len=cl.custom_output_len or shape.osl)
+    if cl.dataset_name == "sharegpt":
+        assert cl.dataset_path is not None
+        return load_sharegpt(cl.dataset_path, num_requests=shape.num_prompts, seed=cl.seed + rep,
+                             output_len=cl.sharegpt_output_len, tokenizer=target.tokenizer, default_output_len=shape.osl)
+    return sample_random_requests(shape.num_prompts, input_len=shape.isl, output_len=shape.osl,
+                                  range_ratio=float(envs["RANDOM_RANGE_RATIO"]), prefix_len=cl.prefix_len,
+                                  seed=cl.seed + rep, vocab_size=target.vocab, special_ids=target.special,
+                                  tokenizer=target.tokenizer)
+
+
+def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shape, rep: int) -> LoadGenerator:
+    cfg = run.cfg
+    requests = _requests(run, target, shape, rep)
     return LoadGenerator(LoadGenConfig(base_url=target.base_url, model=target.model,
                                        endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
                                        else "/v1/completions",
@@ -332,7 +389,9 @@ def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shap
                                        max_concurrency=shape.conc, num_warmups=cfg.client.warmup,
                                        seed=cfg.client.seed + rep,
                                        request_timeout_s=cfg.timeout_seconds,
-                                       http_client=cfg.client.http_client),
+                                       http_client=cfg.client.http_client, event_loop=cfg.client.event_loop,
+                                       duration_s=cfg.client.duration, warmup_s=cfg.client.warmup_seconds,
+                                       cooldown_s=cfg.client.cooldown_seconds),
                          requests)
 
 
@@ -360,7 +419,10 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
         if profiled and rep == cfg.client.repeats - 1:
             _stop_profiler(run, base_url)
         cancel_watch()
-        result = result_obj.metrics(goodput_slos=cfg.client.goodput or None).to_result()
+        result = result_obj.metrics(goodput_slos=cfg.client.find_capacity or cfg.client.goodput or None).to_result()
+        if result_obj.window is not None:
+            result["measured_window_s"] = list(result_obj.window)
+            result["excluded_requests"] = result_obj.excluded
         errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
         result["errors"] = errors[:10]
         if cancel.cancelled and runs:
@@ -531,9 +593,8 @@ def _profile_body(cfg: BenchmarkConfig) -> dict:
 
 
 def _run(lg: LoadGenerator):
-    import asyncio
     freeze_heap()
-    return asyncio.run(lg.run())
+    return run_coroutine(lg.run(), lg.config.event_loop)
 
 
 def _watch_cancel(cancel: CancelToken, lg: LoadGenerator) -> Callable[[], None]:
@@ -612,6 +673,8 @@ def summary_text(report: dict) -> str:
             r = rep.get(key)
             if r:
                 lines.append(f"{key} over {r['n']} repeats: {r['mean']:.3f} (95% CI {format_interval(r)})")
+    if report.get("capacity"):
+        lines += capacity_table(report["capacity"])
     for name in report.get("top_bottlenecks", [])[:5]:
         lines.append(f"bottleneck: {name[:100]}")
     for e in report.get("errors", []):

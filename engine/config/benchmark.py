@@ -279,6 +279,8 @@ class Client(_Strict):
     # lean: our asyncio-Protocol client, which stamps each read where it arrives; aiohttp: the
     # client library vLLM's benchmark uses (a cross-check, or for servers behind what lean lacks).
     http_client: Literal["lean", "aiohttp"] = "lean"
+    # auto: uvloop where installed (pip install 'magpie-workbench[fast]'), else asyncio's own loop.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # Text prompts through this tokenizer (a Hugging Face name or folder, or "builtin"), as
     # `vllm bench serve` sends them; unset: the model's, as vLLM defaults it (token ids for the
     # built-in server's completions); "none": token-id prompts (the chat endpoint needs text).
@@ -287,6 +289,24 @@ class Client(_Strict):
     vocab_size: Optional[int] = Field(default=None, ge=1)
     # A shared prefix of this many tokens in front of every prompt (vLLM's --random-prefix-len).
     prefix_len: int = Field(default=0, ge=0)
+    # vLLM's --dataset-name / --dataset-path: random (ISL/OSL), custom (JSONL), sharegpt (JSON).
+    dataset_name: Literal["random", "custom", "sharegpt"] = "random"
+    dataset_path: Optional[str] = None
+    custom_output_len: Optional[int] = Field(default=None, ge=1)
+    sharegpt_output_len: Optional[int] = Field(default=None, ge=1)
+    # A run bounded by time: requests are sent (the dataset cycled) for this many seconds; those
+    # started in the first warmup_seconds or the last cooldown_seconds are not measured.
+    duration: Optional[float] = Field(default=None, gt=0)
+    warmup_seconds: float = Field(default=0.0, ge=0)
+    cooldown_seconds: float = Field(default=0.0, ge=0)
+    # SLO capacity search: the highest load whose goodput (share of requests meeting every SLO, in
+    # ms: ttft, tpot, e2el) reaches goodput_target, by bisection over capacity_over.
+    find_capacity: dict[str, float] = Field(default_factory=dict)
+    goodput_target: float = Field(default=0.9, gt=0, le=1)
+    capacity_over: Literal["concurrency", "request_rate"] = "concurrency"
+    capacity_max: Optional[float] = Field(default=None, gt=0, description="highest level tried (default 1024 "
+                                          "concurrent requests, or 1024 requests/s)")
+    capacity_steps: int = Field(default=10, ge=2, description="most levels tried")
 
     @field_validator("sweep")
     @classmethod
@@ -295,6 +315,42 @@ class Client(_Strict):
         bad = [k for k in v if k not in known]
         if bad:
             raise ValueError(f"cannot sweep {', '.join(bad)}; sweepable: {', '.join(sorted(known))}")
+        return v
+
+    @model_validator(mode="after")
+    def _dataset_and_windows(self) -> "Client":
+        if self.dataset_name != "random" and not self.dataset_path:
+            raise ValueError(f"dataset_name {self.dataset_name} needs dataset_path (--dataset-path FILE)")
+        if self.dataset_name == "random" and self.dataset_path:
+            raise ValueError("dataset_path is for dataset_name custom or sharegpt (--dataset-name); the random "
+                             "dataset has no file")
+        if self.dataset_path and not Path(self.dataset_path).expanduser().is_file():
+            raise ValueError(f"dataset_path {self.dataset_path}: no such file")
+        if (self.warmup_seconds or self.cooldown_seconds) and self.duration is None:
+            raise ValueError("warmup_seconds / cooldown_seconds need a duration-bounded run (duration, --duration S)")
+        if self.duration is not None and self.warmup_seconds + self.cooldown_seconds >= self.duration:
+            raise ValueError(f"warmup_seconds + cooldown_seconds ({self.warmup_seconds + self.cooldown_seconds:g}) "
+                             f"leave nothing of duration {self.duration:g} s to measure")
+        if self.event_loop == "uvloop":
+            import importlib.util
+            if importlib.util.find_spec("uvloop") is None:
+                raise ValueError("event_loop uvloop: it is not installed (pip install 'magpie-workbench[fast]'), "
+                                 "or use auto")
+        if self.find_capacity:
+            if self.sweep:
+                raise ValueError("find_capacity chooses the levels itself: remove sweep")
+            if self.duration is not None:
+                raise ValueError("find_capacity runs a fixed number of requests per level: remove duration")
+        return self
+
+    @field_validator("find_capacity")
+    @classmethod
+    def _capacity_slos(cls, v: dict) -> dict:
+        bad = [k for k in v if k not in ("ttft", "tpot", "e2el")]
+        if bad:
+            raise ValueError(f"find_capacity SLOs are ttft, tpot and e2el (in ms); unknown: {', '.join(bad)}")
+        if any(ms <= 0 for ms in v.values()):
+            raise ValueError("find_capacity SLOs must be > 0 ms, e.g. --find-capacity ttft:500 tpot:50")
         return v
 
     @field_validator("goodput")
@@ -483,6 +539,12 @@ _CLI_FIELDS = {
     "endpoint": ("client.endpoint", None), "prefix_len": ("client.prefix_len", None),
     "vocab_size": ("client.vocab_size", None),
     "goodput": ("client.goodput", None),
+    "dataset_name": ("client.dataset_name", None), "dataset_path": ("client.dataset_path", None),
+    "custom_output_len": ("client.custom_output_len", None), "sharegpt_output_len": ("client.sharegpt_output_len", None),
+    "duration": ("client.duration", None), "warmup_seconds": ("client.warmup_seconds", None),
+    "cooldown_seconds": ("client.cooldown_seconds", None), "find_capacity": ("client.find_capacity", None),
+    "goodput_target": ("client.goodput_target", None), "capacity_over": ("client.capacity_over", None),
+    "capacity_max": ("client.capacity_max", None), "event_loop": ("client.event_loop", None),
     "torch_profiler": ("profiler.torch_profiler.enabled", None),
     "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
 }
@@ -534,6 +596,14 @@ def prompt_problems(cfg: BenchmarkConfig) -> list[str]:
     a named tokenizer without transformers, or token ids with no vocabulary size known for certain
     (ids outside the model's vocabulary fail every request)."""
     from engine.bench.tokenizers import BUILTIN, NO_VOCAB_FIX, known_vocab, transformers_available
+    if cfg.client.dataset_name == "custom" and cfg.client.dataset_path:
+        from engine.bench.datasets import DatasetError, load_custom_jsonl
+        try:  # every line checked now: a bad line must not cost a server start
+            load_custom_jsonl(cfg.client.dataset_path, num_requests=None, output_len=1)
+        except DatasetError as exc:
+            return exc.problems
+    if cfg.client.dataset_name != "random":
+        return []  # the file has the prompts: no vocabulary needed (a tokenizer, when it loads, counts them)
     name = cfg.effective_tokenizer()
     has_hf = name == BUILTIN or transformers_available()
     if name and has_hf:

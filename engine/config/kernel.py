@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.cluster.settings import ContainerSettings, RaySettings
 from engine.config.yamlfile import ConfigError, LocatedYaml, load_located_yaml, validate_located
 
 KERNEL_TYPES = ("hip", "cuda", "triton", "pytorch")
@@ -135,6 +136,8 @@ class SchedulerSettings(_Strict):
     environment: Literal["local", "container", "ray"] = "local"
     max_workers: Optional[int] = Field(default=None, ge=1)
     docker_image: Optional[str] = None
+    ray: Optional[RaySettings] = None
+    container: Optional[ContainerSettings] = None
 
 
 class KernelEntry(_Strict):
@@ -217,7 +220,8 @@ _MODEL_AT = {
     (): KernelConfigFile, ("kernel",): KernelEntry, ("kernels", int): KernelEntry,
     ("performance",): PerformanceSettings, ("correctness",): CorrectnessSettings,
     ("scheduler",): SchedulerSettings, ("performance", "ncu"): NcuSettings,
-    ("performance", "rocprofv3"): RocprofSettings,
+    ("performance", "rocprofv3"): RocprofSettings, ("scheduler", "ray"): RaySettings,
+    ("scheduler", "container"): ContainerSettings,
 }
 
 

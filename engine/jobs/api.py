@@ -16,8 +16,10 @@ the run folder's path, a cancel that is a call or a signal, never a closure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Iterator, Optional, Protocol, Union
 
 from engine.errors import MagpieError
 from engine.jobs.modes import JobOutcome, request_file_for, run_request, workspace_for
@@ -115,7 +117,6 @@ class _ProcessExecution:
         return self.process.poll() is None
 
     def cancel(self, reason: str) -> None:
-        import signal
         if self.alive():
             self.process.send_signal(signal.SIGTERM)  # the child's handler cancels and writes its report
 
@@ -133,6 +134,31 @@ def engine_env() -> dict[str, str]:
     return env
 
 
+CANCEL_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+@contextlib.contextmanager
+def cancel_signals_held() -> Iterator[None]:
+    """Start children with the cancel signals blocked (the mask survives exec): a cancel sent
+    before the child has installed its handlers waits for them instead of killing it without a
+    report. The child unblocks them once its handlers are in (``release_cancel_signals``)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {getattr(signal, name) for name in CANCEL_SIGNALS}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)  # this thread only, for the fork
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def release_cancel_signals() -> None:
+    """In a child: deliver the cancel signals held since its start (to the handlers now installed)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {getattr(signal, name) for name in CANCEL_SIGNALS})
+
+
 class LocalProcessExecutor:
     """A detached child (``python -m engine.jobs.child RUN_DIR``): a new session, so a terminal
     hang-up or Ctrl-C in the front end does not reach it; console output to
@@ -148,7 +174,7 @@ class LocalProcessExecutor:
         argv = [self.python, "-m", "engine.jobs.child", str(run_dir), request_file]
         started = time.time()
         pending = console_dir / f".starting_{os.getpid()}_{int(started * 1e6)}.log"
-        with open(pending, "wb") as out:
+        with open(pending, "wb") as out, cancel_signals_held():
             proc = subprocess.Popen(argv, cwd=str(self.cwd or Path.cwd()), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True)
         final = console_log_path(run_dir.parent, proc.pid, started)
@@ -156,7 +182,15 @@ class LocalProcessExecutor:
         return _ProcessExecution(proc, final, argv)
 
 
-EXECUTORS: dict[str, Any] = {"in-process": InProcessExecutor, "local-process": LocalProcessExecutor}
+def _cluster_executor(name: str) -> Any:
+    def factory(**options: Any) -> Executor:
+        from engine.cluster.executors import make_executor  # Ray and docker load only when used
+        return make_executor(name, **options)
+    return factory
+
+
+EXECUTORS: dict[str, Any] = {"in-process": InProcessExecutor, "local-process": LocalProcessExecutor,
+                             "ray": _cluster_executor("ray"), "container": _cluster_executor("container")}
 
 
 def register_executor(name: str, factory: Any) -> None:
@@ -265,22 +299,24 @@ def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor:
     """Check the request (a ConfigError before anything starts), make its run folder, start it."""
     if isinstance(request, dict):
         request = parse_request(request)
-    prepared = request.prepare()
-    ws = workspace_for(prepared, output_dir)
-    run_dir = ws.root
-    ws.events.close()  # the executor's process opens its own
-    request_file = request_file_for(run_dir, request)
-    (run_dir / request_file).write_text(request.to_json() + "\n")
     if isinstance(executor, str):
         try:
             factory = EXECUTORS[executor]
         except KeyError:
             raise JobError(f"unknown executor {executor!r}", hint=f"one of {', '.join(sorted(EXECUTORS))}") from None
         executor = factory(**executor_options)
+    if hasattr(executor, "adapt_request"):  # ray / container: the request names its environment
+        request = executor.adapt_request(request)
+    prepared = request.prepare()
+    ws = workspace_for(prepared, output_dir)
+    run_dir = ws.root
+    ws.events.close()  # the executor's process opens its own
+    request_file = request_file_for(run_dir, request)
+    (run_dir / request_file).write_text(request.to_json() + "\n")
     execution = executor.start(request, run_dir, request_file, prepared)
     record = {"schema_version": JOB_SCHEMA_VERSION, "id": run_dir.name, "mode": request.mode,
               "executor": executor.name, "pid": execution.pid, "host": socket.gethostname(),
-              "submitted": round(time.time(), 3), "request": request_file}
+              "submitted": round(time.time(), 3), "request": request_file, **getattr(executor, "record", {})}
     from engine.runs.workspace import atomic_write_json
     atomic_write_json(run_dir / JOB_FILE, record)
     return Job(run_dir, execution)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from engine.errors import MagpieError, format_error
+from engine.jobs.api import release_cancel_signals
 from engine.jobs.modes import EXIT_FAIL, run_request
 from engine.jobs.requests import REQUEST_FILE, notices, read_request
 from engine.runs.process import CancelToken, install_signal_handlers
@@ -29,6 +30,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     request_file = args[1] if len(args) > 1 else REQUEST_FILE
     cancel = CancelToken()
     install_signal_handlers(cancel)
+    release_cancel_signals()  # a cancel sent while this process started is handled now
     log = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     ws = Workspace(run_dir)
     try:

@@ -109,7 +109,11 @@ def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, 
     _begin(ws, request, sink, "config.yaml", plan.effective_config(), mode=plan.mode,
            kernels=[k.id for k in plan.kernels], label=kernel_workspace_label(plan))
     started = time.time()
-    evaluator = Evaluator(plan, ws, Machine.from_gpu_info(gpu_info), cancel)
+    if plan.environment == "local":
+        evaluator = Evaluator(plan, ws, Machine.from_gpu_info(gpu_info), cancel)
+    else:  # the same stages, run on a Ray cluster or inside a container image
+        from engine.cluster.executors import evaluator_for
+        evaluator = evaluator_for(plan, ws, Machine.from_gpu_info(gpu_info), cancel)
     outcomes = evaluator.outcomes
     state, error = "failed", None
     try:
@@ -123,6 +127,7 @@ def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, 
             cancel.cancel("interrupted")
     finally:
         build = build_compare_report if plan.mode == "compare" else build_analyze_report
+        build = getattr(evaluator, "build_report", None) or build  # Ray: same-GPU speedups
         gpu_dict = gpu_info.to_dict() if gpu_info is not None else None
         report, renderables = build(plan, outcomes, state, str(ws.root), gpu_dict,
                                     degenerate=getattr(evaluator, "degenerate", None))
@@ -137,7 +142,7 @@ def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, 
         report["exit_code"] = code
         name = report_name_for_mode(plan.mode)
         ws.write_json(name, report)
-        display = renderables + [f"workspace: {ws.root}"]
+        display = renderables + ([f"error: {error}"] if error else []) + [f"workspace: {ws.root}"]
         ws.write_text("summary.txt", render_text(display))
         _end(ws, state, code, name)
     return JobOutcome(code, state, ws.root, name, report, display=display)
@@ -150,6 +155,18 @@ def run_benchmark(request: BenchmarkRequest, output_dir: Union[Path, str, None] 
                   log: Callable[[str], None] = lambda s: None) -> JobOutcome:
     from engine.bench.run import run_benchmark as drive
     prepared = prepared or request.prepare()
+    if not isinstance(prepared, PreparedBenchmark):  # a batch: each point a run of its own
+        from engine.cluster.batch import run_batch
+        ws = workspace or workspace_for(prepared, output_dir)
+        _begin(ws, request, sink, "config.yaml", prepared.effective_config(), mode="benchmark", label=prepared.label)
+        code, state = EXIT_FAIL, "failed"
+        report: dict = {}
+        try:
+            code, state, report = run_batch(prepared, ws, cancel or CancelToken(), log)
+        finally:
+            _end(ws, state, code, BENCHMARK_REPORT)
+        return JobOutcome(code, state, ws.root, BENCHMARK_REPORT, report,
+                          display=[(ws.root / "summary.txt").read_text()] if (ws.root / "summary.txt").is_file() else [])
     cfg = prepared.config
     cancel = cancel or CancelToken()
     ws = workspace or workspace_for(prepared, output_dir)
@@ -238,6 +255,8 @@ def workspace_for(prepared: Any, output_dir: Union[Path, str, None]) -> Workspac
     if isinstance(prepared, PreparedKernels):
         return Workspace.create(output_dir or "./results", prepared.plan.mode, kernel_workspace_label(prepared.plan))
     if isinstance(prepared, PreparedBenchmark):
+        return Workspace.create(output_dir or "./results", "benchmark", prepared.label)
+    if hasattr(prepared, "points"):  # engine.cluster.batch.PreparedBatch
         return Workspace.create(output_dir or "./results", "benchmark", prepared.label)
     if isinstance(prepared, PreparedTrace):
         from engine.trace.discover import workspace_of

@@ -23,7 +23,7 @@ REQUEST_FILE = "request.json"
 
 # Framework-config keys this tool reads; the rest of Magpie's framework config is reported, not dropped.
 _FRAMEWORK_KEYS_USED = {
-    "scheduler": {"max_workers", "environment"},
+    "scheduler": {"max_workers", "environment", "docker_image", "ray", "container"},
     "performance": {"backend", "timeout_seconds", "ncu"},
 }
 
@@ -57,6 +57,7 @@ class KernelRequest(_Request):
     docker_image: Optional[str] = None
     only: Optional[list[str]] = None
     tie_margin: Optional[float] = None
+    ray_address: Optional[str] = Field(None, description="Ray cluster address for environment ray")
 
     def prepare(self) -> "PreparedKernels":
         from engine.kernels.plan import CliOptions, build_plan
@@ -70,7 +71,7 @@ class KernelRequest(_Request):
         if self.mode != "compare":
             opts.baseline = opts.tie_margin = None
         plan = build_plan(self.mode, opts, framework)
-        if self.docker_image and plan.environment != "container":
+        if self.docker_image and plan.environment != "container" and self.environment != "container":
             warnings.append(f"--docker-image {self.docker_image} is not used: kernels run in the "
                             f"{plan.environment!r} environment")
         plan.warnings = warnings + plan.warnings
@@ -84,8 +85,21 @@ class BenchmarkRequest(_Request):
     framework: Optional[str] = None
     # Command-line overrides (None: keep the YAML's value); the keys of apply_cli_overrides.
     flags: dict[str, Any] = Field(default_factory=dict)
+    batch: Optional[str] = Field(None, description="a batch YAML: a list of benchmark configs or a sweep, "
+                                                   "each point a run of its own (engine.cluster.batch)")
+    environment: Optional[str] = Field(None, description="batch points: local (one after another) or ray")
+    ray_address: Optional[str] = None
 
-    def prepare(self) -> "PreparedBenchmark":
+    def prepare(self) -> Any:
+        if self.environment == "container":
+            raise ConfigError(["magpie benchmark -e container: the server runs in a container with --run-mode docker "
+                               "(and --docker-image); -e container is for analyze / compare"])
+        if self.batch or self.environment == "ray":
+            from engine.cluster.batch import prepare_batch
+            return prepare_batch(self)
+        return self._prepare_one()
+
+    def _prepare_one(self) -> "PreparedBenchmark":
         from engine.config.benchmark import BenchmarkConfig, apply_cli_overrides, load_benchmark_config
         warnings: list[str] = []
         flags = dict(self.flags)

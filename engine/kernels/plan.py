@@ -115,9 +115,12 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     config_file: Optional[Path] = None
     environment: str = "local"
+    # The resolved scheduler.ray / scheduler.container block (engine.cluster.settings) of a
+    # non-local environment; None for local runs.
+    scheduler: Optional[Any] = None
 
     def effective_config(self) -> dict:
-        return {
+        out = {
             "mode": self.mode,
             "config_file": str(self.config_file) if self.config_file else None,
             "environment": self.environment,
@@ -128,6 +131,9 @@ class Plan:
             "overrides": self.overrides,
             "warnings": self.warnings,
         }
+        if self.scheduler is not None:
+            out["scheduler"] = {self.environment: self.scheduler.model_dump()}
+        return out
 
 
 @dataclass
@@ -150,6 +156,8 @@ class CliOptions:
     environment: Optional[str] = None
     only: Optional[list[str]] = None
     tie_margin: Optional[float] = None
+    ray_address: Optional[str] = None
+    docker_image: Optional[str] = None
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -216,8 +224,8 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
                 config_file=doc.path.resolve() if doc else None)
     plan.environment = _environment(cfg, doc, opts, framework, overrides)
     if plan.environment != "local":
-        problems.append(f"execution environment {plan.environment!r} is not supported: kernels run on this "
-                        "machine (use --environment local, or run the tool inside the container / on the node)")
+        from engine.cluster.settings import resolve_scheduler
+        plan.scheduler = resolve_scheduler(plan.environment, cfg, doc, opts, framework, overrides, problems)
     if mode == "compare":
         if len(kernels) < 2:
             problems.append(f"compare needs at least 2 kernels, got {len(kernels)}")

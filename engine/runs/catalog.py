@@ -43,6 +43,7 @@ class RunInfo:
     done: Optional[int] = None
     total: Optional[int] = None
     live: dict = field(default_factory=dict)  # a benchmark's running numbers (failed, tok/s, p50s)
+    kernels: list = field(default_factory=list)  # analyze / compare: the kernel ids, in order
     exit_code: Optional[int] = None
     report_name: Optional[str] = None
     error: Optional[str] = None
@@ -109,6 +110,7 @@ class RunInfo:
             self.pid = ev.pid
             if ev.label:
                 self.label = ev.label
+            self.kernels = list(ev.kernels or [])
         elif isinstance(ev, RunFinished):
             self.state = ev.state or RunState.COMPLETED
             self.finished = self.last_event
@@ -117,13 +119,16 @@ class RunInfo:
             self.error = ev.error or self.error
         elif isinstance(ev, StageEvent):
             self.stage = f"{ev.kernel}: {ev.stage}" if ev.kernel else ev.stage
+            if ev.kernel and ev.index is not None and self.kernels:
+                # "kernel 2 of 3" during a compare: which one, and how many are left.
+                self.stage = f"kernel {ev.index + 1} of {len(self.kernels)} {self.stage}"
             if ev.state:
                 self.stage += f" {ev.state.lower()}"
         elif isinstance(ev, ProgressEvent):
             if ev.done is not None and ev.total is not None:
                 self.done, self.total = ev.done, ev.total
-            self.live = {k: getattr(ev, k) for k in ("failed", "output_tok_s", "ttft_p50_ms", "tpot_p50_ms")
-                         if getattr(ev, k) is not None}
+            self.live = {k: getattr(ev, k) for k in ("completed", "failed", "output_tok_s", "ttft_p50_ms",
+                                                      "tpot_p50_ms") if getattr(ev, k) is not None}
             if ev.phase:
                 self.stage = ev.phase
         return True

@@ -8,6 +8,7 @@ command line, shown to the user; the run itself is the typed request, not those 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -48,12 +49,21 @@ class ConfigCheck:
         return []
 
 
+def is_run_folder(folder: Path) -> bool:
+    """A run folder (it has the ``events.jsonl`` every run writes): its files are a run's record."""
+    return (folder / "events.jsonl").is_file()
+
+
 def classify(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix in SOURCE_SUFFIXES:
         return "source"
     if suffix not in CONFIG_SUFFIXES:
         return "other"
+    if is_run_folder(path.parent):
+        # The config a run recorded (with its overrides and warnings): not a config to validate
+        # or launch as it stands; the Runs list re-runs it.
+        return "run record"
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
@@ -92,23 +102,46 @@ def check_config(path: Path | str) -> ConfigCheck:
         # A file can be valid for compare (candidates checked against the baseline) and not
         # for analyze (which needs a testcase or reference per kernel): keep what works.
         from engine.kernels.plan import CliOptions, build_plan
+        failures: dict[str, list[str]] = {}
         for mode in ("compare", "analyze"):
             try:
                 plan = build_plan(mode, CliOptions(kernel_config=str(path)), {})
             except ConfigError as exc:
-                if not check.valid_modes and mode == "analyze":
-                    check.problems.extend(p for p in exc.problems if p not in check.problems)
-                elif mode == "compare":
-                    check.problems.extend(exc.problems)
+                failures[mode] = list(exc.problems)
                 continue
             if mode == "compare" and len(plan.kernels) < 2:
                 continue
             check.valid_modes.append(mode)
             check.kernel_ids = [k.id for k in plan.kernels]
             check.warnings.extend(w for w in plan.warnings if w not in check.warnings)
-        if check.valid_modes:
-            check.problems.clear()
+        if not check.valid_modes:
+            # Report the problems of the mode the file is written for: a file of several kernels
+            # is a compare (analyze's extra demands, a reference for the baseline too, would be
+            # false alarms on kernels nobody touched); a single kernel is an analyze.
+            meant = "compare" if _kernel_entries(path) > 1 else "analyze"
+            for problem in _root_causes(failures.get(meant) or failures.get("compare") or failures.get("analyze") or []):
+                if problem not in check.problems:
+                    check.problems.append(problem)
     return check
+
+
+_MISSING_FILE = re.compile(r"^(?P<where>.*?: (?P<kernel>[^:\s.]+))\.\w+: .* does not exist")
+
+
+def _root_causes(problems: list[str]) -> list[str]:
+    """Drop what follows from a missing file: a kernel whose source does not exist also "has no
+    way to check correctness" (its module cannot load); only the missing file is the fix."""
+    missing = {m["kernel"] for m in map(_MISSING_FILE.match, problems) if m}
+    return [p for p in problems if _MISSING_FILE.match(p) or not any(f": {k}: " in p for k in missing)]
+
+
+def _kernel_entries(path: Path) -> int:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return 0
+    kernels = data.get("kernels") if isinstance(data, dict) else None
+    return len(kernels) if isinstance(kernels, list) else 1
 
 
 @dataclass
@@ -126,6 +159,12 @@ class LaunchRequest:
     profiler: Optional[bool] = None
     only: Optional[list[str]] = None  # kernel ids (analyze/compare); the baseline is always kept
     until: Optional[str] = None  # optimize: stop after this step (None: every step)
+    warmup: Optional[int] = None  # analyze/compare: untimed calls; benchmark: warm-up requests
+    timeout: Optional[float] = None  # analyze/compare: per command; benchmark: the whole run
+    seed: Optional[int] = None
+    rtol: Optional[float] = None  # analyze/compare only
+    atol: Optional[float] = None
+    no_perf: bool = False  # analyze/compare: correctness only
 
     def to_request(self) -> Any:
         """The typed request this launch runs (``engine.jobs.requests``)."""
@@ -134,10 +173,13 @@ class LaunchRequest:
         if self.mode in ("analyze", "compare"):
             return KernelRequest(mode=self.mode, kernel_config=config, repeats=self.repeats,
                                  baseline=self.baseline if self.mode == "compare" else None,
-                                 only=list(self.only) if self.only else None)
+                                 only=list(self.only) if self.only else None, warmup=self.warmup,
+                                 timeout=self.timeout, seed=self.seed, rtol=self.rtol, atol=self.atol,
+                                 no_perf=self.no_perf)
         if self.mode == "benchmark":
             flags = {"repeats": self.repeats, "concurrency": self.concurrency, "input_len": self.input_len,
-                     "output_len": self.output_len, "num_prompts": self.num_prompts, "torch_profiler": self.profiler}
+                     "output_len": self.output_len, "num_prompts": self.num_prompts, "torch_profiler": self.profiler,
+                     "warmup": self.warmup, "timeout": self.timeout, "seed": self.seed}
             return BenchmarkRequest(benchmark_config=config, flags={k: v for k, v in flags.items() if v is not None})
         if self.mode == "optimize":
             return LoopRequest(benchmark_config=config, until=self.until)
@@ -155,11 +197,18 @@ class LaunchRequest:
                 args += ["--baseline", self.baseline]
             if self.only:
                 args += ["--only", ",".join(self.only)]
+            for flag, value in (("--warmup", self.warmup), ("--timeout", self.timeout), ("--seed", self.seed),
+                                ("--rtol", self.rtol), ("--atol", self.atol)):
+                if value is not None:
+                    args += [flag, str(value)]
+            if self.no_perf:
+                args.append("--no-perf")
         elif self.mode == "benchmark":
             args += ["-b", config, "-o", output]
             for flag, value in (("--repeats", self.repeats), ("--concurrency", self.concurrency),
                                 ("--input-len", self.input_len), ("--output-len", self.output_len),
-                                ("--num-prompts", self.num_prompts)):
+                                ("--num-prompts", self.num_prompts), ("--warmup", self.warmup),
+                                ("--timeout", self.timeout), ("--seed", self.seed)):
                 if value is not None:
                     args += [flag, str(value)]
             if self.profiler is True:

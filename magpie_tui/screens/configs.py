@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Iterable
 
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DirectoryTree, Footer, Header, Static
 
-from engine.runs.launch import ConfigCheck, check_config
+from engine.runs.launch import ConfigCheck, check_config, is_run_folder
 from magpie_tui.bridge import WATCHED_SUFFIXES
 from magpie_tui.messages import ConfigsChanged
 from magpie_tui.widgets.code_view import CodeView
@@ -20,13 +20,17 @@ _SKIP_DIRS = {"results", "__pycache__", "node_modules", ".git", "build", "dist"}
 
 
 class ConfigTree(DirectoryTree):
-    """Folders, YAML configs and kernel sources; hidden folders and results are left out."""
+    """Folders, YAML configs and kernel sources; hidden folders, results and run folders (a
+    run's files are its record, listed on the Runs screen) are left out."""
 
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
         for path in paths:
             if path.name.startswith(".") or path.name in _SKIP_DIRS or path.name.endswith(".egg-info"):
                 continue
-            if path.is_dir() or path.suffix.lower() in WATCHED_SUFFIXES:
+            if path.is_dir():
+                if not is_run_folder(path):
+                    yield path
+            elif path.suffix.lower() in WATCHED_SUFFIXES:
                 yield path
 
 
@@ -34,6 +38,8 @@ class ConfigsScreen(Screen):
     BINDINGS = [
         Binding("l", "launch", "Launch", id="configs.launch"),
         Binding("d", "diff", "Diff kernels", id="configs.diff"),
+        Binding("e", "edit", "Edit", id="configs.edit"),
+        Binding("y", "copy_path", "Copy path", show=False, id="configs.copy_path"),
         Binding("f5", "reload", "Reload", id="configs.reload"),
     ]
 
@@ -49,9 +55,10 @@ class ConfigsScreen(Screen):
             yield ConfigTree(self.app.settings.project_dir, id="config-tree")
             with Vertical(id="config-detail"):
                 yield Static("Select a config or a kernel source.", id="config-status")
-                yield Static("", id="config-problems")
+                with VerticalScroll(id="config-problems"):  # every problem, scrollable, never cut
+                    yield Static("", id="config-problems-text")
                 yield CodeView(id="config-source")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.sub_title = str(self.app.settings.project_dir)
@@ -75,22 +82,17 @@ class ConfigsScreen(Screen):
     def _show_check(self) -> None:
         check = self.check
         status = self.query_one("#config-status", Static)
-        problems = self.query_one("#config-problems", Static)
         if check is None:
             return
-        rel = _relative(check.path, self.app.settings.project_dir)
-        if check.kind in ("kernel", "benchmark"):
-            state = "valid" if check.ok else f"{len(check.problems)} problem(s)"
-            modes = f" — l: {' / '.join(check.modes)}" if check.modes else ""
-            kernels = f" — kernels: {', '.join(check.kernel_ids)}" if check.kernel_ids else ""
-            status.update(f"{rel}: {check.kind} config, {state}{kernels}{modes}")
-        else:
-            status.update(f"{rel}: {check.kind}")
+        status.update(status_line(check, self.app.settings.project_dir))
         status.set_class(check.ok, "-valid")
         status.set_class(not check.ok, "-invalid")
-        lines = [f"error: {p}" for p in check.problems] + [f"warning: {w}" for w in check.warnings]
-        problems.update("\n".join(lines))
-        problems.display = bool(lines)
+        # Paths under the project are shown relative to it: absolute ones wrap at 80 columns.
+        root = f"{self.app.settings.project_dir}/"
+        lines = [f"error: {p}".replace(root, "") for p in check.problems] + \
+                [f"warning: {w}".replace(root, "") for w in check.warnings]
+        self.query_one("#config-problems-text", Static).update("\n".join(lines))
+        self.query_one("#config-problems").display = bool(lines)
 
     def configs_changed(self, message: ConfigsChanged) -> None:
         if self.selected is not None and self.selected in message.paths:
@@ -110,6 +112,13 @@ class ConfigsScreen(Screen):
 
     def action_launch(self) -> None:
         from magpie_tui.screens.launch import LaunchScreen
+        if self.check is not None and self.check.kind == "yaml" and self.check.problems:
+            self.notify("This file is not valid YAML: fix the error shown above the source first.", severity="error")
+            return
+        if self.check is not None and self.check.kind == "run record":
+            self.notify("This is a run's recorded config: re-run it from the Runs screen (2, then R).",
+                        severity="warning")
+            return
         if self.check is None or not self.check.modes:
             self.notify("Select a kernel or benchmark config to launch.", severity="warning")
             return
@@ -121,9 +130,26 @@ class ConfigsScreen(Screen):
     def _launched(self, started) -> None:
         if started is None:
             return
-        self.app.track_started(started)
         self.notify(f"started pid {started.pid}: {' '.join(started.argv[3:5])}")
-        self.app.switch_mode("runs")
+        self.app.show_started(started)
+
+    def action_copy_path(self) -> None:
+        if self.selected is not None:
+            self.app.copy_to_clipboard(str(self.selected))
+            self.notify(f"copied {self.selected}")
+
+    def action_edit(self) -> None:
+        """The selected file in ``$VISUAL``/``$EDITOR`` (the terminal is handed over), then
+        validated again: what the editor saved is what the status line shows."""
+        from magpie_tui.editor import edit_file
+        if self.selected is None:
+            self.notify("Select a file to edit.", severity="warning")
+            return
+        problem = edit_file(self.app, self.selected, _first_problem_line(self.check) if self.check else None)
+        if problem:
+            self.notify(problem, severity="error")
+        if self.selected.exists():
+            self.select(self.selected)
 
     def action_diff(self) -> None:
         from magpie_tui.screens.diff import DiffScreen
@@ -131,6 +157,22 @@ class ConfigsScreen(Screen):
             self.notify("Select a compare config (two or more kernels) to diff its kernels.", severity="warning")
             return
         self.app.push_screen(DiffScreen.for_config(self.check.path))
+
+
+def status_line(check: ConfigCheck, project: Path) -> str:
+    """What the file is and whether it is usable, in the words of what to do next."""
+    rel = _relative(check.path, project)
+    if check.kind in ("kernel", "benchmark"):
+        state = "valid" if check.ok else f"{len(check.problems)} problem(s)"
+        modes = f" — l: {' / '.join(check.modes)}" if check.modes else ""
+        kernels = f" — kernels: {', '.join(check.kernel_ids)}" if check.kernel_ids else ""
+        return f"{rel}: {check.kind} config, {state}{kernels}{modes}"
+    if check.kind == "yaml":
+        return f"{rel}: not valid YAML — fix the error below" if check.problems else \
+            f"{rel}: YAML, not a kernel or benchmark config (no 'kernels:' or 'benchmark:' key)"
+    if check.kind == "run record":
+        return f"{rel}: the config a run recorded — open the run on the Runs screen (2), R re-runs it"
+    return f"{rel}: {check.kind}"
 
 
 def _relative(path: Path, root: Path) -> str:

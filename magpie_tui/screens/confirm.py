@@ -14,16 +14,21 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No", id="confirm.no"),
     ]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, yes: str = "Yes") -> None:
         super().__init__()
         self.question = question
+        self.yes_label = yes
 
     def compose(self):
         with Vertical(id="confirm-dialog"):
             yield Static(self.question, id="confirm-question")
             with Horizontal(id="confirm-buttons"):
-                yield Button("Yes (y)", variant="error", id="yes")
+                yield Button(f"{self.yes_label} (y)", variant="error", id="yes")
+                # No is focused: an enter typed by habit never confirms.
                 yield Button("No (n)", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id == "yes")

@@ -58,9 +58,10 @@ class DiffScreen(Screen):
         self.current = candidate if candidate in others else (others[0] if others else None)
 
     @classmethod
-    def for_config(cls, config: Path, candidate: str | None = None) -> DiffScreen:
-        baseline, sources = config_kernels(config)
-        return cls(config, baseline, sources, candidate)
+    def for_config(cls, config: Path, candidate: str | None = None, baseline: str | None = None) -> DiffScreen:
+        """``baseline``: the kernel a run compared against (its ``--baseline``); default the config's."""
+        config_baseline, sources = config_kernels(config)
+        return cls(config, baseline if baseline in sources else config_baseline, sources, candidate)
 
     def compose(self):
         base_path = self.sources.get(self.baseline) if self.baseline else None
@@ -74,7 +75,7 @@ class DiffScreen(Screen):
                                     id="candidate-list")
             yield DiffView(str(base_path or "baseline"), _read(base_path), str(cand_path or "candidate"),
                            _read(cand_path), id="diff-view")
-        yield Footer()
+        yield Footer(compact=True)
 
     def _title(self) -> str:
         if not self.sources:
@@ -111,6 +112,14 @@ class DiffScreen(Screen):
             return
         req = LaunchRequest("compare", self.config, self.app.settings.launch_results_dir, only=chosen,
                             baseline=self.baseline)
+        from magpie_tui.screens.confirm import ConfirmScreen
+        # A compare takes minutes of timing runs: ask first, showing exactly what would start.
+        question = (f"Start a compare of {', '.join(chosen)} against {self.baseline}?\n"
+                    f"$ magpie {' '.join(req.argv()[3:])}")
+        self.app.push_screen(ConfirmScreen(question, yes="Start"),
+                             lambda yes: self._start_compare(req, chosen) if yes else None)
+
+    def _start_compare(self, req: LaunchRequest, chosen: list[str]) -> None:
         try:
             started = start_run(req)
         except MagpieError as exc:

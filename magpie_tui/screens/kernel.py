@@ -27,7 +27,12 @@ _WORD = re.compile(r"[a-z][a-z0-9]+")
 # Words too common in kernel names to say anything about which candidate belongs to a kernel.
 _COMMON = {"kernel", "void", "aten", "native", "impl", "cuda", "triton", "float", "half", "bf16", "fp16", "fp32",
            "int", "const", "unsigned", "long", "char", "at", "std", "detail", "the", "and", "fwd", "bwd", "auto",
-           "vectorized", "elementwise", "launch", "config", "default", "func", "functor", "true", "false"}
+           "vectorized", "elementwise", "launch", "config", "default", "func", "functor", "true", "false",
+           # library and plumbing words: a flash-attention kernel in ``pytorch_flash::`` is not
+           # about a ``rmsnorm_pytorch`` folder, ``..._with_output`` not about an ``zeros_output``
+           "pytorch", "torch", "vllm", "sglang", "output", "input", "with", "params", "traits", "kernels",
+           "anonymous", "namespace", "tensor", "iterator", "base", "array", "unified", "memcpy", "copy",
+           "pinned", "device", "host", "ref", "reference", "candidate", "eager", "fused", "naive", "kernelbench"}
 
 
 def kernels_of_op(run_dir: Path, stage: str, row: dict[str, Any]) -> list[str]:
@@ -186,20 +191,24 @@ class KernelScreen(Screen):
                                                                 "tie": "tie"}.get(r.get("verdict") or ""),
                        id="kernel-candidates")
         yield CodeView(id="kernel-source")
-        yield Footer()
+        yield Footer(compact=True)
 
     def _header_text(self) -> str:
         r = self.row
+        calls = r.get("operation_count")
+        calls_text = f", {calls:.0f} call(s) in the stage" if isinstance(calls, float) else ""
         lines = [f"{r.get('op_name')}  [{r.get('source_category')}]  {r.get('roofline_bound') or ''}  "
-                 f"{(r.get('kernel_time_ms_sum') or 0):.4g} ms ({(r.get('time_pct') or 0):.1f}% of stage {self.stage})",
+                 f"{(r.get('kernel_time_ms_sum') or 0):.4g} ms ({(r.get('time_pct') or 0):.1f}% of stage {self.stage})"
+                 + calls_text,
                  f"shape: {r.get('param_signature') or '-'}"]
         gaps = gap_lines(self.info.path, self.kernel_names)
         for name in self.kernel_names or ["(no kernel names recorded for this op)"]:
             gap = next((g for g in gaps if g.get("Name") == name), None)
-            gap_text = (f"calls {gap.get('Calls')}, total {gap.get('Self CUDA total (us)')} us, mean "
+            # The gap analysis counts the whole trace; the row above counts this stage's steps.
+            gap_text = (f"whole trace: calls {gap.get('Calls')}, total {gap.get('Self CUDA total (us)')} us, mean "
                         f"{gap.get('Avg time (us)')} us, {gap.get('% Total')}% of kernel time") if gap else \
                 "not in the gap-analysis top kernels"
-            lines.append(f"kernel: {name[:120]}\n  gap analysis: {gap_text}")
+            lines.append(f"kernel: {name[:120]}\n  gap analysis ({gap_text})")
         lines.append("source: searching…")
         return "\n".join(lines)
 
@@ -225,7 +234,14 @@ class KernelScreen(Screen):
         self.sources, self.candidates = sources, candidates
         text = self._header_text().rsplit("source: searching…", 1)[0]
         for s in sources:
-            where = f"{s['file']}:{s['line']}" if s.get("line") else (s.get("file") or "not resolved")
+            if s.get("path"):
+                where = f"{s['file']}:{s['line']}" if s.get("line") else s["file"]
+            elif s.get("file"):
+                where = f"{s['file']} (not on this machine)"
+            elif "vendor" in str(s.get("status") or ""):
+                where = "none to open (a vendor library kernel)"
+            else:
+                where = "not found in the project or the run's source repos"
             text += (f"source: {where}  confidence {s.get('confidence', 0):.2f} ({s.get('status')}) — "
                      f"{s.get('reason', '')}\n")
             if not s.get("path") and s.get("candidates"):
@@ -256,6 +272,10 @@ class KernelScreen(Screen):
         self._open_source(self.source_index + 1)
 
     def on_data_grid_row_highlighted(self, event: DataGrid.RowHighlighted) -> None:
+        # Only when the user moves in the candidates: filling the table must not replace the
+        # op's own source (or the reason there is none) with a candidate's file.
+        if not event.grid.has_focus:
+            return
         if event.row and event.row.get("source") is not None and Path(event.row["source"]).exists():
             self.query_one(CodeView).show(Path(event.row["source"]), _definition_line(Path(event.row["source"])))
 

@@ -8,7 +8,7 @@ import yaml
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
@@ -16,8 +16,44 @@ from engine.loop.schema import STEP_NAMES
 from engine.runs.launch import ConfigCheck, LaunchRequest, effective_config, start_run
 from magpie_tui.errors import error_text
 
-_INT_FIELDS = ("repeats", "concurrency", "input_len", "output_len", "num_prompts")
+_INT_FIELDS = ("repeats", "concurrency", "input_len", "output_len", "num_prompts", "warmup", "seed")
+_FLOAT_FIELDS = ("timeout", "rtol", "atol")
 _BENCH_FIELDS = ("concurrency", "input_len", "output_len", "num_prompts", "profiler")
+_KERNEL_FIELDS = ("rtol", "atol")
+# Where the config keeps each override, to show its value as the field's placeholder.
+_BENCH_SOURCES = {"concurrency": ("envs", "CONC"), "input_len": ("envs", "ISL"), "output_len": ("envs", "OSL"),
+                  "num_prompts": ("envs", "NUM_PROMPTS"), "repeats": ("client", "repeats"),
+                  "warmup": ("client", "warmup"), "seed": ("client", "seed"), "timeout": (None, "timeout_seconds")}
+_KERNEL_SOURCES = {k: ("settings", k) for k in ("repeats", "warmup", "seed", "rtol", "atol")}
+_TIMING_MODES = ("analyze", "compare", "benchmark", "optimize")
+
+
+def config_defaults(check: ConfigCheck) -> dict[str, str]:
+    """The config's own value of each override field ("config: 4"), for the placeholders; empty
+    where the config leaves it to the default. Reads the file the way a run would."""
+    mode = check.modes[0] if check.modes else None
+    if mode is None:
+        return {}
+    try:
+        config, _overrides, _warnings = effective_config(LaunchRequest(mode=mode, config=check.path,
+                                                                       output_dir=check.path.parent))
+    except (ConfigError, ValueError, OSError):
+        return {}
+    out: dict[str, str] = {}
+    if "benchmark" in config:
+        bench = config["benchmark"]
+        for field, (section, key) in _BENCH_SOURCES.items():
+            value = (bench.get(section) or {}).get(key) if section else bench.get(key)
+            if value not in (None, ""):
+                out[field] = str(value)
+    else:
+        settings = config.get("settings") or {}
+        for field, (_section, key) in _KERNEL_SOURCES.items():
+            if settings.get(key) is not None:
+                out[field] = str(settings[key])
+        if settings.get("perf_timeout_s") is not None:
+            out["timeout"] = str(settings["perf_timeout_s"])
+    return out
 
 
 class LaunchScreen(ModalScreen):
@@ -36,33 +72,53 @@ class LaunchScreen(ModalScreen):
 
     def compose(self):
         modes = self.check.modes
+        self.defaults = config_defaults(self.check)
+
+        def hint(field: str) -> str:
+            return f"config: {self.defaults[field]}" if field in self.defaults else "config's default"
         with Vertical(id="launch-dialog"):
-            yield Static(f"Launch from {self.check.path.name}", id="launch-title")
+            yield Static(f"Launch from {self.check.path.name} — blank fields keep the config's value",
+                         id="launch-title")
             with Horizontal(id="launch-body"):
                 with VerticalScroll(id="launch-form"):
                     yield Label("Mode")
-                    yield Select([(m, m) for m in modes], value=modes[0], allow_blank=False, id="mode")
-                    yield Label("Repeats (blank: config)", classes="-repeats")
-                    yield Input(placeholder="e.g. 20", type="integer", id="repeats", classes="-repeats")
+                    yield Select([(m, m) for m in modes], value=modes[0], allow_blank=False, id="mode", compact=True)
+                    yield Label("Repeats", classes="-repeats")
+                    yield Input(placeholder=hint("repeats"), type="integer", id="repeats", classes="-repeats", compact=True)
                     yield Label("Baseline", classes="-compare")
                     yield Select([(k, k) for k in self.check.kernel_ids], prompt="config's baseline",
-                                 id="baseline", classes="-compare")
+                                 id="baseline", classes="-compare", compact=True)
                     for field, label in (("concurrency", "Concurrency"), ("input_len", "Input length"),
                                          ("output_len", "Output length"), ("num_prompts", "Prompts")):
                         yield Label(label, classes="-benchmark")
-                        yield Input(type="integer", id=field, classes="-benchmark")
+                        yield Input(placeholder=hint(field), type="integer", id=field, classes="-benchmark", compact=True)
                     yield Label("Torch profiler", classes="-benchmark")
                     yield Select([("on", "on"), ("off", "off")], prompt="as in the config", id="profiler",
-                                 classes="-benchmark")
+                                 classes="-benchmark", compact=True)
+                    for field, label, kind in (("warmup", "Warm-up", "integer"), ("timeout", "Timeout s", "number"),
+                                               ("seed", "Seed", "integer")):
+                        yield Label(label, classes="-repeats")
+                        yield Input(placeholder=hint(field), type=kind, id=field, classes="-repeats", compact=True)
+                    for field, label in (("rtol", "rtol"), ("atol", "atol")):
+                        yield Label(label, classes="-kernel")
+                        yield Input(placeholder=hint(field), type="number", id=field, classes="-kernel", compact=True)
+                    yield Checkbox("No timing (--no-perf)", id="no_perf", classes="-kernel")
                     yield Label("Stop after step", classes="-optimize")
                     yield Select([(f"{i}. {name}", name) for i, name in enumerate(STEP_NAMES, 1)],
-                                 prompt="every step", id="until", classes="-optimize")
+                                 prompt="every step", id="until", classes="-optimize", compact=True)
                 yield VerticalScroll(Static("", id="launch-preview-text"), id="launch-preview")
             with Horizontal(id="launch-buttons"):
                 yield Button("Start (ctrl+s)", variant="primary", id="start")
                 yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
+        self._update()
+        # Typing starts in the first number field, never on Start (a digit typed there is lost).
+        first = next((w for w in self.query(Input) if w.display), None)
+        if first is not None:
+            first.focus()
+
+    def on_checkbox_changed(self, _event: Checkbox.Changed) -> None:
         self._update()
 
     def on_input_changed(self, _event: Input.Changed) -> None:
@@ -75,19 +131,24 @@ class LaunchScreen(ModalScreen):
         widget = self.query_one(f"#{widget_id}")
         if isinstance(widget, Select):
             return None if widget.is_blank() else widget.value
+        if isinstance(widget, Checkbox):
+            return widget.value
         text = widget.value.strip()
-        return int(text) if text else None
+        if not text:
+            return None
+        return float(text) if widget_id in _FLOAT_FIELDS else int(text)
 
     def _update(self) -> None:
         mode = self._value("mode")
         optimize = mode == "optimize"
+        kernel = mode in ("analyze", "compare")
         for cls, on in (("-compare", mode == "compare"), ("-benchmark", mode == "benchmark"),
-                        ("-optimize", optimize), ("-repeats", not optimize)):
+                        ("-optimize", optimize), ("-repeats", not optimize), ("-kernel", kernel)):
             for widget in self.query(f".{cls}"):
                 widget.display = on
         try:
             # The loop sets its own repeats and workload (the clean config's): no overrides.
-            values = {} if optimize else {f: self._value(f) for f in _INT_FIELDS}
+            values = {} if optimize else {f: self._value(f) for f in _INT_FIELDS + _FLOAT_FIELDS}
         except ValueError:
             self._show_problem("numbers only in the override fields")
             return
@@ -96,7 +157,9 @@ class LaunchScreen(ModalScreen):
                             baseline=self._value("baseline") if mode == "compare" else None,
                             profiler=None if profiler is None else profiler == "on",
                             until=self._value("until") if optimize else None,
-                            **{k: v for k, v in values.items() if mode == "benchmark" or k not in _BENCH_FIELDS})
+                            no_perf=bool(self._value("no_perf")) if kernel else False,
+                            **{k: v for k, v in values.items() if (mode == "benchmark" or k not in _BENCH_FIELDS)
+                               and (kernel or k not in _KERNEL_FIELDS)})
         try:
             config, overrides, warnings = effective_config(req)
         except ConfigError as exc:
@@ -108,6 +171,11 @@ class LaunchScreen(ModalScreen):
             lines.append("overrides:")
             lines += [f"  {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})" for o in overrides]
         lines += [f"warning: {w}" for w in warnings]
+        busy = [r for r in self.app.runs if r.state == "running" and r.mode in _TIMING_MODES]
+        if busy and mode in _TIMING_MODES:
+            # Two timing runs on one machine disturb each other's numbers.
+            lines.append(f"warning: {len(busy)} timing run(s) already running ({', '.join(r.name for r in busy[:2])}):"
+                         " both sets of timings will be disturbed; wait, or cancel it on the Runs screen")
         heading = ("the baseline step's config (the loop raises its repeats to the minimum a confidence interval "
                    "needs, and derives the profiled twin from it):" if optimize else "effective config:")
         lines += ["", heading, yaml.safe_dump(config, sort_keys=False, default_flow_style=False)]

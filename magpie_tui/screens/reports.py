@@ -18,10 +18,11 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
-from engine.bench.metrics import format_interval
+from engine.bench.metrics import CI_NOT_MEANINGFUL, MIN_REPEATS_FOR_CI, format_interval
 from engine.runs import schema
 from engine.runs.catalog import RunInfo
 from engine.runs.schema import Report, StageState, Verdict
+from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -59,23 +60,50 @@ def _kernel_view(report: Any) -> tuple[list[schema.KernelResult], list[tuple[int
             baseline.id if baseline else None)
 
 
+def _was_cut_by_cancel(kr: schema.KernelResult) -> bool:
+    """True when a kernel's correctness never ran to an answer because the run was cancelled:
+    not started (skipped, no state) or its harness stopped by the cancel."""
+    state = kr.correctness_state
+    if state in (None, StageState.SKIPPED, StageState.CANCELLED, StageState.RUNNING, StageState.STOPPING):
+        return True
+    harness_run = (kr.correctness_result or {}).get("harness_run") or {}
+    return state == StageState.FAILED and bool(harness_run.get("cancelled"))
+
+
+def _correct_cell(kr: schema.KernelResult, cancelled: bool) -> str:
+    if kr.correct:
+        return "yes"
+    if cancelled and _was_cut_by_cancel(kr):
+        return "not reached" if kr.correctness_state in (None, StageState.SKIPPED) else "cancelled"
+    return "no" if kr.correctness_state == StageState.FAILED else str(kr.correctness_state or "?").lower()
+
+
 def compare_rows(report: schema.CompareReport | schema.AnalyzeReport | dict) -> list[dict[str, Any]]:
-    """One row per kernel, ranked: correct ones by speedup, then the incorrect ones with why."""
+    """One row per kernel, ranked: correct ones by speedup, then the incorrect ones with why.
+    In a cancelled run a kernel the cancel cut short reads "cancelled" / "not reached", never "no"."""
     results, rankings, baseline_id = _kernel_view(report)
+    state = report.get("state") if isinstance(report, dict) else getattr(report, "state", None)
+    cancelled = state == "cancelled"
     ranking = [idx for idx, _score in rankings]
     rows = []
     for index, kr in enumerate(results):
         timing = kr.timing or schema.Timing()
         correct = kr.correct
+        cut = cancelled and not correct and _was_cut_by_cancel(kr)
         verdict = kr.verdict or (Verdict.BASELINE if kr.kernel_id == baseline_id else None)
         if kr.kernel_id == baseline_id:
             verdict = Verdict.BASELINE
+        if cut and kr.kernel_id != baseline_id:
+            verdict = Verdict.CANCELLED
         ci = kr.speedup_ci or [None, None]
+        why = "; ".join(kr.errors)
+        if cut:
+            why = "the run was cancelled before this kernel " + (
+                "was checked" if kr.correctness_state in (None, StageState.SKIPPED) else "finished its check")
         rows.append({
             "rank": ranking.index(index) + 1 if index in ranking else None,
             "kernel": kr.kernel_id,
-            "correct": "yes" if correct else ("no" if kr.correctness_state == StageState.FAILED else
-                                              str(kr.correctness_state or "?").lower()),
+            "correct": _correct_cell(kr, cancelled),
             "median_ms": timing.median,
             "iqr_ms": timing.iqr,
             "cv_pct": timing.cv * 100 if timing.cv is not None else None,
@@ -84,27 +112,42 @@ def compare_rows(report: schema.CompareReport | schema.AnalyzeReport | dict) -> 
             "ci_low": ci[0],
             "ci_high": ci[1],
             "verdict": verdict or (Verdict.INCORRECT if not correct else Verdict.NOT_MEASURED),
-            "why": "; ".join(kr.errors),
+            "ci": (ci[0], ci[1]) if ci[0] is not None and ci[1] is not None else None,
+            "why": why,
             "index": index,
         })
     rows.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["index"]))
     return rows
 
 
+# What decides a compare first (verdict, speedup and its interval), so it fits in 80 columns;
+# the timing details follow, and the rank and kernel stay put while scrolling sideways.
 COMPARE_COLUMNS = [
     Column("rank", "#", "number", fmt=lambda v: f"{v:d}", min_width=2),
-    Column("kernel", "Kernel", max_width=32),
-    Column("correct", "Correct", min_width=7),
+    Column("kernel", "Kernel", max_width=20),
+    Column("verdict", "Verdict", max_width=12),
+    Column("speedup", "Speedup", "number", fmt=lambda v: f"{v:.3f}x"),
+    Column("ci", "95% CI", fmt=lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]", max_width=16),
+    Column("correct", "Correct", min_width=7, max_width=11),
     Column("median_ms", "Median ms", "number", fmt=lambda v: f"{v:.4g}"),
     Column("iqr_ms", "IQR ms", "number", fmt=lambda v: f"{v:.3g}"),
     Column("cv_pct", "CV %", "number", fmt=lambda v: f"{v:.1f}"),
     Column("n", "n", "number", fmt=lambda v: f"{v:d}"),
-    Column("speedup", "Speedup", "number", fmt=lambda v: f"{v:.3f}x"),
-    Column("ci_low", "95% CI low", "number", fmt=lambda v: f"{v:.3f}"),
-    Column("ci_high", "high", "number", fmt=lambda v: f"{v:.3f}"),
-    Column("verdict", "Verdict"),
     Column("why", "Why not ranked", max_width=80),
 ]
+
+
+def compare_title(mode: str, state: str, baseline_id: str, winner: str | None, reason: str | None,
+                  rows: list[dict[str, Any]]) -> str:
+    """The report's one-line verdict. A cancelled run says so first, with how far it got; it
+    never names a winner or blames the baseline for what the cancel stopped."""
+    if state == "cancelled":
+        checked = sum(1 for row in rows if row["correct"] not in ("not reached", "cancelled"))
+        timed = sum(1 for row in rows if row["median_ms"] is not None)
+        return (f"{mode} · CANCELLED after {checked} of {len(rows)} kernels checked, {timed} timed · "
+                f"baseline {baseline_id} · no winner (the run was cancelled)")
+    return (f"{mode} · {state} · baseline {baseline_id} · winner {winner or 'none'}"
+            + (f" ({reason})" if reason else ""))
 
 
 class CompareReportScreen(Screen):
@@ -130,10 +173,8 @@ class CompareReportScreen(Screen):
         baseline = getattr(r, "baseline", None)
         reason = getattr(r, "winner_reason", None)
         baseline_id = baseline.id if baseline is not None and baseline.id is not None else "-"
-        title = (f"{r.mode} · {r.state} · baseline {baseline_id} · winner {winner or 'none'}"
-                 + (f" ({reason})" if reason else ""))
-        yield Static(title, classes="report-title")
-        yield DataGrid(COMPARE_COLUMNS, row_class=lambda row: VERDICT_CLASS.get(row["verdict"]),
+        yield Static(compare_title(r.mode, r.state, baseline_id, winner, reason, self.rows), classes="report-title")
+        yield DataGrid(COMPARE_COLUMNS, row_class=lambda row: VERDICT_CLASS.get(row["verdict"]), fixed_columns=2,
                        id="compare-grid", classes="report-table")
         wrong = [row for row in self.rows if row["correct"] != "yes"]
         for row in wrong:
@@ -141,7 +182,7 @@ class CompareReportScreen(Screen):
                          classes="incorrect-why")
         yield Static("Speedup = baseline median / kernel median, with a 95% bootstrap interval; an interval "
                      "that contains 1.0 is a tie. Incorrect kernels are never ranked.", classes="report-note")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name
@@ -157,7 +198,10 @@ class CompareReportScreen(Screen):
             return
         grid = self.query_one(DataGrid)
         row = grid.cursor_row
-        self.app.push_screen(DiffScreen.for_config(config, candidate=row["kernel"] if row else None))
+        # The baseline this run compared against (its --baseline), not the config's default.
+        baseline = getattr(self.report, "baseline", None)
+        self.app.push_screen(DiffScreen.for_config(config, candidate=row["kernel"] if row else None,
+                                                   baseline=baseline.id if baseline is not None else None))
 
 
 def _config_file_of(info: RunInfo) -> Path | None:
@@ -182,6 +226,7 @@ def resolve_config_file(run_dir: Path, recorded: str | None) -> Path | None:
 # -- benchmark -------------------------------------------------------------------------------
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+HISTOGRAMS = ("TTFT", "TPOT", "ITL", "E2EL")
 THROUGHPUT_METRICS = (("request_throughput", "Requests/s"), ("output_throughput", "Output tok/s"),
                       ("total_token_throughput", "Total tok/s"))
 
@@ -207,11 +252,17 @@ def benchmark_rows(report: schema.BenchmarkReport | dict) -> list[dict[str, Any]
         value = result.value(key)
         rep = repeats.get(key) or schema.RepeatStat()
         ci: list[Any] = [None, None]
+        note = ""
         if rep.n and rep.n > 1:  # the interval as the report gives it, or the report's reason for none
             text = format_interval(rep.model_dump(), ".4g")
-            ci = [max(0.0, rep.ci95[0]), rep.ci95[1]] if text.startswith("[") and rep.ci95 else [text, ""]
+            if text.startswith("[") and rep.ci95:
+                # A throughput or latency is never negative: the t-interval's low end is clipped at 0.
+                ci = [max(0.0, rep.ci95[0]), rep.ci95[1]]
+            # else no interval: the note above the table says why (fewer than 3 repeats)
+        if key.endswith("_itl_ms") and value == 0 and not key.startswith(("mean", "std")):
+            note = "0: most tokens came several to a streamed chunk (no gap between them)"
         rows.append({"metric": label, "unit": unit, "value": value, "mean": rep.mean,
-                     "ci_low": ci[0], "ci_high": ci[1], "n": rep.n, "key": key})
+                     "ci_low": ci[0], "ci_high": ci[1], "n": rep.n, "key": key, "note": note})
 
     for key, label in THROUGHPUT_METRICS:
         add(key, label, "1/s" if key == "request_throughput" else "tok/s")
@@ -221,14 +272,58 @@ def benchmark_rows(report: schema.BenchmarkReport | dict) -> list[dict[str, Any]
     return rows
 
 
+def metric_label(key: str) -> str:
+    """``median_ttft_ms`` -> ``TTFT median (ms)``, ``output_throughput`` -> ``Output tok/s``: the
+    names the Metrics tab uses, with units, for the engine's snake_case keys."""
+    for name, label in THROUGHPUT_METRICS:
+        if key == name:
+            return label
+    parts = key.split("_")
+    if len(parts) == 3 and parts[1] in LATENCY_METRICS and parts[2] == "ms":
+        return f"{parts[1].upper()} {parts[0]} (ms)"
+    return key.replace("_", " ")
+
+
+SERVER_COLUMNS = [
+    Column("name", "Series", max_width=44),
+    Column("kind", "Kind", max_width=8),
+    Column("min", "Min", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("mean", "Mean", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("max", "Max", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("last", "Last", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("delta", "Delta", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("rate_per_s", "Rate /s", "number", fmt=lambda v: f"{v:.4g}"),
+]
+
+
+def server_metrics_view(report: schema.BenchmarkReport | dict) -> tuple[str, list[dict[str, Any]]]:
+    """(summary line, one row per series then one per derived ratio) of the report's
+    ``server_metrics`` (engine.bench.server_metrics): what the server itself saw during the run."""
+    raw = _bench(report).model_dump().get("server_metrics")
+    if not isinstance(raw, dict):
+        return "no server metrics in this report (the run predates them, or the server was not scraped)", []
+    if not raw.get("available"):
+        return f"the server exposed no usable /metrics: {raw.get('reason') or 'no reason recorded'}", []
+    rows = [{"name": name, **{k: s.get(k) for k in ("kind", "min", "mean", "max", "last", "delta", "rate_per_s")}}
+            for name, s in sorted((raw.get("series") or {}).items()) if isinstance(s, dict)]
+    rows += [{"name": name, "kind": "ratio", "mean": value} for name, value in sorted((raw.get("derived") or {}).items())]
+    span = raw.get("span_s")
+    line = (f"{raw.get('url', '/metrics')}: {raw.get('scrapes', '?')} scrapes every {raw.get('interval_s', '?')} s"
+            + (f" over {span:.1f} s" if isinstance(span, (int, float)) else "")
+            + (f", {raw['scrape_errors']} failed" if raw.get("scrape_errors") else "")
+            + (f" · {raw['note']}" if raw.get("note") else "") + (f" ({raw['file']})" if raw.get("file") else ""))
+    return line, rows
+
+
 BENCH_COLUMNS = [
     Column("metric", "Metric", min_width=16),
     Column("value", "Run 1", "number", fmt=lambda v: f"{v:.4g}"),
-    Column("mean", "Mean of repeats", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("mean", "Mean", "number", fmt=lambda v: f"{v:.4g}"),
     Column("ci_low", "95% CI low", "number", fmt=lambda v: f"{v:.4g}"),
     Column("ci_high", "high", "number", fmt=lambda v: f"{v:.4g}"),
     Column("n", "n", "number", fmt=lambda v: f"{v:d}"),
     Column("unit", "Unit"),
+    Column("note", "Note", max_width=70),
 ]
 
 DELTA_COLUMNS = [
@@ -253,7 +348,11 @@ def request_latencies(run_dir: Path) -> dict[str, list[float]]:
     ttft = [t * 1e3 for t, good in zip(detail.get("ttfts", []), ok) if good and t]
     e2el = [t * 1e3 for t, good in zip(detail.get("latencies", []), ok) if good and t]
     itl = [x * 1e3 for gaps, good in zip(detail.get("itls", []), ok) if good for x in (gaps or [])]
-    return {"TTFT": ttft, "ITL": itl, "E2EL": e2el}
+    # TPOT per request: the time after the first token over the tokens after it (as vLLM's).
+    tpot = [(lat - first) * 1e3 / (n - 1) for lat, first, n, good in
+            zip(detail.get("latencies", []), detail.get("ttfts", []), detail.get("output_lens", []), ok)
+            if good and lat and first is not None and isinstance(n, int) and n > 1]
+    return {"TTFT": ttft, "TPOT": tpot, "ITL": itl, "E2EL": e2el}
 
 
 def load_facts(report: schema.BenchmarkReport | dict) -> str:
@@ -300,9 +399,33 @@ def delta_rows(a: schema.BenchmarkReport | dict, b: schema.BenchmarkReport | dic
     side_b = _delta_side(_bench(b))
     rows = []
     for key, d in compare_reports(side_a, side_b).items():
-        rows.append({"metric": key, "a": d.get("a"), "b": d.get("b"), "delta": d.get("delta"),
+        rows.append({"metric": metric_label(key), "a": d.get("a"), "b": d.get("b"), "delta": d.get("delta"),
                      "rel": d.get("rel_delta"), "noise": d.get("noise"), "verdict": d.get("verdict") or "-"})
     return rows
+
+
+def bench_state(r: schema.BenchmarkReport) -> str:
+    """The run's state; a run that did not complete says how far it got, in requests that were
+    served (the ones a cancel stopped in flight are not)."""
+    if r.state == "completed":
+        return r.state
+    result = r.result or schema.BenchResult()
+    prompts = r.envs.get("NUM_PROMPTS")
+    if result.completed is None:
+        return f"{r.state.upper()} before any request completed"
+    return f"{r.state.upper()} at {result.completed}" + (f" of {prompts}" if prompts else "") + " requests completed"
+
+
+def comparability_warning(a: schema.BenchmarkReport, b: schema.BenchmarkReport) -> str | None:
+    """Why A and B may not measure the same thing: a sweep against a single point (only the
+    sweep's first point is compared), or a different load (concurrency, lengths, prompts)."""
+    points_a, points_b = len(a.sweep or []) or 1, len(b.sweep or []) or 1
+    if points_a != points_b:
+        return (f"A has {points_a} sweep point(s), B has {points_b}: only the first point of each is compared")
+    differs = [k for k in ("CONC", "ISL", "OSL", "NUM_PROMPTS") if str(a.envs.get(k)) != str(b.envs.get(k))]
+    if differs:
+        return "different load: " + ", ".join(f"{k} {a.envs.get(k)} vs {b.envs.get(k)}" for k in differs)
+    return None
 
 
 class BenchmarkReportScreen(Screen):
@@ -310,7 +433,13 @@ class BenchmarkReportScreen(Screen):
         Binding("escape", "app.pop_screen", "Back", id="report.back"),
         Binding("b", "compare_with", "Compare with…", id="report.compare_with"),
         Binding("t", "roofline", "Roofline", id="report.roofline"),
-    ]
+    ] + tab_bindings("report")
+
+    def action_next_tab(self) -> None:
+        cycle_tab(self, 1)
+
+    def action_previous_tab(self) -> None:
+        cycle_tab(self, -1)
 
     def __init__(self, info: RunInfo, report: schema.BenchmarkReport | dict,
                  latencies: dict[str, list[float]] | None = None) -> None:
@@ -324,18 +453,28 @@ class BenchmarkReportScreen(Screen):
         from magpie_tui.widgets.plots import Histogram, LinePlot
         r = self.report
         yield Header()
-        yield Static(f"{_shown(r.framework, '?')} {_shown(r.model, '')} · {r.state} · "
-                     f"{_shown(r.run_kind, '')} · envs {r.envs}{load_facts(r)}", classes="report-title")
-        with TabbedContent(id="bench-tabs"):
+        envs = " ".join(f"{k}={v}" for k, v in r.envs.items())
+        yield Static(f"{_shown(r.framework, '?')} {_shown(r.model, '')} · {bench_state(r)} · "
+                     f"{_shown(r.run_kind, '')} · {envs}{load_facts(r)}", classes="report-title")
+        with TabbedContent(id="bench-tabs", classes="-fill"):
             with TabPane("Metrics", id="tab-metrics"):
-                yield DataGrid(BENCH_COLUMNS, id="bench-grid", classes="report-table")
                 for err in r.errors[:5]:
                     yield Static(err, classes="incorrect-why")
+                counts = {row["n"] for row in benchmark_rows(r) if row["n"]}
+                if counts and max(counts) < MIN_REPEATS_FOR_CI:
+                    yield Static(f"95% intervals: {CI_NOT_MEANINGFUL} (this run has {max(counts)}); the mean is "
+                                 "shown, no interval", id="interval-note", classes="report-note")
+                yield DataGrid(BENCH_COLUMNS, id="bench-grid")
             with TabPane("Distributions", id="tab-dist"):
                 latencies = self.latencies or {}
                 with Horizontal(classes="plots"):
-                    for name in ("TTFT", "ITL", "E2EL"):
-                        yield Histogram(latencies.get(name, []), title=f"{name} (ms)", id=f"hist-{name.lower()}")
+                    for name in HISTOGRAMS:
+                        yield Histogram(latencies.get(name, []), title=f"{name} (ms)", id=f"hist-{name.lower()}",
+                                        classes="histogram")
+            with TabPane("Server", id="tab-server"):
+                summary, _rows = server_metrics_view(r)
+                yield Static(summary, id="server-summary", classes="report-note")
+                yield DataGrid(SERVER_COLUMNS, id="server-grid")
             if r.sweep:
                 with TabPane("Sweep", id="tab-sweep"):
                     yield LinePlot(sweep_points(r), title="median TPOT vs output throughput",
@@ -345,12 +484,14 @@ class BenchmarkReportScreen(Screen):
                              id="compare-note", classes="report-note")
                 yield DataGrid(DELTA_COLUMNS, row_class=lambda row: {"better": "correct", "worse": "incorrect"}.get(
                     row["verdict"], "tie" if row["noise"] == "inside" else None), id="delta-grid")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name
         rows = benchmark_rows(self.report)
         self.query_one("#bench-grid", DataGrid).set_rows(rows, keys=[row["key"] for row in rows])
+        _summary, server_rows = server_metrics_view(self.report)
+        self.query_one("#server-grid", DataGrid).set_rows(server_rows, keys=[row["name"] for row in server_rows])
         self.query_one("#bench-grid", DataGrid).focus()
         if self.latencies is None:
             self._read_latencies()
@@ -363,7 +504,7 @@ class BenchmarkReportScreen(Screen):
     def _show_latencies(self, latencies: dict[str, list[float]]) -> None:
         from magpie_tui.widgets.plots import Histogram
         self.latencies = latencies
-        for name in ("TTFT", "ITL", "E2EL"):
+        for name in HISTOGRAMS:
             self.query_one(f"#hist-{name.lower()}", Histogram).set_values(latencies.get(name, []))
 
     def compare_with(self, other: RunInfo) -> None:
@@ -386,8 +527,11 @@ class BenchmarkReportScreen(Screen):
     def _show_compare(self, other: RunInfo, b: schema.BenchmarkReport) -> None:
         rows = delta_rows(self.report, b)
         self.query_one("#delta-grid", DataGrid).set_rows(rows, keys=[row["metric"] for row in rows])
-        self.query_one("#compare-note", Static).update(f"A = {self.info.name}   B = {other.name}   "
-                                                       "noise: inside = within run-to-run spread")
+        note = f"A = {self.info.name}   B = {other.name}   noise: inside = within run-to-run spread"
+        warning = comparability_warning(self.report, b)
+        if warning:
+            note += f"\nwarning: {warning}"
+        self.query_one("#compare-note", Static).update(note)
         self.query_one(TabbedContent).active = "tab-compare"
 
     def action_compare_with(self) -> None:

@@ -12,10 +12,11 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Select, Static, TabbedContent, TabPane
 
-from engine.runs.catalog import CancelRefused, RunInfo, cancel_run
+from engine.runs.catalog import RunInfo
 from engine.runs.launch import find_console_log
 from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed
+from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.run_log import RunLog
 
 
@@ -59,7 +60,13 @@ class RunScreen(Screen):
         Binding("r", "open_report", "Report", id="run.report"),
         Binding("c", "cancel_run", "Cancel run", id="run.cancel"),
         Binding("l", "next_log", "Next log", id="run.next_log"),
-    ]
+    ] + tab_bindings("run")
+
+    def action_next_tab(self) -> None:
+        cycle_tab(self, 1)
+
+    def action_previous_tab(self) -> None:
+        cycle_tab(self, -1)
 
     def __init__(self, info: RunInfo) -> None:
         super().__init__()
@@ -73,13 +80,13 @@ class RunScreen(Screen):
         with TabbedContent(id="run-tabs"):
             with TabPane("Log", id="tab-log"):
                 yield Select([(self._label(p), str(p)) for p in self.logs], prompt="no log yet",
-                             value=str(self.logs[0]) if self.logs else Select.NULL, id="log-choice")
+                             value=str(self.logs[0]) if self.logs else Select.NULL, id="log-choice", compact=True)
                 yield RunLog(self.logs[0] if self.logs else None, id="run-log")
             with TabPane("Events", id="tab-events"):
                 yield EventsLog(self.info.path / "events.jsonl", id="run-events")
             with TabPane("Summary", id="tab-summary"):
                 yield Static("", id="run-summary")
-        yield Footer()
+        yield Footer(compact=True)
 
     def _label(self, path: Path) -> str:
         try:
@@ -177,8 +184,6 @@ class RunScreen(Screen):
         self.app.open_report(self.info)
 
     def action_cancel_run(self) -> None:
-        try:
-            cancel_run(self.info)
-            self.notify(f"cancelling {self.info.name}")
-        except CancelRefused as exc:
-            self.notify(str(exc), severity="error")
+        """Asks first, as the Runs list does: a cancel cannot be undone."""
+        from magpie_tui.screens.runs import confirm_cancel
+        confirm_cancel(self, self.info)

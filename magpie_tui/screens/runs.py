@@ -1,27 +1,34 @@
 """Runs: every run under the results folders, live — including runs started from the
-command line or from an earlier workbench session."""
+command line or from an earlier workbench session.
+
+The list is a ``DataGrid``: ``/`` filters it, ``s`` (or a header click) sorts by the highlighted
+column, ``space`` marks runs (two marked benchmark runs compare side by side with ``v``), ``R``
+re-runs the highlighted run with its recorded config, ``D``/``A`` delete or archive a finished
+run after asking, ``y``/``Y`` copy its folder or its command line.
+"""
 
 from __future__ import annotations
 
 import time
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
-from rich.text import Text
+from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import Footer, Header, Input, Static
 
 from engine.runs.catalog import CancelRefused, RunInfo, cancel_run
 from magpie_tui.errors import error_text
 from magpie_tui.messages import RunsChanged
+from magpie_tui.widgets.data_grid import Column, DataGrid
 
-COLUMNS = (("state", "State"), ("mode", "Mode"), ("label", "Label"), ("progress", "Progress"),
-           ("elapsed", "Elapsed"), ("started", "Started"), ("folder", "Folder"))
-
-
-# Theme variable that colours each state (resolved from the active theme when drawn).
-STATE_VARIABLES = {"running": "running", "completed": "correct", "failed": "incorrect", "lost": "incorrect",
-                   "timeout": "incorrect", "cancelled": "muted", "pending": "muted"}
+# Row colour per state (a DataGrid row class, resolved from the active theme when drawn).
+STATE_CLASSES = {"running": "running", "completed": "correct", "failed": "incorrect", "lost": "incorrect",
+                 "timeout": "incorrect", "cancelled": "muted", "pending": "muted"}
+# Kept for importers that colour Rich text by state.
+STATE_VARIABLES = STATE_CLASSES
 
 
 def theme_style(app, variable: str, bold: bool = False) -> str:
@@ -40,13 +47,20 @@ def format_elapsed(seconds: float | None) -> str:
 
 
 def progress_cell(info: RunInfo) -> str:
-    """Live progress while running; afterwards what the run ended with."""
+    """Live progress while running; afterwards what the run ended with. A run that did not
+    complete says how far it got (``400/2000``), never the total it was meant to reach."""
     if not info.is_finished:
         return info.progress_text or "-"
     if info.error:
         return info.error
     if info.done is not None and info.total:
-        return f"{info.done}/{info.total} · exit {info.exit_code}"
+        if info.state == "completed":
+            return f"{info.done}/{info.total} · exit {info.exit_code}"
+        # A cancel ends the requests still in flight: they count as done (failed) but were never
+        # served. What the run reached is the requests that completed.
+        completed = info.live.get("completed")
+        reached = f"{completed}/{info.total} completed" if completed is not None else f"{info.done}/{info.total}"
+        return f"{info.state} at {reached} · exit {info.exit_code}"
     return f"exit {info.exit_code}" if info.exit_code is not None else "-"
 
 
@@ -54,86 +68,162 @@ def format_started(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S") if ts else "-"
 
 
+RUN_COLUMNS = [
+    Column("mark", "✓", width=1, min_width=1),
+    Column("state", "State", max_width=9),
+    Column("mode", "Mode", max_width=14),
+    Column("label", "Label", max_width=38),
+    Column("progress", "Progress", max_width=44),
+    Column("elapsed", "Elapsed", "number", fmt=format_elapsed, min_width=7),
+    Column("started", "Started", "number", fmt=format_started, min_width=14),
+    Column("folder", "Folder", max_width=60),
+]
+
+
+def run_row(info: RunInfo, now: float, title: str | None, marked: bool) -> dict[str, Any]:
+    return {"mark": "✓" if marked else "", "state": info.state, "mode": info.mode, "label": title or info.label,
+            "progress": progress_cell(info), "elapsed": info.elapsed(now), "started": info.started,
+            "folder": info.name}
+
+
+def confirm_cancel(screen: Screen, info: RunInfo) -> None:
+    """Cancel ``info`` after a yes from the user (every screen that cancels goes through here)."""
+    from magpie_tui.screens.confirm import ConfirmScreen
+    if info.is_finished:
+        screen.notify(f"{info.name} has already finished ({info.state}).", severity="warning")
+        return
+
+    def answered(yes: bool | None) -> None:
+        if yes:
+            try:
+                cancel_run(info)
+                screen.notify(f"cancelling {info.name} (its report will say so)")
+            except CancelRefused as exc:
+                screen.notify(error_text(exc), severity="error")
+    screen.app.push_screen(ConfirmScreen(f"Cancel {info.name}?\nIts children are stopped and the report "
+                                         "is written with state 'cancelled'.", yes="Cancel run"), answered)
+
+
 class RunsScreen(Screen):
     BINDINGS = [
-        Binding("enter,o", "open_run", "Open", id="runs.open"),
+        Binding("enter", "open_run", "Open", key_display="enter", id="runs.open"),
+        Binding("o", "open_run", "Open", show=False, id="runs.open_o"),
         Binding("r", "open_report", "Report", id="runs.report"),
-        Binding("c", "cancel_run", "Cancel run", id="runs.cancel"),
+        Binding("slash", "focus_filter", "Filter", id="runs.filter"),
+        Binding("c", "cancel_run", "Cancel", id="runs.cancel"),
+        Binding("space", "toggle_mark", "Mark", show=False, id="runs.mark"),
+        Binding("v", "compare_marked", "Compare marked", show=False, id="runs.compare_marked"),
+        Binding("R", "rerun", "Re-run", show=False, id="runs.rerun"),
+        Binding("D", "delete_run", "Delete", show=False, id="runs.delete"),
+        Binding("A", "archive_run", "Archive", show=False, id="runs.archive"),
+        Binding("y", "copy_path", "Copy path", show=False, id="runs.copy_path"),
+        Binding("Y", "copy_command", "Copy command", show=False, id="runs.copy_command"),
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="runs.clear_filter"),
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marked: set[Path] = set()
 
     def compose(self):
         yield Header()
         yield Static("", id="runs-summary")
-        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield Input(placeholder="filter: state, mode, label, folder (enter: back to the list, esc: clear)",
+                    id="runs-filter", compact=True)
+        yield DataGrid(RUN_COLUMNS, row_class=lambda row: STATE_CLASSES.get(row["state"], "muted"),
+                       fixed_columns=2, filter_columns=["state", "mode", "label", "progress", "folder"],
+                       id="runs-table")
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
         self.sub_title = ", ".join(str(d) for d in self.app.settings.results_dirs)
+        self.query_one("#runs-filter", Input).display = False
         self._fill(self.app.runs)
         self.app.runs_signal.subscribe(self, self.runs_changed)
         self.set_interval(1.0, self._tick)
-        self.watch(self.app, "theme", lambda _theme: self._fill(self.app.runs, force=True), init=False)
-        table.focus()
+        self.query_one(DataGrid).focus()
 
     def on_unmount(self) -> None:
         self.app.runs_signal.unsubscribe(self)
 
+    def on_screen_resume(self) -> None:
+        self._select_launched()
+
     def runs_changed(self, message: RunsChanged) -> None:
         """``app.runs_signal``'s callback: a new snapshot from the catalog scan."""
         if self.is_mounted:
-            self._fill(message.runs, changed=message.changed)
+            self._fill(message.runs)
 
-    def _row(self, info: RunInfo, now: float) -> list:
-        style = theme_style(self.app, STATE_VARIABLES.get(info.state, "muted"), bold=info.state == "running")
-        return [Text(info.state, style=style), info.mode, info.label, progress_cell(info),
-                format_elapsed(info.elapsed(now)), format_started(info.started), info.name]
-
-    def _fill(self, runs: list[RunInfo], force: bool = False, changed: list[RunInfo] | None = None) -> None:
-        """Rebuild the table when the set or order of runs changed; otherwise update the cells of
-        ``changed`` (every run when None): with hundreds of runs, a live one's progress must not
-        rewrite every row."""
-        table = self.query_one(DataTable)
+    def _fill(self, runs: list[RunInfo]) -> None:
+        """The rows, in the catalog's order (newest first) unless the user sorted; the cursor
+        stays on its run (rows are keyed by folder)."""
+        grid = self.query_one(DataGrid)
         now = time.time()
-        wanted = [str(r.path) for r in runs]
-        existing = [str(k.value) for k in table.rows]
-        if existing != wanted or force:
-            current = existing[table.cursor_row] if existing and 0 <= table.cursor_row < len(existing) else None
-            table.clear()
-            for info in runs:
-                table.add_row(*self._row(info, now), key=str(info.path))
-            if current in wanted:
-                table.move_cursor(row=wanted.index(current), animate=False)
-        else:
-            for info in runs if changed is None else changed:
-                if str(info.path) not in table.rows:
-                    continue
-                for (key, _label), value in zip(COLUMNS, self._row(info, now)):
-                    table.update_cell(str(info.path), key, value)
+        titles = self.app.runs_watcher.titles
+        self.marked &= {r.path for r in runs}
+        grid.set_rows([run_row(r, now, titles.get(r.path), r.path in self.marked) for r in runs],
+                      keys=[str(r.path) for r in runs])
         running = sum(1 for r in runs if r.state == "running")
+        shown = grid.visible_count
+        counts = f"{len(runs)} runs, {running} running" + (f", {shown} shown" if shown != len(runs) else "")
+        marks = f", {len(self.marked)} marked" if self.marked else ""
         self.query_one("#runs-summary", Static).update(
-            f"{len(runs)} runs, {running} running — enter: open, r: report, c: cancel")
+            f"{counts}{marks} — enter: open · space: mark, v: compare two · R: re-run · ?: every key")
+        self._select_launched()
+
+    def _select_launched(self) -> None:
+        """After a launch from this session: put the cursor on the new run once it is listed."""
+        started = self.app.select_next
+        if started is None or not self.is_mounted:
+            return
+        match = next((r for r in self.app.runs if r.pid == started.pid or
+                      (started.run_dir is not None and r.path == Path(started.run_dir).resolve())), None)
+        grid = self.query_one(DataGrid)
+        if match is not None:
+            if not grid.move_cursor_to_key(str(match.path)):  # hidden by a filter: show it
+                self._set_filter("")
+                grid.move_cursor_to_key(str(match.path))
+            self.app.select_next = None
 
     def _tick(self) -> None:
-        now = time.time()
-        table = self.query_one(DataTable)
-        for info in self.app.runs:
-            if info.state == "running" and str(info.path) in table.rows:
-                table.update_cell(str(info.path), "elapsed", format_elapsed(info.elapsed(now)))
+        if any(r.state == "running" for r in self.app.runs):
+            self._fill(self.app.runs)
 
     def selected_run(self) -> RunInfo | None:
-        table = self.query_one(DataTable)
-        if not table.row_count:
-            return None
-        key = list(table.rows)[table.cursor_row].value
-        return next((r for r in self.app.runs if str(r.path) == key), None)
+        key = self.query_one(DataGrid).cursor_row_key
+        return next((r for r in self.app.runs if str(r.path) == key), None) if key is not None else None
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_data_grid_row_selected(self, event: DataGrid.RowSelected) -> None:
         event.stop()
         self.action_open_run()
 
+    # -- filter -------------------------------------------------------------------------------
+    def action_focus_filter(self) -> None:
+        box = self.query_one("#runs-filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "runs-filter":
+            self.query_one(DataGrid).set_filter(event.value)
+            self._fill(self.app.runs)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "runs-filter":  # keep the filter, back to the list
+            event.input.display = bool(event.value)
+            self.query_one(DataGrid).focus()
+
+    def action_clear_filter(self) -> None:
+        self._set_filter("")
+        self.query_one(DataGrid).focus()
+
+    def _set_filter(self, text: str) -> None:
+        box = self.query_one("#runs-filter", Input)
+        box.value = text
+        box.display = bool(text)
+        self.query_one(DataGrid).set_filter(text)
+
+    # -- actions on the highlighted run ------------------------------------------------------------
     def action_open_run(self) -> None:
         info = self.selected_run()
         if info is not None:
@@ -145,20 +235,104 @@ class RunsScreen(Screen):
             self.app.open_report(info)
 
     def action_cancel_run(self) -> None:
+        info = self.selected_run()
+        if info is not None:
+            confirm_cancel(self, info)
+
+    def action_toggle_mark(self) -> None:
+        info = self.selected_run()
+        if info is None:
+            return
+        self.marked ^= {info.path}
+        self._fill(self.app.runs)
+
+    def action_compare_marked(self) -> None:
+        marked = [r for r in self.app.runs if r.path in self.marked]
+        if len(marked) != 2:
+            self.notify(f"mark exactly two runs (space) to compare them; {len(marked)} marked", severity="warning")
+            return
+        if not all(r.mode == "benchmark" and r.report_path for r in marked):
+            self.notify("side by side works for two benchmark runs with reports", severity="warning")
+            return
+        a, b = sorted(marked, key=lambda r: r.started or 0.0)  # the older one is A
+        self.app.open_report(a, compare_with=b)
+
+    def action_copy_path(self) -> None:
+        info = self.selected_run()
+        if info is not None:
+            self.app.copy_to_clipboard(str(info.path))
+            self.notify(f"copied {info.path}")
+
+    def action_copy_command(self) -> None:
+        from magpie_tui.rerun import RerunError, rerun_request
+        info = self.selected_run()
+        if info is None:
+            return
+        try:
+            command = " ".join(rerun_request(info, self.app.settings.launch_results_dir, write=False).argv()[3:])
+        except RerunError as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        self.app.copy_to_clipboard(f"magpie {command}")
+        self.notify(f"copied: magpie {command}")
+
+    def action_rerun(self) -> None:
+        from magpie_tui.rerun import RerunError, rerun_request
         from magpie_tui.screens.confirm import ConfirmScreen
         info = self.selected_run()
         if info is None:
             return
-        if info.is_finished:
-            self.notify(f"{info.name} has already finished ({info.state}).", severity="warning")
+        try:
+            request = rerun_request(info, self.app.settings.launch_results_dir, write=False)
+        except RerunError as exc:
+            self.notify(str(exc), severity="warning")
             return
+        question = f"Run {info.name} again with its recorded config?\n$ magpie {' '.join(request.argv()[3:])}"
+        self.app.push_screen(ConfirmScreen(question, yes="Start"),
+                             lambda yes: self._start_rerun(info) if yes else None)
 
-        def answered(yes: bool | None) -> None:
-            if yes:
-                try:
-                    cancel_run(info)
-                    self.notify(f"cancelling {info.name} (its report will say so)")
-                except CancelRefused as exc:
-                    self.notify(error_text(exc), severity="error")
-        self.app.push_screen(ConfirmScreen(f"Cancel {info.name}?\nIts children are stopped and the report "
-                                           "is written with state 'cancelled'."), answered)
+    def _start_rerun(self, info: RunInfo) -> None:
+        from engine.errors import MagpieError
+        from engine.runs.launch import start_run
+        from magpie_tui.rerun import RerunError, rerun_request
+        try:
+            started = start_run(rerun_request(info, self.app.settings.launch_results_dir))
+        except (RerunError, MagpieError, OSError) as exc:
+            self.notify(error_text(exc) if isinstance(exc, MagpieError) else str(exc), severity="error")
+            return
+        self.notify(f"started pid {started.pid}: {' '.join(started.argv[3:5])}")
+        self.app.show_started(started)
+
+    def action_delete_run(self) -> None:
+        self._remove("delete")
+
+    def action_archive_run(self) -> None:
+        self._remove("archive")
+
+    def _remove(self, how: str) -> None:
+        from magpie_tui.screens.confirm import ConfirmScreen
+        info = self.selected_run()
+        if info is None:
+            return
+        if not info.is_finished:
+            self.notify(f"{info.name} is {info.state}: cancel it first", severity="warning")
+            return
+        where = info.path.parent / ".archive"
+        question = (f"Delete {info.name}?\nThe folder and everything in it is removed." if how == "delete" else
+                    f"Archive {info.name}?\nIt moves to {where} (hidden from the list, kept on disk).")
+        self.app.push_screen(ConfirmScreen(question, yes=how.capitalize()),
+                             lambda yes: self._remove_folder(info.path, how) if yes else None)
+
+    @work(thread=True, group="runs-remove", exit_on_error=False, description="delete or archive a run folder")
+    def _remove_folder(self, path: Path, how: str) -> None:
+        import shutil
+        try:
+            if how == "delete":
+                shutil.rmtree(path)
+            else:
+                (path.parent / ".archive").mkdir(exist_ok=True)
+                shutil.move(str(path), str(path.parent / ".archive" / path.name))
+        except OSError as exc:
+            self.app.call_from_thread(self.notify, f"could not {how} {path.name}: {exc}", severity="error")
+            return
+        self.app.call_from_thread(self.notify, f"{how}d {path.name}")

@@ -184,13 +184,16 @@ class DataGrid(ScrollView, can_focus=True):
         Binding("pagedown", "page_down", "Page down", show=False, id="grid.page_down"),
         Binding("home", "first_row", "First row", show=False, id="grid.first_row"),
         Binding("end", "last_row", "Last row", show=False, id="grid.last_row"),
-        Binding("left", "column_left", "Prev column", id="grid.column_left",
+        # Not in the footer: at 80 columns it has room only for the screen's main keys.
+        Binding("left", "column_left", "Prev column", show=False, id="grid.column_left",
                 tooltip="Move the column cursor left"),
-        Binding("right", "column_right", "Next column", id="grid.column_right",
+        Binding("right", "column_right", "Next column", show=False, id="grid.column_right",
                 tooltip="Move the column cursor right"),
         Binding("s", "sort_column", "Sort", id="grid.sort",
                 tooltip="Sort by the highlighted column; again to reverse"),
         Binding("enter", "select_row", "Select", show=False, id="grid.select"),
+        Binding("x", "export", "Export", show=False, id="grid.export",
+                tooltip="Write the rows shown (filtered, sorted) as CSV and Markdown"),
     ]
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -205,6 +208,8 @@ class DataGrid(ScrollView, can_focus=True):
         "data-grid--row-incorrect",
         "data-grid--row-tie",
         "data-grid--row-muted",
+        "data-grid--row-running",
+        "data-grid--row-suspect",
     }
     """
     | Class | Description |
@@ -269,6 +274,13 @@ class DataGrid(ScrollView, can_focus=True):
         }
         & > .data-grid--row-muted {
             color: $muted;
+        }
+        & > .data-grid--row-running {
+            color: $running;
+            text-style: bold;
+        }
+        & > .data-grid--row-suspect {
+            color: $warning;
         }
     }
     """
@@ -534,6 +546,39 @@ class DataGrid(ScrollView, can_focus=True):
 
     def move_cursor_to_column(self, column_key: str) -> None:
         self._move_column(self._column_index[column_key])
+
+    # ------------------------------------------------------------------ public API: export
+    def to_csv(self) -> str:
+        """The visible rows in display order as CSV: raw values (numbers unformatted), one column
+        per grid column, headers as shown."""
+        import csv
+        import io
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([c.label for c in self._columns])
+        for row in self.visible_rows():
+            writer.writerow(["" if v is None else v for v in (self._raw(row, i) for i in range(len(self._columns)))])
+        return out.getvalue()
+
+    def to_markdown(self) -> str:
+        """The visible rows in display order as a Markdown table, cells as the grid shows them."""
+        def cell(text: str) -> str:
+            return text.replace("|", "\\|")
+        lines = ["| " + " | ".join(cell(c.label) for c in self._columns) + " |",
+                 "|" + "|".join("---:" if c.align == "right" else "---" for c in self._columns) + "|"]
+        for row in self.visible_rows():
+            lines.append("| " + " | ".join(cell(c.format(self._raw(row, i))) for i, c in enumerate(self._columns))
+                         + " |")
+        return "\n".join(lines) + "\n"
+
+    def _raw(self, row: Any, column: int) -> Any:
+        if self._mapping_rows:
+            return row.get(self._columns[column].key)
+        return row[column] if column < len(row) else None
+
+    def action_export(self) -> None:
+        from magpie_tui.screens.export import export_grid
+        export_grid(self)
 
     # ------------------------------------------------------------------ actions
     def action_cursor_up(self) -> None:

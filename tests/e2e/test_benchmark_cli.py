@@ -3,6 +3,8 @@ profiled, a server that is already running (--base-url), repeats, and config err
 
 import json
 
+import pytest
+
 from conftest import only_workspace, read_events, run_magpie
 
 
@@ -75,7 +77,7 @@ def test_chat_endpoint_with_text_prompts(tmp_path):
                       "--output-len", "4", "--num-prompts", "4", "--range-ratio", "0", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ws, r = _report(tmp_path)
-    assert r["dataset"] == {"name": "random", "prompts": "text", "tokenizer": "builtin", "prefix_len": 0}
+    assert r["dataset"] == {"name": "random", "path": None, "prompts": "text", "tokenizer": "builtin", "prefix_len": 0}
     assert r["throughput"]["completed_requests"] == 4 and r["throughput"]["total_output_tokens"] == 16
     detail = json.loads((ws / "requests" / "point0_repeat0.json").read_text())
     # server-counted: 16 prompt tokens, the chat template around them, and the BOS
@@ -280,3 +282,87 @@ def test_live_progress_and_server_metrics_of_the_builtin_server(tmp_path):
     assert last["output_tok_s"] > 0 and 0 < last["ttft_p50_ms"] and last["tpot_p50_ms"] > 0
     assert last["repeat"] == 0 and last["point_index"] == 0
     assert all(a["done"] <= b["done"] for a, b in zip(progress, progress[1:]))
+
+
+def _base_url_run(srv, tmp_path, *flags, timeout=120):
+    return run_magpie("benchmark", "vllm", "-m", "test-model", "--base-url", srv.url, "--vocab-size", "1000",
+                      "--tokenizer", "none", "--warmup", "0", *flags, "-o", tmp_path, timeout=timeout)
+
+
+def test_custom_jsonl_trace_is_replayed_on_its_timestamps(tmp_path):
+    from bench_server import BenchServer, Script
+    lines = [{"prompt_token_ids": [1, 2, 3, 4], "output_len": 3, "timestamp": 100.0},
+             {"prompt": [5, 6], "output_len": 2, "timestamp": 100.3},
+             {"prompt_token_ids": [7], "timestamp": 100.6}]
+    data = tmp_path / "trace.jsonl"
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    with BenchServer(Script(itl_s=0.001)) as srv:
+        proc = _base_url_run(srv, tmp_path / "out", "--dataset-name", "custom", "--dataset-path", data,
+                             "--custom-output-len", "4", "--concurrency", "4")
+        arrivals = sorted(t for rid, t in srv.arrivals)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path / "out")
+    assert r["dataset"]["name"] == "custom" and r["dataset"]["path"] == str(data)
+    assert r["throughput"]["completed_requests"] == 3 and r["throughput"]["total_output_tokens"] == 3 + 2 + 4
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert all(0.25 < g < 0.45 for g in gaps), gaps  # released 0.3 s apart, as the timestamps say
+
+
+def test_a_malformed_jsonl_line_stops_before_anything_starts(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "fine"}\n{"prompt": "x", "output_len": "many"}\n{oops\n')
+    proc = run_magpie("benchmark", "vllm", "-m", "m", "--base-url", "http://127.0.0.1:9", "--dataset-name", "custom",
+                      "--dataset-path", data, "-o", tmp_path / "out")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{data}:2: output_len: expected an integer >= 1, got 'many'" in proc.stderr + proc.stdout
+    assert f"{data}:3: not JSON" in proc.stderr + proc.stdout
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_duration_run_leaves_the_warmup_and_cooldown_windows_out(tmp_path):
+    from bench_server import BenchServer, Script
+    with BenchServer(Script(ttft_s=0.02, itl_s=0.01)) as srv:
+        proc = _base_url_run(srv, tmp_path, "--duration", "1.5", "--warmup-seconds", "0.4", "--cooldown-seconds",
+                             "0.4", "--concurrency", "2", "--input-len", "8", "--output-len", "4",
+                             "--range-ratio", "0")
+        sent = len(srv.arrivals)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path)
+    res = r["result"]
+    assert res["measured_window_s"] == [0.4, 1.1] and res["duration"] == pytest.approx(0.7)
+    assert res["excluded_requests"] > 0 and res["completed"] + res["excluded_requests"] == sent
+    assert res["completed"] >= 4  # ~60 ms a request, two at a time, for 0.7 s
+
+
+def test_request_rate_sweep_end_to_end(tmp_path):
+    from bench_server import BenchServer, Script
+    with BenchServer(Script(itl_s=0.001)) as srv:
+        proc = _base_url_run(srv, tmp_path, "--sweep", "request_rate=20,80", "--num-prompts", "6",
+                             "--concurrency", "4", "--input-len", "8", "--output-len", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path)
+    points = [p["point"] for p in r["sweep"]]
+    assert [p["request_rate"] for p in points] == [20, 80] and all(p["num_prompts"] == 6 for p in points)
+    durations = [p["runs"][0]["duration"] for p in r["sweep"]]
+    assert durations[0] > durations[1]  # the slower rate takes longer to release the same prompts
+
+
+def test_find_capacity_bisects_to_the_knee(tmp_path):
+    from bench_server import BenchServer, Script
+    srv = BenchServer()
+    # TTFT grows with the requests in flight (15 ms each): ttft <= 50 ms holds up to 3 at once.
+    srv.script_for = lambda _rid, _body: Script(ttft_s=0.015 * srv.in_flight, itl_s=0.001, tokens=2)
+    with srv:
+        proc = _base_url_run(srv, tmp_path, "--find-capacity", "ttft:50", "--goodput-target", "0.8",
+                             "--capacity-max", "8", "--input-len", "8", "--output-len", "2", timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path)
+    cap = r["capacity"]
+    levels = {lv["level"]: lv for lv in cap["levels"]}
+    assert cap["over"] == "concurrency" and cap["slos_ms"] == {"ttft": 50.0} and cap["goodput_target"] == 0.8
+    assert levels[1]["passed"] and not levels[8]["passed"]
+    assert cap["knee"] in (2, 3, 4) and cap["knee_interval"][1] == cap["knee"] + 1
+    assert all({"level", "passed", "goodput_share", "request_throughput", "latency_ms"} <= set(lv)
+               for lv in cap["levels"])
+    summary = (only_workspace(tmp_path) / "summary.txt").read_text()
+    assert "SLO capacity over concurrency" in summary and cap["verdict"] in summary

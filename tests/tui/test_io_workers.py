@@ -30,8 +30,8 @@ async def test_a_run_folder_created_after_start_shows_up_through_the_scan_worker
         ws = Workspace.create(project / "results", "benchmark", "late")
         ws.events.emit("run_started", mode="benchmark", pid=os.getpid(), workspace=str(ws.root), label="late")
         table = app.screen.query_one("#runs-table")
-        await wait_for(pilot, lambda: str(ws.root) in table.rows)
-        assert table.get_row(str(ws.root))[0].plain == "running"
+        await wait_for(pilot, lambda: str(ws.root) in table.visible_keys())
+        assert table.get_row(str(ws.root))["state"] == "running"
         assert scan_threads and threading.get_ident() not in scan_threads  # never on the event loop
 
 

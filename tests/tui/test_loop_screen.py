@@ -356,16 +356,16 @@ async def test_a_loop_row_in_the_runs_table_opens_the_loop_screen(project):
         await pilot.press("2")
         await wait_screen(pilot, app, RunsScreen, "#runs-table")
         table = app.screen.query_one("#runs-table")
-        await wait_for(pilot, lambda: str(root) in [str(k.value) for k in table.rows])
-        assert [c if isinstance(c, str) else c.plain for c in table.get_row(str(root))][:3] == [
-            "completed", "loop", "builtin-tiny"]
+        await wait_for(pilot, lambda: str(root) in table.visible_keys())
+        row = table.get_row(str(root))
+        assert [row["state"], row["mode"], row["label"]] == ["completed", "loop", "builtin-tiny"]
         # A loop started from the command line while the app watches shows up too.
         ws = Workspace.create(project / "results", "loop", "live")
         write_loop(ws.root, mixed_steps(os.getpid()))
         ws.events.emit("run_started", pid=os.getpid(), workspace=str(ws.root), mode="loop", label="live")
-        await wait_for(pilot, lambda: str(ws.root) in [str(k.value) for k in table.rows])
-        assert table.get_row(str(ws.root))[1] == "loop" and table.get_row(str(ws.root))[0].plain == "running"
-        table.move_cursor(row=[str(k.value) for k in table.rows].index(str(root)))
+        await wait_for(pilot, lambda: str(ws.root) in table.visible_keys())
+        assert table.get_row(str(ws.root))["mode"] == "loop" and table.get_row(str(ws.root))["state"] == "running"
+        assert table.move_cursor_to_key(str(root))
         await pilot.press("enter")
         await wait_screen(pilot, app, LoopScreen, "#loop-chain")
         assert app.screen.root == root

@@ -121,3 +121,79 @@ def test_kernel(snap_compare, snapshot_app, size):
             await pilot.pause(0.1)
         await _settle(pilot)
     assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+# -- screens changed for issue 15 (usability) --------------------------------------------------------
+# The wide variant of these is marked slow (it still runs in CI): the fast run stays short.
+NEW_SIZES = [pytest.param((80, 24), id="80x24"), pytest.param((160, 48), id="160x48", marks=pytest.mark.slow)]
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_benchmark_report_single_point(snap_compare, snapshot_app, size):
+    """Three repeats: intervals shown (never below 0); every metric row in view at 160x48."""
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("benchmark_builtin-tiny_20261129_192724"))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_benchmark_distributions(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report(
+        "benchmark_builtin-tiny_20261129_192724", ("right_square_bracket",)))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_roofline_timeline(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("trace_", ("g",)))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_run_screen(snap_compare, snapshot_app, size):
+    async def run_before(pilot):
+        app = pilot.app
+        await pilot.press("2")
+        deadline = time.monotonic() + 10
+        while not app.runs and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        app.open_run(next(r for r in app.runs if r.name.startswith("compare_")))
+        await _settle(pilot)
+        await pilot.press("left_square_bracket")  # the summary tab: a finished run's summary.txt
+        await _settle(pilot)
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_help_for_the_runs_screen(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_runs_then(("question_mark",)))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_runs_filtered_and_marked(snap_compare, snapshot_app, size):
+    assert snap_compare(snapshot_app, terminal_size=size,
+                        run_before=_open_runs_then(("slash", "b", "e", "n", "c", "h", "enter", "space")))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_launch_form(snap_compare, snapshot_app, size):
+    async def run_before(pilot):
+        await _configs_with("benchmarks/builtin_tiny_cpu.yaml")(pilot)
+        await pilot.press("l")
+        await _settle(pilot, 0.5)
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_configs_with_a_problem(snap_compare, snapshot_app, size):
+    async def run_before(pilot):
+        config = pilot.app.settings.project_dir / "kernels" / "softmax_triton" / "compare.yaml"
+        config.write_text(config.read_text().replace("softmax_onepass.py", "softmax_onepas.py"))
+        await _configs_with("kernels/softmax_triton/compare.yaml")(pilot)
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+def _open_runs_then(keys: tuple[str, ...]):
+    async def run_before(pilot):
+        await _open_runs()(pilot)
+        deadline = time.monotonic() + 10
+        while len(pilot.app.runs) < 4 and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        await pilot.press(*keys)
+        await _settle(pilot)
+    return run_before

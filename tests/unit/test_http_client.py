@@ -282,3 +282,29 @@ async def test_https(tmp_path: Path):
             resp2, _ = await post(client)
     assert resp.status == resp2.status == 200 and b"".join(d for d, _ in got) == b"secret"
     assert srv.connections == 1
+
+
+def test_kept_reads_of_whole_chunks_parse_as_the_general_parser_does():
+    from engine.bench.http_client import ResponseParser
+
+    def chunk(p: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(p), p)
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    reads = [chunk(b"data: 1\n\n"), chunk(b"data: 2\n\n") + chunk(b"data: 3\n\n"), chunk(b"x;y") + b"0\r\n\r\n"]
+    general: list[tuple[bytes, float]] = []
+    p1 = ResponseParser(lambda d, t: general.append((d, t)))
+    p1.feed(head, 0.0)
+    for i, r in enumerate(reads):
+        p1.feed(r, float(i + 1))
+    batched: list[tuple[bytes, float]] = []
+    p2 = ResponseParser(lambda d, t: batched.append((d, t)),
+                        on_bodies=lambda ps, ts: batched.extend(zip(ps, ts)) and None)
+    p2.feed(head, 0.0)
+    p2.feed_reads(reads, [1.0, 2.0, 3.0])
+    assert p1.done and p2.done and p2.keep_alive
+    assert batched == general == [(b"data: 1\n\n", 1.0), (b"data: 2\n\ndata: 3\n\n", 2.0), (b"x;y", 3.0)]
+    # a read that is not whole chunks goes the general way
+    p3 = ResponseParser(lambda d, t: None, on_bodies=lambda ps, ts: None)
+    p3.feed(head, 0.0)
+    p3.feed_reads([b"5\r\nab", b"cde\r\n0\r\n\r\n"], [1.0, 2.0])
+    assert p3.done

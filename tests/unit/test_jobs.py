@@ -123,6 +123,16 @@ def test_detached_run_is_reattached_and_cancelled_from_its_folder(tmp_path):
     assert console and "workspace:" in console[0].read_text()
 
 
+def test_a_cancel_sent_while_the_child_starts_still_ends_in_a_report(tmp_path):
+    # The SIGTERM reaches the child before its interpreter has imported anything: the signal is
+    # held until its handlers are in, so it cancels with a report instead of dying without one.
+    job = submit(KernelRequest(mode="compare", kernel_config=str(_slow_compare(tmp_path, 60)), no_perf=True),
+                 tmp_path / "out", executor="local-process", cwd=tmp_path)
+    job.cancel("at once")
+    assert job.wait(timeout=60) == "cancelled"
+    assert job.result()["state"] == "cancelled"
+
+
 def test_a_detached_run_that_dies_is_lost_not_running(tmp_path):
     # A short sleep: SIGKILL gives the run no chance to stop its testcase's own process group,
     # which then ends by itself.

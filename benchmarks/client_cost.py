@@ -1,0 +1,259 @@
+"""Client cost and accuracy, side by side: `magpie benchmark` and `vllm bench serve` taking turns
+against one scheduled streaming server (`benchmarks/scheduled_server.py`: first token 80 ms after
+the request arrives, one token every 10 ms, 64 out), far below that server's own capacity.
+
+Per client and run:
+
+* CPU per 1k output tokens: the CPU time (user + system, every thread of the client's process and
+  of the processes below it) spent while its measured requests were in flight, read by the server
+  when the first measured request arrives and when the last one is done (so start-up, tokenizer
+  loading, warm-up and report writing do not count), over the output tokens of those requests;
+* TTFT error: the client's own mean TTFT (from its result file) minus the server's mean of (first
+  token written − request arrived) over the same requests; and the client's mean TTFT minus the
+  scheduled 80 ms, the figure the issue quotes.
+
+Both clients run their shipped command lines, each in a process of its own, with the same
+workload (random prompts of `--input-len` tokens, `--output-len` out, `--num-prompts`, max
+concurrency C, all requests at once, `ignore_eos`, the same warm-up count) and take turns run by
+run, so both see the same background load. vLLM's client needs vLLM: the interpreter of an
+environment that has it (`--vllm-python`, default the venv of the opt-in tests, made by
+`tests/vllm_cpu.py install`) and a tokenizer folder (`--tokenizer`; default: the tiny model that
+`tests/vllm_cpu.py model DIR` builds, made on first use). Without it only our client is measured
+and the table says the peer was not run.
+
+    python benchmarks/client_cost.py [--concurrency 128,512 --repeats 3 --client-procs 1,2 --json FILE]
+
+The server is pinned to the last CPU and the clients to the others when there are two or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+DEFAULT_VENV = Path(os.environ.get("MAGPIE_VLLM_VENV", Path.home() / ".cache" / "magpie-test" / "vllm-cpu-venv"))
+TINY_MODEL = Path.home() / ".cache" / "magpie-test" / "tiny-llama"
+
+
+@dataclass
+class Sample:
+    client: str
+    concurrency: int
+    client_procs: int
+    requests: int
+    tokens: int
+    cpu_ms_per_1k_tokens: float
+    client_mean_ttft_ms: float
+    server_mean_ttft_ms: float
+    ttft_error_ms: float  # client mean TTFT - server's first-write mean
+    ttft_above_schedule_ms: float  # client mean TTFT - the scheduled TTFT
+    window_s: float
+    failed: int
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=60) as r:  # noqa: S310 - our loopback server
+        return json.loads(r.read())
+
+
+def _post(url: str, body: dict) -> None:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=60):  # noqa: S310
+        pass
+
+
+def start_server(args: argparse.Namespace, cpu: int | None) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "scheduled_server.py"), "--ttft-ms", str(args.ttft_ms),
+           "--itl-ms", str(args.itl_ms), "--tokens", str(args.output_len)]
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("PORT "):
+        proc.kill()
+        raise RuntimeError(f"the scheduled server did not start: {line!r}")
+    return proc, f"http://127.0.0.1:{int(line.split()[1])}"
+
+
+def ours_command(args: argparse.Namespace, url: str, conc: int, procs: int, out: Path) -> tuple[list[str], Path]:
+    cmd = [sys.executable, "-m", "engine.cli", "benchmark", "vllm", "-m", "fake", "--base-url", url,
+           "--tokenizer", "none", "--vocab-size", "1000", "--input-len", str(args.input_len),
+           "--output-len", str(args.output_len), "--range-ratio", "0", "--num-prompts", str(args.num_prompts or 4 * conc),
+           "--concurrency", str(conc), "--warmup", str(args.warmup), "-o", str(out)]
+    if procs > 1:
+        cmd += ["--client-procs", str(procs)]
+    return cmd, out
+
+
+def vllm_command(args: argparse.Namespace, url: str, conc: int, out: Path) -> tuple[list[str], Path]:
+    py = Path(args.vllm_python)
+    cmd = [str(py), str(py.parent.parent / "magpie_vllm.py"), "bench", "serve", "--backend", "openai",
+           "--base-url", url, "--endpoint", "/v1/completions", "--model", "fake", "--tokenizer", str(args.tokenizer),
+           "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
+           "--num-prompts", str(args.num_prompts or 4 * conc), "--max-concurrency", str(conc), "--ignore-eos",
+           "--num-warmups", str(args.warmup), "--disable-tqdm", "--save-result", "--result-dir", str(out),
+           "--result-filename", "result.json"]
+    return cmd, out / "result.json"
+
+
+def _client_result(client: str, where: Path) -> tuple[float, int]:
+    """(mean TTFT ms, failed requests) from what the client wrote."""
+    if client == "vllm":
+        r = json.loads(where.read_text())
+        return float(r["mean_ttft_ms"]), int(r.get("failed", 0))
+    reports = sorted(where.glob("*/benchmark_report.json"))
+    if not reports:
+        raise RuntimeError(f"our client wrote no report under {where}")
+    r = json.loads(reports[-1].read_text())["result"]
+    return float(r["mean_ttft_ms"]), int(r.get("failed", 0))
+
+
+def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: int, cpus: set[int] | None) -> Sample:
+    _post(url + "/reset", {})
+    out = Path(tempfile.mkdtemp(prefix=f"client_cost_{client}_"))
+    cmd, result_at = (vllm_command(args, url, conc, out) if client == "vllm"
+                      else ours_command(args, url, conc, procs, out))
+    env = dict(os.environ)
+    if client == "vllm":
+        from vllm_cpu import vllm_env
+        env = vllm_env()
+    else:
+        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    log = (out / "client.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    # vLLM's test and warm-up requests carry no x-request-id, ours are named warmup-<i>.
+    _post(url + "/watch", {"pid": proc.pid, "count": args.num_prompts or 4 * conc, "skip_ids": ["anon-", "warmup-"]})
+    rc = proc.wait(args.timeout)
+    log.close()
+    if rc != 0:
+        raise RuntimeError(f"{client} exited {rc}: {shlex.join(cmd)}\n{(out / 'client.log').read_text()[-3000:]}")
+    stats = _get(url + "/stats")
+    if not stats["windows"]:
+        raise RuntimeError(f"{client}: the server saw no complete measured window ({stats['arrived']} requests "
+                           f"arrived, {stats['in_flight']} in flight)")
+    window = stats["windows"][-1]
+    reqs = [r for r in stats["requests"].values() if window["start"] <= r["arrival"] <= window["end"]]
+    server_ttft = statistics.fmean(r["first"] - r["arrival"] for r in reqs) * 1000
+    client_ttft, failed = _client_result(client, result_at)
+    cpu = window["client_cpu_s"]
+    return Sample(client=client, concurrency=conc, client_procs=procs if client == "ours" else 1,
+                  requests=window["requests"], tokens=window["tokens"],
+                  cpu_ms_per_1k_tokens=cpu * 1000 / (window["tokens"] / 1000),
+                  client_mean_ttft_ms=client_ttft, server_mean_ttft_ms=server_ttft,
+                  ttft_error_ms=client_ttft - server_ttft, ttft_above_schedule_ms=client_ttft - args.ttft_ms,
+                  window_s=window["end"] - window["start"], failed=failed)
+
+
+def _range(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.1f}" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}"
+
+
+def table(samples: list[Sample], peer_note: str) -> str:
+    rows = ["| client | C | procs | runs | CPU ms / 1k out tokens | mean TTFT - server's (ms) | mean TTFT - 80 ms (ms) "
+            "| failed |", "|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple, list[Sample]] = {}
+    for s in samples:
+        groups.setdefault((s.concurrency, s.client, s.client_procs), []).append(s)
+    for (conc, client, procs), ss in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "vllm", kv[0][2])):
+        name = "vllm bench serve" if client == "vllm" else "magpie benchmark"
+        rows.append(f"| {name} | {conc} | {procs} | {len(ss)} | {_range([s.cpu_ms_per_1k_tokens for s in ss])} | "
+                    f"{_range([s.ttft_error_ms for s in ss])} | {_range([s.ttft_above_schedule_ms for s in ss])} | "
+                    f"{sum(s.failed for s in ss)} |")
+    ratios = []
+    for conc in sorted({s.concurrency for s in samples}):
+        peer = [s.cpu_ms_per_1k_tokens for s in samples if s.concurrency == conc and s.client == "vllm"]
+        for procs in sorted({s.client_procs for s in samples if s.client == "ours"}):
+            ours = [s.cpu_ms_per_1k_tokens for s in samples if s.concurrency == conc and s.client == "ours"
+                    and s.client_procs == procs]
+            if peer and ours:
+                ratios.append(f"C={conc}, {procs} proc(s): ours/vLLM CPU per token, median of runs "
+                              f"{statistics.median(ours) / statistics.median(peer):.2f}x")
+    return "\n".join(rows + ([""] + ratios if ratios else []) + ([peer_note] if peer_note else []))
+
+
+def _tokenizer(args: argparse.Namespace) -> str | None:
+    if args.tokenizer:
+        return args.tokenizer
+    if not (TINY_MODEL / "tokenizer.json").exists():
+        import vllm_cpu
+        vllm_cpu.build_tiny_model(TINY_MODEL)
+    return str(TINY_MODEL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", default="128,512", help="comma-separated max concurrencies")
+    ap.add_argument("--client-procs", default="1", help="comma-separated --client-procs values for our client")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--num-prompts", type=int, default=0, help="default 4 x concurrency")
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--ttft-ms", type=float, default=80.0)
+    ap.add_argument("--itl-ms", type=float, default=10.0)
+    ap.add_argument("--vllm-python", default=str(DEFAULT_VENV / "bin" / "python"))
+    ap.add_argument("--tokenizer", help="tokenizer folder for vllm bench serve (default: the tiny test model)")
+    ap.add_argument("--clients", default="ours,vllm")
+    ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients to CPUs")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", help="write every run and the table here")
+    args = ap.parse_args(argv)
+    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    peer_note = ""
+    if "vllm" in clients:
+        ok = Path(args.vllm_python).exists() and subprocess.run(
+            [args.vllm_python, "-c", "import vllm.benchmarks.serve"], capture_output=True).returncode == 0
+        if not ok:
+            clients.remove("vllm")
+            peer_note = f"vllm bench serve was not run: vLLM is not importable by {args.vllm_python}"
+        else:
+            args.tokenizer = _tokenizer(args)
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpu = cpus[-1] if len(cpus) > 1 and not args.no_pin else None
+    client_cpus = set(cpus[:-1]) if server_cpu is not None else None
+    proc, url = start_server(args, server_cpu)
+    samples: list[Sample] = []
+    try:
+        for conc in [int(c) for c in args.concurrency.split(",")]:
+            for rep in range(args.repeats):
+                for client in clients:
+                    for procs in ([int(p) for p in args.client_procs.split(",")] if client == "ours" else [1]):
+                        s = run_once(args, url, client, conc, procs, client_cpus)
+                        samples.append(s)
+                        print(f"C={conc} run {rep + 1} {client:5s} procs {s.client_procs}: "
+                              f"{s.cpu_ms_per_1k_tokens:6.1f} ms CPU / 1k tokens, TTFT {s.client_mean_ttft_ms:7.2f} "
+                              f"ms (server {s.server_mean_ttft_ms:6.2f}; error {s.ttft_error_ms:+6.2f}), "
+                              f"{s.requests} requests in {s.window_s:.2f} s, {s.failed} failed", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    machine = f"{len(cpus)} CPUs ({platform.processor() or platform.machine()}), Python {platform.python_version()}"
+    text = table(samples, peer_note)
+    print(f"\n{when}, {machine}, server on CPU {server_cpu}, clients on {sorted(client_cpus or cpus)}\n{text}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"date": when, "machine": machine, "argv": sys.argv[1:],
+                                               "samples": [asdict(s) for s in samples], "table": text}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""Benchmark, trace and loop tools: benchmark, benchmark_batch, batch_status, gap_analysis,
+list_benchmark_results, get_benchmark_result, compare_benchmark_reports, suggest_optimizations,
+roofline_table, optimize, optimize_status, optimize_resume."""
+
+import csv
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import anyio
+from mcp.server.mcpserver import Context
+
+from engine.jobs import BenchmarkRequest, LoopRequest, TraceRequest
+from engine.mcp import results as res
+from engine.mcp.jobs import describe, run_file_uri
+from engine.mcp.security import AccessRefused
+from engine.mcp.server import State, add_tool, dump_yaml, wait_with_progress
+from engine.runs.catalog import RunCatalog
+from engine.runs.schema import BENCHMARK_REPORT
+from engine.runs.workspace import atomic_write_json
+
+# Keys of an inline benchmark config that start or change processes; such a config is a command line.
+COMMAND_KEYS = ("run_cmd", "server_args", "server_env", "benchmark_script", "envs")
+BATCH_NOTE = ("the Ray batch executor is not available to this server: the points run one after another as "
+              "local-process jobs, queued in this server process (a point not yet started when the server "
+              "stops does not start; started points keep running)")
+
+
+# The benchmark tool's override arguments; a batch item may carry them beside benchmark_config.
+FLAG_ARGS = ("model", "precision", "run_mode", "tp", "concurrency", "input_len", "output_len", "torch_profiler",
+             "tracelens", "gap_analysis_enabled", "docker_image", "gpu_arch", "timeout_seconds", "num_prompts",
+             "request_rate", "burstiness", "range_ratio", "warmup", "repeats", "sweep", "base_url", "seed", "goodput",
+             "prefix_len", "endpoint", "tokenizer", "vocab_size", "http_client", "dataset_name", "dataset_path",
+             "custom_output_len", "sharegpt_output_len", "duration", "warmup_seconds", "cooldown_seconds",
+             "find_capacity", "goodput_target", "capacity_over", "capacity_max", "event_loop")
+# Tool argument -> the command line's flag key, where they differ (Magpie's names).
+_FLAG_KEYS = {"gap_analysis_enabled": "gap_analysis", "timeout_seconds": "timeout"}
+
+
+def benchmark_flags(state: State, values: dict) -> dict:
+    """The flags dict of ``BenchmarkRequest``, keyed as the command line keys it (engine/cli.py);
+    empty strings are "not given", like an absent flag."""
+    from engine.cli import _parse_goodput, _parse_sweep  # the command line's own parsers: the same syntax
+    flags: dict[str, Any] = {}
+    for name in FLAG_ARGS:
+        value = values.get(name)
+        flags[_FLAG_KEYS.get(name, name)] = None if value == "" else value
+    flags["sweep"] = _parse_sweep(flags["sweep"])
+    flags["goodput"] = _parse_goodput(flags["goodput"])
+    flags["find_capacity"] = _parse_goodput(flags["find_capacity"], "find_capacity")
+    if flags["dataset_path"]:
+        flags["dataset_path"] = str(state.path(flags["dataset_path"], "dataset_path"))
+    return flags
+
+
+class Batches:
+    """benchmark_batch's queue: each point starts when the one before it has finished."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.folder = state.results / ".mcp" / "batches"
+
+    def path(self, batch_id: str) -> Path:
+        if not batch_id or "/" in batch_id or batch_id.startswith("."):
+            raise AccessRefused(f"batch_id {batch_id!r}: not a batch id")
+        return self.folder / f"{batch_id}.json"
+
+    def read(self, batch_id: str) -> dict:
+        p = self.path(batch_id)
+        if not p.is_file():
+            raise res.ResultError(f"no batch {batch_id!r} in {self.folder}")
+        record = res.read_json(p)
+        for point in record["jobs"]:
+            if point.get("job_id"):
+                point["state"] = describe(self.state.book.find(point["job_id"]))["state"]
+        return record
+
+    def start(self, requests: list[tuple[Any, Path]]) -> dict:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        batch_id = f"batch_{time.strftime('%Y%m%d_%H%M%S')}_{time.time_ns() % 0xFFFFFF:06x}"
+        record = {"batch_id": batch_id, "parallel": False, "submitted": len(requests), "failed": 0, "note": BATCH_NOTE,
+                  "jobs": [{"index": i, "job_id": None, "state": "queued", "label": str(cfg)}
+                           for i, (_r, cfg) in enumerate(requests)]}
+        atomic_write_json(self.path(batch_id), record)
+        threading.Thread(target=self._drive, args=(batch_id, record, requests), daemon=True,
+                         name=f"magpie-mcp-{batch_id}").start()
+        return record
+
+    def _drive(self, batch_id: str, record: dict, requests: list[tuple[Any, Path]]) -> None:
+        for point, (request, _cfg) in zip(record["jobs"], requests):
+            try:
+                job = self.state.book.submit(request, self.state.results)
+            except Exception as exc:  # a config changed since it was checked: recorded, the batch goes on
+                point.update(state="failed", error=str(exc))
+                record["failed"] += 1
+                atomic_write_json(self.path(batch_id), record)
+                continue
+            point.update(job_id=job.id, state="running", run_dir=str(job.run_dir))
+            atomic_write_json(self.path(batch_id), record)
+            final = job.wait()
+            point["state"] = final
+            if final not in ("completed",):
+                record["failed"] += 1
+            atomic_write_json(self.path(batch_id), record)
+
+
+def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per tool
+    batches = Batches(state)
+    max_wait = state.options.max_wait_s
+
+    def benchmark(framework: str = "", model: str = "", precision: str = "", run_mode: str = "",
+                  tp: Optional[int] = None, concurrency: Optional[int] = None, input_len: Optional[int] = None,
+                  output_len: Optional[int] = None, torch_profiler: Optional[bool] = None,
+                  tracelens: Optional[bool] = None, gap_analysis_enabled: Optional[bool] = None,
+                  docker_image: str = "", gpu_arch: str = "", timeout_seconds: Optional[float] = None,
+                  output_dir: str = "", benchmark_config: str = "", num_prompts: Optional[int] = None,
+                  request_rate: Optional[float] = None, burstiness: Optional[float] = None,
+                  range_ratio: Optional[float] = None, warmup: Optional[int] = None, repeats: Optional[int] = None,
+                  sweep: Optional[list[str]] = None, base_url: str = "", seed: Optional[int] = None,
+                  goodput: Optional[list[str]] = None, prefix_len: Optional[int] = None, endpoint: str = "",
+                  tokenizer: str = "", vocab_size: Optional[int] = None, http_client: str = "",
+                  dataset_name: str = "", dataset_path: str = "", custom_output_len: Optional[int] = None,
+                  sharegpt_output_len: Optional[int] = None, duration: Optional[float] = None,
+                  warmup_seconds: Optional[float] = None, cooldown_seconds: Optional[float] = None,
+                  find_capacity: Optional[list[str]] = None, goodput_target: Optional[float] = None,
+                  capacity_over: str = "", capacity_max: Optional[float] = None, event_loop: str = "",
+                  batch: str = "", environment: str = "", ray_address: str = "") -> dict:
+        """Benchmark a serving framework (vllm, sglang, atom, builtin) or a YAML (benchmark_config, Magpie's
+        benchmark: format); every argument given overrides the YAML and is recorded as an override. Returns a job
+        id at once; progress (requests done/total, live tok/s and latencies) through job_status. sweep takes
+        'KEY=V1,V2' items, goodput and find_capacity 'ttft:MS' items, as the command line. batch: a batch YAML
+        (magpie benchmark --batch), its points run locally or, with environment ray, as Ray tasks."""
+        flags = benchmark_flags(state, locals())
+        cfg = str(state.path(benchmark_config, "benchmark_config")) if benchmark_config else None
+        request = BenchmarkRequest(benchmark_config=cfg, framework=framework or None, flags=flags,
+                                   batch=str(state.path(batch, "batch")) if batch else None,
+                                   environment=environment or None, ray_address=ray_address or None)
+        prepared = request.prepare()
+        job = state.book.submit(request, state.output_dir(output_dir))
+        return {**describe(job), "warnings": prepared.warnings, "overrides": prepared.overrides,
+                "next": "poll job_status(job_id, wait_s=5); job_result(job_id) when finished"}
+
+    def benchmark_batch(configs: list[dict], parallel: bool = False, ray_cluster_address: str = "",
+                        ray_shared_storage_path: str = "") -> dict:
+        """Several benchmarks. Each item is either {"benchmark_config": PATH, ...benchmark tool arguments} or a
+        Magpie BenchmarkConfig mapping (framework, model, envs, ...). Every item is checked before any starts.
+        Without parallel the points run one after another as local jobs (the result says so) and batch_status
+        follows them; with parallel (or a ray_cluster_address) they are one batch job whose points are Ray tasks
+        (magpie benchmark --batch), followed with job_status like any job."""
+        if ray_shared_storage_path:
+            raise AccessRefused("ray_shared_storage_path: results come back through Ray's object store",
+                                hint="leave it unset; shared storage is scheduler.ray.shared_storage in a batch YAML")
+        if not configs:
+            raise AccessRefused("configs: give at least one benchmark")
+        requests = [_batch_request(state, i, item) for i, item in enumerate(configs)]
+        if not (parallel or ray_cluster_address):
+            return batches.start(requests)
+        points = [{"config": str(cfg), "flags": {k: v for k, v in req.flags.items() if v is not None}}
+                  for req, cfg in requests]
+        batch_file = state.scratch("configs")
+        batch_file = batch_file.with_name(f"raybatch_{batch_file.name}")
+        batch_file.write_text(dump_yaml({"batch": points}))
+        request = BenchmarkRequest(batch=str(batch_file), environment="ray", ray_address=ray_cluster_address or None)
+        request.prepare()
+        job = state.book.submit(request, state.output_dir(""))
+        return {**describe(job), "batch_file": str(batch_file), "points": len(points),
+                "next": "poll job_status(job_id, wait_s=5); job_result(job_id) is the batch report"}
+
+    def batch_status(batch_id: str) -> dict:
+        """The points of a benchmark_batch: each one's job id (once started) and state."""
+        return batches.read(batch_id)
+
+    async def gap_analysis(trace_dir: str, ctx: Context, start_pct: float = 0.0, end_pct: float = 100.0,
+                           top_k: int = 20, min_duration_us: float = 0.0, categories: Optional[list[str]] = None,
+                           ignore_categories: Optional[list[str]] = None, output_dir: str = "",
+                           generate_clamped_traces: bool = False, find_kernel_sources: bool = False,
+                           kernel_source_repos: Optional[list[str]] = None, gpu_arch: str = "", stages: str = "all",
+                           rank_csv: bool = True, wait_s: float = 3.0) -> dict:
+        """Gap analysis (top GPU kernels in a window of the trace, GPU idle split by cause), TraceLens-style
+        stage and roofline reports, and with find_kernel_sources the source file of each kernel in the given
+        local repositories. A job: waits up to wait_s (at most 5) and returns the report when done, else the
+        job id. categories default to kernel and gpu, as on the command line."""
+        if generate_clamped_traces:
+            raise AccessRefused("generate_clamped_traces: clamped trace export is not provided",
+                                hint="use start_pct/end_pct to analyse a window of the trace")
+        target = state.path(trace_dir, "trace_dir")
+        repos = [str(p) for p in state.roots.resolve_all(kernel_source_repos or [], "kernel_source_repos")]
+        request = TraceRequest(trace_dir=str(target), stages=stages, top_k=top_k, start_pct=start_pct,
+                               end_pct=end_pct, min_duration_us=min_duration_us, categories=categories,
+                               ignore_categories=ignore_categories, rank_csv=rank_csv,
+                               find_kernel_sources=find_kernel_sources, kernel_source_repos=repos,
+                               gpu_arch=gpu_arch or None)
+
+        def start() -> Any:
+            from engine.trace.discover import workspace_of
+            # Into the benchmark run that recorded the trace, as the command line does; else a new run.
+            out = None if (not output_dir and workspace_of(target) is not None) else state.output_dir(output_dir)
+            return state.book.submit(request, out)
+        job = await anyio.to_thread.run_sync(start)
+        info = await wait_with_progress(ctx, job, max(0.0, min(float(wait_s), max_wait)))
+        if info["state"] == "completed":
+            info["report"] = await anyio.to_thread.run_sync(job.result)
+        return info
+
+    def list_benchmark_results(output_dir: str = "", limit: int = 20) -> dict:
+        """Benchmark runs under a results folder (default the server's), newest first, with Magpie's keys."""
+        folder = state.output_dir(output_dir)
+        catalog = RunCatalog([folder])
+        catalog.refresh()
+        runs = [r for r in catalog.sorted_runs() if r.mode == "benchmark"]
+        rows = [{**res.benchmark_summary(r.path), "job_state": r.state} for r in runs[:max(1, limit)]]
+        return {"output_dir": str(folder), "total_found": len(runs), "showing": len(rows), "runs": rows}
+
+    def get_benchmark_result(workspace_dir: str, include_kernel_summary: bool = True, include_raw_result: bool = False,
+                             include_tracelens_files: bool = True) -> dict:
+        """A benchmark run's report (workspace_dir: a path or a job id): config, throughput, latency, summary text,
+        torch traces, and every TraceLens output, the inference-mode tracelens/ stage folders included."""
+        run_dir = state.run_dir(workspace_dir, "workspace_dir")
+        path = run_dir / BENCHMARK_REPORT
+        report = res.read_json(path) if path.is_file() else None
+        if report is None:
+            raise res.ResultError(f"{run_dir}: no {BENCHMARK_REPORT} (yet)", hint="job_status says whether it still runs")
+        out = {k: v for k, v in report.items() if k not in ("result", "repeats", "sweep", "kernel_summary")}
+        if include_kernel_summary:
+            out["kernel_summary"] = report.get("kernel_summary")
+        if include_raw_result:
+            out.update({k: report.get(k) for k in ("result", "repeats", "sweep")})
+        summary = run_dir / "summary.txt"
+        out["summary_text"] = summary.read_text() if summary.is_file() else None
+        out["workspace_dir"] = str(run_dir)
+        traces = run_dir / "torch_trace"
+        out["torch_trace_files"] = sorted(p.relative_to(run_dir).as_posix() for p in traces.rglob("*")
+                                          if p.is_file()) if traces.is_dir() else []
+        if include_tracelens_files:
+            out["tracelens_files"] = res.tracelens_files(run_dir)
+        out["resources"] = [run_file_uri(run_dir, rel) for rel in res.run_files(run_dir, limit=200)]
+        return out
+
+    def compare_benchmark_reports(workspace_dirs: list[str], labels: Optional[list[str]] = None,
+                                  output_dir: str = "", export_format: str = "csv") -> dict:
+        """Per-metric deltas of each report against the first (workspace dirs, job ids or report files), with
+        the noise verdict of magpie benchmark --compare-reports: a delta inside the run-to-run 95% interval is
+        a tie; without repeats the noise is unknown. Any two benchmark reports, inference mode included."""
+        from engine.bench.metrics import compare_reports
+        if len(workspace_dirs) < 2:
+            raise AccessRefused("workspace_dirs: give at least two runs")
+        if labels and len(labels) != len(workspace_dirs):
+            raise AccessRefused(f"labels: {len(labels)} labels for {len(workspace_dirs)} runs")
+        if export_format not in ("csv", "json"):
+            raise AccessRefused(f"export_format {export_format!r}: csv or json")
+        sides = [_report_side(state, w, f"workspace_dirs[{i}]") for i, w in enumerate(workspace_dirs)]
+        names = labels or [p.parent.name for p, _r in sides]
+        comparisons = []
+        for i in range(1, len(sides)):
+            deltas = compare_reports(sides[0][1], sides[i][1])
+            comparisons.append({"a": names[0], "b": names[i], "deltas": deltas})
+        folder = state.output_dir(output_dir) if output_dir else state.results / "comparisons"
+        folder = folder / f"comparison_{time.strftime('%Y%m%d_%H%M%S')}"
+        folder.mkdir(parents=True, exist_ok=True)
+        files = [str(_export(folder, comparisons, export_format))]
+        return {"success": True, "baseline": names[0], "reports": [str(p) for p, _r in sides],
+                "comparisons": comparisons, "output_dir": str(folder), "output_files": files, "errors": [],
+                "note": "noise 'unknown': a side without repeats has no run-to-run spread to compare against"}
+
+    def suggest_optimizations(analysis_result: Optional[dict] = None, workspace_dir: str = "", top: int = 5) -> dict:
+        """Suggestions grounded in measured analysis output, never invented: from a run with TraceLens roofline
+        CSVs and gap analysis (workspace_dir: path or job id), each op's roofline bound, % of roofline and time
+        share, plus GPU idle that waits on the host; or from one analyze result object (analysis_result)."""
+        if bool(analysis_result) == bool(workspace_dir):
+            raise AccessRefused("give analysis_result (one analyze result) or workspace_dir (a profiled run)")
+        if analysis_result:
+            if "results" in analysis_result and "kernel_id" not in analysis_result:
+                raise AccessRefused("analysis_result is a whole analyze_report.json (results[] wrapped): pass one "
+                                    "element of its results list")
+            return res.suggest_from_kernel_result(analysis_result)
+        run_dir = state.run_dir(workspace_dir, "workspace_dir")
+        rows = res.roofline_rows(run_dir)
+        report_path = res.report_in(run_dir)
+        report = res.read_json(report_path) if report_path else {}
+        items = res.suggest_from_roofline(rows, max(1, top)) + res.suggest_from_gaps(report)
+        out = {"workspace_dir": str(run_dir), "suggestions": items, "roofline_rows_read": len(rows),
+               "method": res.HEADROOM_NOTE}
+        if not items:
+            out["note"] = ("no roofline CSVs or gap analysis in this run: profile it (benchmark with tracelens, or "
+                           "gap_analysis on its torch_trace) first")
+        return out
+
+    def roofline_table(workspace_dir: str, stage: str = "", top: int = 20) -> dict:
+        """The compact roofline rows (TraceLens *_kernel_roofline_simple.csv) of a run, largest kernel time
+        first: op, stage, time share, roofline bound, % of roofline, achieved TFLOP/s and TB/s."""
+        run_dir = state.run_dir(workspace_dir, "workspace_dir")
+        rows = res.roofline_rows(run_dir, stage or None)
+        keep = ("stage", "op_name", "param_signature", "operation_count", "kernel_time_ms_sum", "time_pct",
+                "roofline_bound", "pct_roofline_mean", "arithmetic_intensity_flops_per_byte", "achieved_tflops_mean",
+                "achieved_tbps_mean", "compute_spec", "has_perf_model", "file")
+        return {"workspace_dir": str(run_dir), "total": len(rows),
+                "rows": [{k: r.get(k) for k in keep} for r in rows[:max(1, top)]],
+                "files": sorted({r["file"] for r in rows})}
+
+    def optimize(benchmark_config: str, until: str = "", kernel: str = "", candidates: Optional[list[str]] = None,
+                 library: bool = True, output_dir: str = "") -> dict:
+        """Start the optimization loop on a clean benchmark YAML: baseline, profiled twin, bottlenecks, harness,
+        candidates, correctness-gated compare, integration, re-benchmark, verdict. Returns the loop's job id at
+        once; until stops after a step; optimize_status shows the chain."""
+        request = LoopRequest(benchmark_config=str(state.path(benchmark_config, "benchmark_config")),
+                              until=until or None, kernel=kernel or None,
+                              candidates=[str(p) for p in state.roots.resolve_all(candidates or [], "candidates")],
+                              library=library)
+        job = state.book.submit(request, state.output_dir(output_dir))
+        return {**describe(job), "loop_dir": str(job.run_dir)}
+
+    def optimize_resume(loop_dir: str, until: str = "") -> dict:
+        """Continue a loop where it stopped (a killed step restarts); a job like optimize."""
+        folder = state.run_dir(loop_dir, "loop_dir")
+        job = state.book.submit(LoopRequest(resume=str(folder), until=until or None), None)
+        return {**describe(job), "loop_dir": str(folder)}
+
+    def optimize_status(loop_dir: str) -> dict:
+        """The loop's chain of steps (state, time, run folder, result) as loop.json records it."""
+        from engine.loop.run import format_status
+        folder = state.run_dir(loop_dir, "loop_dir")
+        return {"loop_dir": str(folder), "status_text": format_status(str(folder)),
+                "loop": res.read_json(folder / "loop.json")}
+
+    for fn in (benchmark, benchmark_batch, batch_status, gap_analysis, list_benchmark_results, get_benchmark_result,
+               compare_benchmark_reports, suggest_optimizations, roofline_table, optimize, optimize_resume,
+               optimize_status):
+        add_tool(app, fn)
+
+
+def _batch_request(state: State, index: int, item: dict) -> tuple[BenchmarkRequest, Path]:
+    where = f"configs[{index}]"
+    if not isinstance(item, dict):
+        raise AccessRefused(f"{where}: expected a mapping")
+    if "benchmark_config" in item:
+        rest = {k: v for k, v in item.items() if k != "benchmark_config"}
+        cfg = state.path(str(item["benchmark_config"]), f"{where}.benchmark_config")
+        framework = rest.pop("framework", None)
+        unknown = sorted(set(rest) - set(FLAG_ARGS))
+        if unknown:
+            raise AccessRefused(f"{where}: unknown argument(s) {', '.join(unknown)}",
+                                hint="the benchmark tool's arguments are accepted beside benchmark_config")
+        request = BenchmarkRequest(benchmark_config=str(cfg), framework=framework, flags=benchmark_flags(state, rest))
+    else:
+        body = item.get("benchmark", item)
+        risky = [k for k in COMMAND_KEYS if body.get(k)]
+        if risky:
+            state.commands(**{f"{where}.{k}": body[k] for k in risky})
+        cfg = state.scratch("configs")
+        cfg = cfg.with_name(f"batch_{cfg.name}")
+        cfg.write_text(dump_yaml({"benchmark": body}))
+        request = BenchmarkRequest(benchmark_config=str(cfg))
+    request.prepare()  # every point checked before any starts
+    return request, cfg
+
+
+def _report_side(state: State, value: str, argument: str) -> tuple[Path, dict]:
+    p = Path(value)
+    if p.suffix == ".json":
+        path = state.path(value, argument)
+    else:
+        path = state.run_dir(value, argument) / BENCHMARK_REPORT
+    report = res.read_json(path)
+    side = report.get("repeats") or report.get("result")
+    if not side:
+        raise res.ResultError(f"{path}: no measured result in this report (state: {report.get('state')})")
+    return path, side
+
+
+def _export(folder: Path, comparisons: list[dict], fmt: str) -> Path:
+    if fmt == "json":
+        target = folder / "comparison.json"
+        target.write_text(json.dumps(comparisons, indent=2))
+        return target
+    target = folder / "comparison.csv"
+    with open(target, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["a", "b", "metric", "a_value", "b_value", "delta", "rel_delta", "ci95_low", "ci95_high", "noise",
+                    "verdict"])
+        for c in comparisons:
+            for metric, d in c["deltas"].items():
+                ci = d["delta_ci95"] or [None, None]
+                w.writerow([c["a"], c["b"], metric, d["a"], d["b"], d["delta"], d["rel_delta"], ci[0], ci[1],
+                            d["noise"], d["verdict"]])
+    return target
+
+
+__all__ = ["register"]

@@ -1,0 +1,92 @@
+"""``magpie mcp`` / ``python -m engine.mcp``: serve the tools over stdio (default) or streamable HTTP.
+
+Over HTTP every request needs ``Authorization: Bearer <token>``: the token comes from
+``MAGPIE_MCP_TOKEN`` or is generated and printed once on stderr. The server binds 127.0.0.1 unless
+``--allow-remote`` is given. stdout belongs to the stdio protocol, so everything else goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from engine.errors import MagpieError, format_error
+from engine.mcp.security import TOKEN_ENV, BearerAuth, check_bind, is_loopback, new_token
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="magpie mcp", description="Serve the workbench's tools to agents (MCP).")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio",
+                   help="stdio (default; the client starts the server) or streamable HTTP")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1; others need "
+                                                       "--allow-remote)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000; 0 picks a free one)")
+    p.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
+    p.add_argument("--root", action="append", default=[], metavar="DIR",
+                   help="a folder tool paths may lie in (repeatable; default the current directory)")
+    p.add_argument("-o", "--output-dir", help="results root for new runs (default ROOT/results, under a root)")
+    p.add_argument("--allow-remote", action="store_true", help="allow an HTTP bind address other than loopback")
+    p.add_argument("--allow-commands", action="store_true",
+                   help="run compile/testcase command lines given as tool arguments (default: only configs on disk)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.transport == "http":
+        refusal = check_bind(args.host, args.allow_remote)
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return EXIT_USAGE
+    from engine.mcp.server import ServerOptions, build_server
+    options = ServerOptions(roots=[Path(r) for r in args.root] or [Path.cwd()], allow_commands=args.allow_commands,
+                            output_dir=Path(args.output_dir) if args.output_dir else None)
+    try:
+        app = build_server(options)
+    except MagpieError as exc:
+        print(format_error(exc), file=sys.stderr)
+        return EXIT_USAGE
+    roots = ", ".join(map(str, app.state.roots.roots))
+    print(f"magpie mcp: roots {roots}; results {app.state.results}; commands "
+          f"{'allowed' if args.allow_commands else 'refused'}", file=sys.stderr, flush=True)
+    if args.transport == "stdio":
+        app.run("stdio")
+        return 0
+    return serve_http(app, args.host, args.port, args.path)
+
+
+def serve_http(app, host: str, port: int, path: str) -> int:
+    import anyio
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        token = new_token()
+        print(f"magpie mcp: generated token (shown once; set {TOKEN_ENV} to choose one): {token}", file=sys.stderr,
+              flush=True)
+    # On loopback the SDK checks Host/Origin against DNS rebinding; on another address the bearer token
+    # is the gate (a browser page cannot add it).
+    security = None if is_loopback(host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    asgi = BearerAuth(app.streamable_http_app(streamable_http_path=path, host=host, transport_security=security), token)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        print(f"error: cannot bind {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    print(f"magpie mcp: serving streamable HTTP on http://{shown}:{bound}{path}", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(asgi, log_level="warning", lifespan="on"))
+    anyio.run(lambda: server.serve(sockets=[sock]))
+    return 0

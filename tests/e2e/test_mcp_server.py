@@ -1,0 +1,215 @@
+"""The MCP server as a real subprocess, driven by the official SDK's own client over stdio and over
+streamable HTTP on loopback: same report as the CLI, token and root refusals, a long benchmark that
+returns its job id at once and reports progress, and a cancel that leaves a cancelled report."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from conftest import EXAMPLES, REPO, only_workspace, run_magpie
+
+RMSNORM = EXAMPLES / "rmsnorm_pytorch" / "compare.yaml"
+TINY_BENCH = REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"
+TOKEN = "test-token-0123456789"
+
+
+def _env() -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MAGPIE_MCP_TOKEN": TOKEN}
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def _server_args(tmp_path: Path, *extra: str) -> list[str]:
+    return ["-m", "engine.mcp", "--root", str(REPO), "--root", str(tmp_path), "-o", str(tmp_path / "mcp"), *extra]
+
+
+def _stdio_client(tmp_path: Path) -> Client:
+    return Client(StdioServerParameters(command=sys.executable, args=_server_args(tmp_path), env=_env(), cwd=str(REPO)))
+
+
+@pytest.fixture
+def http_server(tmp_path):
+    proc = subprocess.Popen([sys.executable, *_server_args(tmp_path, "--transport", "http", "--port", "0")], cwd=REPO,
+                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url, lines = None, []
+    deadline = time.monotonic() + 60
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "serving streamable HTTP on " in line:
+            url = line.rsplit(" ", 1)[1].strip()
+    assert url, "".join(lines)
+    yield url, lines
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@asynccontextmanager
+async def _http_client(url: str, token: str = TOKEN):
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                  timeout=httpx2.Timeout(30.0, read=60.0)) as http:
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            yield client
+
+
+async def _call(client: Client, tool: str, args: dict, **kw) -> dict:
+    result = await client.call_tool(tool, args, **kw)
+    assert not result.is_error, result.content[0].text
+    return json.loads(result.content[0].text)
+
+
+async def _error(client: Client, tool: str, args: dict) -> str:
+    result = await client.call_tool(tool, args)
+    assert result.is_error, result.content[0].text
+    return result.content[0].text
+
+
+async def _wait(client: Client, job_id: str, timeout: float = 300, progress=None) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await _call(client, "job_status", {"job_id": job_id, "wait_s": 5}, progress_callback=progress)
+        if status["finished"] or time.monotonic() > deadline:
+            return status
+
+
+# Keys whose values differ between any two runs of the same work: clocks, paths and hashes of the run folder.
+_VOLATILE = {"timestamp", "workspace_dir", "workspace", "elapsed_s", "duration_s", "started", "finished", "wall_s",
+             "log", "logs", "stdout_log", "stderr_log", "pid", "config_file", "kernel_config", "execution_time"}
+
+
+def _stable(value):
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in _VOLATILE and not k.endswith(("_s", "_log", "_path"))}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    if isinstance(value, str) and ("/tmp" in value or str(REPO) in value):
+        return "<path>"
+    return value
+
+
+@pytest.mark.slow
+def test_compare_through_stdio_gives_the_cli_report(tmp_path):
+    cli = run_magpie("compare", "-k", RMSNORM, "-o", tmp_path / "cli", "--no-perf", "--seed", "7")
+    assert cli.returncode == 0, cli.stderr
+    cli_report = json.loads((only_workspace(tmp_path / "cli") / "compare_report.json").read_text())
+
+    async def go():
+        async with _stdio_client(tmp_path) as client:
+            job = await _call(client, "compare", {"kernel_config": str(RMSNORM), "check_performance": False,
+                                                  "seed": 7})
+            status = await _wait(client, job["job_id"])
+            assert status["state"] == "completed", status
+            result = await _call(client, "job_result", {"job_id": job["job_id"]})
+            text = await client.read_resource(status["report_uri"])
+            return result, json.loads(text.contents[0].text)
+    result, resource = anyio.run(go)
+    assert result["report"] == resource  # the resource is the report file
+    assert _stable(result["report"]) == _stable(cli_report)
+    assert [k["kernel_id"] for k in result["report"]["results"]["kernel_results"]] == ["eager", "fused"]
+
+
+def test_http_needs_the_token(http_server):
+    url, _lines = http_server
+    health = httpx2.get(url.rsplit("/", 1)[0] + "/health", timeout=10)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+        r = httpx2.post(url, json=body, headers={"Accept": "application/json, text/event-stream", **headers}, timeout=10)
+        assert r.status_code == 401, (headers, r.text)
+        assert r.headers["www-authenticate"].startswith("Bearer")
+
+    async def with_bad_token():
+        async with _http_client(url, token="not-the-token") as client:
+            await client.list_tools()
+    try:
+        anyio.run(with_bad_token)
+    except Exception as exc:  # the SDK raises the 401 as an MCPError, inside task-group exception groups
+        assert any(isinstance(e, MCPError) for e in _flatten(exc)), repr(exc)
+    else:
+        pytest.fail("a client with a wrong token was served")
+
+
+def _flatten(exc: BaseException) -> list:
+    inner = getattr(exc, "exceptions", None)
+    return [exc] if not inner else [e for sub in inner for e in _flatten(sub)]
+
+
+def test_http_refuses_paths_outside_the_roots_and_commands(http_server, tmp_path):
+    url, _lines = http_server
+    outside = Path("/etc/hostname") if Path("/etc/hostname").exists() else Path("/etc/passwd")
+
+    async def go():
+        async with _http_client(url) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"analyze", "compare", "benchmark", "job_status", "job_cancel"} <= names
+            e1 = await _error(client, "analyze", {"kernel_path": str(outside), "kernel_type": "pytorch"})
+            e2 = await _error(client, "compare", {"kernel_config": "../../../../etc/passwd"})
+            e3 = await _error(client, "compare", {"kernel_paths": [str(EXAMPLES / "rmsnorm_pytorch" / "rmsnorm_eager.py"),
+                                                                   str(EXAMPLES / "rmsnorm_pytorch" / "rmsnorm_fused.py")],
+                                                  "testcase_commands": ["rm -rf ~"]})
+            e4 = await _error(client, "analyze", {"kernel_config": str(RMSNORM), "accordo_atol": 1e-6})
+            return e1, e2, e3, e4
+    e1, e2, e3, e4 = anyio.run(go)
+    assert "outside the allowed roots" in e1 and "kernel_path" in e1 and "--root" in e1
+    assert "outside the allowed roots" in e2 and "kernel_config" in e2
+    assert "--allow-commands" in e3 and "testcase_commands" in e3
+    assert "accordo_atol" in e4  # an unknown argument is refused, not dropped
+    assert not (tmp_path / "mcp").exists() or not any(p for p in (tmp_path / "mcp").iterdir() if p.name != ".mcp")
+
+
+@pytest.mark.slow
+def test_long_benchmark_returns_at_once_reports_progress_and_cancels(http_server):
+    url, _lines = http_server
+    progress = []
+
+    async def on_progress(done, total, message):
+        progress.append((done, total, message))
+
+    async def go():
+        async with _http_client(url) as client:
+            t0 = time.monotonic()
+            job = await _call(client, "benchmark", {"benchmark_config": str(TINY_BENCH), "num_prompts": 4000,
+                                                    "repeats": 1, "warmup": 0})
+            took = time.monotonic() - t0
+            assert job["state"] in ("pending", "running") and job["job_id"].startswith("benchmark_builtin-tiny_")
+            deadline = time.monotonic() + 240
+            status = job
+            while time.monotonic() < deadline:
+                status = await _call(client, "job_status", {"job_id": job["job_id"], "wait_s": 5},
+                                     progress_callback=on_progress)
+                if status["finished"] or (status["done"] or 0) > 0:
+                    break
+            cancelled = await _call(client, "job_cancel", {"job_id": job["job_id"]})
+            final = await _wait(client, job["job_id"], timeout=120)
+            result = await _call(client, "job_result", {"job_id": job["job_id"]})
+            listed = await _call(client, "job_list", {"mode": "benchmark"})
+            return took, status, cancelled, final, result, listed
+    took, status, cancelled, final, result, listed = anyio.run(go)
+    assert took < 1.0, f"the benchmark tool took {took:.2f} s to return its job id"
+    assert not status["finished"] and status["done"] > 0 and status["total"] == 4000, status
+    assert any(total == 4000 and done > 0 for done, total, _m in progress), progress
+    dones = [d for d, t, _m in progress if t == 4000]
+    assert dones == sorted(dones)
+    assert cancelled["cancelled"] is True
+    assert final["state"] == "cancelled", final
+    report = result["report"]
+    assert report["state"] == "cancelled" and report["success"] is False, report.get("state")
+    assert any(j["job_id"] == final["job_id"] and j["state"] == "cancelled" for j in listed["jobs"])

@@ -1,0 +1,275 @@
+"""Kernels and benchmark points on a real local Ray cluster (127.0.0.1, started once for the
+module): CPU resources, and a custom resource ``sim_gpu`` standing in for GPUs.
+
+The kernels are small C programs (compiled with cc, checked by their exit code, timed by
+their own MAGPIE_TIMING_JSON line), so every stage really runs on a Ray worker.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, only_workspace, read_events, run_magpie
+
+ray = pytest.importorskip("ray")
+
+KERNEL_C = r"""
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+#ifndef VARIANT
+#define VARIANT 0
+#endif
+#define N 100000
+static double now_ms(void){struct timespec t; clock_gettime(CLOCK_MONOTONIC,&t); return t.tv_sec*1e3+t.tv_nsec/1e6;}
+static float a[N], b[N], c[N];
+int main(void){
+  for(int i=0;i<N;i++){a[i]=i*0.5f;b[i]=1.0f;}
+  double s[8];
+  for(int r=-2;r<8;r++){double t0=now_ms();
+    for(int rep=0;rep<=VARIANT%3;rep++) for(int i=0;i<N;i++) c[i]=a[i]+b[i];
+    if(r>=0) s[r]=now_ms()-t0;}
+  for(int i=0;i<N;i++) if(c[i]!=a[i]+b[i]+(VARIANT==99)) {fprintf(stderr,"wrong at %d\n",i); return 1;}
+  printf("MAGPIE_TIMING_JSON: {\"samples_ms\": [");
+  for(int r=0;r<8;r++) printf("%s%.6f", r?", ":"", s[r]);
+  printf("]}\n"); return 0;}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One Ray head on 127.0.0.1 for the module: 4 CPUs and 2 stand-in GPUs."""
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the CLI children connect without a token
+    os.environ.pop("RAY_ADDRESS", None)
+    temp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")  # short: Ray's unix socket paths
+    ray.init(num_cpus=4, resources={"sim_gpu": 2}, _node_ip_address="127.0.0.1", include_dashboard=False,
+             _temp_dir=temp, logging_level="ERROR", namespace="magpie")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _kernel_dir(tmp_path: Path, kernels: list[dict], ray_settings: dict, name: str = "k.yaml") -> Path:
+    (tmp_path / "kern.c").write_text(KERNEL_C)
+    cfg = {"kernels": kernels, "scheduler": {"ray": {"gpu_resource": "sim_gpu", **ray_settings}}}
+    (tmp_path / name).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return tmp_path / name
+
+
+def _c_kernel(kid: str, variant: int, **extra) -> dict:
+    return {"id": kid, "type": "hip", "working_dir": ".",
+            "compile_command": f"mkdir -p build && cc -O1 -DVARIANT={variant} -o build/{kid} kern.c",
+            "testcase_command": f"./build/{kid}", **extra}
+
+
+@pytest.mark.slow
+def test_compare_fans_out_22_kernels_with_same_gpu_speedups(cluster, tmp_path):
+    kernels = [_c_kernel(f"k{i:02d}", i) for i in range(20)]
+    kernels.append(_c_kernel("wrong", 99))  # compiles, fails its testcase
+    kernels.append({**_c_kernel("broken", 0), "compile_command": "cc -o build/broken does_not_exist.c"})
+    cfg = _kernel_dir(tmp_path, kernels, {})
+    out = tmp_path / "out"
+    r = run_magpie("-e", "ray", "--ray-address", cluster, "-w", "4", "compare", "-k", cfg, "-o", out, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ws = only_workspace(out)
+    report = json.loads((ws / "compare_report.json").read_text())
+    rows = {row["kernel_id"]: row for row in report["results"]["kernel_results"]}
+    assert rows["wrong"]["correctness_state"] == "FAILED" and rows["wrong"]["performance_state"] == "SKIPPED"
+    assert rows["broken"]["compiling_state"] == "FAILED"
+    for i in range(20):
+        row = rows[f"k{i:02d}"]
+        assert row["correctness_state"] == "SUCCESS" and row["timing"]["n"] == 8, row["errors"]
+        assert row["execution"]["environment"] == "ray" and row["execution"]["check"]["node"]["node_id"]
+        if i:
+            assert row["speedup"] is not None and row["execution"]["time"]["folder"].endswith(f"tasks/time_k{i:02d}")
+    # Every candidate was timed beside its own re-timing of the baseline.
+    assert sorted(b["with"] for b in report["same_gpu"]["baseline_runs"]) == [f"k{i:02d}" for i in range(1, 20)]
+    cluster_file = json.loads((ws / "cluster.json").read_text())
+    kinds = [t["kind"] for t in cluster_file["tasks"]]
+    assert kinds.count("check") == 22 and kinds.count("time") == 19  # the failed two never took a GPU
+    assert {t["state"] for t in cluster_file["tasks"]} == {"finished"}
+    assert all(t["resources"] == {"sim_gpu": 1} for t in cluster_file["tasks"] if t["kind"] == "time")
+    assert cluster_file["ray_job_id"] and cluster_file["gcs_address"] == cluster
+    # The logs came back through the object store into the one run folder.
+    assert "MAGPIE_TIMING_JSON" in (ws / "tasks" / "time_k07" / "logs" / "k07" / "testcase_1.stdout.log").read_text()
+    assert "wrong at" in (ws / "tasks" / "check_wrong" / "logs" / "wrong" / "testcase_1.stderr.log").read_text()
+    events = read_events(ws)
+    assert sum(e["event"] == "ray_task" and e["state"] == "finished" for e in events) == 41
+    assert events[-1]["event"] == "run_finished" and events[-1]["state"] == "completed"
+
+
+def test_a_crashed_task_is_a_failed_kernel(cluster, tmp_path):
+    from engine.jobs import KernelRequest, submit
+    kernels = [_c_kernel("fine", 1),
+               # The compile command kills the Ray worker that runs it: the task itself fails.
+               {**_c_kernel("crash", 2), "compile_command": "kill -9 $PPID; sleep 5"}]
+    cfg = _kernel_dir(tmp_path, kernels, {})
+    job = submit(KernelRequest(mode="analyze", kernel_config=str(cfg)), tmp_path / "out", executor="ray",
+                 driver="in-process")
+    assert job.wait(120) == "completed"  # the run ended normally; a kernel of it failed
+    report = job.result()
+    rows = {row["kernel_id"]: row for row in report["results"]}
+    assert rows["fine"]["correctness_state"] == "SUCCESS" and rows["fine"]["performance_state"] == "SUCCESS"
+    assert rows["crash"]["correctness_state"] == "FAILED"
+    assert "Ray check task failed" in " ".join(rows["crash"]["errors"])
+    assert report["exit_code"] == 1
+    tasks = {t["key"]: t for t in json.loads((job.run_dir / "cluster.json").read_text())["tasks"]}
+    assert tasks["check_crash"]["state"] == "failed" and "Worker" in tasks["check_crash"]["error"]
+    assert json.loads((job.run_dir / "job.json").read_text())["executor"] == "ray"
+
+
+def test_cancel_stops_the_remote_tasks_and_the_report_says_so(cluster, tmp_path):
+    from engine.jobs import KernelRequest, attach, submit
+    pids = tmp_path / "pids"  # outside the kernels' folder, which the workers get a copy of
+    pids.mkdir()
+    (tmp_path / "src").mkdir()
+    slow = [{**_c_kernel(f"s{i}", i), "testcase_command": f"echo $$ > {pids}/s{i}; sleep 60"} for i in range(4)]
+    cfg = _kernel_dir(tmp_path / "src", slow, {"cancel_grace_s": 20})
+    job = submit(KernelRequest(mode="compare", kernel_config=str(cfg), workers=2), tmp_path / "out",
+                 executor="ray", address=cluster)  # the driver is a detached process
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(pids.iterdir())) < 2:  # two testcases are running on workers
+            assert time.monotonic() < deadline, job.state()
+            time.sleep(0.2)
+    except BaseException:
+        job.cancel()
+        job.wait(60)
+        raise
+    again = attach(job.run_dir)  # as a front end that reconnects would
+    assert again.state() == "running"
+    assert json.loads((job.run_dir / "cluster.json").read_text())["ray_job_id"]
+    again.cancel()
+    assert job.wait(60) == "cancelled"
+    report = job.result()
+    assert report["state"] == "cancelled" and report["winner_id"] is None
+    states = [row["correctness_state"] for row in report["results"]["kernel_results"]]
+    assert states.count("CANCELLED") == 2, states  # the two that ran; the others never started
+    started = [int(p.read_text()) for p in pids.iterdir()]
+    for pid in started:  # the testcases' process groups were stopped on the workers
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    tasks = json.loads((job.run_dir / "cluster.json").read_text())["tasks"]
+    assert {t["state"] for t in tasks} == {"cancelled"}
+    assert sum(1 for t in tasks if t.get("folder")) == 2  # the running ones sent back what they reached
+
+
+@pytest.mark.slow
+def test_python_kernels_checked_and_timed_by_the_harness_on_a_worker(cluster, tmp_path):
+    src = tmp_path / "rms"
+    shutil.copytree(REPO / "examples" / "kernels" / "rmsnorm_pytorch", src)
+    cfg = yaml.safe_load((src / "compare.yaml").read_text())
+    cfg["scheduler"] = {"ray": {"gpu_resource": "sim_gpu"}}
+    (src / "compare.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out"
+    r = run_magpie("-e", "ray", "--ray-address", cluster, "compare", "-k", src / "compare.yaml", "--seed", "3",
+                   "-o", out, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ws = only_workspace(out)
+    text = (ws / "compare_report.json").read_text()
+    assert "magpie-ray-" not in text  # every path names the run folder or the sources, never a worker's copy
+    fused = json.loads(text)["results"]["kernel_results"][1]
+    assert fused["correctness_result"]["harness"]["passed"] and fused["correctness_result"]["harness"]["seeds"]
+    assert fused["speedup"] is not None and fused["performance_result"]["backend"].startswith("harness")
+    assert (ws / "tasks" / "time_fused" / "logs" / "fused" / "harness.stderr.log").is_file()
+
+
+def test_several_gpu_models_are_refused_unless_chosen():
+    from engine.cluster.ray_eval import ClusterError, check_gpu_models, cluster_gpu_models
+    from engine.cluster.settings import RaySettings
+    nodes = [{"NodeID": "a", "Alive": True, "Resources": {"GPU": 8, "accelerator_type:H200": 1}},
+             {"NodeID": "b", "Alive": True, "Resources": {"GPU": 8, "accelerator_type:H100": 1}},
+             {"NodeID": "c", "Alive": True, "Resources": {"CPU": 64}},
+             {"NodeID": "d", "Alive": False, "Resources": {"GPU": 8, "accelerator_type:A100": 1}}]
+    models = cluster_gpu_models(nodes, "GPU")
+    assert models == {"H200": ["a"], "H100": ["b"]}
+    with pytest.raises(ClusterError, match="several GPU models"):
+        check_gpu_models(models, RaySettings())
+    assert check_gpu_models(models, RaySettings(gpu_type="H100")) == {"H100": ["b"]}
+    assert len(check_gpu_models(models, RaySettings(allow_mixed_gpus=True))) == 2
+    with pytest.raises(ClusterError, match="no node has it"):
+        check_gpu_models(models, RaySettings(gpu_type="MI300X"))
+
+
+def test_bad_scheduler_block_names_the_field(tmp_path):
+    cfg = _kernel_dir(tmp_path, [_c_kernel("a", 0)], {"gpu_resorce": "x"})
+    r = run_magpie("-e", "ray", "analyze", "-k", cfg)
+    assert r.returncode == 2
+    assert "gpu_resorce" in r.stderr and "gpu_resource" in r.stderr
+
+
+def _batch_file(tmp_path: Path) -> Path:
+    batch = {"sweep": {"config": str(REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"),
+                       "flags": {"num_prompts": 6, "input_len": 16, "output_len": 4, "warmup": 0, "repeats": 1},
+                       "over": {"concurrency": [1, 2]}},
+             "batch": [{"config": str(REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"),
+                        "flags": {"tp": 4, "num_prompts": 4}}],  # more stand-in GPUs than a node has
+             "scheduler": {"ray": {"gpu_resource": "sim_gpu"}}}
+    path = tmp_path / "batch.yaml"
+    path.write_text(yaml.safe_dump(batch, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+def test_benchmark_batch_of_builtin_server_points(cluster, tmp_path):
+    out = tmp_path / "out"
+    r = run_magpie("-e", "ray", "--ray-address", cluster, "benchmark", "--batch", _batch_file(tmp_path), "-o", out,
+                   timeout=400)
+    ws = only_workspace(out)
+    report = json.loads((ws / "benchmark_report.json").read_text())
+    assert report["batch"] is True and report["run_environment"] == "ray"
+    points = report["points"]
+    assert [p["tp"] for p in points] == [4, 1, 1]
+    assert points[0]["state"] == "failed" and "largest node" in points[0]["error"]
+    for p in points[1:]:
+        assert p["state"] == "completed", (p, r.stderr[-2000:])
+        assert p["metrics"]["request_throughput"] > 0 and p["metrics"]["completed"] == 6
+        point_report = json.loads((Path(p["folder"]) / "benchmark_report.json").read_text())
+        assert point_report["state"] == "completed"
+    assert [p["flags"]["concurrency"] for p in points[1:]] == [1, 2]
+    assert r.returncode == 1 and report["state"] == "failed"  # one point failed: the batch says so
+    tasks = json.loads((ws / "cluster.json").read_text())["tasks"]
+    assert len(tasks) == 2 and all(t["resources"] == {"sim_gpu": 1} and t["state"] == "finished" for t in tasks)
+    assert "request_throughput" in (ws / "summary.txt").read_text()
+
+
+def test_batch_file_problems_name_the_file_and_the_point(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"batch": [str(REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"),
+                                             {"config": "missing.yaml"}], "sweep": {"config": "x.yaml", "over": {}}}))
+    r = run_magpie("benchmark", "--batch", bad, "-o", tmp_path / "out")
+    assert r.returncode == 2, r.stderr
+    assert f"{bad}: sweep.over: give each key a non-empty list" in r.stderr
+    bad.write_text(yaml.safe_dump({"batch": [{"config": "missing.yaml"}]}))
+    r = run_magpie("benchmark", "--batch", bad, "-o", tmp_path / "out")
+    assert r.returncode == 2 and f"{bad}: batch[0]" in r.stderr and "missing.yaml" in r.stderr
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+@pytest.mark.slow
+def test_local_batch_runs_the_points_in_turn(tmp_path):
+    batch = {"sweep": {"config": str(REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"),
+                       "flags": {"num_prompts": 4, "input_len": 16, "output_len": 4, "warmup": 0, "repeats": 1},
+                       "over": {"concurrency": [2]}}}
+    path = tmp_path / "batch.yaml"
+    path.write_text(yaml.safe_dump(batch))
+    r = run_magpie("benchmark", "--batch", path, "-o", tmp_path / "out", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ws = only_workspace(tmp_path / "out")
+    report = json.loads((ws / "benchmark_report.json").read_text())
+    assert report["run_environment"] == "local" and [p["state"] for p in report["points"]] == ["completed"]
+    assert all((Path(p["folder"]) / "benchmark_report.json").is_file() for p in report["points"])
+    from engine.runs.schema import load_report
+    assert load_report(ws / "benchmark_report.json").state == "completed"  # the workbench reads it

@@ -1,0 +1,696 @@
+"""What a first hour in the workbench showed (issue 15), one test per defect, plus the k9s /
+lazygit habits: filter, sort, marks, re-run, delete/archive, edit, copy, per-screen help, export.
+
+Runs that "are running" here belong to a real child process (``sleep``) in its own session, so
+that nothing is ever signalled by accident and every cancel path is exercised for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tui.conftest import build_app, wait_for, wait_screen
+
+from engine.runs.launch import StartedRun, check_config
+from engine.runs.workspace import Workspace
+from magpie_tui.screens.configs import ConfigsScreen
+from magpie_tui.screens.confirm import ConfirmScreen
+from magpie_tui.screens.diff import DiffScreen
+from magpie_tui.screens.help import HelpScreen
+from magpie_tui.screens.kernel import KernelScreen, candidate_kernels
+from magpie_tui.screens.reports import (
+    BenchmarkReportScreen, CompareReportScreen, benchmark_rows, compare_rows, server_metrics_view,
+)
+from magpie_tui.screens.roofline import RooflineScreen
+from magpie_tui.screens.run import RunScreen
+from magpie_tui.screens.runs import RunsScreen
+from magpie_tui.widgets.data_grid import DataGrid
+
+SIZE = (140, 45)
+
+
+def find_run(app, prefix: str):
+    return next(r for r in app.runs if r.name.startswith(prefix))
+
+
+async def open_runs(pilot, app):
+    await pilot.press("2")
+    await wait_screen(pilot, app, RunsScreen, "#runs-table")
+    await wait_for(pilot, lambda: bool(app.runs))
+
+
+def text_of(screen, selector: str) -> str:
+    return str(screen.query_one(selector).render())
+
+
+@pytest.fixture
+def sleeper():
+    """A real process standing in for a run's process: its own session, killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    yield proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def live_run(project: Path, pid: int, label: str) -> Workspace:
+    ws = Workspace.create(project / "results", "benchmark", label)
+    ws.events.emit("run_started", mode="benchmark", pid=pid, workspace=str(ws.root), label=label)
+    return ws
+
+
+def copy_run(project: Path, prefix: str, edit) -> Path:
+    """A copy of a recorded run with its report changed by ``edit(report)``."""
+    source = next(p for p in (project / "runs").iterdir() if p.name.startswith(prefix))
+    target = project / "runs" / source.name.replace("_2026", "_edited_2026")
+    shutil.copytree(source, target)
+    name = next(n for n in ("compare_report.json", "benchmark_report.json") if (target / n).exists())
+    report = json.loads((target / name).read_text())
+    edit(report)
+    (target / name).write_text(json.dumps(report))
+    return target
+
+
+# -- 1. the Metrics tab shows every row --------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_benchmark_metrics_tab_uses_the_whole_screen(app, project, size):
+    async with app.run_test(size=size) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "benchmark_builtin-tiny_20261129_192724"))
+        await wait_screen(pilot, app, BenchmarkReportScreen, "#bench-grid")
+        grid = app.screen.query_one("#bench-grid", DataGrid)
+        tab = app.screen.query_one("#tab-metrics")
+        assert grid.region.height >= tab.region.height - 1  # not a 3-row box above empty lines
+        if size == (160, 48):
+            assert grid.region.height >= grid.row_count + 1  # every row and the header at once
+        else:
+            assert grid.region.height >= 14  # what 24 lines leave under the header, title, tabs, footer
+        await pilot.press("end")
+        assert grid.cursor_row_key == "std_e2el_ms"  # the last latency row is reachable
+
+
+def test_server_metrics_and_intervals_as_the_report_gives_them():
+    report = {"state": "completed", "repeats": {
+        "request_throughput": {"mean": 28.3, "std": 17.4, "n": 2, "ci95": [-128.3, 184.9], "values": [40.6, 16.0]},
+        "output_throughput": {"mean": 100.0, "std": 30.0, "n": 3, "ci95": [-20.0, 220.0], "values": [70, 100, 130]}},
+        "result": {"request_throughput": 40.6, "output_throughput": 70.0, "median_itl_ms": 0.0},
+        "server_metrics": {"available": True, "url": "http://127.0.0.1:1/metrics", "file": "server_metrics.jsonl",
+                           "interval_s": 1.0, "scrapes": 12, "scrape_errors": 1, "span_s": 11.0,
+                           "series": {"vllm:num_requests_running": {"kind": "gauge", "min": 0, "max": 8, "mean": 5.5,
+                                                                    "last": 0, "samples": 12},
+                                      "vllm:generation_tokens_total": {"kind": "counter", "min": 0, "max": 960,
+                                                                       "mean": 480, "last": 960, "first": 0,
+                                                                       "delta": 960, "rate_per_s": 87.3,
+                                                                       "samples": 12}},
+                           "derived": {"prefix_cache_hit_rate": 0.25}}}
+    rows = {r["key"]: r for r in benchmark_rows(report)}
+    assert rows["request_throughput"]["ci_low"] is None  # n=2: no interval printed (a note above says why)
+    assert rows["output_throughput"]["ci_low"] == 0.0 and rows["output_throughput"]["ci_high"] == 220.0  # no < 0
+    assert "several to a streamed chunk" in rows["median_itl_ms"]["note"]  # a 0 ms ITL is explained
+    line, series = server_metrics_view(report)
+    assert "12 scrapes every 1.0 s over 11.0 s, 1 failed" in line
+    by_name = {r["name"]: r for r in series}
+    assert by_name["vllm:generation_tokens_total"]["rate_per_s"] == 87.3
+    assert by_name["prefix_cache_hit_rate"]["kind"] == "ratio" and by_name["prefix_cache_hit_rate"]["mean"] == 0.25
+    line, series = server_metrics_view({"state": "completed", "server_metrics": {
+        "available": False, "reason": "GET http://127.0.0.1:1/metrics: HTTP 404 Not Found"}})
+    assert series == [] and "HTTP 404" in line
+
+
+async def test_benchmark_report_shows_the_server_tab_and_a_tpot_histogram(app, project):
+    def add_metrics(report):
+        report["server_metrics"] = {"available": True, "url": "http://127.0.0.1:9/metrics", "scrapes": 3,
+                                    "interval_s": 1.0, "span_s": 2.0, "series": {
+                                        "magpie_serve_requests_running": {"kind": "gauge", "min": 0, "max": 2,
+                                                                          "mean": 1.0, "last": 0}}, "derived": {}}
+    run = copy_run(project, "benchmark_builtin-tiny_20261129_192724", add_metrics)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(next(r for r in app.runs if r.path == run))
+        await wait_screen(pilot, app, BenchmarkReportScreen, "#server-grid")
+        await pilot.press("right_square_bracket")  # ] steps through the tabs
+        assert app.screen.query_one("#bench-tabs").active == "tab-dist"
+        tpot = app.screen.query_one("#hist-tpot")
+        await wait_for(pilot, lambda: len(tpot.values) > 0)
+        await pilot.press("right_square_bracket")
+        assert app.screen.query_one("#bench-tabs").active == "tab-server"
+        grid = app.screen.query_one("#server-grid", DataGrid)
+        assert grid.visible_keys() == ["magpie_serve_requests_running"]
+        assert "3 scrapes" in text_of(app.screen, "#server-summary")
+
+
+# -- 2. destructive or expensive actions ask first, everywhere ----------------------------------------
+
+async def test_cancel_on_the_run_screen_asks_first(app, project, sleeper):
+    ws = live_run(project, sleeper.pid, "asks")
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        await wait_for(pilot, lambda: any(r.label == "asks" for r in app.runs))
+        app.open_run(next(r for r in app.runs if r.label == "asks"))
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        await pilot.press("c")
+        await wait_screen(pilot, app, ConfirmScreen, "#yes")
+        await pilot.press("enter")  # No has the focus: an enter by habit cancels nothing
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        assert sleeper.poll() is None and next(r for r in app.runs if r.path == ws.root).state == "running"
+
+
+async def test_compare_from_the_diff_screen_asks_first(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(project / "kernels" / "softmax_triton" / "compare.yaml")
+        await pilot.press("d")
+        await wait_screen(pilot, app, DiffScreen)
+        await pilot.press("c")
+        await wait_screen(pilot, app, ConfirmScreen, "#yes")
+        assert "$ magpie compare -k" in text_of(app.screen, "#confirm-question")
+        await pilot.press("n")
+        await wait_screen(pilot, app, DiffScreen)
+        assert not app.started
+
+
+# -- 3. after a launch or `2`: the Runs list, with the new run selected -------------------------------
+
+@pytest.mark.slow  # a few seconds: several screens and workers
+async def test_launch_and_2_show_the_runs_list_with_the_new_run_selected(app, project, sleeper):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "compare_"))
+        await wait_screen(pilot, app, CompareReportScreen)
+        await pilot.press("1")
+        await wait_screen(pilot, app, ConfigsScreen)
+        await pilot.press("2")  # the list, not the report left open on that side
+        await wait_screen(pilot, app, RunsScreen, "#runs-table")
+        app.open_report(find_run(app, "compare_"))
+        await wait_screen(pilot, app, CompareReportScreen)
+        await pilot.press("1")
+        await wait_screen(pilot, app, ConfigsScreen)
+        # What the launch form hands back: the run's process, and its folder appears a moment later.
+        started = StartedRun(process=sleeper, argv=["python", "-m", "engine.cli", "benchmark", "-b", "x.yaml"],
+                             console_log=project / "results" / "console.log", started=time.time())
+        app.screen._launched(started)
+        await wait_screen(pilot, app, RunsScreen, "#runs-table")
+        ws = live_run(project, sleeper.pid, "just-launched")
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.cursor_row_key == str(ws.root))
+        await pilot.press("enter")
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        assert app.screen.info.path == ws.root
+
+
+# -- 4. cancelled runs read as cancelled, with what was reached ---------------------------------------
+
+def _cancelled_compare(report):
+    report["state"], report["winner_id"], report["winner_reason"] = "cancelled", None, "the baseline is incorrect"
+    base, one, unmasked = report["results"]["kernel_results"]
+    base["correctness_state"] = "FAILED"
+    base["correctness_result"]["harness_run"]["cancelled"] = True
+    base.pop("timing", None)
+    for kr in (one, unmasked):
+        kr.update(correctness_state="SKIPPED", performance_state="SKIPPED", errors=[], verdict=None, speedup=None,
+                  speedup_ci=None, timing=None)
+    report["results"]["rankings"] = []
+
+
+async def test_a_cancelled_compare_reads_cancelled(app, project):
+    run = copy_run(project, "compare_", _cancelled_compare)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(next(r for r in app.runs if r.path == run))
+        await wait_screen(pilot, app, CompareReportScreen)
+        title = str(app.screen.query_one(".report-title").render())
+        assert "CANCELLED after 0 of 3 kernels checked" in title and "baseline is incorrect" not in title
+        rows = {r["kernel"]: r for r in app.screen.query_one(DataGrid).visible_rows()}
+        assert rows["three_pass"]["correct"] == "cancelled" and rows["one_pass"]["correct"] == "not reached"
+        assert rows["one_pass"]["verdict"] == "cancelled"
+        whys = " ".join(str(w.render()) for w in app.screen.query(".incorrect-why"))
+        assert "no reason recorded" not in whys and "cancelled before this kernel was checked" in whys
+
+
+async def test_a_cancelled_benchmark_says_how_far_it_got(app, project, sleeper):
+    ws = live_run(project, sleeper.pid, "cut")
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        ws.events.emit("progress", phase="measure", done=400, total=2000, completed=400, failed=0)
+        # The cancel ends the requests in flight: the generator counts them done (failed).
+        ws.events.emit("progress", phase="measure", done=2000, total=2000, completed=400, failed=1600)
+        ws.events.emit("run_finished", state="cancelled", exit_code=130)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: str(ws.root) in grid.visible_keys()
+                       and grid.get_row(str(ws.root))["state"] == "cancelled")
+        progress = grid.get_row(str(ws.root))["progress"]
+        assert progress == "cancelled at 400/2000 completed · exit 130" and "2000/2000" not in progress
+
+
+# -- 5. statistics shown with sense -------------------------------------------------------------------
+
+async def test_an_op_above_its_roofline_is_flagged(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "trace_"))
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        grid = app.screen.query_one("#roofline-grid", DataGrid)
+        add = next(k for k, r in zip(grid.visible_keys(), grid.visible_rows()) if r["op_name"] == "aten::add")
+        assert grid._cells(grid._index_of_key[add])[1] == "suspect"  # coloured as a warning
+        assert "104.9!" in grid.to_markdown()
+        assert "above 100% of the roofline (aten::add)" in text_of(app.screen, "#roofline-title")
+
+
+# -- 6. the columns that matter fit in 80 columns -----------------------------------------------------
+
+async def test_roofline_and_compare_columns_fit_in_80_columns(app, project):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "trace_"))
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        grid = app.screen.query_one("#roofline-grid", DataGrid)
+        header = grid.render_line(0).text
+        for label in ("Op", "Time ms", "% roof", "TFLOP/s", "TB/s"):
+            assert label in header, header
+        for _ in range(8):
+            await pilot.press("right")  # scroll sideways: Op stays
+        assert grid.render_line(0).text.strip().startswith("Op") and grid.scroll_offset.x > 0
+        await pilot.press("escape")
+        await wait_screen(pilot, app, RunsScreen, "#runs-table")
+        app.open_report(find_run(app, "compare_"))
+        await wait_screen(pilot, app, CompareReportScreen)
+        header = app.screen.query_one(DataGrid).render_line(0).text
+        for label in ("Kernel", "Verdict", "Speedup", "95% CI"):
+            assert label in header, header
+
+
+# -- 7. focus: esc steps back one level, enter returns to the table, letters work on dropdowns --------
+
+@pytest.mark.slow  # a few seconds: several screens and workers
+async def test_roofline_focus_keys_and_remembered_view(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        trace = find_run(app, "trace_")
+        app.open_report(trace)
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        screen = app.screen
+        grid = screen.query_one("#roofline-grid", DataGrid)
+        await pilot.press("slash", "m", "m", "enter")
+        assert screen.focused is grid and {r["op_name"] for r in grid.visible_rows()} == {"aten::mm", "aten::addmm"}
+        await pilot.press("slash", "escape")
+        assert app.screen is screen and screen.focused is grid and grid.visible_count == 9  # cleared, not closed
+        screen.query_one("#stage").focus()
+        await pilot.press("p")
+        assert screen.query_one("#roofline-tabs").active == "tab-plot"
+        await pilot.press("t")
+        assert screen.query_one("#roofline-tabs").active == "tab-table" and screen.focused is grid
+        screen.query_one("#stage").value = "prefilldecode"
+        await pilot.press("slash", "a", "d", "d", "enter")
+        grid.sort_by("achieved_tflops_mean", reverse=True)
+        await pilot.press("g")
+        await pilot.press("escape")  # from another tab: back to the table
+        assert screen.query_one("#roofline-tabs").active == "tab-table"
+        await pilot.press("escape")
+        await wait_screen(pilot, app, RunsScreen, "#runs-table")
+        app.open_report(trace)
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        again = app.screen.query_one("#roofline-grid", DataGrid)
+        await wait_for(pilot, lambda: again.filter_text == "add")
+        assert app.screen.stage == "prefilldecode" and again.sort_column == "achieved_tflops_mean"
+
+
+async def test_run_screen_tabs_switch_with_brackets(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_run(find_run(app, "compare_"))
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        tabs = app.screen.query_one("#run-tabs")
+        await pilot.press("right_square_bracket")
+        assert tabs.active == "tab-events"
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        assert tabs.active == "tab-log"
+        await pilot.press("left_square_bracket")
+        assert tabs.active == "tab-summary"
+        assert "]" in app.export_screenshot()  # the footer says how
+
+
+# -- 8. config errors say what is wrong and where --------------------------------------------------
+
+async def test_config_errors_name_the_problem_and_nothing_else(app, project):
+    compare = project / "kernels" / "softmax_triton" / "compare.yaml"
+    compare.write_text(compare.read_text().replace("softmax_onepass.py", "softmax_onepas.py"))
+    broken = project / "kernels" / "softmax_triton" / "broken.yaml"
+    broken.write_text("kernels:\n  - id: a\n    source_files: [x.py\n")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        screen = app.screen
+        screen.select(compare)
+        await pilot.pause()
+        problems = text_of(screen, "#config-problems-text")
+        assert problems.count("error:") == 1 and "softmax_onepas.py does not exist" in problems
+        assert "three_pass" not in problems and str(project) not in problems  # relative, nothing false
+        screen.select(broken)
+        await pilot.pause()
+        assert "not valid YAML" in text_of(screen, "#config-status")
+        assert "error: kernels/softmax_triton/broken.yaml:4: not valid YAML" in text_of(screen, "#config-problems-text")
+        await pilot.press("l")
+        await pilot.pause()
+        assert any("not valid YAML" in str(n.message) for n in app._notifications)
+    many = project / "benchmarks" / "many.yaml"
+    many.write_text("benchmark:\n  framework: builtin\n" + "".join(f"  bogus_{i}: 1\n" for i in range(14)))
+    app = build_app(project)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(many)
+        await pilot.pause()
+        box = app.screen.query_one("#config-problems")
+        assert text_of(app.screen, "#config-problems-text").count("bogus_") == 14  # all of them, scrollable
+        assert box.max_scroll_y > 0
+
+
+# -- 9. run folders are runs, not configs --------------------------------------------------------------
+
+def test_a_run_folders_config_is_a_record_not_a_config(project):
+    run_config = next((project / "runs").glob("benchmark_*/config.yaml"))
+    check = check_config(run_config)
+    assert check.kind == "run record" and check.ok and check.modes == []
+
+
+async def test_the_config_tree_leaves_run_folders_out(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        tree = app.screen.query_one("#config-tree")
+        await wait_for(pilot, lambda: any(str(n.label) == "runs" for n in tree.root.children))
+        runs_node = next(n for n in tree.root.children if str(n.label) == "runs")
+        kernels_node = next(n for n in tree.root.children if str(n.label) == "kernels")
+        runs_node.expand()
+        kernels_node.expand()
+        await wait_for(pilot, lambda: len(kernels_node.children) > 0)  # the tree has loaded a folder
+        await pilot.pause(0.3)
+        assert [str(c.label) for c in runs_node.children] == []  # every folder in runs/ is a run
+
+
+# -- 10. the diff's baseline is the run's; candidates are about the kernel ----------------------------
+
+async def test_diff_from_a_report_uses_the_runs_baseline(app, project):
+    def baseline_one_pass(report):
+        report["baseline"] = {"index": 1, "id": "one_pass", "chosen_by": "--baseline"}
+    run = copy_run(project, "compare_", baseline_one_pass)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(next(r for r in app.runs if r.path == run))
+        await wait_screen(pilot, app, CompareReportScreen)
+        await pilot.press("d")
+        await wait_screen(pilot, app, DiffScreen)
+        assert app.screen.baseline == "one_pass"
+        assert "baseline one_pass" in text_of(app.screen, "#diff-title")
+
+
+def test_kernel_candidates_share_a_real_topic_not_a_library_name(project):
+    flash = ["void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >(Flash_fwd_params)"]
+    assert candidate_kernels(project, "aten::_scaled_dot_product_flash_attention", flash, None, []) == []
+    assert candidate_kernels(project, "vllm::unified_attention_with_output", ["kernel_unified_attention_2d"],
+                             None, []) == []
+    gelu = {c["kernel"] for c in candidate_kernels(project, "aten::gelu", [], None, [])}
+    assert gelu  # a shared distinctive word still finds candidates
+
+
+# -- also seen ----------------------------------------------------------------------------------------
+
+async def test_runs_labels_tell_runs_apart_and_home_end_move(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4)
+        labels = {r["folder"]: r["label"] for r in grid.visible_rows()}
+        assert labels[find_run(app, "compare_").name] == "softmax_triton/compare.yaml · base three_pass"
+        # two benchmarks of one config read apart: a sweep of 3 points, 2 repeats vs a single point, 3 repeats
+        assert labels[find_run(app, "benchmark_builtin-tiny_20261129_192715").name] == \
+            "builtin-tiny c2 i32 o8 sweep c1,2,4 x2"
+        assert labels[find_run(app, "benchmark_builtin-tiny_20261129_192724").name] == "builtin-tiny c2 i32 o8 x3"
+        await pilot.press("end")
+        assert grid.cursor_position == 3
+        await pilot.press("home")
+        assert grid.cursor_position == 0
+
+
+async def test_help_shows_this_screens_keys(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "trace_"))
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        await pilot.press("question_mark")
+        await wait_screen(pilot, app, HelpScreen, "#help-table")
+        table = app.screen.query_one("#help-table")
+        rows = [table.get_row_at(i) for i in range(table.row_count)]
+        ids = [row[3] for row in rows]
+        assert ids[0].startswith("roofline.") and "grid.sort" in ids and "app.quit" in ids
+        assert "runs.cancel" not in ids and len(ids) == len(set(ids))
+        assert ["roofline", "/", "Filter", "roofline.filter"] in [list(row) for row in rows]
+
+
+# -- beyond fixing: the habits of k9s and lazygit -----------------------------------------------------
+
+@pytest.mark.slow  # a few seconds: several screens and workers
+async def test_runs_filter_sort_and_mark_two_to_compare(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        screen = app.screen
+        grid = screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4)
+        await pilot.press("slash", *"bench", "enter")
+        assert screen.focused is grid and {r["mode"] for r in grid.visible_rows()} == {"benchmark"}
+        grid.move_cursor_to_column("started")
+        await pilot.press("s")
+        older, newer = grid.visible_rows()
+        assert older["started"] < newer["started"]
+        await pilot.press("home", "space", "down", "space")
+        assert grid.visible_rows()[0]["mark"] == "✓" and grid.visible_rows()[1]["mark"] == "✓"
+        await pilot.press("v")
+        await wait_screen(pilot, app, BenchmarkReportScreen, "#delta-grid")
+        report = app.screen
+        await wait_for(pilot, lambda: report.query_one("#delta-grid", DataGrid).row_count > 0)
+        note = text_of(report, "#compare-note")
+        assert f"A = {older['folder']}" in note and f"B = {newer['folder']}" in note
+        assert "warning: A has 3 sweep point(s), B has 1" in note  # a sweep against a single point
+        await pilot.press("escape")
+        await wait_screen(pilot, app, RunsScreen, "#runs-table")
+        await pilot.press("escape")  # esc clears the filter
+        assert grid.visible_count == 4 and grid.filter_text == ""
+
+
+async def test_delete_and_archive_ask_first(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        trace = find_run(app, "trace_")
+        compare = find_run(app, "compare_")
+        assert grid.move_cursor_to_key(str(trace.path))
+        await pilot.press("D")
+        await wait_screen(pilot, app, ConfirmScreen, "#yes")
+        await pilot.press("n")
+        assert trace.path.exists()
+        await pilot.press("D")
+        await wait_screen(pilot, app, ConfirmScreen, "#yes")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not trace.path.exists() and str(trace.path) not in grid.visible_keys())
+        assert grid.move_cursor_to_key(str(compare.path))
+        await pilot.press("A")
+        await wait_screen(pilot, app, ConfirmScreen, "#yes")
+        await pilot.press("y")
+        archived = compare.path.parent / ".archive" / compare.name
+        await wait_for(pilot, lambda: archived.is_dir() and str(compare.path) not in grid.visible_keys())
+
+
+async def test_rerun_asks_then_starts_the_recorded_config(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        run = find_run(app, "compare_")
+        assert grid.move_cursor_to_key(str(run.path))
+        await pilot.press("R")
+        await wait_screen(pilot, app, ConfirmScreen, "#yes")
+        question = text_of(app.screen, "#confirm-question")
+        assert "compare -k" in question and "softmax_triton/compare.yaml" in question
+        assert "--baseline three_pass" in question and "--only one_pass,unmasked" in question
+        await pilot.press("n")
+        await wait_screen(pilot, app, RunsScreen, "#runs-table")
+        assert not app.started
+        await pilot.press("Y")
+        assert app.clipboard.startswith("magpie compare -k ") and "--baseline three_pass" in app.clipboard
+        await pilot.press("y")
+        assert app.clipboard == str(run.path)
+
+
+def test_rerun_of_a_benchmark_starts_from_its_recorded_config_without_the_record_keys(project, tmp_path):
+    from engine.runs.catalog import RunCatalog
+    from magpie_tui.rerun import rerun_request
+    catalog = RunCatalog([project / "runs"])
+    catalog.refresh()
+    bench = next(r for r in catalog.sorted_runs() if r.mode == "benchmark")
+    request = rerun_request(bench, tmp_path / "results")
+    assert request.mode == "benchmark" and request.config.exists()
+    assert check_config(request.config).ok, check_config(request.config).problems  # no 'overrides' key
+
+
+async def test_edit_opens_the_editor_and_revalidates(app, project, monkeypatch, tmp_path):
+    editor = tmp_path / "fake-editor.sh"  # a real editor process that appends a bad key
+    editor.write_text("#!/bin/sh\nprintf '  bogus_from_editor: 1\\n' >> \"$1\"\n")
+    editor.chmod(0o755)
+    monkeypatch.setenv("VISUAL", str(editor))
+    target = project / "benchmarks" / "builtin_tiny_cpu.yaml"
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(target)
+        await pilot.pause()
+        assert app.screen.query_one("#config-status").has_class("-valid")
+        await pilot.press("e")
+        await wait_for(pilot, lambda: app.screen.query_one("#config-status").has_class("-invalid"))
+        assert "bogus_from_editor" in text_of(app.screen, "#config-problems-text")
+
+
+async def test_export_a_table_as_csv_and_markdown(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "trace_"))
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        await pilot.press("slash", "m", "m", "enter", "x")
+        folder = app.settings.launch_results_dir / "exports"
+        await wait_for(pilot, lambda: len(list(folder.glob("*.md"))) == 1 and len(list(folder.glob("*.csv"))) == 1)
+        csv_text = next(folder.glob("*.csv")).read_text()
+        md_text = next(folder.glob("*.md")).read_text()
+        assert csv_text.splitlines()[0].startswith("Op,Time ms,Time %,% roof")
+        assert len(csv_text.splitlines()) == 3 and "aten::mm" in csv_text  # the filtered rows only
+        assert md_text.startswith("| Op | Time ms |") and md_text.count("\n") == 4
+
+
+# -- one full path by mouse: open a run, sort, open a kernel ------------------------------------------
+
+def _column_x(grid: DataGrid, key: str) -> int:
+    index = [c.key for c in grid.columns].index(key)
+    return next(x for x in range(grid.size.width) if grid._column_at(x) == index)
+
+
+async def test_open_a_run_sort_and_open_a_kernel_by_mouse(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4)
+        row = 1 + grid.visible_keys().index(str(find_run(app, "trace_").path))
+        await pilot.click(grid, offset=(4, row))  # highlight
+        await pilot.click(grid, offset=(4, row))  # and open
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        report_key = next(k for k in app.screen.query("FooterKey") if k.action == "open_report")
+        await pilot.click(report_key)
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        roof = app.screen.query_one("#roofline-grid", DataGrid)
+        x = _column_x(roof, "kernel_time_ms_sum")
+        await pilot.click(roof, offset=(x, 0))  # ascending
+        assert roof.sort_column == "kernel_time_ms_sum" and not roof.sort_reverse
+        times = [r["kernel_time_ms_sum"] for r in roof.visible_rows() if r["kernel_time_ms_sum"] is not None]
+        assert times == sorted(times)
+        mm = 1 + [r["op_name"] for r in roof.visible_rows()].index("aten::mm")
+        await pilot.click(roof, offset=(2, mm))
+        await pilot.click(roof, offset=(2, mm))
+        await wait_screen(pilot, app, KernelScreen, "#kernel-info")
+        assert app.screen.row["op_name"] == "aten::mm"
+
+
+def test_compare_rows_of_a_cancelled_report_as_a_dict(project):
+    report = json.loads(next((project / "runs").glob("compare_*/compare_report.json")).read_text())
+    _cancelled_compare(report)
+    rows = {r["kernel"]: r for r in compare_rows(report)}
+    assert rows["three_pass"]["verdict"] == "baseline" and rows["unmasked"]["verdict"] == "cancelled"
+
+
+@pytest.mark.slow  # a few seconds: several screens and workers
+async def test_launch_form_starts_in_a_field_shows_the_configs_values_and_warns_of_a_running_timing(
+        app, project, sleeper):
+    from magpie_tui.screens.launch import LaunchScreen
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        live_run(project, sleeper.pid, "busy")
+        await wait_for(pilot, lambda: any(r.label == "busy" for r in app.runs))
+        await pilot.press("1")
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(project / "benchmarks" / "builtin_tiny_cpu.yaml")
+        await pilot.press("l")
+        await wait_screen(pilot, app, LaunchScreen, "#start")
+        dialog = app.screen
+        assert dialog.focused is dialog.query_one("#repeats")  # typing goes into a field, not onto Start
+        assert dialog.query_one("#concurrency").placeholder == "config: 4"
+        assert dialog.query_one("#warmup").placeholder == "config: 2"
+        await pilot.press("3")
+        dialog.query_one("#seed").value = "7"
+        dialog.query_one("#timeout").value = "90"
+        await pilot.pause()
+        preview = text_of(dialog, "#launch-preview-text")
+        assert "--repeats 3" in preview and "--timeout 90.0 --seed 7" in preview
+        assert "1 timing run(s) already running" in preview
+        await pilot.press("escape")
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(project / "kernels" / "softmax_triton" / "compare.yaml")
+        await pilot.press("l")
+        await wait_screen(pilot, app, LaunchScreen, "#start")
+        dialog = app.screen
+        dialog.query_one("#rtol").value = "0.001"
+        dialog.query_one("#no_perf").value = True
+        await pilot.pause()
+        preview = text_of(dialog, "#launch-preview-text")
+        assert "--rtol 0.001" in preview and "--no-perf" in preview
+
+
+async def test_a_running_compare_says_which_kernel_of_how_many(app, project, sleeper):
+    ws = Workspace.create(project / "results", "compare", "steps")
+    ws.events.emit("run_started", mode="compare", pid=sleeper.pid, workspace=str(ws.root), label="steps",
+                   kernels=["three_pass", "one_pass", "unmasked"])
+    ws.events.emit("stage", kernel="one_pass", index=1, stage="harness", state="running")
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: str(ws.root) in grid.visible_keys())
+        assert grid.get_row(str(ws.root))["progress"] == "kernel 2 of 3 one_pass: harness running"
+
+
+# -- a GPU timeline: streams as lanes, kernels as bars, idle gaps marked, zoom -------------------------
+
+def test_timeline_lanes_from_the_gap_analysis_and_their_cells():
+    from magpie_tui.widgets.gpu_timeline import cells, lanes_from_gaps
+    lanes = lanes_from_gaps([
+        {"where": "device 0 (all streams)", "start_us": "100", "end_us": "200", "gpu_waited_on_host": "True"},
+        {"where": "device 0 (all streams)", "start_us": "300", "end_us": "400", "gpu_waited_on_host": "False"}])
+    assert [lane.name for lane in lanes] == ["device 0"]
+    assert [(s.start_us, s.end_us, s.kind) for s in lanes[0].spans] == [
+        (100.0, 200.0, "host"), (200.0, 300.0, "kernel"), (300.0, 400.0, "idle")]
+    assert cells(lanes[0], 100, 400, 3) == ["host", "kernel", "idle"]
+    assert cells(lanes[0], 100, 400, 6) == ["host", "host", "kernel", "kernel", "idle", "idle"]
+
+
+async def test_timeline_tab_draws_the_traces_streams_and_zooms(app, project):
+    import yaml
+    trace = next(p for p in (project / "runs").iterdir() if p.name.startswith("trace_"))
+    cfg = yaml.safe_load((trace / "config.yaml").read_text())
+    cfg["trace_dir"] = str(Path(__file__).resolve().parents[1] / "data/tracelens-golden/synthetic_vllm/"
+                           "synthetic_vllm.json.gz")
+    (trace / "config.yaml").write_text(yaml.safe_dump(cfg))
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "trace_"))
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        await pilot.press("g")
+        timeline = app.screen.query_one("#gpu-timeline")
+        await wait_for(pilot, lambda: len(timeline.lanes) == 2)
+        assert [lane.name for lane in timeline.lanes] == ["gpu0 s20", "gpu0 s7"] and app.screen.focused is timeline
+        assert "kernels per stream" in timeline.source
+        row = timeline.render_line(3).text  # the lane of stream 7: kernels and the gaps it waited
+        assert "█" in row and "!" in row
+        whole = timeline.view
+        await pilot.press("plus", "plus")
+        assert timeline.view[1] - timeline.view[0] == pytest.approx((whole[1] - whole[0]) / 4)
+        await pilot.press("right")
+        assert timeline.view[0] > whole[0]
+        await pilot.press("0")
+        assert timeline.view == whole
