@@ -215,6 +215,10 @@ def hardware_floor(moved_bytes: int, flops: Optional[int], bandwidth_tbs: Option
 AUDIT_BATCH_MS, AUDIT_MAX_BATCH = 2.0, 64
 AUDIT_MIN_PAIRS, AUDIT_MAX_PAIRS, AUDIT_BUDGET_S = 6, 16, 0.5
 AUDIT_RATIO, AUDIT_SLACK_MS = 0.6, 0.005
+# On the CPU the audit's batches share the cores with everything else on the machine: honest
+# kernels were seen claiming 0.55-0.6 of the judge's clock on a loaded 2-core machine, the
+# forged samples of the adversary suite claim under 0.01 of it.
+AUDIT_RATIO_CPU = 0.3
 
 
 def _mad(xs: list[float]) -> float:
@@ -634,7 +638,10 @@ class HarnessSession:
         claimed = statistics.median(samples)
         m.clock_audit = {"batches": len(real), "calls_per_batch": k, "judge_seen_ms": seen,
                          "null_ms": statistics.median(null), "noise_ms": noise, "claimed_ms": claimed}
-        if claimed < AUDIT_RATIO * seen - max(AUDIT_SLACK_MS, noise):
+        on_gpu = (m.load.get("device") or {}).get("type") == "cuda" or str(self.s.device).startswith("cuda")
+        ratio = AUDIT_RATIO if on_gpu else AUDIT_RATIO_CPU
+        m.clock_audit["ratio"] = ratio
+        if claimed < ratio * seen - max(AUDIT_SLACK_MS, noise):
             m.timing_rejections.append({"guard": "judge_clock", "message": (
                 f"its samples claim a median of {claimed * 1e3:.1f} us per call, but the judge's own clock saw "
                 f"{seen * 1e3:.1f} us per call ({len(real)} batches of {k} audited calls against as many empty "
