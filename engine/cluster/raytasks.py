@@ -11,6 +11,7 @@ report still says what was reached; a task not yet started returns at once.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -20,7 +21,7 @@ import tempfile
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from engine.errors import MagpieError
 
@@ -195,6 +196,39 @@ class _Watch:
         self._stop.set()
 
 
+def _start(payload: dict) -> tuple[Any, dict, Optional[dict]]:
+    """A task's cancel token, the node it runs on, and the reply to give at once when the run was
+    cancelled before the task started (None otherwise)."""
+    import ray
+
+    from engine.runs.process import CancelToken
+    is_set, reason = ray.get(payload["flag"].start.remote(payload["key"]))
+    info = node_info()
+    return CancelToken(), info, ({"skipped": True, "reason": reason, "node": info} if is_set else None)
+
+
+@contextlib.contextmanager
+def _task_folder(payload: dict, token: Any) -> Iterator[tuple[Path, list[tuple[str, str]]]]:
+    """A scratch folder holding the run's sources (pairs: the driver's path -> this node's), with
+    the run's cancel flag watched meanwhile; removed when the task ends."""
+    watch = _Watch(payload["flag"], token)
+    tmp = Path(tempfile.mkdtemp(prefix="magpie-ray-"))
+    try:
+        yield tmp, _materialize(payload["bundles"], tmp)
+    finally:
+        watch.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _result_root(payload: dict, tmp: Path, name: str) -> Path:
+    return Path(payload["shared_root"]) if payload.get("shared_root") else tmp / name
+
+
+def _files(payload: dict, root: Path) -> Any:
+    """The task's folder for the driver: None with shared storage, else packed for the object store."""
+    return None if payload.get("shared_root") else pack_dir(root)
+
+
 def _materialize(bundles: list[tuple[str, Any]], tmp: Path) -> list[tuple[str, str]]:
     import ray
     pairs = []
@@ -221,24 +255,17 @@ def kernel_task(payload: dict) -> dict:
     """``kind`` check: compile and testcase of one kernel. ``kind`` time: the local Evaluator
     on a small plan (the baseline and one candidate, or one analyze kernel) on the GPU the
     task holds, so the candidate is checked against, and timed beside, the baseline there."""
-    import ray
 
     from engine.kernels.pipeline import CANCELLED, FAILED, Evaluator, Machine
     from engine.kernels.plan import Plan
-    from engine.runs.process import CancelToken
     from engine.runs.workspace import Workspace
 
-    token = CancelToken()
-    is_set, reason = ray.get(payload["flag"].start.remote(payload["key"]))
-    info = node_info()
-    if is_set:
-        return {"skipped": True, "reason": reason, "node": info}
-    watch = _Watch(payload["flag"], token)
-    tmp = Path(tempfile.mkdtemp(prefix="magpie-ray-"))
-    try:
-        pairs = _materialize(payload["bundles"], tmp)
+    token, info, skipped = _start(payload)
+    if skipped is not None:
+        return skipped
+    with _task_folder(payload, token) as (tmp, pairs):
         specs = [remap_spec(s, pairs) for s in payload["specs"]]
-        root = Path(payload["shared_root"]) if payload.get("shared_root") else tmp / "run"
+        root = _result_root(payload, tmp, "run")
         ws = Workspace(root)
         gpu = detect_once()
         model, model_source = gpu_model_here(gpu)
@@ -266,40 +293,26 @@ def kernel_task(payload: dict) -> dict:
         return {"outcomes": outcomes, "degenerate": ev.degenerate, "node": info,
                 "gpu": {"model": model, "source": model_source, "detected": gpu.to_dict() if gpu else None},
                 "root": str(root), "cancelled": token.cancelled, "cancel_reason": token.reason,
-                "files": None if payload.get("shared_root") else pack_dir(root)}
-    finally:
-        watch.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+                "files": _files(payload, root)}
 
 
 # ---------------------------------------------------------------------- benchmark points
 def benchmark_point_task(payload: dict) -> dict:
     """One point of a batch: the benchmark mode, as on this machine, in a folder of its own."""
-    import ray
 
     from engine.jobs.modes import run_benchmark
-    from engine.runs.process import CancelToken
     from engine.runs.workspace import Workspace
 
-    token = CancelToken()
-    is_set, reason = ray.get(payload["flag"].start.remote(payload["key"]))
-    info = node_info()
-    if is_set:
-        return {"skipped": True, "reason": reason, "node": info}
-    watch = _Watch(payload["flag"], token)
-    tmp = Path(tempfile.mkdtemp(prefix="magpie-ray-"))
-    try:
-        pairs = _materialize(payload["bundles"], tmp)
+    token, info, skipped = _start(payload)
+    if skipped is not None:
+        return skipped
+    with _task_folder(payload, token) as (tmp, pairs):
         request = payload["request"]
         if pairs:
             data = request.model_dump()
             request = type(request).model_validate(rewrite_paths(data, pairs))
-        root = Path(payload["shared_root"]) if payload.get("shared_root") else tmp / "point"
+        root = _result_root(payload, tmp, "point")
         root.mkdir(parents=True, exist_ok=True)
         outcome = run_benchmark(request, cancel=token, workspace=Workspace(root))
         return {"state": outcome.state, "exit_code": outcome.exit_code, "report": outcome.report, "node": info,
-                "root": str(root), "cancelled": token.cancelled,
-                "files": None if payload.get("shared_root") else pack_dir(root)}
-    finally:
-        watch.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+                "root": str(root), "cancelled": token.cancelled, "files": _files(payload, root)}

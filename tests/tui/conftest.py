@@ -94,3 +94,16 @@ async def wait_screen(pilot, app, cls, selector: str = "Footer", timeout: float 
     """Until ``cls`` is the active screen and its widgets are mounted (``selector`` found)."""
     await wait_for(pilot, lambda: isinstance(app.screen, cls) and bool(app.screen.query(selector)), timeout)
     await pilot.pause()
+
+
+def find_run(app, prefix: str):
+    """The catalog's run whose folder name starts with ``prefix``."""
+    return next(r for r in app.runs if r.name.startswith(prefix))
+
+
+async def open_runs(pilot, app) -> None:
+    """Switch to the Runs list and wait until it lists the catalog."""
+    from magpie_tui.screens.runs import RunsScreen
+    await pilot.press("2")
+    await wait_screen(pilot, app, RunsScreen, "#runs-table")
+    await wait_for(pilot, lambda: bool(app.runs))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tui.conftest import build_app, wait_for, wait_screen
+from tui.conftest import build_app, find_run, open_runs, wait_for, wait_screen
 
 from engine.runs.workspace import Workspace
 from magpie_tui.screens.configs import ConfigsScreen
@@ -29,16 +29,6 @@ from magpie_tui.widgets.diff_view import DiffView
 from magpie_tui.widgets.run_log import RunLog
 
 SIZE = (140, 45)
-
-
-def find_run(app, prefix: str):
-    return next(r for r in app.runs if r.name.startswith(prefix))
-
-
-async def open_runs(pilot, app):
-    await pilot.press("2")
-    await wait_screen(pilot, app, RunsScreen, "#runs-table")
-    await wait_for(pilot, lambda: bool(app.runs))
 
 
 # -- configs and launch -----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tui.conftest import build_app, wait_for, wait_screen
+from tui.conftest import build_app, find_run, open_runs, wait_for, wait_screen
 
 from engine.runs.launch import StartedRun, check_config
 from engine.runs.workspace import Workspace
@@ -34,16 +34,6 @@ from magpie_tui.screens.runs import RunsScreen
 from magpie_tui.widgets.data_grid import DataGrid
 
 SIZE = (140, 45)
-
-
-def find_run(app, prefix: str):
-    return next(r for r in app.runs if r.name.startswith(prefix))
-
-
-async def open_runs(pilot, app):
-    await pilot.press("2")
-    await wait_screen(pilot, app, RunsScreen, "#runs-table")
-    await wait_for(pilot, lambda: bool(app.runs))
 
 
 def text_of(screen, selector: str) -> str:
