@@ -14,9 +14,12 @@ keys 0 .. sk - sq + i), grouped-query heads (query head h reads kv head h // (Hq
   k_cache[slots, L, Hkv, D], v_cache[...], slots[B], lengths[B], scale) -> [B, Hq, D]``: the
   default's masked SDPA over the gathered slots, without repeating k/v per query head.
 * ``varlen_attention_triton``: a varlen flash-attention forward (online softmax, float32
-  accumulation); one program per (block of a sequence's queries, query head, sequence). The grid
-  is sized from T, so it needs no device-to-host sync of cu_seqlens; the programs past a
-  sequence's end return at once.
+  accumulation); one program per (block of a sequence's queries, query head). The grid is sized
+  from T and B only (cdiv(T, BLOCK_M) + B blocks at most), so it needs no device-to-host sync of
+  cu_seqlens and can be captured in a CUDA graph: each program finds its sequence and block from
+  cu_seqlens_q on the device (a prefix sum of the sequences' block counts), and the programs past
+  the last block return at once. (A grid of (blocks of T, heads, B) would launch B times the
+  work, nearly all of it idle programs, when a step packs many sequences.)
 * ``decode_attention_split`` (Triton), for ``decode_attention``: flash-decoding in two launches.
   The first has one program per (sequence, kv head, split): it serves all Hq / Hkv query heads of
   its kv head at once (each K/V block is read once, as one [G, D] x [D, BLOCK_N] ``tl.dot``, G
@@ -195,15 +198,25 @@ def decode_attention_grouped(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 @triton_jit
 def _varlen_flash_kernel(q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, cu_k_ptr, scale,
                          q_tok_stride, q_head_stride, k_tok_stride, k_head_stride,
-                         v_tok_stride, v_head_stride, o_tok_stride, o_head_stride, groups, head_dim,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
-    m_block = tl.program_id(0)
+                         v_tok_stride, v_head_stride, o_tok_stride, o_head_stride, groups, head_dim, batch,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
+                         IEEE: tl.constexpr):
+    pid = tl.program_id(0)
     head = tl.program_id(1)
-    seq = tl.program_id(2)
+    # Which (sequence, query block) this program serves: sequence s owns blocks
+    # cum[s] - nb[s] .. cum[s] - 1 of the step, nb[s] = cdiv(its new tokens, BLOCK_M).
+    offs_b = tl.arange(0, BLOCK_B)
+    in_batch = offs_b < batch
+    seq_starts = tl.load(cu_q_ptr + offs_b, mask=in_batch, other=0)
+    seq_ends = tl.load(cu_q_ptr + offs_b + 1, mask=in_batch, other=0)
+    nb = (seq_ends - seq_starts + BLOCK_M - 1) // BLOCK_M
+    cum = tl.cumsum(nb, axis=0)
+    if pid >= tl.sum(nb, axis=0):
+        return
+    seq = tl.sum((cum <= pid).to(tl.int32), axis=0)
+    m_block = pid - tl.sum(tl.where(offs_b == seq, cum - nb, 0), axis=0)
     q_start = tl.load(cu_q_ptr + seq).to(tl.int64)
     sq = tl.load(cu_q_ptr + seq + 1).to(tl.int64) - q_start
-    if m_block * BLOCK_M >= sq:
-        return
     k_start = tl.load(cu_k_ptr + seq).to(tl.int64)
     sk = tl.load(cu_k_ptr + seq + 1).to(tl.int64) - k_start
     kv_head = head // groups
@@ -273,11 +286,13 @@ def varlen_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     # A decode-only step (one token per sequence) wastes less of a small query block.
     block_m = 16 if tokens == batch else (64 if q.element_size() == 2 and block_d <= 128 else 32)
     block_n = 64 if q.element_size() == 2 and block_d <= 128 else 32
-    grid = (triton.cdiv(tokens, block_m), hq, batch)
+    # Sum over sequences of cdiv(sq, BLOCK_M) is at most cdiv(T, BLOCK_M) + B - 1.
+    grid = (triton.cdiv(tokens, block_m) + batch - 1, hq)
     _varlen_flash_kernel[grid](q, k, v, out, cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), float(scale),
                                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                               out.stride(0), out.stride(1), hq // k.shape[1], d,
+                               out.stride(0), out.stride(1), hq // k.shape[1], d, batch,
                                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                               BLOCK_B=max(triton.next_power_of_2(batch), 2),
                                IEEE=q.dtype == torch.float32, num_warps=4)
     return out
 

@@ -7,8 +7,11 @@ benchmark runs first, and the parts the CPU tests call.
    replayed from its graph and run eagerly on the same inputs: the largest logit difference and
    whether the greedy tokens agree (the random models often repeat a token, so the logits are
    the sharper test);
+   The same for the prompt step: the check prompts packed into one step replayed from its prompt
+   graph and run eagerly;
 2. timing: GPU milliseconds of one decode graph replay, and the wall milliseconds of an eager
-   decode step, per ``--time-batches`` batch at ``--context`` tokens;
+   decode step, per ``--time-batches`` batch at ``--context`` tokens; the same for prompt steps of
+   1 and 8 prompts of 512 tokens;
 3. engines: the check prompts generated through the scheduler by an eager engine and by a graph
    engine (continuous batching, padding to buckets as requests finish): tokens compared per prompt.
 
@@ -66,8 +69,12 @@ def compare_engines(model: LlamaModel, prompts: Sequence[Sequence[int]], max_tok
         engine.warm_up()
         started = time.perf_counter()
         outputs.append(generate_all(engine, prompts, max_tokens))
+        runner = engine.prefiller
         engines.append({"cuda_graphs": sorted(engine.decoder.graphs), "replays": engine.decoder.replays,
                         "eager_steps": engine.decoder.eager_steps, "steps": engine.steps,
+                        "prompt_graphs": sorted(runner.graphs) if runner else [],
+                        "prompt_replays": runner.replays if runner else 0,
+                        "prompt_eager_steps": runner.eager_steps if runner else 0,
                         "seconds": round(time.perf_counter() - started, 3)})
         del engine
         if model.device.type == "cuda":
@@ -101,6 +108,34 @@ def compare_step_logits(engine: Engine, prompts: Sequence[Sequence[int]], steps:
             "tokens_agree": agree, "tokens": n * steps, "equal": agree == n * steps}
 
 
+def compare_prompt_logits(engine: Engine, prompts: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """One step of whole ``prompts`` (slots 0..n-1) replayed from the engine's prompt graph and run
+    eagerly on the same inputs."""
+    runner = engine.prefiller
+    if runner is None or not runner.graphs:
+        return {"equal": False, "why": runner.disabled if runner else "no prompt runner"}
+    slots = list(range(len(prompts)))
+    replayed = runner.logits(slots, prompts, graph=True).float().clone()
+    eager = runner.logits(slots, prompts, graph=False).float()
+    agree = sum(a == b for a, b in zip(replayed.argmax(dim=-1).tolist(), eager.argmax(dim=-1).tolist()))
+    out = {"prompts": len(prompts), "tokens": sum(map(len, prompts)), "bucket": runner.bucket(sum(map(len, prompts))),
+           "max_abs_logit_diff": (replayed - eager).abs().max().item(), "tokens_agree": agree,
+           "equal": agree == len(prompts)}
+    if runner.mixed and len(prompts) > 1:
+        # The second half of the prompts decodes its next token inside a step that prefills the first half again.
+        half = len(prompts) // 2
+        first = replayed.argmax(dim=-1).tolist()
+        args = (slots[:half], prompts[:half], first[half:], [len(p) for p in prompts[half:]], slots[half:])
+        mixed_graph = runner.mixed_logits(*args, graph=True).float().clone()
+        mixed_eager = runner.mixed_logits(*args, graph=False).float()
+        mixed_agree = sum(a == b for a, b in zip(mixed_graph.argmax(dim=-1).tolist(), mixed_eager.argmax(dim=-1).tolist()))
+        out["mixed"] = {"prompts": half, "decode_rows": len(prompts) - half,
+                        "max_abs_logit_diff": (mixed_graph - mixed_eager).abs().max().item(), "tokens_agree": mixed_agree,
+                        "equal": mixed_agree == len(prompts)}
+        out["equal"] = out["equal"] and out["mixed"]["equal"]
+    return out
+
+
 def _kernels(size: str, device: torch.device, dtype: torch.dtype) -> Any:
     kernels = resolve_kernels({}, device)
     if triton_defaults_in_use(kernels):
@@ -125,15 +160,23 @@ def run_check(size: str, device: torch.device, *, n_prompts: int, scale: int, ma
         out["gpu"] = torch.cuda.get_device_name(device)
         engine = Engine(model, cuda_graphs=True, **common)
         engine.warm_up()
+        out["prompt_logits"] = compare_prompt_logits(engine, prompts[:min(len(prompts), max_batch)])
         out["step_logits"] = compare_step_logits(engine, prompts[:min(len(prompts), max_batch)], steps=8)
         out["timing"] = [{"batch": b, "context": context, "graph_replay_gpu_ms": round(engine.decoder.time_step(b, context), 4),
                           "eager_step_wall_ms": round(engine.decoder.time_step(b, context, iters=5, graph=False), 3)}
                          for b in time_batches if b <= max_batch]
+        runner = engine.prefiller
+        if runner is not None and runner.graphs:
+            out["prompt_timing"] = [
+                {"prompts": n, "length": 512, "graph_replay_gpu_ms": round(runner.time_step(n, 512), 4),
+                 "eager_step_wall_ms": round(runner.time_step(n, 512, iters=5, graph=False), 3)}
+                for n in (1, 8) if n <= max_batch and n * 512 <= runner.tokens and 512 <= max_len]
         del engine
         torch.cuda.empty_cache()
     out["engines"] = compare_engines(model, prompts, max_tokens, {**common, "cuda_graphs": False},
                                      {**common, "cuda_graphs": True})
-    out["equal"] = out["engines"]["equal"] and out.get("step_logits", {}).get("equal", True)
+    out["equal"] = (out["engines"]["equal"] and out.get("step_logits", {}).get("equal", True)
+                    and out.get("prompt_logits", {}).get("equal", True))
     return out
 
 

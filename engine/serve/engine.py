@@ -5,7 +5,9 @@ running request, plus a pad slot for the padding rows of decode steps). Each ite
 schedules prompt tokens up to ``max_prefill_tokens`` (continuing a prompt that did not fit the
 previous step first: long prompts are prefilled in chunks), admits waiting requests while a slot
 is free, and decodes one token for every running request, so a new request joins at the next
-step instead of waiting for the batch to drain. The prompt chunks run in one eager forward; the
+step instead of waiting for the batch to drain. The step's whole prompts run through
+``graphs.PrefillRunner`` on a GPU (packed, padded to a token bucket, replayed from a CUDA graph
+unless eager), a continued prompt chunk in one eager forward (``LlamaModel.prefill``); the
 decode tokens run through ``graphs.DecodeRunner`` (a CUDA graph replay on a GPU unless eager).
 Greedy sampling runs on the device and the step's new tokens come back in one device-to-host
 copy. With ``overlap`` (on with CUDA graphs) a decode step whose every request goes on is
@@ -44,7 +46,7 @@ from typing import Any, AsyncGenerator, Callable, Sequence, TypeVar
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from engine.serve.graphs import DecodeRunner, batch_buckets
+from engine.serve.graphs import DecodeRunner, PrefillRunner, batch_buckets, token_buckets
 from engine.serve.model import LlamaModel
 from engine.serve.tokenizer import EOS_ID
 
@@ -145,13 +147,16 @@ class Engine:
     tokens of one step (a longer prompt is prefilled in chunks over several steps);
     ``max_model_len`` (default: the model's ``max_seq_len``) caps prompt + max_tokens and sizes
     every slot. ``cuda_graphs`` replays decode steps from CUDA graphs (on a GPU only, once
-    ``warm_up()`` captured them) padded to ``graph_batch_sizes`` (see ``graphs.batch_buckets``);
+    ``warm_up()`` captured them) padded to ``graph_batch_sizes`` (see ``graphs.batch_buckets``),
+    and steps of whole prompts from graphs per token bucket (``graphs.token_buckets``);
+    ``packed_prompts`` (default: on a GPU) runs whole prompts padded to those buckets, with
+    graphs or without, so that an eager engine computes what a graph engine does;
     ``stats_interval_s`` > 0 prints a stats line that often while steps run."""
 
     def __init__(self, model: LlamaModel, max_batch_size: int = 32, max_prefill_tokens: int = 8192,
                  eos_id: int = EOS_ID, *, max_model_len: int | None = None, cuda_graphs: bool = False,
                  graph_batch_sizes: Sequence[int] | None = None, stats_interval_s: float = 0.0,
-                 overlap: bool | None = None) -> None:
+                 overlap: bool | None = None, packed_prompts: bool | None = None) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be at least 1")
         self.model = model
@@ -164,6 +169,10 @@ class Engine:
         self.pad_slot = max_batch_size  # the extra slot: decode padding rows write and read only this one
         self.decoder = DecodeRunner(model, self.cache, self.pad_slot, batch_buckets(max_batch_size, graph_batch_sizes),
                                     max_batch_size)
+        if packed_prompts is None:
+            packed_prompts = model.device.type == "cuda"
+        self.prefiller = (PrefillRunner(model, self.cache, self.pad_slot, token_buckets(max_prefill_tokens), max_batch_size,
+                                        self.decoder) if packed_prompts else None)
         pinned = model.device.type == "cuda"
         self._tokens_host = torch.zeros(2 * max_batch_size, dtype=torch.long, pin_memory=pinned)
         self._tokens_copied = torch.cuda.Event() if pinned else None
@@ -171,6 +180,7 @@ class Engine:
         # The decode step queued ahead: its requests (in row order) and its tokens on the device.
         self._ahead: tuple[list[_Request], torch.Tensor] | None = None
         self.ahead_steps = 0  # decode steps queued ahead and used
+        self.joined_ahead = 0  # decode steps queued ahead with the rows of prompts just prefilled
         self.stats = EngineStats()
         self.stats_interval_s = stats_interval_s
         self._stats_lock = threading.Lock()
@@ -199,7 +209,8 @@ class Engine:
     def warm_up(self) -> None:
         """Run every path once on the pad slot (whole and continued prompts, a decode step per
         batch bucket), so that a broken kernel fails here naming its key (``KernelError``);
-        then capture the decode graphs when ``cuda_graphs`` is on."""
+        then capture the decode graphs when ``cuda_graphs`` is on, and the prompt graphs (a
+        kernel that cannot run or be captured there leaves prompts eager, with a warning)."""
         pad = self.pad_slot
         with self.model.tracking_kernels() as tracker:
             try:
@@ -207,12 +218,32 @@ class Engine:
                 if self.max_len >= 3:
                     self.model.prefill(self.cache, [pad], [2], [[3]])
                 self.decoder.warm_up()
-                if self.model.device.type == "cuda":
-                    torch.cuda.synchronize(self.model.device)  # an asynchronous kernel error surfaces here
+                self._sync()  # an asynchronous kernel error surfaces here
             except Exception as exc:
                 raise tracker.error(exc, "the warm-up step", "fix it, or remove its override from the config") from exc
+        if self.prefiller is not None:
+            self._warm_up_prompts()
         if self.cuda_graphs:
             self.decoder.capture()
+            if self.prefiller is not None and self.prefiller.disabled is None:
+                self.prefiller.capture()
+
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+    def _warm_up_prompts(self) -> None:
+        # Padded prompt steps hand the attention empty sequences; a kernel that refuses them (it
+        # is allowed to: the contract permits them but candidates are tested without) leaves
+        # prompts unpadded, which changes nothing but the speed.
+        assert self.prefiller is not None
+        with self.model.tracking_kernels() as tracker:
+            try:
+                self.prefiller.warm_up()
+                self._sync()
+            except Exception as exc:
+                self.prefiller.disabled = str(tracker.error(exc, "a padded prompt step", "prompts run unpadded"))
+                print(f"magpie-serve: warning: {self.prefiller.disabled}", file=sys.stderr, flush=True)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -359,26 +390,39 @@ class Engine:
 
     def _forward(self, chunks: list[tuple[_Request, int, int]], decoding: list[_Request]) -> list[int]:
         outs = []
-        if chunks:
-            logits = self.model.prefill(self.cache, [r.slot for r, _, _ in chunks], [s for _, s, _ in chunks],
-                                        [r.prompt[s:s + n] for r, s, n in chunks])
-            outs.append(logits.argmax(dim=-1))
         ahead, self._ahead = self._ahead, None
-        decoded, staged = self._decode(decoding, ahead) if decoding else (None, False)
+        decoded, staged = None, False
+        if chunks:
+            slots, starts = [r.slot for r, _, _ in chunks], [s for _, s, _ in chunks]
+            prompts = [r.prompt[s:s + n] for r, s, n in chunks]
+            pf = self.prefiller
+            if pf is not None and pf.fits(starts, prompts):
+                if ahead is None and pf.can_fuse(len(decoding)):  # the decode rows ride along in one forward
+                    first, decoded = pf.run_mixed(slots, prompts, [r.output[-1] for r in decoding],
+                                                  [len(r.prompt) + len(r.output) - 1 for r in decoding],
+                                                  [r.slot for r in decoding])
+                    staged = True
+                else:
+                    first = pf.run(slots, prompts)
+            else:
+                first = self.model.prefill(self.cache, slots, starts, prompts).argmax(dim=-1)
+            outs.append(first)
+        if decoding and decoded is None:
+            decoded, staged = self._decode(decoding, ahead)
         if decoded is not None:
             outs.append(decoded)
         tokens = outs[0] if len(outs) == 1 else torch.cat(outs)
-        go_on = staged and self._can_run_ahead(chunks, decoding)
+        go_on = self._can_run_ahead(chunks, decoding, staged)
         if self._tokens_copied is None:  # the CPU: the tokens are there already
             out = tokens.tolist()
             if go_on:
-                self._ahead = (decoding, self.decoder.run_next(decoded))
+                self._queue_next(chunks, decoding, decoded, outs[0] if chunks else None)
             return out
         host = self._tokens_host[:tokens.numel()]
         host.copy_(tokens, non_blocking=True)
         self._tokens_copied.record()
         if go_on:  # queued behind the copy: the GPU starts the next step while the host waits for this one's tokens
-            self._ahead = (decoding, self.decoder.run_next(decoded))
+            self._queue_next(chunks, decoding, decoded, outs[0] if chunks else None)
         # The one device-to-host copy of the step; waiting releases the GIL, so the HTTP thread
         # streams the previous step's tokens meanwhile.
         self._tokens_copied.synchronize()
@@ -400,12 +444,36 @@ class Engine:
         positions = [len(r.prompt) + len(r.output) - 1 for r in decoding]
         return self.decoder.run([r.output[-1] for r in decoding], positions, [r.slot for r in decoding]), True
 
-    def _can_run_ahead(self, chunks: list, decoding: list[_Request]) -> bool:
-        # Not after a step with prompt chunks (its new requests join the next decode), not while
-        # profiling (one annotated step at a time), and not when a request ends by length now
-        # (its next position may lie past its slot).
-        return (self.overlap and not chunks and not self.model.annotate_kernels
-                and all(len(r.output) + 1 < r.max_tokens for r in decoding))
+    def _can_run_ahead(self, chunks: list[tuple[_Request, int, int]], decoding: list[_Request], staged: bool) -> bool:
+        # Not while profiling (one annotated step at a time), not when a request ends by length
+        # now (its next position may lie past its slot), and only from the decoder's own staged
+        # rows. Prompt chunks join the next step when each completes its prompt (their requests
+        # decode next, after the running ones, as ``_finish`` orders them).
+        if not self.overlap or self.model.annotate_kernels or not all(len(r.output) + 1 < r.max_tokens for r in decoding):
+            return False
+        if self._prompts_next():
+            return False  # the next step runs its decode rows inside the prompt forward instead
+        if not chunks:
+            return staged
+        return ((staged or not decoding) and len(decoding) + len(chunks) <= self.decoder.rows
+                and all(s + n == len(r.prompt) and r.max_tokens > 1 for r, s, n in chunks))
+
+    def _prompts_next(self) -> bool:
+        """Whether the next step will admit a waiting prompt that a mixed step could carry."""
+        pf = self.prefiller
+        return (pf is not None and pf.decoder is not None and pf.disabled is None
+                and bool(self._waiting) and bool(self._free_slots))
+
+    def _queue_next(self, chunks: list[tuple[_Request, int, int]], decoding: list[_Request],
+                    decoded: torch.Tensor | None, first_tokens: torch.Tensor | None) -> None:
+        """Queue the next decode step on the device from this step's tokens (``_can_run_ahead``)."""
+        if not chunks:
+            self._ahead = (decoding, self.decoder.run_next(decoded))
+            return
+        joined = [r for r, _, _ in chunks]
+        self.joined_ahead += 1
+        self._ahead = (decoding + joined, self.decoder.run_joined(decoded, first_tokens, [len(r.prompt) for r in joined],
+                                                                  [r.slot for r in joined]))
 
     def _emit(self, req: _Request, token: int) -> bool:
         """Hand ``token`` to the request; True when that finished it (its slot is freed)."""
@@ -450,13 +518,18 @@ class Engine:
         with self._stats_lock, self._cond:
             s = self.stats
             running = len(self._prefilling) + len(self._running)
+            prompt_replays = self.prefiller.replays if self.prefiller else 0
             return {"steps": dict(s.steps), "step_seconds": dict(s.step_seconds), "batch_bounds": BATCH_BOUNDS,
                     "batch_counts": list(s.batch_counts), "batch_sum": s.batch_sum, "prompt_tokens": s.prompt_tokens,
                     "generation_tokens": s.generation_tokens, "finished": dict(s.finished),
                     "running": running, "waiting": len(self._waiting), "kv_slots_used": running,
                     "kv_slots": self.max_batch_size, "graph_replays": self.decoder.replays,
                     "eager_decode_steps": self.decoder.eager_steps, "ahead_steps": self.ahead_steps,
-                    "graph_batch_sizes": sorted(self.decoder.graphs)}
+                    "graph_batch_sizes": sorted(self.decoder.graphs),
+                    "prompt_graph_replays": prompt_replays,
+                    "mixed_forward_steps": self.prefiller.mixed_steps if self.prefiller else 0,
+                    "eager_prompt_steps": s.steps["prefill"] + s.steps["mixed"] - prompt_replays,
+                    "graph_token_buckets": sorted(self.prefiller.graphs) if self.prefiller else []}
 
     def stats_line(self, now: float | None = None) -> str:
         """What happened since the previous call, one line (the server prints it every interval)."""
@@ -474,7 +547,9 @@ class Engine:
                 f"{mean_batch:.1f}), running {m['running']}, waiting {m['waiting']}, kv slots {m['kv_slots_used']}/"
                 f"{m['kv_slots']}, prompt {(m['prompt_tokens'] - prev.prompt_tokens) / dt:.1f} tok/s, generation "
                 f"{(m['generation_tokens'] - prev.generation_tokens) / dt:.1f} tok/s, decode graph replays "
-                f"{m['graph_replays']}, eager decode steps {m['eager_decode_steps']}, queued ahead {m['ahead_steps']}")
+                f"{m['graph_replays']}, eager decode steps {m['eager_decode_steps']}, queued ahead {m['ahead_steps']}, "
+                f"prompt graph replays {m['prompt_graph_replays']}, eager prompt steps {m['eager_prompt_steps']}, "
+                f"decode inside the prompt forward {m['mixed_forward_steps']}")
 
     def _maybe_print_stats(self) -> None:
         if self.stats_interval_s <= 0:
@@ -571,7 +646,7 @@ class Engine:
             activities.append(ProfilerActivity.CUDA)
         # The name torch's tensorboard_trace_handler uses, so tools that glob for it find it.
         self._profile_path = directory / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns() // 1_000_000}.pt.trace.json.gz"
-        self._profiler = profile(activities=activities, record_shapes=True)
+        self._profiler = profile(activities=activities, record_shapes=True, with_stack=True)
         self.model.annotate_kernels = True  # registry calls named in the trace (their call site)
         self._profiler.start()
         return self._profile_path

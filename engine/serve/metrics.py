@@ -10,6 +10,10 @@ Metrics (prefix ``magpie_serve_``):
 * ``decode_graph_replays_total`` / ``decode_eager_steps_total``: decode steps replayed from a
   CUDA graph / run eagerly (CPU, ``--eager``, profiling, batches above the largest bucket);
 * ``cuda_graph_batch_sizes``: one series per captured bucket (value 1);
+* ``prompt_graph_replays_total`` / ``prompt_eager_steps_total``: steps with prompt tokens whose
+  prompts were replayed from a CUDA graph / run eagerly; ``cuda_graph_token_buckets``: one series
+  per captured prompt bucket (value 1); ``mixed_forward_steps_total``: steps whose decode rows
+  ran inside the prompt forward (one read of the weights for both);
 * ``requests_running``, ``requests_waiting``, ``kv_cache_slots_used``, ``kv_cache_slots``
   (gauges); ``prompt_tokens_total``, ``generation_tokens_total``,
   ``requests_finished_total{reason}`` (stop, length, error, abort).
@@ -57,6 +61,14 @@ def render(m: dict[str, Any]) -> str:
                    "the previous step's tokens (host and GPU overlapped).", [("", {}, m["ahead_steps"])])
     out += _family("cuda_graph_batch_sizes", "gauge", "Batch sizes with a captured decode graph (1 each).",
                    [("", {"batch_size": str(b)}, 1) for b in m["graph_batch_sizes"]])
+    out += _family("prompt_graph_replays_total", "counter", "Steps whose prompts were replayed from a CUDA graph.",
+                   [("", {}, m["prompt_graph_replays"])])
+    out += _family("prompt_eager_steps_total", "counter", "Steps with prompt tokens run eagerly (no graph).",
+                   [("", {}, m["eager_prompt_steps"])])
+    out += _family("mixed_forward_steps_total", "counter", "Steps whose decode rows ran inside the prompt forward.",
+                   [("", {}, m["mixed_forward_steps"])])
+    out += _family("cuda_graph_token_buckets", "gauge", "Prompt token counts with a captured graph (1 each).",
+                   [("", {"tokens": str(b)}, 1) for b in m["graph_token_buckets"]])
     for name, key, help_text in (
             ("requests_running", "running", "Requests holding a KV-cache slot (prefilling or decoding)."),
             ("requests_waiting", "waiting", "Requests waiting for a KV-cache slot."),

@@ -12,7 +12,9 @@ Two forwards, both writing the cache and returning logits (the model's dtype):
 
 * ``prefill``: prompt chunks of several sequences packed into one forward (eager); attention
   through the registry's varlen ``attention`` over the packed new tokens (a chunk that follows
-  earlier ones of its prompt gathers its context from the cache first);
+  earlier ones of its prompt gathers its context from the cache first); ``prefill_packed`` is
+  the same forward for whole prompts from device tensors only, so that it can be captured
+  (``engine.serve.graphs.PrefillRunner``);
 * ``decode``: one token per sequence from device tensors only (ids, positions, slots, lengths),
   so that it can be captured in a CUDA graph (``engine.serve.graphs``); attention through the
   registry's ``decode_attention``, which reads the cache by slot up to each sequence's length.
@@ -199,6 +201,25 @@ class LlamaModel(nn.Module):
             context = torch.tensor([slot * cache.max_len + p for slot, e in zip(slots, ends) for p in range(e)],
                                    dtype=torch.long).to(dev, non_blocking=True)
         last = torch.tensor([o - 1 for o in getattr(cu_q, HOST_OFFSETS_ATTR)[1:]], dtype=torch.long).to(dev, non_blocking=True)
+        return self._packed(kn, cache, ids, positions, flat, cu_q, cu_k, last, context)
+
+    @torch.no_grad()
+    def prefill_packed(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, flat: torch.Tensor,
+                       cu_seqlens: torch.Tensor, last: torch.Tensor,
+                       decode: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Whole prompts packed from device tensors only (capturable, ``engine.serve.graphs``):
+        token ``ids[t]`` at ``positions[t]``, its key/value written to row ``flat[t]`` of the
+        cache's flat view; sequence i owns tokens ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32; its
+        new tokens are its whole context). Returns the logits of the tokens ``last`` indexes.
+        With ``decode = (slots, lengths)`` the last ``len(slots)`` tokens are decode tokens, one
+        per sequence, as in ``decode`` (their attention reads the cache by slot): one forward, so
+        the weights are read once for the prompts and the decode step together."""
+        return self._packed(self._kernels(), cache, ids, positions, flat, cu_seqlens, cu_seqlens, last, None, decode)
+
+    def _packed(self, kn: Kernels, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, flat: torch.Tensor,
+                cu_q: torch.Tensor, cu_k: torch.Tensor, last: torch.Tensor, context: torch.Tensor | None,
+                decode: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        prompt_tokens = ids.shape[0] - (0 if decode is None else decode[0].shape[0])
         x = self.embed(ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
             q, k, v = self._qkv(kn, layer, x, positions)
@@ -206,7 +227,14 @@ class LlamaModel(nn.Module):
             cache.v_flat[li].index_copy_(0, flat, v)
             if context is not None:  # a continued prompt: its context is partly in the cache
                 k, v = cache.k_flat[li].index_select(0, context), cache.v_flat[li].index_select(0, context)
-            x = self._finish_layer(kn, layer, x, kn.attention(q, k, v, cu_q, cu_k, self.scale))
+            if decode is None:
+                attn = kn.attention(q, k, v, cu_q, cu_k, self.scale)
+            else:
+                t = prompt_tokens
+                attn = torch.cat((kn.attention(q[:t], k[:t], v[:t], cu_q, cu_k, self.scale),
+                                  kn.decode_attention(q[t:], cache.k_layers[li], cache.v_layers[li], decode[0], decode[1],
+                                                      self.scale)))
+            x = self._finish_layer(kn, layer, x, attn)
         return self._head(kn, x.index_select(0, last))
 
     def _qkv(self, kn: Kernels, layer: DecoderLayer, x: torch.Tensor,

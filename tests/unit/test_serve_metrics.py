@@ -63,7 +63,8 @@ def test_metrics_text_is_valid_exposition_with_the_engine_state(engine_after_loa
     assert {f: d["type"] for f, d in families.items() if f.endswith("_total")} == {
         f"magpie_serve_{n}_total": "counter" for n in ("steps", "step_seconds", "decode_graph_replays",
                                                         "decode_eager_steps", "decode_steps_ahead", "prompt_tokens",
-                                                        "generation_tokens", "requests_finished")}
+                                                        "generation_tokens", "requests_finished", "prompt_graph_replays",
+                                                        "prompt_eager_steps", "mixed_forward_steps")}
     value = {f: {tuple(sorted(s[1].items())): s[2] for s in d["samples"]} for f, d in families.items()}
     steps = value["magpie_serve_steps_total"]
     assert steps[(("kind", "prefill"),)] >= 1 and steps[(("kind", "mixed"),)] == 1  # the 5th joined mid-way
@@ -73,6 +74,8 @@ def test_metrics_text_is_valid_exposition_with_the_engine_state(engine_after_loa
     assert value["magpie_serve_decode_eager_steps_total"][()] == steps[(("kind", "decode"),)] + steps[(("kind", "mixed"),)]
     assert value["magpie_serve_decode_graph_replays_total"][()] == 0 and not families["magpie_serve_cuda_graph_batch_sizes"]["samples"]
     assert value["magpie_serve_requests_running"][()] == 0
+    assert value["magpie_serve_prompt_graph_replays_total"][()] == 0 and not families["magpie_serve_cuda_graph_token_buckets"]["samples"]
+    assert value["magpie_serve_prompt_eager_steps_total"][()] == steps[(("kind", "prefill"),)] + steps[(("kind", "mixed"),)]
     hist = families["magpie_serve_decode_batch_size"]["samples"]
     buckets = [(s[1]["le"], s[2]) for s in hist if s[0].endswith("_bucket")]
     counts = [c for _, c in buckets]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from engine.config.yamlfile import ConfigError
 from engine.serve.engine import Engine, TokenEvent, step_annotation
-from engine.serve.graphs import DecodeRunner, batch_buckets
+from engine.serve.graphs import PAD_SEQ, DecodeRunner, PrefillRunner, batch_buckets, token_buckets
 from engine.serve.kernels import KERNEL_KEYS, KernelError, resolve_kernels
 from engine.serve.model import PRESETS, LlamaModel, model_config
 from engine.serve.server import load_serve_config
@@ -127,6 +127,55 @@ def test_engine_tokens_equal_the_reference_with_chunked_prefill_padding_and_slot
     assert m["eager_decode_steps"] == m["steps"]["decode"] + m["steps"]["mixed"] and m["graph_replays"] == 0
 
 
+def test_packed_prompts_match_the_unpadded_prefill_and_touch_only_their_slots(model):
+    packed_cache, plain_cache = model.new_cache(num_slots=5, max_len=64), model.new_cache(num_slots=5, max_len=64)
+    runner = PrefillRunner(model, packed_cache, pad_slot=4, buckets=[8, 32, 100], max_seqs=3)
+    slots = [2, 0, 3]
+    assert runner.entries == 3 + -(-100 // PAD_SEQ)
+    for prompts, bucket in ((PROMPTS, 32), (PROMPTS[:1], 8), (PROMPTS + [], 32)):
+        got = runner.logits(slots[:len(prompts)], prompts, graph=False)
+        want = model.prefill(plain_cache, slots[:len(prompts)], [0] * len(prompts), prompts)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert runner.bucket(sum(map(len, prompts))) == bucket
+    # The cache holds what the unpadded prefill wrote, slot by slot; padding went to the pad slot only.
+    torch.testing.assert_close(packed_cache.k[:, :4], plain_cache.k[:, :4], rtol=1e-5, atol=1e-5)
+    assert not packed_cache.k[:, 1].any() and packed_cache.k[:, 4].any()
+    assert runner.fits([0, 0], [[1] * 50, [2] * 50]) and not runner.fits([0, 0], [[1] * 50, [2] * 51])
+    assert not runner.fits([0, 3], [[1], [2]])  # a continued chunk runs unpacked
+    assert not runner.fits([0] * 4, [[1]] * 4)  # more prompts than sequence entries
+    # A mixed step: a new prompt and two decode rows in one forward equal a prefill and a decode step.
+    mixed_cache = model.new_cache(num_slots=5, max_len=64)
+    decoder = DecodeRunner(model, mixed_cache, pad_slot=4, buckets=[1, 2, 4], rows=4)
+    mixed = PrefillRunner(model, mixed_cache, pad_slot=4, buckets=[8, 32], max_seqs=3, decoder=decoder)
+    first = mixed.logits([2, 0], PROMPTS[:2], graph=False).argmax(dim=-1).tolist()
+    positions = [len(p) for p in PROMPTS[:2]]
+    got = mixed.mixed_logits([3], [PROMPTS[2]], first, positions, [2, 0], graph=False)
+    plain_cache = model.new_cache(num_slots=5, max_len=64)
+    model.prefill(plain_cache, [2, 0], [0, 0], PROMPTS[:2])
+    want = torch.cat((model.prefill(plain_cache, [3], [0], [PROMPTS[2]]),
+                      DecodeRunner(model, plain_cache, 4, [1, 2, 4], 4).logits(first, positions, [2, 0], graph=False)))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(mixed_cache.k[:, :4], plain_cache.k[:, :4], rtol=1e-5, atol=1e-5)
+    assert token_buckets(8192) == [128, 256, 512, 1024, 2048, 4096, 8192] and token_buckets(100) == [100]
+    assert token_buckets(300) == [128, 256, 300]
+
+
+def test_engine_with_packed_prompts_gives_the_reference_tokens(model):
+    prompts = PROMPTS + [list(range(20, 60))]
+    max_tokens = [6, 2, 4, 5]
+    engine = Engine(model, max_batch_size=3, max_prefill_tokens=16, max_model_len=64, packed_prompts=True)
+    engine.warm_up()
+    tokens, names = run_engine(engine, prompts, max_tokens)
+    assert tokens == [reference_tokens(model, p, n) for p, n in zip(prompts, max_tokens)]
+    m = engine.metrics()
+    # Whole prompts went packed; the 40-token prompt's continued chunks went through the model's prefill.
+    assert engine.prefiller.eager_steps >= 2 and m["prompt_graph_replays"] == 0
+    assert m["eager_prompt_steps"] == m["steps"]["prefill"] + m["steps"]["mixed"]
+    # The 40-token prompt's first chunk came while the others decoded: their rows rode in its forward.
+    assert m["mixed_forward_steps"] >= 1
+    assert m["eager_decode_steps"] == m["steps"]["decode"] + m["steps"]["mixed"]
+
+
 def test_batch_buckets():
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
     assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
@@ -219,15 +268,18 @@ def test_decode_steps_queued_ahead_give_the_same_tokens_through_eos_abort_and_ar
     stop_at = next(k for k in range(2, 8) if want[0][k] not in want[0][:k])
     eos = want[0][stop_at]  # request a ends by EOS mid-batch; the others ignore it
     seen = {}
-    for overlap in (False, True):
-        engine = Engine(model, max_batch_size=4, max_model_len=64, eos_id=eos, overlap=overlap)
+    # Also with prompts joining the step queued ahead (whole prompts), packed as on a GPU or not;
+    # "first_eos" ends by EOS on its first token, so its joined row is dropped.
+    for overlap, packed in ((False, False), (True, False), (True, True)):
+        engine = Engine(model, max_batch_size=5, max_model_len=64, eos_id=eos, overlap=overlap, packed_prompts=packed)
         events: dict[str, list[TokenEvent]] = {}
         engine.submit(prompts[0], 8, False, _collect(events, "a"))
         engine.submit(prompts[1], 8, True, _collect(events, "b"))
-        engine.submit(prompts[2], 5, True, _collect(events, "c"))
-        for _ in range(3):
+        engine.submit(prompts[2], 6, True, _collect(events, "c"))
+        for _ in range(2):
             engine.step()
         engine.submit(prompts[3], 6, True, _collect(events, "late"))  # joins while the others decode
+        engine.submit(prompts[0] + want[0][:stop_at], 4, False, _collect(events, "first_eos"))
         gone = engine.submit(prompts[1], 30, True, _collect(events, "gone"))
         steps = 0
         while engine.step() is not None:
@@ -235,13 +287,18 @@ def test_decode_steps_queued_ahead_give_the_same_tokens_through_eos_abort_and_ar
             if steps == 5:
                 engine.abort(gone)  # its row is in the step queued ahead
         assert [e.token for e in events["a"]] == want[0][:stop_at + 1] and events["a"][-1].finish_reason == "stop"
-        assert [e.token for e in events["b"]] == want[1] and [e.token for e in events["c"]] == want[2][:5]
+        assert [e.token for e in events["b"]] == want[1] and [e.token for e in events["c"]] == want[2][:6]
         assert [e.token for e in events["late"]] == want[3][:6]
+        assert [e.token for e in events["first_eos"]] == [eos] and events["first_eos"][0].finish_reason == "stop"
         assert [e.token for e in events["gone"]] == reference_tokens(model, prompts[1], len(events["gone"]))
         assert engine.num_unfinished == 0 and engine.metrics()["kv_slots_used"] == 0
-        seen[overlap] = (engine.ahead_steps, {k: [e.token for e in v] for k, v in events.items()})
-    assert seen[False][0] == 0 and seen[True][0] >= 3
-    assert seen[True][1] == seen[False][1]
+        seen[overlap, packed] = (engine.ahead_steps, engine.joined_ahead, {k: [e.token for e in v] for k, v in events.items()})
+    assert seen[False, False][:2] == (0, 0)
+    for key in ((True, False), (True, True)):
+        # The first prompt step and the one where late, first_eos and gone arrived were followed by
+        # a step queued ahead (their rows joined it); and both ran.
+        assert seen[key][0] >= 3 and seen[key][1] == 2
+        assert seen[key][2] == seen[False, False][2]
 
 
 def test_eos_stops_unless_ignore_eos(model):

@@ -97,12 +97,16 @@ def check_engine_tokens(interpreted):
     reference = LlamaModel(config)
     prompts, max_tokens = [[5, 9, 2], [3, 300]], [3, 2]
     outputs = []
-    for model in (triton_model, reference):
-        engine = Engine(model, max_batch_size=2, max_model_len=16)
+    # The Triton engine also packs its prompts padded to token buckets (as on a GPU): padding
+    # sequences and empty ones go through the varlen kernel too.
+    for model, packed in ((triton_model, True), (triton_model, False), (reference, False)):
+        engine = Engine(model, max_batch_size=2, max_prefill_tokens=32, max_model_len=16, packed_prompts=packed)
+        engine.warm_up()
         events: list[list] = [[], []]
         for prompt, n, sink in zip(prompts, max_tokens, events):
             engine.submit(prompt, n, True, sink.append)
         while engine.step() is not None:
             pass
         outputs.append([[ev.token for ev in evs] for evs in events])
-    assert outputs[0] == outputs[1] and [len(t) for t in outputs[0]] == max_tokens
+        assert not packed or (engine.prefiller.disabled is None and engine.prefiller.eager_steps >= 1)
+    assert outputs[0] == outputs[1] == outputs[2] and [len(t) for t in outputs[0]] == max_tokens
