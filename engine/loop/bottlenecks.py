@@ -11,12 +11,24 @@ Mapping, most confident first:
   op (``rms_norm``, ``silu_and_mul``, ``rotary``, ``attention``) is mapped by name only.
 * otherwise ``none``: linear layers, copies, the LM head: not replaceable by this loop.
 
+Source lines: on a trace recorded with Python stacks (``with_stack``; the built-in server's
+profiler and the loop's profiled twin record them) each row also names the model functions
+that called it (file, first line, function), with the share of the row's time per function
+(``mapping.lines``; ``engine.loop.stacks`` says how one is found). A row mapped by kernel name
+whose model line is found is raised to confidence ``medium``, and so is a non-registry row
+(``Python stack``): the stack names where it came from, but only the call-site annotation ties
+a row to a registry op (``high``). On a
+trace without stacks the rows are mapped by name only, as before, and each row says so
+(``mapping.stack``).
+
 Time: on a GPU trace, GPU kernel time (each kernel attributed through its launch's correlation
 id to the annotation and top-level op that launched it); on a CPU-only trace (the CI server)
 the CPU time of the top-level ops, since there is no device timeline. Stages come from the step
 annotations (vLLM's detailed names, as the built-in server writes them): ``prefill_only``,
-``decode_only``, ``prefilldecode`` and ``all``. Window: every profiled step except the first of
-the trace (it carries one-time allocation costs); the table says so.
+``decode_only``, ``prefilldecode`` and ``all``. Window: the steady state of the profiled steps,
+without ramp-up and drain (``engine.loop.window``: the longest run whose decode batch stays near
+its median; every step but the first when the trace is too short for one); ``window`` records
+the steps, the time range and why.
 
 Each row also has ``bound`` (memory or compute) and ``roofline_pct`` on a GPU trace, from the
 work its calls recorded and the GPU's ceilings (``engine.loop.roofline``).
@@ -32,6 +44,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from engine.loop.roofline import arch_of_trace, row_roofline, works_of
+from engine.loop.stacks import PythonStacks, Site
+from engine.loop.window import choose_window
 from engine.serve.call_args import ARGS_ANNOTATION, parse_call_args
 from engine.trace.steps import parse_step_annotation
 
@@ -49,6 +63,7 @@ _NAME_HINTS = (("rms_norm", "rmsnorm"), ("rmsnorm", "rmsnorm"), ("silu_and_mul",
                ("act_and_mul", "activation"), ("rotary", "rotary"), ("rope", "rotary"),
                ("flash_attn", "attention"), ("attention", "attention"), ("fmha", "attention"))
 TOP_ROWS = 25
+TOP_LINES = 5
 
 
 def _name_hint(name: str) -> Optional[str]:
@@ -113,8 +128,9 @@ class _Row:
         self.call_args: dict[str, float] = defaultdict(float)  # args JSON -> us
         self.call_counts: dict[str, int] = defaultdict(int)  # args JSON -> calls
         self.op_calls: dict[str, list] = defaultdict(lambda: [0, 0.0])  # [top-level op, its args] JSON -> [calls, us]
+        self.lines: dict[Site, float] = defaultdict(float)  # the source site that called it -> us
 
-    def to_dict(self, total: float, rank: int, arch: Optional[dict] = None) -> dict:
+    def to_dict(self, total: float, rank: int, arch: Optional[dict] = None, stacks: bool = False) -> dict:
         behind = sorted(self.behind.items(), key=lambda kv: -kv[1][1])[:8]
         shapes = sorted(self.shapes.items(), key=lambda kv: -kv[1])[:3]
         replaceable = self.registry is not None
@@ -125,7 +141,7 @@ class _Row:
             "calls": self.calls, "time_us": round(self.time_us, 3),
             "avg_us": round(self.time_us / self.calls, 3) if self.calls else None,
             "share_pct": round(100.0 * self.time_us / total, 2) if total else 0.0,
-            "mapping": {"method": self.method, "confidence": self.confidence},
+            "mapping": self.mapping(stacks),
             "behind": [{"name": n, "calls": c, "time_us": round(t, 3)} for n, (c, t) in behind],
             "op_input_shapes": [{"dims": json.loads(k), "time_us": round(t, 3)} for k, t in shapes],
             "call_args": [{"args": json.loads(k), "time_us": round(t, 3),
@@ -133,6 +149,36 @@ class _Row:
                           for k, t in sorted(self.call_args.items(), key=lambda kv: -kv[1])[:5]],
             **self.roofline(arch),
         }
+
+    def mapping(self, stacks: bool) -> dict:
+        """How the row maps to its op and to the source lines that called it (the module docstring)."""
+        out: dict[str, Any] = {"method": self.method, "confidence": self.confidence}
+        if not stacks:
+            out["stack"] = ("none in the trace (recorded without with_stack): mapped by "
+                            + ("the call-site annotation only" if self.confidence == "high" else "name only"))
+            out["lines"] = []
+            return out
+        found = sum(self.lines.values())
+        lines = sorted(self.lines.items(), key=lambda kv: -kv[1])
+        out["lines"] = [{"file": site.file, "line": site.line, "function": site.function, "model_code": site.model,
+                         "module": site.module, "time_us": round(t, 3),
+                         "share_pct": round(100.0 * t / self.time_us, 2) if self.time_us else 0.0}
+                        for site, t in lines[:TOP_LINES]]
+        out["lines_left_out_pct"] = round(100.0 * sum(t for _, t in lines[TOP_LINES:]) / self.time_us, 2) \
+            if self.time_us else 0.0
+        out["unlocated_pct"] = max(0.0, round(100.0 * (self.time_us - found) / self.time_us, 2)) if self.time_us else 0.0
+        if not any(site.model for site, _ in lines):
+            out["stack"] = "recorded, but no frame of the model's code calls this row" if lines else \
+                "recorded, but no Python frame holds this row's ops"
+            return out
+        out["stack"] = "recorded: the lines are the model functions that called the row"
+        if self.confidence == "low":
+            out["method"], out["confidence"] = "kernel name + Python stack", "medium"
+        elif self.confidence == "none":
+            out["method"], out["confidence"] = "Python stack", "medium"
+        else:
+            out["method"] = self.method + " + Python stack"
+        return out
 
     def roofline(self, arch: Optional[dict]) -> dict:
         registry = self.registry if self.confidence == "high" else None
@@ -156,15 +202,30 @@ def _row_for(rows: dict, name: str, registry: Optional[str], confidence: str, me
     return row
 
 
-def _steps(events: list[dict]) -> list[tuple[dict, str]]:
+def _steps(events: list[dict]) -> list[tuple[dict, str, int]]:
+    """The step annotations in time order: (event, stage, decode batch size)."""
     out = []
     for e in events:
         if e.get("ph") == "X" and e.get("cat") == "user_annotation":
             info = parse_step_annotation(e.get("name", ""))
             if info is not None:
-                out.append((e, STAGE_OF_KIND.get(info.kind, "other")))
+                out.append((e, STAGE_OF_KIND.get(info.kind, "other"), info.generation_requests))
     out.sort(key=lambda x: x[0]["ts"])
     return out
+
+
+def _window(steps: list[tuple[dict, str, int]]) -> tuple[list[tuple[dict, str]], dict]:
+    """The steps of the steady-state window (``engine.loop.window``) and its record."""
+    first, last, info = choose_window([b for _, _, b in steps])
+    chosen = [(e, stage) for e, stage, _ in steps[first:last + 1]]
+    window = {"steps": len(chosen), "steps_in_trace": len(steps), **info}
+    if chosen:
+        t0 = steps[0][0]["ts"]
+        start, end = chosen[0][0]["ts"], max(e["ts"] + e.get("dur", 0.0) for e, _ in chosen)
+        window.update({"step_range": [first, last], "steps_before": first, "steps_after": len(steps) - 1 - last,
+                       "time_range_us": [round(start - t0, 3), round(end - t0, 3)],
+                       "duration_us": round(end - start, 3)})
+    return chosen, window
 
 
 def analyze_trace(path: Path) -> dict:
@@ -174,7 +235,7 @@ def analyze_trace(path: Path) -> dict:
     kernels = [e for e in events if e.get("cat") == "kernel"]
     device = "gpu" if kernels else "cpu"
     steps = _steps(events)
-    window_steps = steps[1:] if len(steps) > 1 else steps
+    window_steps, window = _window(steps)
     stage_of = {id(s): stage for s, stage in window_steps}
     step_spans = {th: _Spans((s["ts"], s["ts"] + s.get("dur", 0), (s, stage_of[id(s)])) for s in items)
                   for th, items in _by_thread([s for s, _ in window_steps]).items()}
@@ -183,6 +244,7 @@ def analyze_trace(path: Path) -> dict:
     ann_spans = {th: _Spans((a["ts"], a["ts"] + a.get("dur", 0), a) for a in items)
                  for th, items in _by_thread(annotations).items()}
     cpu_ops = [e for e in events if e.get("cat") == "cpu_op"]
+    stacks = PythonStacks(data.get("traceEvents", []))
     tables: dict[str, dict[str, _Row]] = {st: {} for st in STAGES}
     step_time: dict[str, float] = defaultdict(float)
     step_count: dict[str, int] = defaultdict(int)
@@ -193,9 +255,11 @@ def analyze_trace(path: Path) -> dict:
 
     ctx = _Ctx(tables, step_spans, ann_spans, _call_args(events, ann_spans))
     if device == "cpu":
+        if stacks:
+            ctx.sites = stacks.sites(cpu_ops, annotations)
         _account_cpu(ctx, cpu_ops, annotations)
     else:
-        _account_gpu(ctx, events, kernels, cpu_ops)
+        _account_gpu(ctx, events, kernels, cpu_ops, stacks)
     arch = arch_of_trace(data) if device == "gpu" else None
     out_stages = {}
     for st in STAGES:
@@ -205,15 +269,19 @@ def analyze_trace(path: Path) -> dict:
             continue
         out_stages[st] = {
             "steps": step_count[st], "step_time_us": round(step_time[st], 3), "accounted_time_us": round(total, 3),
-            "rows": [r.to_dict(total, i + 1, arch) for i, r in enumerate(rows[:TOP_ROWS])],
+            "rows": [r.to_dict(total, i + 1, arch, bool(stacks)) for i, r in enumerate(rows[:TOP_ROWS])],
             "rows_left_out": max(0, len(rows) - TOP_ROWS),
         }
     return {"trace": str(path), "device": device,
             "time_basis": "GPU kernel time" if device == "gpu" else
             "CPU time of top-level ops (a CPU-only trace has no device timeline)",
-            "window": {"steps": len(window_steps), "steps_in_trace": len(steps),
-                       "rule": "every profiled step but the first (one-time allocation costs)"},
-            "annotated": bool(annotations), "gpu_arch": arch.get("name") if arch else None,
+            "window": window, "annotated": bool(annotations),
+            "python_stacks": {"recorded": bool(stacks), "frames": stacks.count,
+                              "note": "rows name the model functions that called them (mapping.lines; a line is the "
+                                      "first line of that function: the Python tracer records where a function "
+                                      "starts)" if stacks else
+                              "the trace has no Python stacks (recorded without with_stack): rows are mapped by "
+                              "name or call-site annotation only"}, "gpu_arch": arch.get("name") if arch else None,
             "roofline": ("least time = max(FLOPs / peak, bytes / bandwidth) per call, datasheet ceilings of "
                          f"{arch['name']} (engine.hw.specs)") if arch else None, "stages": out_stages}
 
@@ -236,6 +304,7 @@ def _call_args(events: list[dict], ann_spans: dict) -> dict[int, str]:
 class _Ctx:
     def __init__(self, tables: dict, step_spans: dict, ann_spans: dict, args_of: dict[int, str]) -> None:
         self.tables, self.step_spans, self.ann_spans, self.args_of = tables, step_spans, ann_spans, args_of
+        self.sites: dict[int, Optional[Site]] = {}  # id(op, launch or annotation) -> the source that called it
 
     def locate(self, th: tuple, t: float) -> tuple[Optional[str], Optional[dict]]:
         """(stage, registry annotation) of a moment on a thread; stage None outside the window."""
@@ -246,7 +315,11 @@ class _Ctx:
         ann = self.ann_spans.get(th)
         return hit[1], (ann.find(t) if ann else None)
 
-    def account(self, stage: str, ann: Optional[dict], name: str, dur: float, shape_from: Optional[dict]) -> None:
+    def account(self, stage: str, ann: Optional[dict], name: str, dur: float, shape_from: Optional[dict],
+                caller: Optional[dict] = None) -> None:
+        """Book ``dur`` of op/kernel ``name`` to its row; ``caller`` (the annotation, the op or the
+        launch) locates the source line that called it."""
+        site = self.sites.get(id(ann if ann is not None else caller)) if self.sites else None
         for st in ("all", stage):
             if ann is not None:
                 key = ann["name"][len(ANNOTATION_PREFIX):]
@@ -257,6 +330,8 @@ class _Ctx:
             row.time_us += dur
             row.behind[name][0] += 1
             row.behind[name][1] += dur
+            if site is not None:
+                row.lines[site] += dur
             sk = _shape_key(shape_from) if shape_from is not None else None
             if sk:
                 row.shapes[sk] += dur
@@ -277,7 +352,7 @@ def _account_cpu(ctx: _Ctx, cpu_ops: list[dict], annotations: list[dict]) -> Non
         for op in _top_level(ops):
             stage, ann = ctx.locate(th, op["ts"])
             if stage is not None and ann is None:
-                ctx.account(stage, None, op["name"], op.get("dur", 0.0), op)
+                ctx.account(stage, None, op["name"], op.get("dur", 0.0), op, op)
                 outside.append((stage, op))
         inside = [op for op in ops if spans is not None and spans.find(op["ts"]) is not None]
         for op in _top_level(inside):
@@ -294,13 +369,17 @@ def _account_cpu(ctx: _Ctx, cpu_ops: list[dict], annotations: list[dict]) -> Non
                 _count_call(ctx.tables, stage, a, None, ctx.args_of.get(id(a)))
 
 
-def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: list[dict]) -> None:
+def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: list[dict],
+                 stacks: PythonStacks) -> None:
     """GPU kernel time, each kernel placed through its launch (correlation id) on the host thread."""
     launches = {}
     for e in events:
         corr = (e.get("args") or {}).get("correlation")
         if corr is not None and e.get("cat") in ("cuda_runtime", "cuda_driver", "hip_runtime"):
             launches[corr] = e
+    if stacks:
+        spans = [a for items in ctx.ann_spans.values() for _, _, a in items.items]
+        ctx.sites = stacks.sites(launches.values(), spans)
     ops_by_thread = {th: _Spans((o["ts"], o["ts"] + o.get("dur", 0), o) for o in _top_level(items))
                      for th, items in _by_thread(cpu_ops).items()}
     seen_calls: set = set()
@@ -313,7 +392,7 @@ def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: li
         if stage is None:
             continue
         top = ops_by_thread[th].find(launch["ts"]) if th in ops_by_thread else None
-        ctx.account(stage, ann, k["name"], k.get("dur", 0.0), top)
+        ctx.account(stage, ann, k["name"], k.get("dur", 0.0), top, launch)
         call_key = id(ann) if ann is not None else (id(top) if top is not None else id(k))
         if call_key not in seen_calls:
             seen_calls.add(call_key)

@@ -24,6 +24,7 @@ from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
 from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
 from engine.loop.schema import LOOP_FILE, MIN_REPEATS, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
+from engine.loop.window import describe as describe_window
 from engine.runs.catalog import process_alive
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT
@@ -183,6 +184,10 @@ class Loop:
                                                                                       "top_kernels", "idle")}
         table["tracelens_errors"] = (report.get("tracelens_analysis") or {}).get("errors", [])
         atomic_write_json(folder / BOTTLENECKS_FILE, table)
+        window = describe_window(table["window"])
+        self.log(f"magpie optimize: bottleneck window: {window}")
+        if not table["python_stacks"]["recorded"]:
+            self.log("magpie optimize: the trace has no Python stacks: rows are mapped by name or call-site annotation only")
         top = top_replaceable(table)
         stages = {st: [f"{r['name']} {r['share_pct']:.1f}%" + (f" ({r['bound']}-bound, {r['roofline_pct']:.0f}% of roofline)"
                                                               if r.get("roofline_pct") is not None else "")
@@ -192,8 +197,11 @@ class Loop:
             raise LoopError("no row of the bottleneck table maps to a replaceable registry op "
                             f"(see {folder / BOTTLENECKS_FILE})")
         return {"table": f"{step.name}/{BOTTLENECKS_FILE}", "device": table["device"], "top_by_stage": stages,
+                "window": window, "python_stacks": table["python_stacks"]["recorded"],
                 "top_replaceable": {"registry_op": top["registry_op"], "share_pct": top["share_pct"],
-                                    "calls": top["calls"], "confidence": top["mapping"]["confidence"]}}
+                                    "calls": top["calls"], "confidence": top["mapping"]["confidence"],
+                                    "lines": [f"{ln['file']}:{ln['line']} {ln['function']} {ln['share_pct']:.0f}%"
+                                              for ln in top["mapping"]["lines"]]}}
 
 
 def _metrics(report: dict) -> dict:
@@ -209,8 +217,9 @@ def _metrics(report: dict) -> dict:
 
 
 def profiled_twin(raw: dict) -> dict:
-    """The clean YAML with the profiler and the inference-stage analysis on; nothing else of the
-    workload changes (repeats go to 1: the twin diagnoses, its latencies are never compared)."""
+    """The clean YAML with the profiler (with Python stacks) and the inference-stage analysis on;
+    nothing else of the workload changes (repeats go to 1: the twin diagnoses, its latencies are
+    never compared)."""
     twin = copy.deepcopy(raw)
     bench = twin.setdefault("benchmark", {})
     prof = bench.setdefault("profiler", {}) or {}
@@ -219,6 +228,10 @@ def profiled_twin(raw: dict) -> dict:
     prof["torch_profiler"] = tp
     tp["enabled"] = True
     tp.setdefault("num_steps", 64)  # the profiler stops by itself: a long trace takes minutes to export
+    # Python stacks: the bottleneck table names the model lines behind each row. vLLM (>= 0.13, the
+    # --profiler-config its launcher passes) reads it as torch_profiler_with_stack, SGLang as
+    # SGLANG_PROFILE_WITH_STACK; the built-in server's profiler always records them.
+    tp.setdefault("with_stack", True)
     tl = prof.setdefault("tracelens", {}) or {}
     prof["tracelens"] = tl
     tl.update({"enabled": True, "analysis_mode": "inference", "analysis_stages": "all", "export_format": "csv"})
@@ -335,7 +348,9 @@ def _short(step: LoopStep) -> str:
         return ("SUCCESS: " if r["success"] else "") + str(r.get("message"))
     if step.name == "bottlenecks" and r.get("top_replaceable"):
         t = r["top_replaceable"]
-        return f"top replaceable: {t['registry_op']} {t['share_pct']:.1f}% ({r.get('device')})"
+        called = f", called from {', '.join(t['lines'][:2])}" if t.get("lines") else ""
+        window = f"; window {r['window']}" if r.get("window") else ""
+        return f"top replaceable: {t['registry_op']} {t['share_pct']:.1f}% ({r.get('device')}){called}{window}"
     if step.name == "profiled" and "config_diff" in r:
         return "diff: " + ", ".join(d["field"].removeprefix("benchmark.") for d in r["config_diff"])
     m = r.get("metrics", {}).get("output_throughput")

@@ -68,7 +68,7 @@ def _copy_loop(root: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_until_harness_and_status(until_harness):
-    root, _ = until_harness
+    root, proc = until_harness
     loop = load_loop_file(root)
     assert loop.schema_version == 1 and [s.name for s in loop.steps] == list(STEP_NAMES)
     states = {s.name: s.state for s in loop.steps}
@@ -85,6 +85,7 @@ def test_until_harness_and_status(until_harness):
     assert diff["benchmark.profiler.torch_profiler.enabled"] == (False, True)
     assert diff["benchmark.profiler.tracelens.enabled"] == (False, True)
     assert diff["benchmark.gap_analysis.enabled"] == (False, True)
+    assert diff["benchmark.profiler.torch_profiler.with_stack"] == (False, True)
     assert not [f for f in diff if f.startswith("benchmark.envs") or f.startswith("benchmark.server")]
     table = json.loads((root / "bottlenecks" / "bottlenecks.json").read_text())
     assert table["device"] == "cpu" and table["annotated"]
@@ -95,7 +96,25 @@ def test_until_harness_and_status(until_harness):
     assert replaceable == {"rmsnorm", "activation", "rotary", "attention", "decode_attention"}
     assert all(r["mapping"]["confidence"] == "high" and r["calls"] > 0 for r in rows if r["replaceable"])
     assert any(not r["replaceable"] and r["name"] == "aten::linear" for r in rows)
-    assert {"decode_only", "prefill_only"} <= set(table["stages"])
+    # The steady-state window: 2 waves of 2 requests; the first wave's ramp-up and the last
+    # one's drain are left out, the prefills between the waves stay in.
+    window = table["window"]
+    assert window["steps"] == sum(table["stages"][st]["steps"] for st in table["stages"] if st != "all")
+    assert window["steps"] == table["stages"]["all"]["steps"] < window["steps_in_trace"]
+    assert window["steady"] and window["decode_batch_median"] == 2 and window["steps_before"] >= 1
+    assert window["step_range"][1] - window["step_range"][0] + 1 == window["steps"]
+    assert "decode_only" in table["stages"] and {"prefill_only", "prefilldecode"} & set(table["stages"])
+    assert "magpie optimize: bottleneck window: steps " in proc.stdout + proc.stderr
+    # Python stacks (the server's profiler records them): the model functions behind each row.
+    assert table["python_stacks"]["recorded"]
+    linear = next(r for r in rows if r["name"] == "aten::linear")["mapping"]
+    assert linear["confidence"] == "medium" and {ln["file"] for ln in linear["lines"]} == {"engine/serve/model.py"}
+    assert all(ln["module"] == "Linear" and ln["model_code"] for ln in linear["lines"])
+    for r in rows:
+        if r["replaceable"]:
+            lines = r["mapping"]["lines"]
+            assert lines and lines[0]["file"] == "engine/serve/model.py", r
+            assert r["mapping"]["method"] == "call-site annotation + Python stack"
     # The harness: rmsnorm at the recorded call shapes (hidden 256 of the tiny model), most
     # time-weighted first, calling the server's own implementation.
     rms = next(r for r in rows if r["registry_op"] == "rmsnorm")
@@ -114,6 +133,8 @@ def test_until_harness_and_status(until_harness):
     for i, name in enumerate(STEP_NAMES, 1):
         assert f"{i}. {name}" in status.stdout
     assert "top replaceable:" in status.stdout and "kernels.rmsnorm at" in status.stdout
+    flat = " ".join(status.stdout.split())  # long lines wrap at the terminal's width
+    assert "called from engine/serve/model.py:" in flat and "; window steps " in flat
 
 
 def _kill_servers_under(folder: Path) -> None:
@@ -233,7 +254,7 @@ def test_profiled_twin_changes_only_the_profiler():
     assert raw == yaml.safe_load(CLEAN)  # the clean config is not touched
     fields = {d["field"] for d in config_diff(raw["benchmark"], twin["benchmark"])}
     assert fields == {"benchmark.profiler.torch_profiler.enabled", "benchmark.profiler.torch_profiler.num_steps",
-                      "benchmark.profiler.tracelens.enabled", "benchmark.profiler.tracelens.analysis_mode",
+                      "benchmark.profiler.torch_profiler.with_stack", "benchmark.profiler.tracelens.enabled", "benchmark.profiler.tracelens.analysis_mode",
                       "benchmark.profiler.tracelens.analysis_stages", "benchmark.profiler.tracelens.export_format",
                       "benchmark.gap_analysis.enabled"}  # repeats: already 1 here
 
