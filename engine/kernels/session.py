@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from engine.errors import MagpieError
 from engine.kernels.harness import LoadSpec
-from engine.runs.process import CancelToken, stop_process_group
+from engine.runs.process import WATCHDOG, CancelToken, stop_process_group
 
 
 class WorkerError(MagpieError):
@@ -66,10 +66,12 @@ class WorkerProcess:
         self._out = open(self.stdout_path, "ab")
         self._err = open(self.stderr_path, "ab")
         argv = [python, "-m", "engine.kernels.worker", str(to_child_r), str(from_child_w), str(scratch)]
+        WATCHDOG.ready()  # the worker's group is stopped even if this process is killed outright
         try:
             self.proc = subprocess.Popen(argv, cwd=str(cwd), env=full_env, stdout=self._out, stderr=self._err,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          pass_fds=(to_child_r, from_child_w))
+            WATCHDOG.watch(self.proc.pid)
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -141,6 +143,7 @@ class WorkerProcess:
             stop_process_group(self.proc, grace_s=3.0)
         else:
             stop_process_group(self.proc, grace_s=0.1)
+        WATCHDOG.forget(self.proc.pid)
         os.close(self._r)
         self._out.close()
         self._err.close()
@@ -527,6 +530,9 @@ class HarnessSession:
                     return False
                 continue
             _add_new(m.timing_rejections, rep.get("guard_errors", []))
+            if rep.get("errors"):  # it answered a timed call from a cache: incorrect, never ranked
+                self._fail(m, rep["errors"][0])
+                continue
             wall, span = rep["_wall_s"], rep["round_span_s"]
             if span < 0.5 * wall - 0.05:
                 m.timing_rejections.append({"guard": "clock", "message": "the kernel's process clock disagrees with "

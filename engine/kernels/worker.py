@@ -35,6 +35,7 @@ import random  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import traceback  # noqa: E402
+import weakref  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
@@ -199,6 +200,12 @@ class Worker:
         self.ref_outputs: dict[int, Any] = {}
         self.held: dict[int, dict] = {}
         self.next_handle = 1
+        # The output tensors of recent calls (weakly: an honest kernel's die with the call) and the
+        # first call that returned one of them again: a cache, whose values belong to other inputs.
+        self.returned: list[weakref.ref] = []
+        self.reuse_error: Optional[str] = None
+        self.model_state_ids: Optional[set[int]] = None
+        self.calls_seen = 0
         self.model: Any = None
         self.watch: dict[str, Any] = {}
         self.watch_modules: list = []
@@ -223,6 +230,25 @@ class Worker:
     def _call(self, inputs):
         with torch.no_grad():
             return self.model(*inputs)
+
+    def _note_reuse(self, out, what: str) -> None:
+        """Record (once) a call that returned a tensor object an earlier call returned. The harness
+        drops every output it does not keep, so only the kernel can hold one alive: it is
+        answering from a cache (values computed for other inputs) or handing back a buffer the
+        next call overwrites. Checked outside the timed window."""
+        self.calls_seen += 1
+        if self.model_state_ids is None:  # the module's own parameters and buffers may be returned as they are
+            module = self.model if isinstance(self.model, torch.nn.Module) else None
+            self.model_state_ids = ({id(t) for t in module.parameters()} | {id(t) for t in module.buffers()}
+                                    if module is not None else set())
+        tensors = [t for _, t in _flatten(out) if isinstance(t, torch.Tensor) and id(t) not in self.model_state_ids]
+        if self.reuse_error is None and self.returned:
+            ids = {id(t) for t in tensors}
+            if any(ref() is not None and id(ref()) in ids for ref in self.returned):
+                self.reuse_error = (f"{what} (call {self.calls_seen}) returned a tensor object an earlier call returned: "
+                                    "outputs must be computed for each call's inputs (a cache, or a buffer the next "
+                                    "call overwrites)")
+        self.returned = [r for r in self.returned if r() is not None][-63:] + [weakref.ref(t) for t in tensors]
 
     def _pristine(self, index: int) -> list:
         """Input set ``index`` as made; a new copy when sets are made again, else the kept one
@@ -413,8 +439,9 @@ class Worker:
         with poisoned_allocations(self.device):
             out = self._call(inputs)
         _sync(self.device)
-        reply: dict = {"errors": self._output_checks(out, inputs), "guard_errors": self._guard_errors(),
-                       "output_bytes": _nbytes(out)}
+        self._note_reuse(out, "a correctness call")
+        errors = self._output_checks(out, inputs) + ([self.reuse_error] if self.reuse_error else [])
+        reply: dict = {"errors": errors, "guard_errors": self._guard_errors(), "output_bytes": _nbytes(out)}
         if req.get("role") == "reference":
             if self.regen is None or index not in self.set_seeds:
                 self.ref_outputs[index] = out  # sets made again are judged against a new call
@@ -681,6 +708,7 @@ class Worker:
         _sync(self.device)
         reply = _time_call(self, plan, timer, keep_p, keep_max)
         reply["guard_errors"] = self._guard_errors()
+        reply["errors"] = [self.reuse_error] if self.reuse_error else []
         reply["round_span_s"] = _perf_counter() - t_start
         # Handed over only when the judge asks (op_export): a CUDA tensor shared by IPC stays
         # allocated in this process until a receiver has opened and dropped it.
@@ -722,6 +750,7 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
             t0 = _perf_counter()
             out = w._call(inputs)
             samples.append((_perf_counter() - t0) * 1e3)
+            w._note_reuse(out, "a timed call")
             maybe_keep(out, inputs, index, perturb)
             out = inputs = None  # freed before the next call's inputs are made
         return {"samples_ms": samples, "kept": kept}
@@ -756,6 +785,7 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
             if timer == "graph":
                 maybe_keep(w.graph[2], w.graph[1], index, perturb, copy_graph_buffers=True)
             else:
+                w._note_reuse(out, "a timed call")
                 maybe_keep(out, inputs, index, perturb)
             out = inputs = None  # freed before the next call's inputs are made
     finally:
