@@ -98,6 +98,8 @@ def describe(window: dict) -> str:
              f"({t[0] / 1e6:.3f}-{t[1] / 1e6:.3f} s into the trace)")
     if window.get("steady"):
         lo, hi = window["band"]
+        extra = window.get("prompt_steps_outside") or 0
         return (f"{where}: steady decode batch {window['decode_batch_median']:g} (band {lo:g}-{hi:g}); "
-                f"{window['steps_before']} step(s) before and {window['steps_after']} after left out")
+                f"{window['steps_before']} step(s) before and {window['steps_after']} after left out"
+                + (f", but {extra} prompt step(s) among them kept for the prefill stage" if extra else ""))
     return f"{where}: {window['rule']}, because {window['fallback_reason']}"

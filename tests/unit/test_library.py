@@ -458,7 +458,7 @@ COMPILE_CHECK = textwrap.dedent("""
                 k_out_ptr=bf), dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=32))
     for dt, block, ieee in ((bf, 64, False), ("*fp32", 32, True)):
         compile_for(attention._varlen_flash_kernel, dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt, cu_q_ptr="*i32",
-                    cu_k_ptr="*i32", scale="fp32"), dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=64, IEEE=ieee))
+                    cu_k_ptr="*i32", scale="fp32"), dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=64, BLOCK_B=256, IEEE=ieee))
         compile_for(attention._decode_split_kernel, dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, slots_ptr="*i64",
                     lens_ptr="*i32", acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", scale_log2="fp32"),
                     dict(BLOCK_G=16, BLOCK_N=block, BLOCK_D=64, IEEE=ieee))
