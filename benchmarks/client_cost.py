@@ -10,7 +10,11 @@ Per client and run:
   loading, warm-up and report writing do not count), over the output tokens of those requests;
 * TTFT error: the client's own mean TTFT (from its result file) minus the server's mean of (first
   token written − request arrived) over the same requests; and the client's mean TTFT minus the
-  scheduled 80 ms, the figure the issue quotes.
+  scheduled 80 ms, the figure the issue quotes. The error is split per request (from each client's
+  per-request start stamps and TTFTs: our `requests/` file, vLLM's `--save-detailed`) into the time
+  from the client's start stamp to the server having read the request (sending, and the server's
+  own intake when it is busy), and from the server's write of the first token to the client's stamp
+  of it (the client's reading lag).
 
 Both clients run their shipped command lines, each in a process of its own, with the same
 workload (random prompts of `--input-len` tokens, `--output-len` out, `--num-prompts`, max
@@ -23,7 +27,11 @@ and the table says the peer was not run.
 
     python benchmarks/client_cost.py [--concurrency 128,512 --repeats 3 --client-procs 1,2 --json FILE]
 
-The server is pinned to the last CPU and the clients to the others when there are two or more.
+`--client-procs 1,2,4` runs our client once per value (`magpie benchmark --client-procs N`): its CPU
+is that of the whole process tree, so N processes are summed. The server is pinned to the last CPU
+and the clients (all of a pool's processes) to the others when there are two or more; on a 2-core
+machine that leaves the clients one core, where more processes cannot add CPU (`--no-pin` lets them
+and the server share both).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -61,8 +70,12 @@ class Sample:
     server_mean_ttft_ms: float
     ttft_error_ms: float  # client mean TTFT - server's first-write mean
     ttft_above_schedule_ms: float  # client mean TTFT - the scheduled TTFT
+    # The TTFT error in its two parts, per request over the same requests (both on one clock):
+    send_to_arrival_ms: float  # the server's arrival (request read) - the client's start stamp
+    write_to_read_ms: float  # the client's first-token stamp - the server's write of that token
     window_s: float
     failed: int
+    load_avg: float = 0.0  # the machine's 1-minute load average when the run ended (other work on it)
 
 
 def _get(url: str) -> dict:
@@ -107,21 +120,25 @@ def vllm_command(args: argparse.Namespace, url: str, conc: int, out: Path) -> tu
            "--dataset-name", "random", "--random-input-len", str(args.input_len),
            "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
            "--num-prompts", str(args.num_prompts or 4 * conc), "--max-concurrency", str(conc), "--ignore-eos",
-           "--num-warmups", str(args.warmup), "--disable-tqdm", "--save-result", "--result-dir", str(out),
-           "--result-filename", "result.json"]
+           "--num-warmups", str(args.warmup), "--disable-tqdm", "--save-result", "--save-detailed",
+           "--request-id-prefix", "vllm-", "--result-dir", str(out), "--result-filename", "result.json"]
     return cmd, out / "result.json"
 
 
-def _client_result(client: str, where: Path) -> tuple[float, int]:
-    """(mean TTFT ms, failed requests) from what the client wrote."""
+def _client_result(client: str, where: Path) -> tuple[float, int, dict[str, tuple[float, float]]]:
+    """(mean TTFT ms, failed requests, {request id: (start stamp, TTFT s)}) from what the client wrote."""
     if client == "vllm":
         r = json.loads(where.read_text())
-        return float(r["mean_ttft_ms"]), int(r.get("failed", 0))
+        # Outputs are in request order; request i was sent as x-request-id vllm-<i> (--request-id-prefix).
+        per = {f"vllm-{i}": (st, t) for i, (st, t) in enumerate(zip(r.get("start_times", []), r.get("ttfts", [])))}
+        return float(r["mean_ttft_ms"]), int(r.get("failed", 0)), per
     reports = sorted(where.glob("*/benchmark_report.json"))
     if not reports:
         raise RuntimeError(f"our client wrote no report under {where}")
     r = json.loads(reports[-1].read_text())["result"]
-    return float(r["mean_ttft_ms"]), int(r.get("failed", 0))
+    detail = json.loads(next(reports[-1].parent.glob("requests/point0_repeat0.json")).read_text())
+    per = {str(i): (st, t) for i, (st, t) in enumerate(zip(detail["start_times"], detail["ttfts"]))}
+    return float(r["mean_ttft_ms"]), int(r.get("failed", 0)), per
 
 
 def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: int, cpus: set[int] | None) -> Sample:
@@ -151,14 +168,19 @@ def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: 
     window = stats["windows"][-1]
     reqs = [r for r in stats["requests"].values() if window["start"] <= r["arrival"] <= window["end"]]
     server_ttft = statistics.fmean(r["first"] - r["arrival"] for r in reqs) * 1000
-    client_ttft, failed = _client_result(client, result_at)
+    client_ttft, failed, per = _client_result(client, result_at)
+    pairs = [(per[rid], r) for rid, r in stats["requests"].items()
+             if rid in per and per[rid][1] > 0 and window["start"] <= r["arrival"] <= window["end"]]
+    send_lag = statistics.fmean(r["arrival"] - st for (st, _t), r in pairs) * 1000 if pairs else math.nan
+    read_lag = statistics.fmean(st + t - r["first"] for (st, t), r in pairs) * 1000 if pairs else math.nan
     cpu = window["client_cpu_s"]
     return Sample(client=client, concurrency=conc, client_procs=procs if client == "ours" else 1,
                   requests=window["requests"], tokens=window["tokens"],
                   cpu_ms_per_1k_tokens=cpu * 1000 / (window["tokens"] / 1000),
                   client_mean_ttft_ms=client_ttft, server_mean_ttft_ms=server_ttft,
                   ttft_error_ms=client_ttft - server_ttft, ttft_above_schedule_ms=client_ttft - args.ttft_ms,
-                  window_s=window["end"] - window["start"], failed=failed)
+                  send_to_arrival_ms=send_lag, write_to_read_ms=read_lag,
+                  window_s=window["end"] - window["start"], failed=failed, load_avg=os.getloadavg()[0])
 
 
 def _range(values: list[float]) -> str:
@@ -167,15 +189,17 @@ def _range(values: list[float]) -> str:
 
 
 def table(samples: list[Sample], peer_note: str) -> str:
-    rows = ["| client | C | procs | runs | CPU ms / 1k out tokens | mean TTFT - server's (ms) | mean TTFT - 80 ms (ms) "
-            "| failed |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| client | C | procs | runs | CPU ms / 1k out tokens | mean TTFT - server's (ms) | of which send -> "
+            "server read (ms) | of which server write -> client read (ms) | mean TTFT - 80 ms (ms) | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[Sample]] = {}
     for s in samples:
         groups.setdefault((s.concurrency, s.client, s.client_procs), []).append(s)
     for (conc, client, procs), ss in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "vllm", kv[0][2])):
         name = "vllm bench serve" if client == "vllm" else "magpie benchmark"
         rows.append(f"| {name} | {conc} | {procs} | {len(ss)} | {_range([s.cpu_ms_per_1k_tokens for s in ss])} | "
-                    f"{_range([s.ttft_error_ms for s in ss])} | {_range([s.ttft_above_schedule_ms for s in ss])} | "
+                    f"{_range([s.ttft_error_ms for s in ss])} | {_range([s.send_to_arrival_ms for s in ss])} | "
+                    f"{_range([s.write_to_read_ms for s in ss])} | {_range([s.ttft_above_schedule_ms for s in ss])} | "
                     f"{sum(s.failed for s in ss)} |")
     ratios = []
     for conc in sorted({s.concurrency for s in samples}):
@@ -186,7 +210,9 @@ def table(samples: list[Sample], peer_note: str) -> str:
             if peer and ours:
                 ratios.append(f"C={conc}, {procs} proc(s): ours/vLLM CPU per token, median of runs "
                               f"{statistics.median(ours) / statistics.median(peer):.2f}x")
-    return "\n".join(rows + ([""] + ratios if ratios else []) + ([peer_note] if peer_note else []))
+    loads = [s.load_avg for s in samples]
+    load_note = [f"1-minute load average at the end of the runs: {min(loads):.2f}-{max(loads):.2f}"] if loads else []
+    return "\n".join(rows + ([""] + ratios if ratios else []) + load_note + ([peer_note] if peer_note else []))
 
 
 def _tokenizer(args: argparse.Namespace) -> str | None:
@@ -240,8 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                         samples.append(s)
                         print(f"C={conc} run {rep + 1} {client:5s} procs {s.client_procs}: "
                               f"{s.cpu_ms_per_1k_tokens:6.1f} ms CPU / 1k tokens, TTFT {s.client_mean_ttft_ms:7.2f} "
-                              f"ms (server {s.server_mean_ttft_ms:6.2f}; error {s.ttft_error_ms:+6.2f}), "
-                              f"{s.requests} requests in {s.window_s:.2f} s, {s.failed} failed", flush=True)
+                              f"ms (server {s.server_mean_ttft_ms:6.2f}; error {s.ttft_error_ms:+6.2f} = send "
+                              f"{s.send_to_arrival_ms:+.2f} + read {s.write_to_read_ms:+.2f}), "
+                              f"{s.requests} requests in {s.window_s:.2f} s, {s.failed} failed, "
+                              f"load {s.load_avg:.2f}", flush=True)
     finally:
         proc.terminate()
         proc.wait(10)

@@ -142,6 +142,9 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
                    help="the load generator's event loop (default auto: uvloop where installed)")
     b.add_argument("--http-client", choices=["lean", "aiohttp"],
                    help="the load generator's HTTP client (default lean: stamps each read where it arrives)")
+    b.add_argument("--client-procs", type=int, metavar="N",
+                   help="client processes sharing the load on one clock, results merged (client.client_procs; "
+                        "default 1; at most the concurrency)")
     b.add_argument("--torch-profiler", action="store_true", default=None, help="collect server-side torch traces")
     b.add_argument("--no-torch-profiler", dest="torch_profiler", action="store_false",
                    help="turn off profiling (and its trace analysis) that the YAML enables")
@@ -344,7 +347,7 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "duration": args.duration, "warmup_seconds": args.warmup_seconds, "cooldown_seconds": args.cooldown_seconds,
              "find_capacity": _parse_goodput(args.find_capacity, "--find-capacity"),
              "goodput_target": args.goodput_target, "capacity_over": args.capacity_over,
-             "capacity_max": args.capacity_max, "event_loop": args.event_loop,
+             "capacity_max": args.capacity_max, "event_loop": args.event_loop, "client_procs": args.client_procs,
              "torch_profiler": args.torch_profiler,
              "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
              "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}

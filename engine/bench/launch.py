@@ -27,7 +27,7 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 
 from engine.config.benchmark import BenchmarkConfig
 from engine.errors import MagpieError
-from engine.runs.process import engine_pythonpath, stop_process_group
+from engine.runs.process import WATCHDOG, engine_pythonpath, stop_process_group
 
 READY_POLL_S = 0.5
 STOP_GRACE_S = 15.0
@@ -252,9 +252,11 @@ class LocalServer:
         if note:
             log.write(f"magpie: {note}\n".encode())
             log.flush()
+        WATCHDOG.ready()  # the server's group is stopped even if this process is killed outright
         try:
             self.proc = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, cwd=self.cwd, start_new_session=True)
+            WATCHDOG.watch(self.proc.pid)
         except OSError as exc:
             raise LaunchError(f"cannot start `{' '.join(self.command.argv[:3])} ...`: {exc}") from None
         finally:
@@ -288,6 +290,7 @@ class LocalServer:
         if self.proc is None:
             return None
         stop_process_group(self.proc, STOP_GRACE_S)
+        WATCHDOG.forget(self.proc.pid)
         return self.proc.poll()
 
     def __enter__(self) -> "LocalServer":

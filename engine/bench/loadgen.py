@@ -29,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +158,16 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: 
     return [float(t) for t in cum]
 
 
+def release_offsets(config: LoadGenConfig, requests: Sequence[SampleRequest]) -> list[float]:
+    """Release times from the start: the requests' own timestamps (a trace replay, scaled by
+    `timestamp_scale`), else vLLM's arrival process."""
+    stamps = [r.timestamp for r in requests]
+    if any(t is not None for t in stamps):
+        base = min(t for t in stamps if t is not None)
+        return [max(0.0, ((t if t is not None else base) - base) * config.timestamp_scale) for t in stamps]
+    return arrival_offsets(len(requests), config.request_rate, config.burstiness, config.seed)
+
+
 class LoadGenerator:
     """Runs one benchmark: warm-up (W copies of the first request, discarded), then the timed run.
 
@@ -189,6 +200,14 @@ class LoadGenerator:
         # When the measured load starts (a perf_counter() value; None: when it is ready). Several
         # client processes sharing one load are given one start, so their releases share one clock.
         self.start_at: float | None = None
+        # Set by a client process of a pool (engine.bench.client_procs): awaited once the bodies are
+        # built and the connections open, it returns the common start (None: cancelled before it).
+        self.wait_for_start: Callable[[], Awaitable[float | None]] | None = None
+        # The release times (s from the start) a pool gave this process's share of its schedule;
+        # None: computed here from the timestamps or the request rate.
+        self.offsets: list[float] | None = None
+        # The first warm-up's number, so that the warm-up ids of a pool's processes stay unique.
+        self.warmup_id_start = 0
         self._cancelled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -237,7 +256,7 @@ class LoadGenerator:
             warm: list[RequestOutput] = []
             if cfg.num_warmups > 0:
                 first = self.requests[0]
-                jobs = [self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i}",
+                jobs = [self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i + self.warmup_id_start}",
                                       time.perf_counter(), "warmup", cfg.num_warmups)
                         for i in range(cfg.num_warmups)]
                 warm = await self._gather(jobs)
@@ -255,6 +274,8 @@ class LoadGenerator:
                     await client.open_connections(min(cfg.max_concurrency or len(self.requests), len(self.requests)))
                 except OSError:
                     pass  # each request then meets the error on its own, and fails with it
+            if not await self._await_start():
+                return LoadResult(outputs=[], warmup_outputs=warm, cancelled=True)
             tasks: list[asyncio.Task[RequestOutput]] = []
             self.phase, self.phase_total = "measure", len(self.requests)
             t0 = self.measure_start = self.start_at if self.start_at is not None else time.perf_counter()
@@ -280,6 +301,8 @@ class LoadGenerator:
             except OSError:
                 pass
         bodies = [self._body(r) for r in self.requests]
+        if not await self._await_start():
+            return LoadResult(outputs=[], warmup_outputs=warm, cancelled=True)
         tasks: list[asyncio.Task[RequestOutput]] = []
         self.phase, self.phase_total = "measure", 0
         t0 = self.measure_start = self.start_at if self.start_at is not None else time.perf_counter()
@@ -307,6 +330,7 @@ class LoadGenerator:
         rng = np.random.RandomState(cfg.seed)
         lean = isinstance(client, StreamingHTTPClient)
         next_at, i, n = t0, 0, len(self.requests)
+        await _sleep_until(t0)  # a pool's common start, a little ahead
         while not self._cancelled:
             if closed:
                 assert sem is not None
@@ -330,14 +354,17 @@ class LoadGenerator:
             i += 1
 
     def _offsets(self) -> list[float]:
-        """Release times from the start: the requests' own timestamps (a trace replay, scaled by
-        `timestamp_scale`), else vLLM's arrival process."""
-        cfg = self.config
-        stamps = [r.timestamp for r in self.requests]
-        if any(t is not None for t in stamps):
-            base = min(t for t in stamps if t is not None)
-            return [max(0.0, ((t if t is not None else base) - base) * cfg.timestamp_scale) for t in stamps]
-        return arrival_offsets(len(self.requests), cfg.request_rate, cfg.burstiness, cfg.seed)
+        return self.offsets if self.offsets is not None else release_offsets(self.config, self.requests)
+
+    async def _await_start(self) -> bool:
+        """In a pool's process: wait for the common start (False: cancelled before it)."""
+        if self.wait_for_start is None:
+            return True
+        start = await self.wait_for_start()
+        if start is None or self._cancelled:
+            return False
+        self.start_at = start
+        return True
 
     def request_id(self, i: int) -> str:
         req = self.requests[i]
@@ -377,9 +404,7 @@ class LoadGenerator:
                        tasks: list[asyncio.Task[RequestOutput]], payloads: list[Any]) -> None:
         n = len(self.requests)
         for i, (req, off) in enumerate(zip(self.requests, offsets)):
-            wait = t0 + off - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await _sleep_until(t0 + off)
             if self._cancelled:
                 return
             tasks.append(self._track(asyncio.create_task(
@@ -445,7 +470,7 @@ class LoadGenerator:
         try:
             request = client.send(payload, stream.feed, stream.feed_many) if lean else \
                 self._exchange_aiohttp(client, payload, headers, stream)
-            result = await (asyncio.wait_for(request, timeout) if timeout else request)
+            result = await (_bounded(request, timeout) if timeout else request)
             status_error = result if not lean else (
                 "" if result.status == 200 else _status_error(result.status, result.reason, result.error_body))
             if status_error:
@@ -474,6 +499,40 @@ class LoadGenerator:
                 data = await content.readany()
                 if not data or stream.feed(data, perf()):
                     return ""
+
+
+async def _bounded(request: Awaitable[Any], timeout: float) -> Any:
+    """`request` awaited in this task, cancelled with TimeoutError after `timeout` s. Not
+    `asyncio.wait_for`: before Python 3.12 it runs the request in a task of its own, so the request
+    is written one loop turn after its start stamp (behind every callback ready then, in a burst all
+    the other requests' stamps) and each request pays for a second task."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(timeout):
+            return await request
+    task = asyncio.current_task()
+    assert task is not None
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+    handle = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        return await request
+    except asyncio.CancelledError:
+        if expired:
+            raise asyncio.TimeoutError from None
+        raise
+    finally:
+        handle.cancel()
+
+
+async def _sleep_until(when: float) -> None:
+    """Until perf_counter() reaches `when`: a loop's timers (uvloop's are in whole ms) can fire a
+    little early, and a release before its time would start a pool's process before the others."""
+    while (wait := when - time.perf_counter()) > 0:
+        await asyncio.sleep(wait)
 
 
 def _status_error(status: int, reason: str, body: bytes) -> str:

