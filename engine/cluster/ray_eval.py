@@ -128,6 +128,9 @@ class TaskBoard:
         if not self.pending:
             return []
         done, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=_WAIT_S)
+        # After the wait: a task that has returned has flushed its events, so they are written before
+        # its ray_task 'finished' event.
+        self.drain_events()
         out = []
         for ref in done:
             key = self.pending.pop(ref)
@@ -138,6 +141,19 @@ class TaskBoard:
                     raise
                 out.append((key, None, exc))
         return out
+
+    def drain_events(self) -> int:
+        """Write the stage events the tasks posted since the last call into the run's events.jsonl,
+        as a local run writes them, with ``ray_task`` (the task's key) and ``task_ts`` (when the task
+        emitted it). Returns how many were written."""
+        try:
+            posted = self.ray.get(self.flag.take.remote(), timeout=10)
+        except Exception:  # the actor is unreachable for a moment: the events wait for the next poll
+            return 0
+        for key, record in posted:
+            fields = {k: v for k, v in record.items() if k not in ("ts", "event", "schema_version")}
+            self.events.emit("stage", **fields, ray_task=key, task_ts=record.get("ts"))
+        return len(posted)
 
     def finish(self, key: str, result: Optional[dict], error: Optional[BaseException], folder: Optional[str]) -> None:
         row = self.rows[key]
@@ -223,6 +239,7 @@ class RayEvaluator:
         settings.workers = 1  # one kernel or pair per task; the cluster is the parallelism
         bundles = [b for s in specs for b in _bundles_for(s, refs)]
         return {"kind": kind, "mode": self.plan.mode, "specs": [replace(s, index=i) for i, s in enumerate(specs)],
+                "plan_indexes": [s.index for s in specs],
                 "settings": settings, "baseline_index": baseline_index, "bundles": list(dict(bundles).items()),
                 "shared_root": self._shared_root(f"{kind}_{specs[-1].id}")}
 

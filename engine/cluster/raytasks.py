@@ -7,6 +7,11 @@ Evaluator's stages, a benchmark mode) in a folder of its own, and returns its re
 folder (again through the object store). A cancel reaches a running task through the flag: the
 task's own CancelToken is set, its child processes are stopped by their process group, and its
 report still says what was reached; a task not yet started returns at once.
+
+The same actor carries the task's ``stage`` events (compile, testcase, correctness, performance;
+a benchmark point's server and load stages) to the driver while the task runs: each event is
+posted as the task's Evaluator emits it, and the driver writes it into the run's
+``events.jsonl`` (with ``ray_task`` naming the task) on its next poll, as a local run would.
 """
 
 from __future__ import annotations
@@ -154,10 +159,20 @@ def cluster_gpu_models(nodes: list[dict], gpu_resource: str) -> dict[str, list[s
 
 # ---------------------------------------------------------------------- the cancel flag
 class CancelFlagImpl:
-    """One per run: the driver sets it; tasks poll it and say when they started."""
+    """One per run: the driver sets it; tasks poll it and say when they started, and post their
+    stage events, which the driver takes on each poll."""
 
     def __init__(self) -> None:
         self.flag, self.reason, self.started = False, "", set()
+        self.events: list[tuple[str, dict]] = []
+
+    def post(self, key: str, records: list[dict]) -> int:
+        self.events.extend((key, r) for r in records)
+        return len(self.events)
+
+    def take(self) -> list[tuple[str, dict]]:
+        out, self.events = self.events, []
+        return out
 
     def set(self, reason: str) -> None:
         self.flag, self.reason = True, reason
@@ -196,6 +211,39 @@ class _Watch:
         self._stop.set()
 
 
+class _StageForwarder:
+    """A listener of the task's event log: each ``stage`` event goes to the run's actor at once
+    (a call that does not wait), its kernel index moved back to the run's own and its paths
+    back to the driver's; ``flush`` waits until the actor holds every one of them. Calls from
+    one caller to one actor run in the order they were made, so one waited call is enough."""
+
+    def __init__(self, payload: dict, back: list[tuple[str, str]]) -> None:
+        self.flag, self.key, self.back = payload["flag"], payload["key"], back
+        self.plan_indexes = payload.get("plan_indexes")
+        self.sent = 0
+
+    def __call__(self, record: dict) -> None:
+        if record.get("event") != "stage":
+            return
+        record = rewrite_paths(dict(record), self.back)
+        idx = record.get("index")
+        if self.plan_indexes is not None and isinstance(idx, int) and 0 <= idx < len(self.plan_indexes):
+            record["index"] = self.plan_indexes[idx]
+        try:
+            self.flag.post.remote(self.key, [record])
+            self.sent += 1
+        except Exception:  # the driver is gone: Ray ends this task with it
+            pass
+
+    def flush(self) -> None:
+        import ray
+        if self.sent:
+            try:
+                ray.get(self.flag.post.remote(self.key, []), timeout=10)
+            except Exception:
+                pass
+
+
 def _start(payload: dict) -> tuple[Any, dict, Optional[dict]]:
     """A task's cancel token, the node it runs on, and the reply to give at once when the run was
     cancelled before the task started (None otherwise)."""
@@ -210,11 +258,14 @@ def _start(payload: dict) -> tuple[Any, dict, Optional[dict]]:
 @contextlib.contextmanager
 def _task_folder(payload: dict, token: Any) -> Iterator[tuple[Path, list[tuple[str, str]]]]:
     """A scratch folder holding the run's sources (pairs: the driver's path -> this node's), with
-    the run's cancel flag watched meanwhile; removed when the task ends."""
+    the run's cancel flag watched meanwhile, and every process group the task starts known to the
+    watchdog (a worker killed outright leaves none behind); removed when the task ends."""
+    from engine.runs.process import child_groups_watched
     watch = _Watch(payload["flag"], token)
     tmp = Path(tempfile.mkdtemp(prefix="magpie-ray-"))
     try:
-        yield tmp, _materialize(payload["bundles"], tmp)
+        with child_groups_watched():
+            yield tmp, _materialize(payload["bundles"], tmp)
     finally:
         watch.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -267,6 +318,9 @@ def kernel_task(payload: dict) -> dict:
         specs = [remap_spec(s, pairs) for s in payload["specs"]]
         root = _result_root(payload, tmp, "run")
         ws = Workspace(root)
+        back = _sorted_pairs([(new, old) for old, new in pairs])
+        forward = _StageForwarder(payload, back)
+        ws.events.listeners.append(forward)
         gpu = detect_once()
         model, model_source = gpu_model_here(gpu)
         plan = Plan(mode=payload["mode"], kernels=specs, settings=payload["settings"],
@@ -283,7 +337,7 @@ def kernel_task(payload: dict) -> dict:
                 ev.run()
         finally:
             ws.events.close()
-        back = _sorted_pairs([(new, old) for old, new in pairs])
+            forward.flush()
         outcomes = []
         for o in ev.outcomes:
             o.compile.details = rewrite_paths(o.compile.details, back)
@@ -313,6 +367,12 @@ def benchmark_point_task(payload: dict) -> dict:
             request = type(request).model_validate(rewrite_paths(data, pairs))
         root = _result_root(payload, tmp, "point")
         root.mkdir(parents=True, exist_ok=True)
-        outcome = run_benchmark(request, cancel=token, workspace=Workspace(root))
+        ws = Workspace(root)
+        forward = _StageForwarder(payload, _sorted_pairs([(new, old) for old, new in pairs]))
+        ws.events.listeners.append(forward)
+        try:
+            outcome = run_benchmark(request, cancel=token, workspace=ws)
+        finally:
+            forward.flush()
         return {"state": outcome.state, "exit_code": outcome.exit_code, "report": outcome.report, "node": info,
                 "root": str(root), "cancelled": token.cancelled, "files": _files(payload, root)}

@@ -34,7 +34,7 @@ FLAG_ARGS = ("model", "precision", "run_mode", "tp", "concurrency", "input_len",
              "request_rate", "burstiness", "range_ratio", "warmup", "repeats", "sweep", "base_url", "seed", "goodput",
              "prefix_len", "endpoint", "tokenizer", "vocab_size", "http_client", "dataset_name", "dataset_path",
              "custom_output_len", "sharegpt_output_len", "duration", "warmup_seconds", "cooldown_seconds",
-             "find_capacity", "goodput_target", "capacity_over", "capacity_max", "event_loop")
+             "find_capacity", "goodput_target", "capacity_over", "capacity_max", "event_loop", "client_procs")
 # Tool argument -> the command line's flag key, where they differ (Magpie's names).
 _FLAG_KEYS = {"gap_analysis_enabled": "gap_analysis", "timeout_seconds": "timeout"}
 
@@ -126,7 +126,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                   warmup_seconds: Optional[float] = None, cooldown_seconds: Optional[float] = None,
                   find_capacity: Optional[list[str]] = None, goodput_target: Optional[float] = None,
                   capacity_over: str = "", capacity_max: Optional[float] = None, event_loop: str = "",
-                  batch: str = "", environment: str = "", ray_address: str = "") -> dict:
+                  client_procs: Optional[int] = None, batch: str = "", environment: str = "", ray_address: str = "") -> dict:
         """Benchmark a serving framework (vllm, sglang, atom, builtin) or a YAML (benchmark_config, Magpie's
         benchmark: format); every argument given overrides the YAML and is recorded as an override. Returns a job
         id at once; progress (requests done/total, live tok/s and latencies) through job_status. sweep takes
@@ -148,7 +148,8 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         Magpie BenchmarkConfig mapping (framework, model, envs, ...). Every item is checked before any starts.
         Without parallel the points run one after another as local jobs (the result says so) and batch_status
         follows them; with parallel (or a ray_cluster_address) they are one batch job whose points are Ray tasks
-        (magpie benchmark --batch), followed with job_status like any job."""
+        (magpie benchmark --batch), each holding tp of Ray's GPU resource on one node, followed with job_status
+        like any job (stage events arrive while the points run); job_result is the batch report."""
         if ray_shared_storage_path:
             raise AccessRefused("ray_shared_storage_path: results come back through Ray's object store",
                                 hint="leave it unset; shared storage is scheduler.ray.shared_storage in a batch YAML")
@@ -159,8 +160,10 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
             return batches.start(requests)
         points = [{"config": str(cfg), "flags": {k: v for k, v in req.flags.items() if v is not None}}
                   for req, cfg in requests]
-        batch_file = state.scratch("configs")
-        batch_file = batch_file.with_name(f"raybatch_{batch_file.name}")
+        # A folder of its own, so that the batch run is named benchmark_batch-mcp_<time>_<id>.
+        folder = state.scratch("configs", suffix="")
+        folder.mkdir()
+        batch_file = folder / "mcp.yaml"
         batch_file.write_text(dump_yaml({"batch": points}))
         request = BenchmarkRequest(batch=str(batch_file), environment="ray", ray_address=ray_cluster_address or None)
         request.prepare()

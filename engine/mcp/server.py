@@ -152,11 +152,11 @@ def add_tool(app: MCPServer, fn: Callable, name: Optional[str] = None) -> None:
 
 
 def build_server(options: Optional[ServerOptions] = None) -> MagpieServer:
-    from engine.mcp import bench_tools, job_tools, kernel_tools
+    from engine.mcp import bench_tools, host_tools, job_tools, kernel_tools
     state = State(options or ServerOptions())
     app = MagpieServer(SERVER_NAME, instructions=INSTRUCTIONS, version=__version__, log_level="WARNING")
     app.state = state
-    for module in (job_tools, kernel_tools, bench_tools):
+    for module in (job_tools, kernel_tools, bench_tools, host_tools):
         module.register(app, state)
     _register_resources(app, state)
 

@@ -3,20 +3,28 @@
 A run never kills anything it did not start: on timeout, cancel or normal exit we
 signal only the child's own process group (its pid is the group id because the
 child starts a new session).
+
+A process killed outright (SIGKILL, a Ray worker cancelled with ``force``, the OOM killer)
+runs no cleanup of its own, and a child in its own session outlives it. So every group a
+process starts is also told to a watchdog (``GroupWatchdog``): a small process of its own,
+reading a pipe from its parent, that stops the groups still registered when that pipe
+closes, that is, when the parent is gone, however it went.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 # A command is either a shell command line (quotes, pipes and && work) or an argv list.
 Command = Union[str, Sequence[str]]
@@ -128,6 +136,142 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
+# The watchdog: forks once (so it is not a direct child of the parent, which Ray kills on a
+# worker's exit), then keeps the registered groups until its stdin closes and stops them.
+_WATCHDOG_SCRIPT = r"""
+import os, signal, sys, time
+if os.fork():
+    os._exit(0)
+groups = set()
+for line in sys.stdin.buffer:
+    op, _, pgid = line.strip().partition(b" ")
+    if pgid.isdigit():
+        (groups.add if op == b"+" else groups.discard)(int(pgid))
+groups.discard(os.getpgrp())  # never its own
+def alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except OSError:
+        return False
+for sig, wait_s in ((signal.SIGTERM, float(sys.argv[1])), (signal.SIGKILL, 0.0)):
+    for pgid in list(groups):
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            groups.discard(pgid)
+    deadline = time.monotonic() + wait_s
+    while groups and time.monotonic() < deadline and any(alive(g) for g in groups):
+        time.sleep(0.05)
+"""
+
+
+class GroupWatchdog:
+    """One per process, started on first use: ``watch(pgid)`` when a child group starts,
+    ``forget(pgid)`` when it has been stopped. If this process dies first, the watchdog sees
+    its pipe close and stops (SIGTERM, then SIGKILL after the grace) every group still watched."""
+
+    def __init__(self, grace_s: float = _TERM_GRACE_S) -> None:
+        self.grace_s = grace_s
+        self._lock = threading.Lock()
+        self._pipe = None
+        self._owner = 0  # the pid that started it: a forked child starts its own
+        self.starter_pid = 0  # the watchdog's group (its starter's pid), never one to stop
+
+    def _ensure(self):
+        if self._pipe is not None and self._owner == os.getpid():
+            return self._pipe
+        starter = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG_SCRIPT, str(self.grace_s)],
+                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+        self.starter_pid = starter.pid
+        starter.wait()  # the forked watchdog holds the pipe's read end; its starter is reaped here
+        self._pipe, self._owner = starter.stdin, os.getpid()
+        return self._pipe
+
+    def _send(self, op: str, pgid: int) -> None:
+        if os.name != "posix":
+            return
+        with self._lock:
+            for _attempt in range(2):  # a watchdog that died (killed by hand) is started again
+                try:
+                    pipe = self._ensure()
+                    pipe.write(f"{op} {pgid}\n".encode())
+                    pipe.flush()
+                    return
+                except (BrokenPipeError, OSError):
+                    self._pipe = None
+
+    def ready(self) -> None:
+        """Start the watchdog now, before the child: a child that starts first could outlive a
+        parent killed while the watchdog was still starting."""
+        if os.name == "posix":
+            with self._lock:
+                try:
+                    self._ensure()
+                except OSError:
+                    self._pipe = None
+
+    def watch(self, pgid: int) -> None:
+        self._send("+", pgid)
+
+    def forget(self, pgid: int) -> None:
+        if self._pipe is not None:
+            self._send("-", pgid)
+
+
+WATCHDOG = GroupWatchdog()
+
+
+def _own_children() -> set[int]:
+    kids: set[int] = set()
+    for f in Path("/proc/self/task").glob("*/children"):
+        try:
+            kids.update(int(x) for x in f.read_text().split())
+        except (OSError, ValueError):
+            pass
+    return kids
+
+
+@contextlib.contextmanager
+def child_groups_watched(interval_s: float = 0.25) -> Iterator[None]:
+    """While inside (Linux): every child of this process that leads a process group of its own,
+    whoever started it (the Python harness, a benchmark's server, not only ``run_process``), is
+    registered with the watchdog within ``interval_s`` and forgotten once it has been reaped. For
+    a process that may be killed outright while it runs them: a Ray task's worker."""
+    if os.name != "posix" or not Path("/proc/self/task").is_dir():
+        yield
+        return
+    WATCHDOG.ready()
+    stop = threading.Event()
+    own_group = os.getpgrp()
+    watched: set[int] = set()
+
+    def scan() -> None:
+        while True:
+            kids = _own_children()
+            for pid in kids - watched:
+                try:
+                    leads = os.getpgid(pid) == pid
+                except OSError:
+                    continue
+                if leads and pid not in (own_group, WATCHDOG.starter_pid):
+                    WATCHDOG.watch(pid)
+                    watched.add(pid)
+            for pid in watched - kids:
+                WATCHDOG.forget(pid)
+                watched.discard(pid)
+            if stop.wait(interval_s):
+                return
+    thread = threading.Thread(target=scan, daemon=True, name="magpie-child-groups")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
 def stop_process_group(proc: subprocess.Popen, grace_s: float = _TERM_GRACE_S) -> None:
     """SIGTERM the child's own group (its pid is the group id: it started a new session), then
     SIGKILL whatever is left of the group after ``grace_s``."""
@@ -162,6 +306,7 @@ def run_process(
                            stdout_path=out_path, stderr_path=err_path)
     start = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        WATCHDOG.ready()
         try:
             proc = subprocess.Popen(_argv(cmd), cwd=str(cwd), env=full_env, stdout=out, stderr=err,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -169,6 +314,7 @@ def run_process(
             result.error = str(exc)
             err.write(f"could not start: {exc}\n".encode())
             return result
+        WATCHDOG.watch(proc.pid)
         try:
             while True:
                 try:
@@ -187,9 +333,11 @@ def run_process(
         except BaseException:
             # KeyboardInterrupt or anything else in the parent: never leave the group running.
             stop_process_group(proc)
+            WATCHDOG.forget(proc.pid)
             raise
         # Grandchildren left in the group (background jobs of a shell) are ours too.
         _kill_group(proc.pid, signal.SIGKILL)
+        WATCHDOG.forget(proc.pid)
     result.duration_s = time.monotonic() - start
     result.returncode = proc.returncode
     result.stdout = out_path.read_text(errors="replace")

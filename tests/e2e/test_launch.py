@@ -52,3 +52,41 @@ def test_a_server_that_dies_is_reported_with_its_log(tmp_path):
     with pytest.raises(LaunchError, match="not ready after"):
         server.start()
     assert server.proc.poll() is not None  # the half-started server was stopped
+
+
+def test_a_server_outlives_no_driver_killed_outright(tmp_path):
+    # SIGKILL leaves the driver no time to stop its server: the process-group watchdog must.
+    import signal
+    import subprocess
+    import time
+    driver = (
+        "import sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from engine.bench.launch import LocalServer, ServerCommand, free_port\n"
+        "cmd = ServerCommand([sys.executable, '-c', 'import time; time.sleep(60)'], port=free_port())\n"
+        f"server = LocalServer(cmd, Path({str(tmp_path / 'server.log')!r}), ready_timeout_s=60)\n"
+        "threading.Thread(target=server.start, daemon=True).start()\n"
+        "deadline = time.monotonic() + 20\n"
+        "while server.proc is None and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
+        "time.sleep(0.3)\n"  # the launcher registers the group right after it starts
+        "print(server.proc.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    pid = int(proc.stdout.readline())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 15
+    try:
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        pytest.fail("the server's process group outlived its killed driver")
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the group this test's driver started, if it is still there
+        except ProcessLookupError:
+            pass

@@ -213,3 +213,70 @@ def test_long_benchmark_returns_at_once_reports_progress_and_cancels(http_server
     report = result["report"]
     assert report["state"] == "cancelled" and report["success"] is False, report.get("state")
     assert any(j["job_id"] == final["job_id"] and j["state"] == "cancelled" for j in listed["jobs"])
+
+
+@pytest.fixture
+def ray_cluster():
+    """A Ray head on 127.0.0.1 for one test, with 2 logical GPUs (none is real: the points run the
+    built-in server on the CPU), stopped at the end."""
+    ray = pytest.importorskip("ray")
+    import shutil
+    import tempfile
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # the server's job connects without a token
+    os.environ.pop("RAY_ADDRESS", None)
+    temp = tempfile.mkdtemp(prefix="mgmcp", dir="/tmp")  # short: Ray's unix socket paths
+    ray.init(num_cpus=4, num_gpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp,
+             logging_level="ERROR", namespace="magpie")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.slow
+def test_benchmark_batch_on_ray_through_the_mcp_client(ray_cluster, tmp_path):
+    small = {"num_prompts": 4, "input_len": 16, "output_len": 4, "warmup": 0, "repeats": 1}
+    inline = {"framework": "builtin", "run_mode": "local", "server": {"size": "tiny", "max_batch": 4},
+              "envs": {"CONC": 2, "ISL": 16, "OSL": 4, "NUM_PROMPTS": 4}, "client": {"warmup": 0, "repeats": 1}}
+    configs = [{"benchmark_config": str(TINY_BENCH), "concurrency": 1, **small}, inline]
+
+    # An inline config's envs reach the server's environment: a server started with --allow-commands.
+    server = Client(StdioServerParameters(command=sys.executable, args=_server_args(tmp_path, "--allow-commands"),
+                                          env=_env(), cwd=str(REPO)))
+
+    async def go():
+        async with server as client:
+            t0 = time.monotonic()
+            job = await _call(client, "benchmark_batch", {"configs": configs, "parallel": True,
+                                                          "ray_cluster_address": ray_cluster})
+            took = time.monotonic() - t0
+            status = await _wait(client, job["job_id"], timeout=120)
+            result = await _call(client, "job_result", {"job_id": job["job_id"]})
+            return took, job, status, result
+    took, job, status, result = anyio.run(go)
+    assert took < 5.0 and job["points"] == 2, job
+    assert status["state"] == "completed", status
+    report = result["report"]
+    assert report["batch"] is True and report["run_environment"] == "ray" and report["state"] == "completed"
+    points = report["points"]
+    assert [p["state"] for p in points] == ["completed", "completed"], [p.get("error") for p in points]
+    assert [p["metrics"]["completed"] for p in points] == [4, 4]
+    assert all(p["metrics"]["request_throughput"] > 0 for p in points)
+    assert points[0]["flags"]["concurrency"] == 1
+    run_dir = Path(status["run_dir"])
+    for p in points:  # each point's own report came back into the batch's folder
+        assert json.loads((Path(p["folder"]) / "benchmark_report.json").read_text())["state"] == "completed"
+        assert Path(p["folder"]).parent == run_dir / "points"
+    cluster = json.loads((run_dir / "cluster.json").read_text())
+    assert cluster["gcs_address"] == ray_cluster and cluster["ray_job_id"]
+    assert [(t["resources"], t["state"]) for t in cluster["tasks"]] == [({"GPU": 1}, "finished")] * 2
+    # The points' server and load stages reached the batch's events while they ran.
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert {e["ray_task"] for e in events if e.get("ray_task")} == {t["key"] for t in cluster["tasks"]}

@@ -166,6 +166,94 @@ def test_cancel_stops_the_remote_tasks_and_the_report_says_so(cluster, tmp_path)
     assert sum(1 for t in tasks if t.get("folder")) == 2  # the running ones sent back what they reached
 
 
+def test_stage_events_reach_the_run_while_the_task_runs(cluster, tmp_path):
+    from engine.jobs import KernelRequest, submit
+    gate = tmp_path / "gate"  # outside the kernels' folder, which the workers get a copy of
+    (tmp_path / "src").mkdir()
+    kernels = [_c_kernel("fine", 1),
+               {**_c_kernel("gated", 2), "testcase_command": f"while [ ! -f {gate} ]; do sleep 0.05; done; ./build/gated"}]
+    cfg = _kernel_dir(tmp_path / "src", kernels, {})
+    job = submit(KernelRequest(mode="analyze", kernel_config=str(cfg)), tmp_path / "out", executor="ray",
+                 driver="in-process")
+    try:
+        deadline = time.monotonic() + 60
+        seen: list[dict] = []
+        while not any(e.get("ray_task") == "check_gated" and e.get("stage") == "testcase"
+                      and e.get("state", "").upper() == "RUNNING" for e in seen):
+            assert time.monotonic() < deadline and job.state() in ("pending", "running"), (job.state(), seen)
+            time.sleep(0.1)
+            seen = read_events(job.run_dir) if (job.run_dir / "events.jsonl").is_file() else []
+        # The task is still held at the gate, and its stages are already in the run's events.
+        assert not gate.exists() and job.state() == "running"
+        live = [(e["stage"], e["state"].upper()) for e in seen if e.get("ray_task") == "check_gated"]
+        assert live == [("compile", "RUNNING"), ("compile", "SUCCESS"), ("testcase", "RUNNING")], live
+        assert all(e["index"] == 1 and e["kernel"] == "gated" for e in seen if e.get("ray_task") == "check_gated")
+        assert not any(e.get("event") == "ray_task" and e.get("key") == "check_gated" and e["state"] == "finished"
+                       for e in seen)
+    finally:
+        gate.touch()
+    assert job.wait(120) == "completed"
+    events = read_events(job.run_dir)
+    timed = [(e["stage"], e["state"].upper()) for e in events if e.get("ray_task") == "time_gated"]
+    assert ("performance", "SUCCESS") in timed and timed[0] == ("compile", "RUNNING"), timed
+    finished = next(i for i, e in enumerate(events) if e.get("event") == "ray_task" and e.get("key") == "time_gated"
+                    and e["state"] == "finished")
+    assert max(i for i, e in enumerate(events) if e.get("ray_task") == "time_gated") < finished
+
+
+def _gone(pid: int, timeout: float = 15.0) -> bool:
+    """The process has exited (a zombie left for a PID 1 that does not reap counts as gone)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("started_by", ["run_process", "own Popen"])
+@pytest.mark.parametrize("how", ["ray.cancel force", "worker SIGKILL"])
+def test_a_dead_worker_leaves_no_kernel_process_behind(cluster, tmp_path, how, started_by):
+    import signal
+
+    @ray.remote(num_cpus=1, max_retries=0)
+    def long_kernel(repo: str, folder: str, started_by: str) -> int:
+        import subprocess
+        import sys
+        sys.path.insert(0, repo)
+        from engine.runs.process import child_groups_watched, run_process
+        Path(folder, "worker").write_text(str(os.getpid()))
+        # A shell (the group leader) with a background grandchild: both must go with the worker.
+        cmd = f"sleep 60 & echo $! > {folder}/bg; echo $$ > {folder}/sh; wait"
+        if started_by == "run_process":  # compile, testcase and profiler commands
+            return run_process(cmd, cwd=folder, log_stem=f"{folder}/kernel").returncode
+        with child_groups_watched():  # as a Ray task runs the harness or a benchmark's server
+            return subprocess.Popen(["bash", "-c", cmd], start_new_session=True).wait()
+
+    ref = long_kernel.remote(str(REPO), str(tmp_path), started_by)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / n).is_file() and (tmp_path / n).read_text().strip() for n in ("bg", "sh", "worker")):
+        assert time.monotonic() < deadline, "the task did not start its kernel"
+        time.sleep(0.05)
+    pids = [int((tmp_path / n).read_text()) for n in ("sh", "bg")]
+    if started_by == "own Popen":
+        time.sleep(0.6)  # the task's scan of its children runs every 0.25 s
+    if how == "ray.cancel force":
+        ray.cancel(ref, force=True)
+    else:
+        os.kill(int((tmp_path / "worker").read_text()), signal.SIGKILL)
+    try:
+        # Ray kills a worker's direct children as it goes down: the task may even return first.
+        assert ray.get(ref, timeout=60) != 0
+    except ray.exceptions.RayError:
+        pass
+    assert [pid for pid in pids if not _gone(pid)] == [], f"{how}: the kernel's processes outlived the worker"
+
+
 @pytest.mark.slow
 def test_python_kernels_checked_and_timed_by_the_harness_on_a_worker(cluster, tmp_path):
     src = tmp_path / "rms"

@@ -113,8 +113,10 @@ def test_the_mapping_names_only_real_options(schemas):
 
 
 def test_magpie_tool_names_and_arguments_are_kept(schemas):
-    # Magpie's 18 tools (configure_gpu and list_benchmark_images left out on purpose: docs/mcp.md).
+    # Magpie's 18 tools (configure_gpu is there to refuse with its reason: docs/mcp.md).
     magpie = {
+        "configure_gpu": {"device_ids", "power_limit_watts", "gpu_clock_mhz", "mem_clock_mhz", "reset"},
+        "list_benchmark_images": {"framework"},
         "hardware_spec": {"device_id", "include_all"},
         "analyze": {"kernel_path", "testcase_command", "kernel_type", "working_dir", "compile_command",
                     "check_performance", "environment", "performance_backend", "correctness_backend"},

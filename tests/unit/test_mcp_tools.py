@@ -176,3 +176,83 @@ def test_inline_compare_writes_a_config_and_cancels(call, tmp_path):
     assert cancelled["cancelled"] is True and status["state"] == "cancelled", status
     assert call("job_result", {"job_id": job["job_id"]})["report"]["state"] == status["state"]
     assert "no job" in call("job_status", {"job_id": "compare_nothing_20200101_000000_abcdef"}, error=True)
+
+
+class _ImageEngine:
+    """Enough of the Docker Engine API on a unix socket for images.get: one image is present."""
+
+    def __init__(self, sock: Path, present: str) -> None:
+        self.sock, self.present, self.asked = sock, present, []
+
+    async def _handle(self, request):
+        from aiohttp import web
+        path = request.path.split("/", 2)[-1] if request.path.startswith("/v1.") else request.path.lstrip("/")
+        if path in ("_ping", "version"):
+            return web.json_response({"ApiVersion": "1.43", "Version": "24.0.0", "MinAPIVersion": "1.12"})
+        if path.startswith("images/") and path.endswith("/json"):
+            name = path[len("images/"):-len("/json")]
+            self.asked.append(name)
+            if name == self.present:
+                return web.json_response({"Id": "sha256:" + "ab" * 32, "Size": 123,
+                                          "RepoDigests": [name.split(":")[0] + "@sha256:" + "cd" * 32]})
+            return web.json_response({"message": f"No such image: {name}"}, status=404)
+        return web.json_response({"message": f"unexpected {request.method} {path}"}, status=404)
+
+    def __enter__(self):
+        import asyncio
+        import threading
+
+        from aiohttp import web
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run():
+            asyncio.set_event_loop(self._loop)
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            self._runner = web.AppRunner(app)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(web.UnixSite(self._runner, str(self.sock)).start())
+            ready.set()
+            self._loop.run_forever()
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        import asyncio
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_list_benchmark_images_with_and_without_a_docker_engine(call, tmp_path, monkeypatch):
+    pytest.importorskip("docker")
+    from engine.bench.docker_launch import IMAGES
+    sock = Path("/tmp") / f"mgimg{time.time_ns() % 10**8}.sock"  # short: unix socket paths
+    with _ImageEngine(sock, present=IMAGES["vllm"]["nvidia"]) as engine:
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+        out = call("list_benchmark_images", {"framework": "vllm"})
+    sock.unlink(missing_ok=True)
+    assert out["images"] == {"vllm": IMAGES["vllm"]}  # Magpie's shape: framework -> arch -> image
+    assert out["docker"]["reachable"] is True and sorted(engine.asked) == sorted(IMAGES["vllm"].values())
+    here = out["details"]["vllm"]["nvidia"]["local"]
+    assert here["present"] is True and here["id"].startswith("sha256:") and here["repo_digests"]
+    assert out["details"]["vllm"]["amd"]["local"] == {"present": False, "pull": f"docker pull {IMAGES['vllm']['amd']}"}
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    out = call("list_benchmark_images", {})
+    assert set(out["images"]) == set(IMAGES)  # the table does not need an engine
+    assert out["docker"]["reachable"] is False and "cannot reach the Docker engine" in out["docker"]["error"]
+    assert all(d["local"] is None for archs in out["details"].values() for d in archs.values())
+    assert "local" not in call("list_benchmark_images", {"check_local": False})["details"]["atom"]["amd"]
+    assert "no image table" in call("list_benchmark_images", {"framework": "tgi"}, error=True)
+    assert "run_mode local" in call("list_benchmark_images", {"framework": "builtin"}, error=True)
+
+
+def test_configure_gpu_is_refused_by_name_with_the_reason(call):
+    text = call("configure_gpu", {"device_ids": [0], "gpu_clock_mhz": [1000, 1500], "power_limit_watts": 500},
+                error=True)
+    assert "configure_gpu is not provided" in text and "root" in text and "nvidia-smi" in text
+    assert "configure_gpu is not provided" in call("configure_gpu", {"reset": True}, error=True)
