@@ -16,10 +16,10 @@ from magpie_tui.settings import config_path
 
 # The widgets and screens whose bindings the full list shows; imported lazily to avoid cycles.
 _BINDING_OWNERS = (
-    "widgets.data_grid.DataGrid", "widgets.diff_view.DiffView",
+    "widgets.data_grid.DataGrid", "widgets.diff_view.DiffView", "widgets.gpu_timeline.GpuTimeline",
     "screens.configs.ConfigsScreen", "screens.launch.LaunchScreen", "screens.runs.RunsScreen",
     "screens.run.RunScreen", "screens.loop.LoopScreen", "screens.reports.CompareReportScreen",
-    "screens.reports.BenchmarkReportScreen",
+    "screens.compare_runs.CompareRunsScreen", "screens.reports.BenchmarkReportScreen",
     "screens.roofline.RooflineScreen", "screens.kernel.KernelScreen", "screens.diff.DiffScreen",
 )
 

@@ -428,12 +428,112 @@ def comparability_warning(a: schema.BenchmarkReport, b: schema.BenchmarkReport) 
     return None
 
 
+CAPACITY_METRICS = ("ttft", "tpot", "e2el")
+
+
+def capacity_section(report: schema.BenchmarkReport | dict) -> dict[str, Any] | None:
+    """The report's ``capacity`` section (``magpie benchmark --find-capacity``), or None."""
+    raw = _bench(report).model_dump().get("capacity")
+    return raw if isinstance(raw, dict) and isinstance(raw.get("levels"), list) else None
+
+
+def _level_name(over: str, level: Any) -> str:
+    return f"c={level:g}" if over == "concurrency" else f"{level:g}/s"
+
+
+def capacity_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per level tried, in level order: the outcome in words (``pass`` / ``FAIL``; the
+    knee and the lowest failing level above it say so), goodput with its interval, throughput and
+    the p99 latencies."""
+    over = section.get("over", "concurrency")
+    knee = section.get("knee")
+    upper = (list(section.get("knee_interval") or []) + [None, None])[1]  # the lowest failing level above it
+    rows = []
+    for lv in sorted((lv for lv in section["levels"] if isinstance(lv, dict)), key=lambda lv: lv.get("level") or 0):
+        level = lv.get("level")
+        result = "pass" if lv.get("passed") else "FAIL"
+        if level is not None and level == knee:
+            result += " · knee"
+        elif level is not None and level == upper:
+            result += " · above knee"
+        ci = lv.get("goodput_share_ci95")
+        latency = lv.get("latency_ms") or {}
+        rows.append({
+            "level": level, "name": _level_name(over, level) if level is not None else "?", "result": result,
+            "passed": bool(lv.get("passed")),
+            "goodput_pct": (lv.get("goodput_share") or 0.0) * 100,
+            # A share lies in [0, 1]: the t-interval is clipped there, as the throughputs are at 0.
+            "goodput_ci": (max(0.0, ci[0]) * 100, min(1.0, ci[1]) * 100) if isinstance(ci, list) and len(ci) == 2
+            and None not in ci else None,
+            "repeats": lv.get("repeats"), "request_throughput": lv.get("request_throughput"),
+            "output_throughput": lv.get("output_throughput"),
+            **{f"p99_{m}_ms": (latency.get(m) or {}).get("p99") for m in CAPACITY_METRICS},
+            "completed": lv.get("completed"), "failed": lv.get("failed"),
+        })
+    return rows
+
+
+def capacity_title(section: dict[str, Any]) -> str:
+    slos = ", ".join(f"{k.upper()} <= {v:g} ms" for k, v in (section.get("slos_ms") or {}).items())
+    target = section.get("goodput_target")
+    return (f"SLO capacity over {section.get('over', 'concurrency')}: "
+            + (f"{target:.0%} of requests" if isinstance(target, (int, float)) else "the target share")
+            + f" meeting {slos or 'no SLO recorded'} · {section.get('verdict') or 'no verdict recorded'}")
+
+
+def capacity_metrics(section: dict[str, Any]) -> list[str]:
+    """The latencies the plot can show: the SLO's own first, then the others the levels carry."""
+    slos = [m for m in (section.get("slos_ms") or {}) if m in CAPACITY_METRICS]
+    return slos + [m for m in CAPACITY_METRICS if m not in slos]
+
+
+def capacity_plot_args(section: dict[str, Any], metric: str) -> dict[str, Any]:
+    """What ``CapacityPlot`` draws for ``metric``: p99 latency against request throughput per level."""
+    from magpie_tui.widgets.plots import CapacityPoint
+    rows = capacity_rows(section)
+    points = [CapacityPoint(r["request_throughput"], r[f"p99_{metric}_ms"], r["name"], r["passed"])
+              for r in rows if isinstance(r["request_throughput"], (int, float))
+              and isinstance(r[f"p99_{metric}_ms"], (int, float))]
+    knee_row = next((r for r in rows if r["result"].endswith("knee") and r["passed"]), None)
+    slo = (section.get("slos_ms") or {}).get(metric)
+    others = [m for m in capacity_metrics(section) if m != metric]
+    return {"points": points, "slo": slo, "slo_label": f"SLO {metric.upper()} {slo:g} ms" if slo else "SLO",
+            "knee": knee_row["request_throughput"] if knee_row else None,
+            "knee_label": f"knee {knee_row['name']}" if knee_row else "knee",
+            "title": f"{metric.upper()} p99 vs requests/s per level tried" + (
+                f" · m: {', '.join(o.upper() for o in others)}" if others else ""),
+            "x_label": "requests/s", "y_label": f"{metric.upper()} p99 (ms)",
+            "reason": None if points else "no level carries a throughput and this latency"}
+
+
+CAPACITY_COLUMNS = [
+    Column("name", "Level", max_width=12),
+    Column("result", "Result", max_width=18),
+    Column("goodput_pct", "Goodput %", "number", fmt=lambda v: f"{v:.1f}"),
+    Column("goodput_ci", "95% CI %", fmt=lambda v: f"[{v[0]:.0f}, {v[1]:.0f}]", max_width=12),
+    Column("request_throughput", "Req/s", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("output_throughput", "Out tok/s", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("p99_ttft_ms", "TTFT p99", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("p99_tpot_ms", "TPOT p99", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("p99_e2el_ms", "E2EL p99", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("repeats", "n", "number", fmt=lambda v: f"{v:d}"),
+    Column("completed", "Done", "number", fmt=lambda v: f"{v:d}"),
+    Column("failed", "Failed", "number", fmt=lambda v: f"{v:d}"),
+]
+
+
 class BenchmarkReportScreen(Screen):
     BINDINGS = [
         Binding("escape", "app.pop_screen", "Back", id="report.back"),
         Binding("b", "compare_with", "Compare with…", id="report.compare_with"),
         Binding("t", "roofline", "Roofline", id="report.roofline"),
+        Binding("m", "capacity_metric", "Next latency", show=False, id="report.capacity_metric"),
     ] + tab_bindings("report")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "capacity_metric":  # only a capacity search has levels to plot
+            return self.capacity is not None
+        return True
 
     def action_next_tab(self) -> None:
         cycle_tab(self, 1)
@@ -448,9 +548,11 @@ class BenchmarkReportScreen(Screen):
         self.report = _bench(report)
         # Read with the report, off the event loop (``read_report_files``); None: read on mount.
         self.latencies = latencies
+        self.capacity = capacity_section(self.report)
+        self.capacity_metric = capacity_metrics(self.capacity)[0] if self.capacity else None
 
     def compose(self):
-        from magpie_tui.widgets.plots import Histogram, LinePlot
+        from magpie_tui.widgets.plots import CapacityPlot, Histogram, LinePlot
         r = self.report
         yield Header()
         envs = " ".join(f"{k}={v}" for k, v in r.envs.items())
@@ -475,7 +577,16 @@ class BenchmarkReportScreen(Screen):
                 summary, _rows = server_metrics_view(r)
                 yield Static(summary, id="server-summary", classes="report-note")
                 yield DataGrid(SERVER_COLUMNS, id="server-grid")
-            if r.sweep:
+            if self.capacity is not None:
+                # The capacity levels are the report's sweep points, in the order tried: this tab
+                # shows them in level order instead of a Sweep tab that would join them as tried.
+                with TabPane("Capacity", id="tab-capacity"):
+                    yield Static(capacity_title(self.capacity), id="capacity-title", classes="report-note")
+                    yield CapacityPlot(**capacity_plot_args(self.capacity, self.capacity_metric or "ttft"),
+                                       id="capacity-plot")
+                    yield DataGrid(CAPACITY_COLUMNS, row_class=lambda row: "correct" if row["passed"] else "incorrect",
+                                   id="capacity-grid", classes="report-table")
+            elif r.sweep:
                 with TabPane("Sweep", id="tab-sweep"):
                     yield LinePlot(sweep_points(r), title="median TPOT vs output throughput",
                                    x_label="output tok/s", y_label="median TPOT (ms)", id="sweep-plot")
@@ -492,6 +603,9 @@ class BenchmarkReportScreen(Screen):
         self.query_one("#bench-grid", DataGrid).set_rows(rows, keys=[row["key"] for row in rows])
         _summary, server_rows = server_metrics_view(self.report)
         self.query_one("#server-grid", DataGrid).set_rows(server_rows, keys=[row["name"] for row in server_rows])
+        if self.capacity is not None:
+            levels = capacity_rows(self.capacity)
+            self.query_one("#capacity-grid", DataGrid).set_rows(levels, keys=[row["name"] for row in levels])
         self.query_one("#bench-grid", DataGrid).focus()
         if self.latencies is None:
             self._read_latencies()
@@ -506,6 +620,19 @@ class BenchmarkReportScreen(Screen):
         self.latencies = latencies
         for name in HISTOGRAMS:
             self.query_one(f"#hist-{name.lower()}", Histogram).set_values(latencies.get(name, []))
+
+    def action_capacity_metric(self) -> None:
+        """``m``: the next latency (TTFT, TPOT, E2EL) on the capacity plot, the SLO's first."""
+        from magpie_tui.widgets.plots import CapacityPlot
+        if self.capacity is None:
+            return
+        metrics = capacity_metrics(self.capacity)
+        self.capacity_metric = metrics[(metrics.index(self.capacity_metric) + 1) % len(metrics)]
+        args = capacity_plot_args(self.capacity, self.capacity_metric)
+        plot = self.query_one("#capacity-plot", CapacityPlot)
+        plot.title, plot.x_label, plot.y_label = args.pop("title"), args.pop("x_label"), args.pop("y_label")
+        plot.set_levels(args.pop("points"), **args)
+        self.query_one(TabbedContent).active = "tab-capacity"
 
     def compare_with(self, other: RunInfo) -> None:
         """Side by side: this run is A, ``other`` is B (its report is read in a thread worker)."""

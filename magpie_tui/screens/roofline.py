@@ -70,6 +70,30 @@ def roofline_stages(run_dir: Path) -> dict[str, Path]:
     return out
 
 
+STAGE_NAMES = {"prefilldecode": "prefilldecode·mixed", "decode_only": "decode_only", "prefill_only": "prefill_only"}
+
+
+def stage_options(stages) -> list[tuple[str, str]]:
+    """(label, stage) for a stage dropdown: the analysis's names, the mixed one said so."""
+    return [(STAGE_NAMES.get(s, s), s) for s in stages]
+
+
+def analysed_step(run_dir: Path, stage: str) -> int | None:
+    """Which step of the trace (its index in time order) TraceLens analysed for ``stage``: the
+    ``iteration_<i>`` of the stage's split trace, as the report records it; None when unknown."""
+    import re
+    for name in ("trace_analysis_report.json", "benchmark_report.json"):
+        try:
+            report = json.loads((run_dir / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        result = ((report.get("tracelens_analysis") or {}).get("stage_results") or {}).get(stage) or {}
+        path = str((result.get("phase_pick") or {}).get("output_path") or result.get("trace_path") or "")
+        found = re.search(r"_iteration_(\d+)_", Path(path).name)
+        return int(found.group(1)) if found else None
+    return None
+
+
 def _number(text: str) -> float | None:
     try:
         value = float(text)
@@ -174,6 +198,8 @@ class RooflineScreen(Screen):
         self.stage: str | None = next(iter(self.stages), None)
         self.arch = arch_of(info.path)
         self.gaps: list[dict[str, Any]] = []
+        self.timeline_loaded = False  # the lanes are read once; a stage change only moves the view
+        self.analysed_steps: dict[str, int | None] = {}  # stage -> the step TraceLens analysed
 
     def compose(self):
         from magpie_tui.widgets.plots import RooflinePlot
@@ -186,7 +212,7 @@ class RooflineScreen(Screen):
             with TabPane("Table", id="tab-table"):
                 with Horizontal(id="roofline-controls"):
                     # No type-to-search: the screen's letter keys (p, g, t) work with a dropdown focused.
-                    yield Select([(s, s) for s in self.stages], value=self.stage or Select.NULL,
+                    yield Select(stage_options(self.stages), value=self.stage or Select.NULL,
                                  allow_blank=not self.stages, id="stage", prompt="no stages", type_to_search=False,
                                  compact=True)
                     yield Input(placeholder="/ filter: op or shape", id="roofline-filter", compact=True)
@@ -199,6 +225,13 @@ class RooflineScreen(Screen):
             with TabPane("Plot", id="tab-plot"):
                 yield RooflinePlot(**self._plot_args(), id="roofline-plot")
             with TabPane("Timeline", id="tab-timeline"):
+                with Horizontal(id="timeline-controls"):
+                    yield Static("stage", classes="report-note")
+                    yield Select(stage_options(self.stages), value=self.stage or Select.NULL,
+                                 allow_blank=not self.stages, id="timeline-stage", prompt="no stages",
+                                 type_to_search=False, compact=True)
+                    yield Static("n/N: next/previous step of the stage · +/-: zoom · 0: whole trace",
+                                 classes="report-note")
                 yield GpuTimeline(id="gpu-timeline")
                 yield Static("", id="timeline-note", classes="report-note")
                 yield DataGrid(TIMELINE_COLUMNS, id="timeline-grid", classes="report-table")
@@ -265,6 +298,10 @@ class RooflineScreen(Screen):
 
     def load_stage(self, stage: str) -> None:
         self.stage = stage
+        for widget_id in ("#stage", "#timeline-stage"):  # both dropdowns name the stage shown
+            select = self.query_one(widget_id, Select)
+            if select.is_blank() or select.value != stage:
+                select.value = stage
         self.rows = load_roofline_rows(self.stages[stage])
         grid = self.query_one("#roofline-grid", DataGrid)
         grid.set_rows(self.rows, keys=[str(i) for i in range(len(self.rows))])
@@ -307,7 +344,10 @@ class RooflineScreen(Screen):
         if gaps:
             grid.sort_by("duration_us", reverse=True)
         self.gaps = gaps
-        self._load_lanes()
+        if self.timeline_loaded:
+            self.query_one(GpuTimeline).show_stage(stage, self.analysed_steps.get(stage))
+        else:
+            self._load_lanes(stage)
         idle_ms = sum(g.get("duration_us") or 0.0 for g in gaps) / 1e3
         # The gaps come from the whole trace (every stage and step), not from the stage above:
         # their sum is not part of the stage's total.
@@ -317,24 +357,41 @@ class RooflineScreen(Screen):
 
     @work(thread=True, exclusive=True, group="timeline-trace", exit_on_error=False,
           description="read the run's trace for the GPU timeline")
-    def _load_lanes(self) -> None:
-        """The trace's kernels per stream when the trace is still on disk, else the gap analysis."""
-        from magpie_tui.widgets.gpu_timeline import lanes_from_gaps, lanes_from_trace, mark_idle
+    def _load_lanes(self, stage: str) -> None:
+        """The trace's kernels per stream, tagged by stage, when the trace is still on disk; else
+        the gap analysis (its idle gaps and its step table)."""
+        from magpie_tui.widgets.gpu_timeline import (
+            lanes_from_gaps, mark_idle, steps_from_gap_rows, tag_stages, timeline_from_trace,
+        )
         trace = trace_file_of(self.info.path)
-        lanes, source = [], ""
+        lanes, steps, source = [], [], ""
         if trace is not None:
             try:
-                lanes = mark_idle(lanes_from_trace(trace), self.gaps)
+                lanes, steps = timeline_from_trace(trace)
+                lanes = mark_idle(lanes, self.gaps)
                 source = f"trace {trace.name}: kernels per stream"
             except (OSError, ValueError) as exc:
                 source = f"trace {trace.name} unreadable ({exc}); "
         if not lanes:
             lanes = lanes_from_gaps(self.gaps)
+            step_files = sorted((self.info.path / "gap_analysis").glob("gpu_idle_steps_rank*.csv"))
+            ends = [e for e in (_number(str(g.get("end_us", ""))) for g in self.gaps) if e is not None]
+            steps = steps_from_gap_rows(load_csv(step_files[0]), max(ends, default=None)) if step_files else []
+            lanes = tag_stages(lanes, steps)
             source += "gap analysis only (the trace is not on this machine): busy = between idle gaps"
-        self.app.call_from_thread(self.query_one(GpuTimeline).set_lanes, lanes, source)
+        picked = {name: analysed_step(self.info.path, name) for name in self.stages}
+        self.app.call_from_thread(self._show_lanes, lanes, source, steps, picked)
+
+    def _show_lanes(self, lanes, source: str, steps, picked: dict[str, int | None]) -> None:
+        timeline = self.query_one(GpuTimeline)
+        timeline.set_lanes(lanes, source, steps)
+        self.analysed_steps = picked
+        self.timeline_loaded = True
+        # The stage may have changed while the trace was read: show the one chosen now.
+        timeline.show_stage(self.stage, picked.get(self.stage or ""))
 
     def on_select_changed(self, event: Select.Changed) -> None:
-        if event.select.id == "stage" and not event.select.is_blank() and event.value != self.stage:
+        if event.select.id in ("stage", "timeline-stage") and not event.select.is_blank() and event.value != self.stage:
             self.load_stage(str(event.value))
         elif event.select.id in ("category", "bound"):
             self._apply_filter()

@@ -2,7 +2,7 @@
 command line or from an earlier workbench session.
 
 The list is a ``DataGrid``: ``/`` filters it, ``s`` (or a header click) sorts by the highlighted
-column, ``space`` marks runs (two marked benchmark runs compare side by side with ``v``), ``R``
+column, ``space`` marks runs (two marked benchmark runs, or two compare runs, side by side with ``v``), ``R``
 re-runs the highlighted run with its recorded config, ``D``/``A`` delete or archive a finished
 run after asking, ``y``/``Y`` copy its folder or its command line.
 """
@@ -251,11 +251,32 @@ class RunsScreen(Screen):
         if len(marked) != 2:
             self.notify(f"mark exactly two runs (space) to compare them; {len(marked)} marked", severity="warning")
             return
-        if not all(r.mode == "benchmark" and r.report_path for r in marked):
-            self.notify("side by side works for two benchmark runs with reports", severity="warning")
-            return
         a, b = sorted(marked, key=lambda r: r.started or 0.0)  # the older one is A
-        self.app.open_report(a, compare_with=b)
+        missing = [r.name for r in (a, b) if not r.report_path]
+        if missing:
+            self.notify(f"no report yet in {', '.join(missing)} ({a.state}, {b.state}): compare needs both "
+                        "reports", severity="warning")
+            return
+        kinds = {a.mode, b.mode}
+        if kinds == {"benchmark"}:
+            self.app.open_report(a, compare_with=b)
+        elif kinds <= {"compare", "analyze"}:
+            self._open_kernel_pair(a, b)
+        else:
+            self.notify(f"side by side works for two benchmark runs or two compare runs; marked: {a.mode} "
+                        f"and {b.mode}", severity="warning")
+
+    @work(thread=True, exclusive=True, group="report-files", exit_on_error=False,
+          description="read two compare reports")
+    def _open_kernel_pair(self, a: RunInfo, b: RunInfo) -> None:
+        from engine.runs.schema import load_report
+        from magpie_tui.screens.compare_runs import CompareRunsScreen
+        try:
+            report_a, report_b = load_report(a.report_path), load_report(b.report_path)
+        except ValueError as exc:  # names the file and the field that failed
+            self.app.call_from_thread(self.notify, str(exc), severity="error")
+            return
+        self.app.call_from_thread(self.app.push_screen, CompareRunsScreen(a, report_a, b, report_b))
 
     def action_copy_path(self) -> None:
         info = self.selected_run()
@@ -263,43 +284,60 @@ class RunsScreen(Screen):
             self.app.copy_to_clipboard(str(info.path))
             self.notify(f"copied {info.path}")
 
+    def _plan_rerun(self, info: RunInfo, write: bool = False):
+        from magpie_tui.rerun import plan_rerun
+        settings = self.app.settings
+        return plan_rerun(info, settings.launch_results_dir, write=write, project_dir=settings.project_dir)
+
     def action_copy_command(self) -> None:
-        from magpie_tui.rerun import RerunError, rerun_request
         info = self.selected_run()
-        if info is None:
-            return
-        try:
-            command = " ".join(rerun_request(info, self.app.settings.launch_results_dir, write=False).argv()[3:])
-        except RerunError as exc:
-            self.notify(str(exc), severity="warning")
-            return
-        self.app.copy_to_clipboard(f"magpie {command}")
-        self.notify(f"copied: magpie {command}")
+        if info is not None:
+            self._prepare_rerun(info, copy=True)
 
     def action_rerun(self) -> None:
-        from magpie_tui.rerun import RerunError, rerun_request
-        from magpie_tui.screens.confirm import ConfirmScreen
         info = self.selected_run()
-        if info is None:
-            return
+        if info is not None:
+            self._prepare_rerun(info, copy=False)
+
+    @work(thread=True, exclusive=True, group="rerun-plan", exit_on_error=False,
+          description="work out how to re-run a run")
+    def _prepare_rerun(self, info: RunInfo, copy: bool) -> None:
+        """Blocking: reads the run's config or report and, without a config, searches the project's
+        kernel configs; then asks (``R``) or copies the command line (``Y``) on the event loop."""
+        from magpie_tui.rerun import RerunError
         try:
-            request = rerun_request(info, self.app.settings.launch_results_dir, write=False)
-        except RerunError as exc:
-            self.notify(str(exc), severity="warning")
+            plan = self._plan_rerun(info)
+        except RerunError as exc:  # says why the folder is not enough and what to do instead
+            self.app.call_from_thread(self.notify, str(exc), severity="warning", timeout=12)
             return
-        question = f"Run {info.name} again with its recorded config?\n$ magpie {' '.join(request.argv()[3:])}"
+        self.app.call_from_thread(self._copy_command if copy else self._ask_rerun, info, plan)
+
+    def _copy_command(self, info: RunInfo, plan) -> None:
+        command = f"magpie {' '.join(plan.request.argv()[3:])}"
+        self.app.copy_to_clipboard(command)
+        self.notify(f"copied: {command}")
+
+    def _ask_rerun(self, info: RunInfo, plan) -> None:
+        from magpie_tui.screens.confirm import ConfirmScreen
+        question = (f"Run {info.name} again?\nConfig: {plan.source}.\n"
+                    f"$ magpie {' '.join(plan.request.argv()[3:])}")
         self.app.push_screen(ConfirmScreen(question, yes="Start"),
                              lambda yes: self._start_rerun(info) if yes else None)
 
+    @work(thread=True, exclusive=True, group="rerun-plan", exit_on_error=False, description="start a re-run")
     def _start_rerun(self, info: RunInfo) -> None:
         from engine.errors import MagpieError
         from engine.runs.launch import start_run
-        from magpie_tui.rerun import RerunError, rerun_request
+        from magpie_tui.rerun import RerunError
         try:
-            started = start_run(rerun_request(info, self.app.settings.launch_results_dir))
+            started = start_run(self._plan_rerun(info, write=True).request)
         except (RerunError, MagpieError, OSError) as exc:
-            self.notify(error_text(exc) if isinstance(exc, MagpieError) else str(exc), severity="error")
+            self.app.call_from_thread(self.notify, error_text(exc) if isinstance(exc, MagpieError) else str(exc),
+                                      severity="error")
             return
+        self.app.call_from_thread(self._rerun_started, started)
+
+    def _rerun_started(self, started) -> None:
         self.notify(f"started pid {started.pid}: {' '.join(started.argv[3:5])}")
         self.app.show_started(started)
 

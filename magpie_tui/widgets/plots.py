@@ -9,6 +9,8 @@ data, the selection or the size changes; styled lines are rebuilt when the theme
 - :class:`RooflinePlot`: log-log roofline with compute ceilings, bandwidth slope, ridge and kernels by bound.
 - :class:`Histogram`: latency distribution with percentile markers.
 - :class:`LinePlot`: throughput/latency sweeps, one labelled point per sweep value.
+- :class:`CapacityPlot`: the levels an SLO capacity search tried, latency against throughput, passed
+  and failed levels told apart by their labels (``✓``/``✗``) as well as colour, the SLO limit and the knee.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from magpie_tui.widgets.plot_canvas import (
 
 __all__ = [
     "PLOT_COMPONENT_CLASSES",
+    "CapacityPlot",
+    "CapacityPoint",
     "Histogram",
     "LinePlot",
     "PlotBase",
@@ -56,7 +60,7 @@ __all__ = [
 
 #: roles drawn by the layout -> component class ``plot--<role>``
 PLOT_ROLES = ("axis", "label", "title", "point", "ceiling", "selected", "memory-bound", "compute-bound",
-              "series-0", "series-1", "series-2", "series-3")
+              "passed", "failed", "series-0", "series-1", "series-2", "series-3")
 PLOT_COMPONENT_CLASSES = frozenset(f"plot--{role}" for role in PLOT_ROLES)
 
 
@@ -79,6 +83,8 @@ class PlotBase(Widget):
         & > .plot--selected { color: $plot-selected; text-style: bold; }
         & > .plot--memory-bound { color: $memory-bound; }
         & > .plot--compute-bound { color: $compute-bound; }
+        & > .plot--passed { color: $correct; }
+        & > .plot--failed { color: $incorrect; text-style: bold; }
         & > .plot--series-0 { color: $primary; }
         & > .plot--series-1 { color: $accent; }
         & > .plot--series-2 { color: $success; }
@@ -350,6 +356,62 @@ class LinePlot(ScatterLinePlot):
                    reason: str | None = None) -> None:
         """Several sweeps to compare (colours ``plot--series-0`` ... ``-3`` in order)."""
         self.set_series(self._to_series(sweeps), reason=reason)
+
+
+class CapacityPoint(NamedTuple):
+    """One level a capacity search tried: its throughput (x), latency (y), label and outcome."""
+
+    throughput: float
+    latency: float
+    label: str
+    passed: bool
+
+
+class CapacityPlot(ScatterLinePlot):
+    """Latency against throughput for each level an SLO capacity search tried, joined in level order.
+
+    Passed levels are labelled ``✓`` and failed ones ``✗`` (readable without colour), in the
+    ``plot--passed`` / ``plot--failed`` styles; ``slo`` draws the limit as a level line and ``knee``
+    (the throughput of the highest passing level) as a dotted vertical marker.
+    """
+
+    def __init__(self, points: Iterable[CapacityPoint] = (), *, slo: float | None = None, slo_label: str = "SLO",
+                 knee: float | None = None, knee_label: str = "knee", title: str = "", x_label: str = "",
+                 y_label: str = "", reason: str | None = None, name: str | None = None, id: str | None = None,
+                 classes: str | None = None) -> None:
+        super().__init__(title=title, x_label=x_label, y_label=y_label, reason=reason, name=name, id=id,
+                         classes=classes)
+        self.set_levels(points, slo=slo, slo_label=slo_label, knee=knee, knee_label=knee_label, reason=reason)
+
+    def set_levels(self, points: Iterable[CapacityPoint], *, slo: float | None = None, slo_label: str = "SLO",
+                   knee: float | None = None, knee_label: str = "knee", reason: str | None = None) -> None:
+        pts = [p for p in points if math.isfinite(p.throughput) and math.isfinite(p.latency)]
+        self.points = pts
+        self.slo, self.knee, self.knee_label = slo, knee, knee_label
+        passed = [p for p in pts if p.passed]
+        failed = [p for p in pts if not p.passed]
+        series = [
+            Series("levels", [(p.throughput, p.latency) for p in pts], role="axis", line=True, markers=False,
+                   legend=False),
+            Series("passed ✓", [(p.throughput, p.latency) for p in passed], role="passed",
+                   labels=[f"{p.label}✓" for p in passed]),
+            Series("failed ✗", [(p.throughput, p.latency) for p in failed], role="failed",
+                   labels=[f"{p.label}✗" for p in failed]),
+        ]
+        if slo is not None and pts:
+            xs = [p.throughput for p in pts]
+            series.append(Series(slo_label, [(min(xs), slo), (max(xs), slo)], role="ceiling", line=True,
+                                 markers=False))
+        self.set_series(series, reason=reason)
+
+    def build_spec(self, width: int, height: int) -> PlotSpec:
+        spec = super().build_spec(width, height)
+        if spec.message:
+            return spec
+        spec = replace(spec, y_extent=(0.0,))  # latency from 0: the SLO line's height reads true
+        if self.knee is None:
+            return spec
+        return replace(spec, vmarkers=[VMarker(self.knee, role="selected", label=self.knee_label, dotted=True)])
 
 
 class RooflinePoint(NamedTuple):

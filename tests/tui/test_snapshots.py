@@ -197,3 +197,68 @@ def _open_runs_then(keys: tuple[str, ...]):
         await pilot.press(*keys)
         await _settle(pilot)
     return run_before
+
+
+# -- issue 15, what remained: compare runs side by side, re-run without a config, the timeline per stage,
+# the capacity plot ------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def snapshot_app_more_runs():
+    """The snapshot project with two more runs: a second compare (its one_pass slower, its unmasked
+    fixed) and a capacity search."""
+    from tui.test_workbench_views import add_capacity_run, second_compare, slower_one_pass_and_fixed_unmasked
+    project = make_project(SNAPSHOT_ROOT)
+    second_compare(project, slower_one_pass_and_fixed_unmasked)
+    add_capacity_run(project)
+    return build_app(project)
+
+
+def _open_runs_and(action):
+    async def run_before(pilot):
+        await _open_runs()(pilot)
+        deadline = time.monotonic() + 10
+        while len(pilot.app.runs) < 6 and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        await action(pilot)
+        await _settle(pilot, 0.5)
+    return run_before
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_compare_runs_side_by_side(snap_compare, snapshot_app_more_runs, size):
+    async def mark_both(pilot):
+        grid = pilot.app.screen.query_one("#runs-table")
+        for run in pilot.app.runs:
+            if run.mode == "compare":
+                grid.move_cursor_to_key(str(run.path))
+                await pilot.press("space")
+        await pilot.press("v")
+    assert snap_compare(snapshot_app_more_runs, terminal_size=size, run_before=_open_runs_and(mark_both))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_benchmark_capacity(snap_compare, snapshot_app_more_runs, size):
+    async def open_capacity(pilot):
+        pilot.app.open_report(next(r for r in pilot.app.runs if r.name.startswith("benchmark_builtin-tiny_20261202")))
+        await _settle(pilot, 0.5)
+        await pilot.press("right_square_bracket", "right_square_bracket", "right_square_bracket")
+    assert snap_compare(snapshot_app_more_runs, terminal_size=size, run_before=_open_runs_and(open_capacity))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_rerun_without_a_recorded_config(snap_compare, snapshot_app_more_runs, size):
+    async def rerun(pilot):
+        run = next(r for r in pilot.app.runs if r.name.startswith("compare_three_pass_2026"))
+        (run.path / "config.yaml").unlink()
+        pilot.app.screen.query_one("#runs-table").move_cursor_to_key(str(run.path))
+        await pilot.press("R")
+    assert snap_compare(snapshot_app_more_runs, terminal_size=size, run_before=_open_runs_and(rerun))
+
+
+@pytest.mark.parametrize("size", NEW_SIZES)
+def test_roofline_timeline_of_the_mixed_stage(snap_compare, snapshot_app, size):
+    async def run_before(pilot):
+        await _open_report("trace_", ("g",))(pilot)
+        pilot.app.screen.query_one("#timeline-stage").value = "prefilldecode"
+        await _settle(pilot)
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)

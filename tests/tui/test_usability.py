@@ -509,8 +509,9 @@ async def test_rerun_asks_then_starts_the_recorded_config(app, project):
         await pilot.press("n")
         await wait_screen(pilot, app, RunsScreen, "#runs-table")
         assert not app.started
-        await pilot.press("Y")
-        assert app.clipboard.startswith("magpie compare -k ") and "--baseline three_pass" in app.clipboard
+        await pilot.press("Y")  # worked out in a thread worker (it may search the project's configs)
+        await wait_for(pilot, lambda: app.clipboard.startswith("magpie compare -k "))
+        assert "--baseline three_pass" in app.clipboard
         await pilot.press("y")
         assert app.clipboard == str(run.path)
 
@@ -677,7 +678,9 @@ async def test_timeline_tab_draws_the_traces_streams_and_zooms(app, project):
         assert "kernels per stream" in timeline.source
         row = timeline.render_line(3).text  # the lane of stream 7: kernels and the gaps it waited
         assert "█" in row and "!" in row
+        await pilot.press("0")  # it opens on a step of the stage shown; 0: the whole trace
         whole = timeline.view
+        assert whole == timeline.extent
         await pilot.press("plus", "plus")
         assert timeline.view[1] - timeline.view[0] == pytest.approx((whole[1] - whole[0]) / 4)
         await pilot.press("right")
