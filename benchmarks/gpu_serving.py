@@ -270,8 +270,9 @@ def server_warnings(ws: Path | None) -> list[str]:
     log = ws / "server.log" if ws is not None else None
     if log is None or not log.exists():
         return []
-    return [line.strip() for line in log.read_text(errors="replace").splitlines()
-            if "warning:" in line or line.startswith("magpie-serve ready")]
+    lines = log.read_text(errors="replace").splitlines()
+    stats = [line.strip() for line in lines if line.startswith("magpie-serve stats")]
+    return [line.strip() for line in lines if "warning:" in line or line.startswith("magpie-serve ready")] + stats[-1:]
 
 
 def copy_out(out: Path, results: Path, wss: dict[str, Path | None], table: dict) -> None:
@@ -306,6 +307,12 @@ def print_table(table: dict[str, Any]) -> None:
             f"{steps.get('tokens')} agree, max |logit diff| {steps.get('max_abs_logit_diff')}; engines: "
             f"{'equal' if engines.get('equal') else 'DIFFERENT'} ({engines.get('tokens')} tokens, "
             f"{engines.get('distinct_tokens')} distinct, mismatches {engines.get('mismatches')}); timing {c.get('timing')}")
+        prompt = c.get("prompt_logits") or {}
+        mixed = prompt.get("mixed") or {}
+        say(f"  prompt graph vs eager: tokens {prompt.get('tokens_agree')}/{prompt.get('prompts')} agree, max |logit diff| "
+            f"{prompt.get('max_abs_logit_diff')}; mixed step: {mixed.get('tokens_agree')}/"
+            f"{(mixed.get('prompts') or 0) + (mixed.get('decode_rows') or 0)} agree, max |logit diff| "
+            f"{mixed.get('max_abs_logit_diff')}; prompt timing {c.get('prompt_timing')}")
         for note in c.get("kernel_notes") or []:
             say(f"  WARNING {note}")
     say(f"{'run':<9} | {'state':<9} | {'output tok/s':>12} | {'TPOT med ms':>11} | {'floor ms':>8} | {'TPOT/floor':>10} | "
@@ -320,7 +327,7 @@ def print_table(table: dict[str, Any]) -> None:
             say(f"  {label} errors: {r['errors']}")
     for label, lines in table["server_log"].items():
         for line in lines:
-            say(f"  {label} server: {line[:240]}")
+            say(f"  {label} server: {line[:400]}")
     say(f"profiled trace: {table.get('trace')}")
     for i, k in enumerate(table.get("top_kernels") or [], 1):
         say(f"  {i}. {k['percent']:5.1f}%  {k['time_ms']:9.2f} ms  {k['calls']:6d} calls  {k['name'][:110]}")
