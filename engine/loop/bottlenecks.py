@@ -27,9 +27,9 @@ the CPU time of the top-level ops, since there is no device timeline. Stages com
 annotations (vLLM's detailed names, as the built-in server writes them): ``prefill_only``,
 ``decode_only``, ``prefilldecode`` and ``all``. Window: the steady state of the profiled steps,
 without ramp-up and drain (``engine.loop.window``: the longest run whose decode batch stays near
-its median; every step but the first when the trace is too short for one), and the prompt-only
-steps outside it but the first (a burst of prompts is prefilled in the ramp-up); ``window``
-records the steps, the time range and why.
+its median; every step but the first when the trace is too short for one), and the steps with
+prompt tokens outside it but the first (a burst of prompts is prefilled in the ramp-up);
+``window`` records the steps, the time range and why.
 
 Each row also has ``bound`` (memory or compute) and ``roofline_pct`` on a GPU trace, from the
 work its calls recorded and the GPU's ceilings (``engine.loop.roofline``).
@@ -217,12 +217,13 @@ def _steps(events: list[dict]) -> list[tuple[dict, str, int]]:
 
 def _window(steps: list[tuple[dict, str, int]]) -> tuple[list[tuple[dict, str]], dict]:
     """The steps of the steady-state window (``engine.loop.window``) and its record, plus the
-    prompt-only steps outside it (but the trace's first): a load that sends its prompts in one
-    burst prefills them all in the ramp-up, and the prefill stage must not come out empty."""
+    steps with prompt tokens outside it (but the trace's first): a load that sends its prompts
+    in one burst prefills them all in the ramp-up, and the ops of prompts (the prefill attention)
+    must not drop out of the table."""
     first, last, info = choose_window([b for _, _, b in steps])
     chosen = [(e, stage) for e, stage, _ in steps[first:last + 1]]
     outside = [(e, stage) for i, (e, stage, _) in enumerate(steps)
-               if stage == "prefill_only" and i and not first <= i <= last]
+               if stage in ("prefill_only", "prefilldecode") and i and not first <= i <= last]
     if outside:
         chosen = sorted(chosen + outside, key=lambda es: es[0]["ts"])
     window = {"steps": len(chosen), "steps_in_trace": len(steps), **info, "prompt_steps_outside": len(outside)}

@@ -101,5 +101,5 @@ def describe(window: dict) -> str:
         extra = window.get("prompt_steps_outside") or 0
         return (f"{where}: steady decode batch {window['decode_batch_median']:g} (band {lo:g}-{hi:g}); "
                 f"{window['steps_before']} step(s) before and {window['steps_after']} after left out"
-                + (f", but {extra} prompt step(s) among them kept for the prefill stage" if extra else ""))
+                + (f", but {extra} step(s) with prompts among them kept" if extra else ""))
     return f"{where}: {window['rule']}, because {window['fallback_reason']}"

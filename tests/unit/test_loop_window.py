@@ -90,11 +90,13 @@ def test_the_window_of_a_real_vllm_trace_leaves_its_ramp_up_and_drain_out():
 def test_prompts_sent_in_one_burst_keep_their_prefill_steps(tmp_path):
     # A closed loop that sends every prompt at once prefills them all in the ramp-up: the steady
     # decode window alone would leave the prefill stage (and its attention op) empty.
-    batches = [0, 0, 0, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 1]
-    table = analyze_trace(_trace(tmp_path / "t.json", batches))
+    # Steps 0-1 prefill only, step 2 prefills the last prompts beside the first decodes.
+    batches = [0, 0, 3, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 1]
+    table = analyze_trace(_trace(tmp_path / "t.json", batches, prefill_at=(2,)))
     w = table["window"]
     assert w["steady"] and w["step_range"] == [4, 13] and w["prompt_steps_outside"] == 2
-    assert table["stages"]["prefill_only"]["steps"] == 2  # steps 1 and 2; step 0 (cold) stays out
-    assert _ops(table) == {1, 2} | set(range(4, 14))
+    assert table["stages"]["prefill_only"]["steps"] == 1  # step 1; step 0 (cold) stays out
+    assert table["stages"]["prefilldecode"]["steps"] == 1  # step 2
+    assert _ops(table) == {1, 2} | set(range(4, 14))  # step 3 (ramp-up decode only) stays out
     assert w["time_range_us"] == [4000.0, 13900.0]  # the steady run's span
-    assert "2 prompt step(s) among them kept for the prefill stage" in describe(w)
+    assert "2 step(s) with prompts among them kept" in describe(w)
