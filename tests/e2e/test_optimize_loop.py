@@ -102,7 +102,7 @@ def test_until_harness_and_status(until_harness):
     assert window["steps"] == sum(table["stages"][st]["steps"] for st in table["stages"] if st != "all")
     assert window["steps"] == table["stages"]["all"]["steps"] < window["steps_in_trace"]
     assert window["steady"] and window["decode_batch_median"] == 2 and window["steps_before"] >= 1
-    assert window["step_range"][1] - window["step_range"][0] + 1 == window["steps"]
+    assert window["step_range"][1] - window["step_range"][0] + 1 + window["prompt_steps_outside"] == window["steps"]
     assert "decode_only" in table["stages"] and {"prefill_only", "prefilldecode"} & set(table["stages"])
     assert "magpie optimize: bottleneck window: steps " in proc.stdout + proc.stderr
     # Python stacks (the server's profiler records them): the model functions behind each row.
