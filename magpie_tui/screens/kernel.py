@@ -172,6 +172,8 @@ class KernelScreen(Screen):
         Binding("escape", "app.pop_screen", "Back", id="kernel.back"),
         Binding("d", "diff", "Diff candidate", id="kernel.diff"),
         Binding("n", "next_source", "Next kernel source", id="kernel.next_source"),
+        Binding("e", "edit_source", "Edit source", show=False, id="kernel.edit_source"),
+        Binding("y", "copy_source_path", "Copy path", show=False, id="kernel.copy_path"),
     ]
 
     def __init__(self, info: RunInfo, stage: str, row: dict[str, Any]) -> None:
@@ -270,6 +272,28 @@ class KernelScreen(Screen):
 
     def action_next_source(self) -> None:
         self._open_source(self.source_index + 1)
+
+    def action_edit_source(self) -> None:
+        """The source shown below (the op's kernel or the highlighted candidate's) in
+        ``$VISUAL``/``$EDITOR`` at its line, then read again: what the editor saved is shown."""
+        from magpie_tui.editor import edit_file
+        view = self.query_one(CodeView)
+        if view.path is None:
+            self.notify("no source file shown to edit (see the source line above)", severity="warning")
+            return
+        path, line = view.path, view.line
+        problem = edit_file(self.app, path, line)
+        if problem:
+            self.notify(problem, severity="error")
+        view.show(path, line)
+
+    def action_copy_source_path(self) -> None:
+        path = self.query_one(CodeView).path
+        if path is None:
+            self.notify("no source file shown to copy the path of", severity="warning")
+            return
+        self.app.copy_to_clipboard(str(path))
+        self.notify(f"copied {path}")
 
     def on_data_grid_row_highlighted(self, event: DataGrid.RowHighlighted) -> None:
         # Only when the user moves in the candidates: filling the table must not replace the

@@ -687,3 +687,80 @@ async def test_timeline_tab_draws_the_traces_streams_and_zooms(app, project):
         assert timeline.view[0] > whole[0]
         await pilot.press("0")
         assert timeline.view == whole
+
+
+# -- audit of issue 15: the items above that had no Pilot test of their own ---------------------------
+
+async def _open_kernel_of(pilot, app, op: str) -> KernelScreen:
+    app.open_report(find_run(app, "trace_"))
+    await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+    grid = app.screen.query_one("#roofline-grid", DataGrid)
+    assert grid.move_cursor_to_key(next(k for k, r in zip(grid.visible_keys(), grid.visible_rows())
+                                        if r["op_name"] == op))
+    grid.focus()
+    await pilot.press("enter")
+    await wait_screen(pilot, app, KernelScreen, "#kernel-info")
+    kernel = app.screen
+    await wait_for(pilot, lambda: "searching" not in text_of(kernel, "#kernel-info"), 30)
+    return kernel
+
+
+async def test_edit_the_kernels_source_in_the_editor_and_copy_its_path(app, project, monkeypatch, tmp_path):
+    from magpie_tui.widgets.code_view import CodeView
+    editor = tmp_path / "fake-editor.sh"  # a real editor process that appends a line to the file
+    editor.write_text("#!/bin/sh\nprintf '# added_by_the_editor\\n' >> \"$1\"\n")
+    editor.chmod(0o755)
+    monkeypatch.setenv("VISUAL", str(editor))
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        kernel = await _open_kernel_of(pilot, app, "aten::gelu")
+        view = kernel.query_one(CodeView)
+        source = project / "kernels" / "kernelbench_l1" / "kb026_gelu.py"
+        assert view.path == source and "added_by_the_editor" not in view.text
+        await pilot.press("e")
+        await wait_for(pilot, lambda: "added_by_the_editor" in view.text)  # read again on return
+        assert source.read_text().endswith("# added_by_the_editor\n")
+        await pilot.press("y")
+        assert app.clipboard == str(source)
+
+
+async def test_kernel_and_timeline_say_which_counts_are_the_stages_and_which_the_whole_traces(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "trace_"))
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        await pilot.press("t")  # the Timeline tab: the stage's total beside the whole trace's gaps
+        note = text_of(app.screen, "#gaps-note")
+        assert note.startswith("GPU idle gaps of the whole trace, all stages")
+        assert text_of(app.screen, "#timeline-note").startswith("stage decode_only: ")
+        await pilot.press("escape")
+        await wait_screen(pilot, app, RunsScreen, "#runs-table")
+        info = text_of(await _open_kernel_of(pilot, app, "aten::mm"), "#kernel-info")
+        # "1 call" and "calls 12" read as two counts of two things, each named
+        assert "1 call(s) in the stage" in info and "whole trace: calls 12" in info
+
+
+async def test_a_running_benchmark_shows_its_live_numbers_in_the_runs_list(app, project, sleeper):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        ws = live_run(project, sleeper.pid, "live")
+        ws.events.emit("progress", phase="measure", done=30, total=40, completed=30, failed=2,
+                       output_tok_s=232.3, ttft_p50_ms=9.148, tpot_p50_ms=3.871)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: str(ws.root) in grid.visible_keys())
+        await wait_for(pilot, lambda: grid.get_row(str(ws.root))["progress"] ==
+                       "30/40 · 2 failed · 232 tok/s · TTFT 9.15 ms · TPOT 3.87 ms")
+
+
+async def test_histograms_stand_apart_with_their_titles_at_80_columns(app, project):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "benchmark_builtin-tiny_20261129_192724"))
+        await wait_screen(pilot, app, BenchmarkReportScreen, "#bench-grid")
+        await pilot.press("right_square_bracket")
+        await pilot.pause()
+        hists = [app.screen.query_one(f"#hist-{n}") for n in ("ttft", "tpot", "itl", "e2el")]
+        for left, right in zip(hists, hists[1:]):
+            assert right.region.x > left.region.right  # a column between: the titles do not run together
+        for hist, name in zip(hists, ("TTFT", "TPOT", "ITL", "E2EL")):
+            assert hist.render_line(0).text.strip().startswith(name)
