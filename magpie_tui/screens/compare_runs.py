@@ -168,7 +168,7 @@ class CompareRunsScreen(Screen):
         yield Static("×: speedup vs that run's baseline (baseline median / kernel median), 95% bootstrap interval. "
                      "Change: higher / lower when B's interval lies wholly above / below A's, within noise when they "
                      "overlap. w: swap A and B.", classes="report-note")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def on_mount(self) -> None:
         self._show()

@@ -58,7 +58,7 @@ class ConfigsScreen(Screen):
                 with VerticalScroll(id="config-problems"):  # every problem, scrollable, never cut
                     yield Static("", id="config-problems-text")
                 yield CodeView(id="config-source")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def on_mount(self) -> None:
         self.sub_title = str(self.app.settings.project_dir)

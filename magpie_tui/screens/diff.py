@@ -75,7 +75,7 @@ class DiffScreen(Screen):
                                     id="candidate-list")
             yield DiffView(str(base_path or "baseline"), _read(base_path), str(cand_path or "candidate"),
                            _read(cand_path), id="diff-view")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def _title(self) -> str:
         if not self.sources:

@@ -193,7 +193,7 @@ class KernelScreen(Screen):
                                                                 "tie": "tie"}.get(r.get("verdict") or ""),
                        id="kernel-candidates")
         yield CodeView(id="kernel-source")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def _header_text(self) -> str:
         r = self.row

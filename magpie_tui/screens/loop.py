@@ -614,7 +614,7 @@ class LoopScreen(Screen):
                                row_class=lambda row: E2E_CLASS.get(row["verdict"]))
                 yield DataGrid(CHECK_COLUMNS, id="verdict-checks",
                                row_class=lambda row: {"pass": "correct", "FAIL": "incorrect"}.get(row["ok"]))
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def on_mount(self) -> None:
         self.sub_title = self.root.name

@@ -182,7 +182,7 @@ class CompareReportScreen(Screen):
                          classes="incorrect-why")
         yield Static("Speedup = baseline median / kernel median, with a 95% bootstrap interval; an interval "
                      "that contains 1.0 is a tie. Incorrect kernels are never ranked.", classes="report-note")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name
@@ -595,7 +595,7 @@ class BenchmarkReportScreen(Screen):
                              id="compare-note", classes="report-note")
                 yield DataGrid(DELTA_COLUMNS, row_class=lambda row: {"better": "correct", "worse": "incorrect"}.get(
                     row["verdict"], "tie" if row["noise"] == "inside" else None), id="delta-grid")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name

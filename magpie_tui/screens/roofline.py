@@ -237,7 +237,7 @@ class RooflineScreen(Screen):
                 yield DataGrid(TIMELINE_COLUMNS, id="timeline-grid", classes="report-table")
                 yield Static("", id="gaps-note", classes="report-note")
                 yield DataGrid(GAP_COLUMNS, id="gaps-grid")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def _plot_args(self) -> dict:
         if not self.arch:

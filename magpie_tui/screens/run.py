@@ -86,7 +86,7 @@ class RunScreen(Screen):
                 yield EventsLog(self.info.path / "events.jsonl", id="run-events")
             with TabPane("Summary", id="tab-summary"):
                 yield Static("", id="run-summary")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def _label(self, path: Path) -> str:
         try:

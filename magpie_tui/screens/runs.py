@@ -133,7 +133,7 @@ class RunsScreen(Screen):
         yield DataGrid(RUN_COLUMNS, row_class=lambda row: STATE_CLASSES.get(row["state"], "muted"),
                        fixed_columns=2, filter_columns=["state", "mode", "label", "progress", "folder"],
                        id="runs-table")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
 
     def on_mount(self) -> None:
         self.sub_title = ", ".join(str(d) for d in self.app.settings.results_dirs)
