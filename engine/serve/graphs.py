@@ -50,6 +50,38 @@ _FIX = "make the kernel capturable (no host syncs such as .item() or .tolist(), 
        "or start the server eager (--eager, or eager: true in its config)"
 
 
+def _on_side_stream(device: torch.device, warm_up) -> None:
+    """Run ``warm_up`` on a side stream and wait for it, as torch.cuda.graphs documents: lazy
+    initialisation (cuBLAS workspaces, Triton compiles) must not happen inside a capture."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        warm_up()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+
+
+def _time_ms(graph: torch.cuda.CUDAGraph | None, forward, device: torch.device, iters: int) -> float:
+    """Milliseconds per step: ``graph`` replays queued back to back and timed with CUDA events
+    (the GPU's time), or, without one, eager ``forward`` calls by the wall clock with a sync each
+    (the host's time included)."""
+    if graph is not None:
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iters
+    forward()
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        forward().cpu()
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
 def batch_buckets(max_batch: int, sizes: Sequence[int] | None = None) -> list[int]:
     """The batch sizes decode steps are padded to: ``sizes`` (cuda_graph_batch_sizes) checked, or
     the powers of two below ``max_batch`` and ``max_batch`` itself."""
@@ -85,21 +117,31 @@ class DecodeRunner:
         i = bisect.bisect_left(self.buckets, n)
         return self.buckets[i] if i < len(self.buckets) else n
 
-    def _stage(self, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> int:
-        n = len(ids)
+    def _bucket_of(self, n: int) -> int:
         b = self.bucket(n)
         if b > self.rows:
             raise ValueError(f"a decode step of {n} sequences exceeds the {self.rows} rows of the runner")
-        pad = b - n
+        return b
+
+    def _stage(self, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> int:
+        b = self._bucket_of(len(ids))
+        self._stage_rows(0, b, ids, positions, slots)
+        return b
+
+    def _stage_rows(self, start: int, b: int, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> None:
+        """Rows ``start..`` from the host: the given sequences, then padding rows up to ``b``."""
+        pad = b - start - len(ids)
         rows = [[*ids, *[0] * pad], [*positions, *[0] * pad], [*slots, *[self.pad_slot] * pad],
                 [*(p + 1 for p in positions), *[1] * pad]]
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the pinned buffer (done already after a step's sync)
-        self._host[:, :b].copy_(torch.tensor(rows, dtype=torch.long))
+        self._host[:, start:b].copy_(torch.tensor(rows, dtype=torch.long))
         if self._copied is not None:
-            self._dev.copy_(self._host, non_blocking=True)
+            if start:
+                self._dev[:, start:b].copy_(self._host[:, start:b], non_blocking=True)
+            else:
+                self._dev.copy_(self._host, non_blocking=True)
             self._copied.record()
-        return b
 
     def _forward(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids, positions, slots, lengths = self._dev[:, :b].unbind(0)
@@ -109,8 +151,11 @@ class DecodeRunner:
     def run(self, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int]) -> torch.Tensor:
         """Greedy next tokens (a device tensor of ``len(ids)``) after token ``ids[i]`` at
         ``positions[i]`` of slot ``slots[i]``."""
-        n = len(ids)
-        b = self._stage(ids, positions, slots)
+        return self._step(self._stage(ids, positions, slots), len(ids))
+
+    def _step(self, b: int, n: int) -> torch.Tensor:
+        """The staged step of bucket ``b``: replayed from its graph (none while profiling: the
+        annotations exist only in eager execution) or run eagerly; the first ``n`` tokens."""
         graph = None if self.model.annotate_kernels else self.graphs.get(b)
         if graph is not None:
             graph[0].replay()
@@ -126,16 +171,16 @@ class DecodeRunner:
         wait for, so it can hand out the last step's tokens while the GPU runs this one."""
         n = tokens.shape[0]
         b = self.bucket(n)
-        self._dev[0, :n].copy_(tokens)  # queued before the replay overwrites the graph's output
+        self._advance(tokens)
+        return self._step(b, n)
+
+    def _advance(self, tokens: torch.Tensor) -> None:
+        """The first rows' new tokens become their inputs, one position further, on the device
+        (queued before the replay overwrites the graph's output)."""
+        n = tokens.shape[0]
+        self._dev[0, :n].copy_(tokens)
         self._dev[1, :n] += 1
         self._dev[3, :n] += 1
-        graph = None if self.model.annotate_kernels else self.graphs.get(b)
-        if graph is not None:
-            graph[0].replay()
-            self.replays += 1
-            return graph[1][:n]
-        self.eager_steps += 1
-        return self._forward(b)[0][:n]
 
     def run_joined(self, tokens: torch.Tensor | None, new_tokens: torch.Tensor, positions: Sequence[int],
                    slots: Sequence[int]) -> torch.Tensor:
@@ -146,30 +191,12 @@ class DecodeRunner:
         the device as in ``run_next``."""
         old = 0 if tokens is None else tokens.shape[0]
         n = old + len(positions)
-        b = self.bucket(n)
-        if b > self.rows:
-            raise ValueError(f"a decode step of {n} sequences exceeds the {self.rows} rows of the runner")
-        pad = b - n
-        rows = [[0] * (b - old), [*positions, *[0] * pad], [*slots, *[self.pad_slot] * pad],
-                [*(p + 1 for p in positions), *[1] * pad]]
-        if self._copied is not None:
-            self._copied.synchronize()  # the previous copy has read the pinned buffer
-        self._host[:, old:b].copy_(torch.tensor(rows, dtype=torch.long))
-        if self._copied is not None:
-            self._dev[:, old:b].copy_(self._host[:, old:b], non_blocking=True)
-            self._copied.record()
+        b = self._bucket_of(n)
+        self._stage_rows(old, b, [0] * len(positions), positions, slots)  # ids come from the device below
         if tokens is not None:
-            self._dev[0, :old].copy_(tokens)
-            self._dev[1, :old] += 1
-            self._dev[3, :old] += 1
+            self._advance(tokens)
         self._dev[0, old:n].copy_(new_tokens)
-        graph = None if self.model.annotate_kernels else self.graphs.get(b)
-        if graph is not None:
-            graph[0].replay()
-            self.replays += 1
-            return graph[1][:n]
-        self.eager_steps += 1
-        return self._forward(b)[0][:n]
+        return self._step(b, n)
 
     def logits(self, ids: Sequence[int], positions: Sequence[int], slots: Sequence[int], graph: bool) -> torch.Tensor:
         """The logits ``[len(ids), vocab]`` of the decode step ``run`` would take, from its graph
@@ -201,15 +228,7 @@ class DecodeRunner:
         self.stage_padding()
         with self.model.tracking_kernels() as tracker:
             try:
-                # Warm-up on a side stream, as torch.cuda.graphs documents: lazy initialisation
-                # (cuBLAS workspaces, Triton compiles) must not happen inside a capture.
-                side = torch.cuda.Stream(device)
-                side.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(side):
-                    for b in self.buckets:
-                        self._forward(b)
-                torch.cuda.current_stream(device).wait_stream(side)
-                torch.cuda.synchronize(device)
+                _on_side_stream(device, lambda: [self._forward(b) for b in self.buckets])
                 pool = torch.cuda.graph_pool_handle()
                 for b in reversed(self.buckets):  # largest first: the smaller graphs reuse its memory
                     graph = torch.cuda.CUDAGraph()
@@ -229,25 +248,8 @@ class DecodeRunner:
         batch-1, whatever their cache holds): graph replays queued back to back and timed with
         CUDA events (the GPU's time), or eager steps by the wall clock with a sync each (the
         host's time included). For the GPU benchmark's busy share of a decode step."""
-        device = self.model.device
-        self._stage([1] * batch, [context - 1] * batch, list(range(batch)))
-        b = self.bucket(batch)
-        if graph:
-            g = self.graphs[b][0]
-            g.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                g.replay()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / iters
-        self._forward(b)
-        torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            self._forward(b)[0].cpu()
-        return (time.perf_counter() - t0) * 1e3 / iters
+        b = self._stage([1] * batch, [context - 1] * batch, list(range(batch)))
+        return _time_ms(self.graphs[b][0] if graph else None, lambda: self._forward(b)[0], self.model.device, iters)
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -431,12 +433,7 @@ class PrefillRunner:
         device = self.model.device
         with self.model.tracking_kernels() as tracker:
             try:
-                side = torch.cuda.Stream(device)
-                side.wait_stream(torch.cuda.current_stream(device))
-                with torch.cuda.stream(side):
-                    self.warm_up()
-                torch.cuda.current_stream(device).wait_stream(side)
-                torch.cuda.synchronize(device)
+                _on_side_stream(device, self.warm_up)
                 pool = torch.cuda.graph_pool_handle()
                 for b in reversed(self.buckets):  # largest first: the smaller graphs reuse its memory
                     self._stage([], [], bucket=b)
@@ -466,21 +463,5 @@ class PrefillRunner:
         """Milliseconds per prompt step of ``prompts`` whole prompts of ``length`` tokens (slots
         0.., whatever their cache holds): graph replays back to back timed with CUDA events (the
         GPU's time), or eager steps by the wall clock with a sync each (the host's time included)."""
-        chunks = [[1] * length] * prompts
-        b = self._stage(list(range(prompts)), chunks)
-        if graph:
-            g = self.graphs[b][0]
-            g.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                g.replay()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / iters
-        self._forward(b)
-        torch.cuda.synchronize(self.model.device)
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            self._forward(b)[0].cpu()
-        return (time.perf_counter() - t0) * 1e3 / iters
+        b = self._stage(list(range(prompts)), [[1] * length] * prompts)
+        return _time_ms(self.graphs[b][0] if graph else None, lambda: self._forward(b)[0], self.model.device, iters)
