@@ -1,7 +1,10 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -50,6 +53,30 @@ def read_report(out_dir: Path) -> dict:
 
 def read_events(ws: Path) -> list[dict]:
     return [json.loads(line) for line in (ws / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+@contextmanager
+def local_ray_head(prefix: str, **resources):
+    """A Ray head on 127.0.0.1 (4 CPUs and ``resources``, as ``ray.init`` takes them) started
+    in this process, its GCS address yielded; shut down at the end, with the environment it
+    changed put back. Children that connect (the CLI, the MCP server's jobs) need no token."""
+    import ray
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ.pop("RAY_ADDRESS", None)
+    temp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: Ray's unix socket paths
+    ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp,
+             logging_level="ERROR", namespace="magpie", **resources)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from conftest import EXAMPLES, REPO, only_workspace, run_magpie
+from conftest import EXAMPLES, REPO, local_ray_head, only_workspace, run_magpie
 
 RMSNORM = EXAMPLES / "rmsnorm_pytorch" / "compare.yaml"
 TINY_BENCH = REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"
@@ -219,25 +219,9 @@ def test_long_benchmark_returns_at_once_reports_progress_and_cancels(http_server
 def ray_cluster():
     """A Ray head on 127.0.0.1 for one test, with 2 logical GPUs (none is real: the points run the
     built-in server on the CPU), stopped at the end."""
-    ray = pytest.importorskip("ray")
-    import shutil
-    import tempfile
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the server's job connects without a token
-    os.environ.pop("RAY_ADDRESS", None)
-    temp = tempfile.mkdtemp(prefix="mgmcp", dir="/tmp")  # short: Ray's unix socket paths
-    ray.init(num_cpus=4, num_gpus=2, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=temp,
-             logging_level="ERROR", namespace="magpie")
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-        shutil.rmtree(temp, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    pytest.importorskip("ray")
+    with local_ray_head("mgmcp", num_gpus=2) as address:
+        yield address
 
 
 @pytest.mark.slow

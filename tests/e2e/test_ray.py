@@ -8,14 +8,13 @@ their own MAGPIE_TIMING_JSON line), so every stage really runs on a Ray worker.
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, only_workspace, read_events, run_magpie
+from conftest import REPO, local_ray_head, only_workspace, read_events, run_magpie
 
 ray = pytest.importorskip("ray")
 
@@ -45,20 +44,8 @@ int main(void){
 @pytest.fixture(scope="module")
 def cluster():
     """One Ray head on 127.0.0.1 for the module: 4 CPUs and 2 stand-in GPUs."""
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the CLI children connect without a token
-    os.environ.pop("RAY_ADDRESS", None)
-    temp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")  # short: Ray's unix socket paths
-    ray.init(num_cpus=4, resources={"sim_gpu": 2}, _node_ip_address="127.0.0.1", include_dashboard=False,
-             _temp_dir=temp, logging_level="ERROR", namespace="magpie")
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with local_ray_head("mgray", resources={"sim_gpu": 2}) as address:
+        yield address
 
 
 def _kernel_dir(tmp_path: Path, kernels: list[dict], ray_settings: dict, name: str = "k.yaml") -> Path:
