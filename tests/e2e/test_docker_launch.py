@@ -1,16 +1,15 @@
 """The docker launcher against a small Engine-API server on a unix socket (no Docker engine runs
 here): the requests the docker SDK sends, the container lifecycle, and the logs copied."""
 
-import asyncio
 import json
 import struct
-import threading
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from bench_server import BenchServer, Script
+from unix_http import UnixHTTPServer
 from engine.bench.docker_launch import DockerServer, container_spec, image_for
 from engine.bench.launch import LaunchError, server_command
 from engine.config.benchmark import BenchmarkConfig
@@ -18,15 +17,14 @@ from engine.config.benchmark import BenchmarkConfig
 pytest.importorskip("docker")
 
 
-class FakeEngine:
+class FakeEngine(UnixHTTPServer):
     """Enough of the Docker Engine API for containers.run / logs / reload / stop / remove."""
 
     def __init__(self, sock: Path, exit_at_start: bool = False) -> None:
-        self.sock, self.exit_at_start = sock, exit_at_start
+        super().__init__(sock)
+        self.exit_at_start = exit_at_start
         self.calls: list[tuple[str, str, object]] = []
         self.status = "created"
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -55,26 +53,6 @@ class FakeEngine:
         if request.method == "DELETE" and path == "containers/c0ffee":
             return web.Response(status=204)
         return web.json_response({"message": f"unexpected {request.method} {path}"}, status=404)
-
-    def __enter__(self) -> "FakeEngine":
-        def run() -> None:
-            asyncio.set_event_loop(self._loop)
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self._handle)
-            self._runner = web.AppRunner(app)
-            self._loop.run_until_complete(self._runner.setup())
-            self._loop.run_until_complete(web.UnixSite(self._runner, str(self.sock)).start())
-            self._ready.set()
-            self._loop.run_forever()
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def _cfg(**kw):

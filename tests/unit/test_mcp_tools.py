@@ -12,6 +12,8 @@ import anyio
 import pytest
 from mcp import Client
 
+from unix_http import UnixHTTPServer
+
 from engine.mcp.security import AccessRefused, BearerAuth, Roots, check_bind, require_commands
 from engine.mcp.server import ServerOptions, build_server
 
@@ -178,11 +180,12 @@ def test_inline_compare_writes_a_config_and_cancels(call, tmp_path):
     assert "no job" in call("job_status", {"job_id": "compare_nothing_20200101_000000_abcdef"}, error=True)
 
 
-class _ImageEngine:
+class _ImageEngine(UnixHTTPServer):
     """Enough of the Docker Engine API on a unix socket for images.get: one image is present."""
 
     def __init__(self, sock: Path, present: str) -> None:
-        self.sock, self.present, self.asked = sock, present, []
+        super().__init__(sock)
+        self.present, self.asked = present, []
 
     async def _handle(self, request):
         from aiohttp import web
@@ -197,34 +200,6 @@ class _ImageEngine:
                                           "RepoDigests": [name.split(":")[0] + "@sha256:" + "cd" * 32]})
             return web.json_response({"message": f"No such image: {name}"}, status=404)
         return web.json_response({"message": f"unexpected {request.method} {path}"}, status=404)
-
-    def __enter__(self):
-        import asyncio
-        import threading
-
-        from aiohttp import web
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run():
-            asyncio.set_event_loop(self._loop)
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self._handle)
-            self._runner = web.AppRunner(app)
-            self._loop.run_until_complete(self._runner.setup())
-            self._loop.run_until_complete(web.UnixSite(self._runner, str(self.sock)).start())
-            ready.set()
-            self._loop.run_forever()
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
-        return self
-
-    def __exit__(self, *exc):
-        import asyncio
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
 
 
 def test_list_benchmark_images_with_and_without_a_docker_engine(call, tmp_path, monkeypatch):
