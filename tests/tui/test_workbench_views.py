@@ -223,18 +223,24 @@ def _trace_run_with_its_trace(project: Path, keep_trace: bool = True) -> Path:
     return run
 
 
-@pytest.mark.slow  # a few seconds: the roofline screen reads the trace in a worker
-async def test_choose_the_stage_on_the_timeline_and_see_its_steps(app, project):
+async def _open_timeline(pilot, app):
+    """The trace run's Roofline screen, on its Timeline tab once the steps are read."""
     from magpie_tui.screens.roofline import RooflineScreen
     from magpie_tui.widgets.gpu_timeline import GpuTimeline
+    await open_runs(pilot, app)
+    app.open_report(find_run(app, "trace_"))
+    await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+    await pilot.press("g")
+    timeline = app.screen.query_one(GpuTimeline)
+    await wait_for(pilot, lambda: bool(timeline.steps))
+    return timeline
+
+
+@pytest.mark.slow  # a few seconds: the roofline screen reads the trace in a worker
+async def test_choose_the_stage_on_the_timeline_and_see_its_steps(app, project):
     _trace_run_with_its_trace(project)
     async with app.run_test(size=SIZE) as pilot:
-        await open_runs(pilot, app)
-        app.open_report(find_run(app, "trace_"))
-        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
-        await pilot.press("g")
-        timeline = app.screen.query_one(GpuTimeline)
-        await wait_for(pilot, lambda: bool(timeline.steps))
+        timeline = await _open_timeline(pilot, app)
         # The stage first shown, on the step TraceLens analysed for it (iteration 6 of the trace).
         assert timeline.title_text().startswith("decode_only: step 5 of 9 (execute_3_context_0")
         assert 60_000 < timeline.view[0] < timeline.view[1] < 70_000
@@ -256,16 +262,9 @@ async def test_choose_the_stage_on_the_timeline_and_see_its_steps(app, project):
 
 
 async def test_without_the_trace_the_steps_come_from_the_gap_analysis(app, project):
-    from magpie_tui.screens.roofline import RooflineScreen
-    from magpie_tui.widgets.gpu_timeline import GpuTimeline
     _trace_run_with_its_trace(project, keep_trace=False)
     async with app.run_test(size=SIZE) as pilot:
-        await open_runs(pilot, app)
-        app.open_report(find_run(app, "trace_"))
-        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
-        await pilot.press("g")
-        timeline = app.screen.query_one(GpuTimeline)
-        await wait_for(pilot, lambda: bool(timeline.steps))
+        timeline = await _open_timeline(pilot, app)
         assert "gap analysis only" in timeline.source and [lane.name for lane in timeline.lanes] == ["device 0"]
         assert timeline.title_text().startswith("decode_only: step 5 of 9")
         assert timeline.view == (60_000.0 - 500.0, 70_000.0 + 500.0)  # until the next step starts, 5% either side
