@@ -71,6 +71,10 @@ SELECTED: dict[str, str] = {
     "magpie_serve_step_seconds_total": "sum",
     "magpie_serve_decode_graph_replays_total": "sum",
     "magpie_serve_decode_eager_steps_total": "sum",
+    "magpie_serve_decode_steps_ahead_total": "sum",
+    "magpie_serve_prompt_graph_replays_total": "sum",
+    "magpie_serve_prompt_eager_steps_total": "sum",
+    "magpie_serve_mixed_forward_steps_total": "sum",
     "magpie_serve_decode_batch_size_sum": "sum",
     "magpie_serve_decode_batch_size_count": "sum",
 }

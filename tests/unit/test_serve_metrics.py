@@ -92,6 +92,14 @@ def test_metrics_text_parses_with_prometheus_client_when_installed(engine_after_
     assert {"magpie_serve_steps", "magpie_serve_decode_batch_size", "magpie_serve_kv_cache_slots_used"} <= names
 
 
+def test_the_benchmark_scrapes_every_counter_the_server_serves(engine_after_load):
+    """A counter the built-in server adds must reach the benchmark report's server metrics."""
+    from engine.bench.server_metrics import SELECTED
+    families = parse_exposition(render(engine_after_load.metrics()))
+    counters = {f for f, d in families.items() if d["type"] == "counter"}
+    assert counters and counters <= set(SELECTED), sorted(counters - set(SELECTED))
+
+
 def test_stats_line_says_what_happened_since_the_last(engine_after_load):
     while engine_after_load.step() is not None:
         pass
