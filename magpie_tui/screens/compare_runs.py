@@ -16,12 +16,13 @@ from typing import Any
 
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from engine.runs import schema
 from engine.runs.catalog import RunInfo
 from magpie_tui.screens.reports import compare_rows
 from magpie_tui.widgets.data_grid import Column, DataGrid
+from magpie_tui.widgets.footer import KeysFooter
 
 CompareLike = schema.CompareReport | schema.AnalyzeReport
 
@@ -168,7 +169,7 @@ class CompareRunsScreen(Screen):
         yield Static("×: speedup vs that run's baseline (baseline median / kernel median), 95% bootstrap interval. "
                      "Change: higher / lower when B's interval lies wholly above / below A's, within noise when they "
                      "overlap. w: swap A and B.", classes="report-note")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def on_mount(self) -> None:
         self._show()

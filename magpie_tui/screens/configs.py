@@ -9,12 +9,13 @@ from typing import Iterable
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DirectoryTree, Footer, Header, Static
+from textual.widgets import DirectoryTree, Header, Static
 
 from engine.runs.launch import ConfigCheck, check_config, is_run_folder
 from magpie_tui.bridge import WATCHED_SUFFIXES
 from magpie_tui.messages import ConfigsChanged
 from magpie_tui.widgets.code_view import CodeView
+from magpie_tui.widgets.footer import KeysFooter
 
 _SKIP_DIRS = {"results", "__pycache__", "node_modules", ".git", "build", "dist"}
 
@@ -58,7 +59,7 @@ class ConfigsScreen(Screen):
                 with VerticalScroll(id="config-problems"):  # every problem, scrollable, never cut
                     yield Static("", id="config-problems-text")
                 yield CodeView(id="config-source")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def on_mount(self) -> None:
         self.sub_title = str(self.app.settings.project_dir)

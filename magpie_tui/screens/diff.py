@@ -8,13 +8,14 @@ from pathlib import Path
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header, SelectionList, Static
+from textual.widgets import Header, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
 from engine.errors import MagpieError
 from engine.runs.launch import LaunchRequest, start_run
 from magpie_tui.errors import error_text
 from magpie_tui.widgets.diff_view import DiffView
+from magpie_tui.widgets.footer import KeysFooter
 
 
 def config_kernels(config: Path) -> tuple[str | None, dict[str, Path]]:
@@ -75,7 +76,7 @@ class DiffScreen(Screen):
                                     id="candidate-list")
             yield DiffView(str(base_path or "baseline"), _read(base_path), str(cand_path or "candidate"),
                            _read(cand_path), id="diff-view")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def _title(self) -> str:
         if not self.sources:

@@ -13,7 +13,7 @@ import yaml
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import check_config, classify
@@ -21,6 +21,7 @@ from magpie_tui.screens.reports import resolve_config_file
 from magpie_tui.screens.roofline import load_csv
 from magpie_tui.widgets.code_view import CodeView
 from magpie_tui.widgets.data_grid import Column, DataGrid
+from magpie_tui.widgets.footer import KeysFooter
 
 _NAME = re.compile(r"'name': '((?:[^'\\]|\\.)*)'")
 _WORD = re.compile(r"[a-z][a-z0-9]+")
@@ -193,7 +194,7 @@ class KernelScreen(Screen):
                                                                 "tie": "tie"}.get(r.get("verdict") or ""),
                        id="kernel-candidates")
         yield CodeView(id="kernel-source")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def _header_text(self) -> str:
         r = self.row

@@ -31,7 +31,7 @@ from textual import work
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Select, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Header, Select, Static, TabbedContent, TabPane
 
 from engine.errors import MagpieError
 from engine.loop.schema import LOOP_FILE, LoopFile, LoopStep, load_loop_file
@@ -40,6 +40,7 @@ from magpie_tui.errors import error_text
 from magpie_tui.screens.reports import VERDICT_CLASS
 from magpie_tui.screens.runs import format_elapsed, theme_style
 from magpie_tui.widgets.data_grid import Column, DataGrid
+from magpie_tui.widgets.footer import KeysFooter
 
 CHAIN_COLUMNS = (("n", "#"), ("step", "Step"), ("state", "State"), ("elapsed", "Elapsed"), ("attempts", "Tries"),
                  ("detail", "Detail"))
@@ -614,7 +615,7 @@ class LoopScreen(Screen):
                                row_class=lambda row: E2E_CLASS.get(row["verdict"]))
                 yield DataGrid(CHECK_COLUMNS, id="verdict-checks",
                                row_class=lambda row: {"pass": "correct", "FAIL": "incorrect"}.get(row["ok"]))
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def on_mount(self) -> None:
         self.sub_title = self.root.name

@@ -16,7 +16,7 @@ from textual import work
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import Header, Static, TabbedContent, TabPane
 
 from engine.bench.metrics import CI_NOT_MEANINGFUL, MIN_REPEATS_FOR_CI, format_interval
 from engine.runs import schema
@@ -24,6 +24,7 @@ from engine.runs.catalog import RunInfo
 from engine.runs.schema import Report, StageState, Verdict
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
+from magpie_tui.widgets.footer import KeysFooter
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -182,7 +183,7 @@ class CompareReportScreen(Screen):
                          classes="incorrect-why")
         yield Static("Speedup = baseline median / kernel median, with a 95% bootstrap interval; an interval "
                      "that contains 1.0 is a tie. Incorrect kernels are never ranked.", classes="report-note")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name
@@ -595,7 +596,7 @@ class BenchmarkReportScreen(Screen):
                              id="compare-note", classes="report-note")
                 yield DataGrid(DELTA_COLUMNS, row_class=lambda row: {"better": "correct", "worse": "incorrect"}.get(
                     row["verdict"], "tie" if row["noise"] == "inside" else None), id="delta-grid")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name

@@ -13,10 +13,11 @@ from textual import work
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Select, Static, TabbedContent, TabPane
+from textual.widgets import Header, Input, Select, Static, TabbedContent, TabPane
 from textual.widgets.select import InvalidSelectValueError
 
 from engine.runs.catalog import RunInfo
+from magpie_tui.widgets.footer import KeysFooter
 from magpie_tui.widgets.gpu_timeline import GpuTimeline
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
@@ -237,7 +238,7 @@ class RooflineScreen(Screen):
                 yield DataGrid(TIMELINE_COLUMNS, id="timeline-grid", classes="report-table")
                 yield Static("", id="gaps-note", classes="report-note")
                 yield DataGrid(GAP_COLUMNS, id="gaps-grid")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def _plot_args(self) -> dict:
         if not self.arch:

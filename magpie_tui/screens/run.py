@@ -10,13 +10,14 @@ from pathlib import Path
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Select, Static, TabbedContent, TabPane
+from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import find_console_log
 from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
+from magpie_tui.widgets.footer import KeysFooter
 from magpie_tui.widgets.run_log import RunLog
 
 
@@ -86,7 +87,7 @@ class RunScreen(Screen):
                 yield EventsLog(self.info.path / "events.jsonl", id="run-events")
             with TabPane("Summary", id="tab-summary"):
                 yield Static("", id="run-summary")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def _label(self, path: Path) -> str:
         try:

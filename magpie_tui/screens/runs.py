@@ -17,12 +17,13 @@ from typing import Any
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Header, Input, Static
 
 from engine.runs.catalog import CancelRefused, RunInfo, cancel_run
 from magpie_tui.errors import error_text
 from magpie_tui.messages import RunsChanged
 from magpie_tui.widgets.data_grid import Column, DataGrid
+from magpie_tui.widgets.footer import KeysFooter
 
 # Row colour per state (a DataGrid row class, resolved from the active theme when drawn).
 STATE_CLASSES = {"running": "running", "completed": "correct", "failed": "incorrect", "lost": "incorrect",
@@ -68,15 +69,18 @@ def format_started(ts: float | None) -> str:
     return datetime.fromtimestamp(ts).strftime("%m-%d %H:%M:%S") if ts else "-"
 
 
+# The folder names the run (like k9s's NAME): it comes early and stays put when the list scrolls
+# sideways. Below ~160 columns the columns the folder name already tells (its mode prefix, its start
+# time) step aside, then Elapsed; `y` copies the folder's full path.
 RUN_COLUMNS = [
     Column("mark", "✓", width=1, min_width=1),
     Column("state", "State", max_width=9),
-    Column("mode", "Mode", max_width=14),
+    Column("folder", "Folder", max_width=60),
+    Column("mode", "Mode", max_width=14, drop_order=1),
     Column("label", "Label", max_width=38),
     Column("progress", "Progress", max_width=44),
-    Column("elapsed", "Elapsed", "number", fmt=format_elapsed, min_width=7),
-    Column("started", "Started", "number", fmt=format_started, min_width=14),
-    Column("folder", "Folder", max_width=60),
+    Column("elapsed", "Elapsed", "number", fmt=format_elapsed, min_width=7, drop_order=3),
+    Column("started", "Started", "number", fmt=format_started, min_width=14, drop_order=2),
 ]
 
 
@@ -131,9 +135,9 @@ class RunsScreen(Screen):
         yield Input(placeholder="filter: state, mode, label, folder (enter: back to the list, esc: clear)",
                     id="runs-filter", compact=True)
         yield DataGrid(RUN_COLUMNS, row_class=lambda row: STATE_CLASSES.get(row["state"], "muted"),
-                       fixed_columns=2, filter_columns=["state", "mode", "label", "progress", "folder"],
+                       fixed_columns=3, filter_columns=["state", "mode", "label", "progress", "folder"],
                        id="runs-table")
-        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens it; Help says so
+        yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def on_mount(self) -> None:
         self.sub_title = ", ".join(str(d) for d in self.app.settings.results_dirs)

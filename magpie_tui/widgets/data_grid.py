@@ -8,6 +8,8 @@ which takes seconds at 50k rows. ``DataGrid`` is a line-API widget (``ScrollView
   cache;
 * column widths come from the header and a sample of rows (the first 200 plus 200 spread over the
   table), capped by ``Column.max_width``; longer cells end in an ellipsis;
+* columns with a ``drop_order`` step aside (lowest first) while the table is wider than the grid,
+  so that a narrow terminal shows the columns that matter without scrolling;
 * sorting and filtering work on lists of row indices, comparing raw values: numbers numerically,
   text case-insensitively, ``None``/NaN always last, ties in the order the rows were given;
 * the cursor follows its row (by key) through sorts and filters.
@@ -71,6 +73,8 @@ class Column:
     show as ``""`` and ``"NaN"``; if it raises, ``str(value)`` is shown). ``width`` fixes the
     content width; otherwise it is measured from the header and a sample of rows, between
     ``min_width`` and ``max_width``. ``align`` defaults to right for numbers, left for text.
+    ``drop_order``: while the table is wider than the grid, columns that have one are left out,
+    lowest first, until the rest fits (they still sort, filter and export).
     """
 
     key: str
@@ -81,6 +85,7 @@ class Column:
     align: Align | None = None
     min_width: int = 3
     max_width: int = 48
+    drop_order: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("text", "number"):
@@ -363,6 +368,7 @@ class DataGrid(ScrollView, can_focus=True):
         self._highlighted_key: Any = _NOTHING
         # layout
         self._widths: list[int] = [self._initial_width(c) for c in columns]
+        self._shown: list[bool] = [True] * len(columns)  # False: dropped for a narrow view (drop_order)
         self._starts: list[int] = []
         self._table_width = 0
         self._fixed_width = 0
@@ -401,6 +407,11 @@ class DataGrid(ScrollView, can_focus=True):
     def column_widths(self) -> dict[str, int]:
         """Content width of every column (cells are padded by one space on each side)."""
         return {c.key: w for c, w in zip(self._columns, self._widths)}
+
+    @property
+    def shown_columns(self) -> list[str]:
+        """Keys of the columns drawn now: all but those dropped for a narrow view."""
+        return [c.key for c, shown in zip(self._columns, self._shown) if shown]
 
     def set_rows(self, rows: Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]],
                  keys: Sequence[RowKey] | None = None) -> None:
@@ -600,10 +611,10 @@ class DataGrid(ScrollView, can_focus=True):
         self._move_cursor(len(self._order) - 1)
 
     def action_column_left(self) -> None:
-        self._move_column(self._cursor_column - 1)
+        self._move_column(self._cursor_column - 1, step=-1)
 
     def action_column_right(self) -> None:
-        self._move_column(self._cursor_column + 1)
+        self._move_column(self._cursor_column + 1, step=1)
 
     def action_sort_column(self) -> None:
         self.sort_by(self.cursor_column_key)
@@ -642,6 +653,9 @@ class DataGrid(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         self._line_cache.clear()
+        if self._fit_columns():
+            self.virtual_size = Size(self._table_width, len(self._order) + 1)
+            self.refresh()
         self._scroll_cursor_into_view()
 
     # ------------------------------------------------------------------ rendering
@@ -686,7 +700,7 @@ class DataGrid(ScrollView, can_focus=True):
                 style = sorted_style
             if i == self._cursor_column:
                 style = style + cursor_layer
-            segments.append(Segment(f" {_fit(label, w, column.align)} ", style))
+            segments.append(Segment(f" {_fit(label, w, column.align)} " if self._shown[i] else "", style))
         strip = self._assemble(segments, scroll_x, width, header)
         self._line_cache[cache_key] = strip
         return strip
@@ -736,8 +750,8 @@ class DataGrid(ScrollView, can_focus=True):
         else:
             values = list(row[: len(self._columns)])
             values += [None] * (len(self._columns) - len(values))
-        cells = tuple(f" {_fit(c.format(v), w, c.align)} "
-                      for c, v, w in zip(self._columns, values, self._widths))
+        cells = tuple(f" {_fit(c.format(v), w, c.align)} " if shown else ""
+                      for c, v, w, shown in zip(self._columns, values, self._widths, self._shown))
         suffix = self._row_class(row) if self._row_class is not None else None
         cached = (cells, suffix or None)
         self._cells_cache[index] = cached
@@ -897,15 +911,40 @@ class DataGrid(ScrollView, can_focus=True):
             widths.append(min(column.max_width, max(column.min_width, width)))
         self._widths = widths
         self._update_geometry()
+        self._fit_columns()
 
     def _update_geometry(self) -> None:
         starts, x = [], 0
-        for w in self._widths:
-            starts.append(x)
-            x += w + 2
+        for w, shown in zip(self._widths, self._shown):
+            starts.append(x)  # a dropped column starts where the next one does: clicks find the shown one
+            if shown:
+                x += w + 2
         self._starts = starts
         self._table_width = x
         self._fixed_width = starts[self._fixed_columns] if self._fixed_columns else 0
+
+    def _fit_columns(self) -> bool:
+        """Drop columns that have a ``drop_order`` (lowest first) while the table is wider than
+        the view; bring them back when it is wide enough. True when the shown columns changed."""
+        view = self.scrollable_content_region.width if self.is_mounted else 0
+        shown = [True] * len(self._columns)
+        if view > 0:  # 0: not laid out yet (or in a hidden tab): keep every column
+            width = sum(w + 2 for w in self._widths)
+            droppable = sorted((c.drop_order, i) for i, c in enumerate(self._columns) if c.drop_order is not None)
+            for _, i in droppable:
+                if width <= view:
+                    break
+                shown[i] = False
+                width -= self._widths[i] + 2
+        if shown == self._shown:
+            return False
+        self._shown = shown
+        self._update_geometry()
+        self._cells_cache.clear()
+        self._line_cache.clear()
+        if not shown[self._cursor_column]:
+            self._move_column(self._cursor_column, step=1)
+        return True
 
     def _column_at(self, x: int) -> int | None:
         """Column under content column ``x`` (None: right of the table)."""
@@ -935,8 +974,15 @@ class DataGrid(ScrollView, can_focus=True):
             self.refresh_line(position + 1)
         self._post_highlighted()
 
-    def _move_column(self, column: int) -> None:
-        column = max(0, min(len(self._columns) - 1, column))
+    def _move_column(self, column: int, step: int = 1) -> None:
+        """Put the column cursor on ``column``, or if that one is dropped for a narrow view, on
+        the next shown one in the direction of ``step`` (else the other way)."""
+        last = len(self._columns) - 1
+        column = max(0, min(last, column))
+        if not self._shown[column]:
+            ahead = [i for i in range(column, -1 if step < 0 else last + 1, -1 if step < 0 else 1) if self._shown[i]]
+            behind = [i for i in range(column, last + 1 if step < 0 else -1, 1 if step < 0 else -1) if self._shown[i]]
+            column = (ahead or behind)[0]
         if column == self._cursor_column:
             return
         self._cursor_column = column

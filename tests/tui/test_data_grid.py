@@ -457,3 +457,28 @@ async def test_cursor_scrolls_into_view_and_survives_sort():
         assert grid.cursor_position == 999
         assert grid.render_line(11).text.strip() != ""
         assert not math.isnan(grid.scroll_offset.y)
+
+
+async def test_columns_with_a_drop_order_step_aside_while_the_table_is_too_wide():
+    columns = [Column("name", "Name", width=10), Column("a", "A", width=10, drop_order=2),
+               Column("b", "B", width=10), Column("c", "C", width=10, drop_order=1)]
+    grid = DataGrid(columns)
+    grid.set_rows([{"name": f"row{i}", "a": f"a{i}", "b": f"b{i}", "c": f"c{i}"} for i in range(3)])
+    app = Harness(grid)
+    async with app.run_test(size=(40, 8)) as pilot:  # 48 cells of table: C steps aside, then it fits
+        grid.focus()
+        await pilot.pause()
+        assert grid.shown_columns == ["name", "a", "b"]
+        await pilot.resize_terminal(30, 8)
+        await pilot.pause()
+        assert grid.shown_columns == ["name", "b"]
+        assert grid.render_line(0).text.split() == ["Name", "B"]
+        assert grid.render_line(1).text.split() == ["row0", "b0"]
+        await pilot.press("right")  # the column cursor steps over the dropped A
+        assert grid.cursor_column_key == "b"
+        await pilot.click(grid, offset=(14, 0))  # B's header: sorts by B
+        assert grid.sort_column == "b"
+        assert grid.to_csv().splitlines()[0] == "Name,A,B,C"  # a dropped column is still exported
+        await pilot.resize_terminal(60, 8)
+        await pilot.pause()
+        assert grid.shown_columns == ["name", "a", "b", "c"]

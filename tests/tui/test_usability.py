@@ -453,7 +453,8 @@ async def test_runs_filter_sort_and_mark_two_to_compare(app, project):
         await wait_for(pilot, lambda: grid.visible_count == 4)
         await pilot.press("slash", *"bench", "enter")
         assert screen.focused is grid and {r["mode"] for r in grid.visible_rows()} == {"benchmark"}
-        grid.move_cursor_to_column("started")
+        # Started steps aside at 140 columns; the folder names carry the start time and sort by it
+        grid.move_cursor_to_column("folder")
         await pilot.press("s")
         older, newer = grid.visible_rows()
         assert older["started"] < newer["started"]
@@ -782,3 +783,67 @@ async def test_the_footer_keeps_every_roofline_key_at_100_columns(app, project):
         shown = {k.key for k in keys if not k.has_class("-command-palette") and k.region.width
                  and k.region.right <= 100 and not any(k.region.overlaps(c) for c in covers)}
         assert {"question_mark", "ctrl+q", "slash"} <= shown
+
+
+# -- issue 15, the last two: the run folder and the app's keys at 80 and 100 columns -----------------------
+
+def footer_keys_in_view(app, width: int) -> set[str]:
+    """The keys the footer shows whole within ``width`` columns."""
+    from textual.widgets import Footer
+    from textual.widgets._footer import FooterKey
+    keys = app.screen.query_one(Footer).query(FooterKey)
+    return {k.key for k in keys if k.region.width and k.region.right <= width}
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30)])
+async def test_the_runs_list_shows_each_runs_folder_without_scrolling(app, project, size):
+    async with app.run_test(size=size) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4)
+        await pilot.pause()
+        assert "Folder" in grid.render_line(0).text
+        for y, key in enumerate(grid.visible_keys(), start=1):
+            assert Path(key).name in grid.render_line(y).text
+        # the columns the folder name already tells step aside; they come back with room
+        assert "mode" not in grid.shown_columns and "started" not in grid.shown_columns
+        await pilot.resize_terminal(170, 30)
+        await wait_for(pilot, lambda: "started" in grid.shown_columns)
+        assert grid.shown_columns == [c.key for c in grid.columns]
+        # sorting still works by a column that stepped aside, and the folder stays put when scrolling sideways
+        await pilot.resize_terminal(*size)
+        await wait_for(pilot, lambda: "started" not in grid.shown_columns)
+        grid.sort_by("started")
+        await pilot.press("right", "right", "right", "right")
+        assert grid.cursor_column_key in grid.shown_columns and grid.scroll_offset.x > 0
+        await pilot.pause()
+        first = next(r for r in app.runs if str(r.path) == grid.visible_keys()[0])
+        assert first.name in grid.render_line(1).text and first.started == min(r.started for r in app.runs)
+
+
+async def test_help_and_quit_stay_in_the_footer_at_80_columns(app, project):
+    from magpie_tui.screens.configs import ConfigsScreen
+    main_keys = {"question_mark", "ctrl+q"}
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert main_keys | {"l", "d", "e"} <= footer_keys_in_view(app, 80)
+        await open_runs(pilot, app)
+        app.open_report(find_run(app, "trace_"))
+        await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
+        await pilot.pause()
+        assert main_keys | {"escape", "slash", "t", "p", "g"} <= footer_keys_in_view(app, 80)
+        await pilot.resize_terminal(100, 30)  # with room, the side keys come back
+        await wait_for(pilot, lambda: {"1", "2"} | main_keys <= footer_keys_in_view(app, 100))
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: main_keys <= footer_keys_in_view(app, 80))
+        await pilot.press("escape")
+        await _open_kernel_of(pilot, app, "aten::mm")
+        await pilot.pause()
+        assert main_keys | {"escape", "d", "n"} <= footer_keys_in_view(app, 80)
+        await pilot.press("escape", "escape")
+        app.open_report(find_run(app, "benchmark_builtin-tiny_20261129_192724"))
+        await wait_screen(pilot, app, BenchmarkReportScreen, "#bench-grid")
+        await pilot.pause()
+        assert main_keys | {"escape", "b", "t"} <= footer_keys_in_view(app, 80)

@@ -1,0 +1,79 @@
+"""``KeysFooter``: the footer of every workbench screen. Its keys fit the terminal's width.
+
+Textual's ``Footer`` lays its keys out in one row and lets whatever does not fit fall off the
+right edge. The app's own keys come last there, so at 80 columns a screen with many keys lost
+``?`` (help) and ``ctrl+q`` (quit) first. This footer leaves keys out instead, least needed
+first, until the rest fits: the side keys ``1``/``2`` (their screens name them too), then the
+screen's keys from the right (the screen's first keys are its main ones). ``?`` and quit stay,
+and ``?`` lists every key of the screen, shown here or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rich.cells import cell_len
+from textual import events
+from textual.binding import Binding
+from textual.widgets import Footer
+from textual.widgets._footer import FooterKey
+
+__all__ = ["KeysFooter"]
+
+ALWAYS_SHOWN = ("app.help", "app.quit")
+"""Binding ids that are never left out: how to find every other key, and how to leave."""
+LEFT_OUT_FIRST = ("app.configs", "app.runs")
+"""Binding ids left out (together) before any of the screen's keys."""
+
+
+class KeysFooter(Footer):
+    """A compact footer (no command-palette key: ctrl+p still opens it; Help says so) whose keys
+    fit its width."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("compact", True)
+        kwargs.setdefault("show_command_palette", False)
+        super().__init__(**kwargs)
+        self._laid_out_for = 0  # the width the keys were last chosen for
+
+    def compose(self) -> Iterator[FooterKey]:
+        if not self._bindings_ready:
+            return
+        # One key per action, as Footer shows them (the first binding of an action wins).
+        by_action: dict[str, tuple[Binding, bool, str]] = {}
+        for _node, binding, enabled, tooltip in self.screen.active_bindings.values():
+            if binding.show:
+                by_action.setdefault(binding.action, (binding, enabled, tooltip))
+        keys = [(binding, enabled, tooltip, self.app.get_key_display(binding))
+                for binding, enabled, tooltip in by_action.values()]
+        self._laid_out_for = self._width()
+        for binding, enabled, tooltip, key_display in self._fitting(keys, self._laid_out_for):
+            yield FooterKey(binding.key, key_display, binding.description, binding.action,
+                            disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
+
+    def _width(self) -> int:
+        return self.size.width or self.app.size.width
+
+    @staticmethod
+    def _fitting(keys: list, width: int) -> list:
+        """``keys`` less those left out (in the order of the module's docstring) until they fit."""
+        def cells(key) -> int:  # a compact key: "k Description" and one column between keys
+            binding, _enabled, _tooltip, key_display = key
+            return cell_len(key_display) + (1 + cell_len(binding.description) if binding.description else 0) + 1
+
+        total = sum(cells(k) for k in keys) - 1
+        ids = [k[0].id for k in keys]
+        # Groups of keys, left out a group at a time: 1 and 2 together (one without the other misleads).
+        candidates = [[ids.index(i) for i in LEFT_OUT_FIRST if i in ids]]
+        candidates += [[n] for n in reversed(range(len(keys))) if ids[n] not in ALWAYS_SHOWN + LEFT_OUT_FIRST]
+        left_out: set[int] = set()
+        for group in candidates:
+            if total <= width:
+                break
+            left_out.update(group)
+            total -= sum(cells(keys[n]) for n in group)
+        return [k for n, k in enumerate(keys) if n not in left_out]
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self._bindings_ready and event.size.width != self._laid_out_for:
+            self.call_after_refresh(self.recompose)
