@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.bench.dataset import SampleRequest
-from engine.bench.loadgen import LoadGenConfig, LoadGenerator, LoadResult, freeze_heap, release_offsets, run_coroutine
+from engine.bench.loadgen import LoadGenConfig, LoadGenerator, LoadResult, freeze_heap, release_offsets
+from engine.eventloop import run_coroutine
 from engine.bench.metrics import RequestOutput
 
 # The start is set this far ahead of "all ready", so that it reaches every process before it is due.

@@ -43,6 +43,7 @@ import numpy as np
 from engine.bench.dataset import SampleRequest
 from engine.bench.http_client import StreamingHTTPClient
 from engine.bench.metrics import BenchmarkMetrics, RequestOutput, compute_metrics
+from engine.eventloop import run_coroutine
 
 # (phase, finished so far, total in phase, the finished request); phase is "warmup" or "measure".
 ProgressCallback = Callable[[str, int, int, RequestOutput], None]
@@ -695,43 +696,6 @@ def freeze_heap() -> None:
     would otherwise stop the event loop for milliseconds in the middle of the run."""
     gc.collect()
     gc.freeze()
-
-
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
-
-
-def event_loop_name(choice: str = "auto") -> str:
-    """The event loop a run gets: uvloop where it is installed (the `fast` extra) unless asked for
-    asyncio's own; "uvloop" when it is not installed is an error."""
-    if choice not in EVENT_LOOPS:
-        raise ValueError(f"event loop {choice!r}: choose one of {', '.join(EVENT_LOOPS)}")
-    if choice == "asyncio":
-        return "asyncio"
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        if choice == "uvloop":
-            raise ValueError("event loop uvloop: it is not installed (pip install 'magpie-workbench[fast]' "
-                             "or pip install uvloop)") from None
-        return "asyncio"
-    return "uvloop"
-
-
-def run_coroutine(coro: Any, event_loop: str = "auto") -> Any:
-    """Run `coro` to its end in a fresh event loop of the kind `event_loop_name` picks."""
-    if event_loop_name(event_loop) == "asyncio":
-        return asyncio.run(coro)
-    import uvloop
-    loop = uvloop.new_event_loop()
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(coro)
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
 
 
 def run_load(config: LoadGenConfig, requests: Sequence[SampleRequest], *,

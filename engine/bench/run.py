@@ -26,7 +26,8 @@ from engine.bench.datasets import DatasetError, load_custom_jsonl, load_sharegpt
 from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, Server, ServerCommand, free_port, server_command
-from engine.bench.loadgen import LoadGenConfig, LoadGenerator, event_loop_name, freeze_heap, run_coroutine
+from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
+from engine.eventloop import event_loop_name, run_coroutine
 from engine.bench.metrics import aggregate_repeats, detailed_lists, format_interval
 from engine.bench.server_metrics import ServerMetricsScraper
 from engine.bench.tokenizers import NO_VOCAB_FIX, TokenizerError, known_vocab, load_tokenizer

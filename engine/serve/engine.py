@@ -95,16 +95,17 @@ def step_annotation(context: Sequence[tuple[int, int]], generation: Sequence[tup
 
 class _LoopBridge:
     """Hands token events from the engine thread to one asyncio loop: events queue up here and
-    the loop is woken once per batch (``call_soon_threadsafe`` writes to its self-pipe)."""
+    the loop is woken once per batch (``call_soon_threadsafe`` writes to its self-pipe); there
+    each listener gets the events that arrived for it in one call."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
-        self._pending: list[tuple[asyncio.Queue, TokenEvent]] = []
+        self._pending: list[tuple[Callable[[list[TokenEvent]], None], TokenEvent]] = []
 
-    def push(self, queue: asyncio.Queue, ev: TokenEvent) -> None:
+    def push(self, listener: Callable[[list[TokenEvent]], None], ev: TokenEvent) -> None:
         with self._lock:
-            self._pending.append((queue, ev))
+            self._pending.append((listener, ev))
             first = len(self._pending) == 1
         if first:
             try:
@@ -115,8 +116,14 @@ class _LoopBridge:
     def _drain(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, []
-        for queue, ev in pending:
-            queue.put_nowait(ev)
+        batches: dict[Callable[[list[TokenEvent]], None], list[TokenEvent]] = {}
+        for listener, ev in pending:
+            batches.setdefault(listener, []).append(ev)
+        for listener, events in batches.items():
+            try:
+                listener(events)
+            except Exception:  # one broken listener must not starve the others of their tokens
+                traceback.print_exc(file=sys.stderr)
 
 
 @dataclass
@@ -288,19 +295,26 @@ class Engine:
                 bridge = self._bridges[loop] = _LoopBridge(loop)
             return bridge
 
+    def listen(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool,
+               on_events: Callable[[list[TokenEvent]], None]) -> str:
+        """Queue a request whose events are handed to ``on_events`` in the running event loop
+        (call this from it), in batches of those that arrived together; returns its id (for
+        ``abort``). The cheapest way to stream: no task is woken per token."""
+        bridge = self._bridge(asyncio.get_running_loop())
+        return self.submit(prompt, max_tokens, ignore_eos, lambda ev: bridge.push(on_events, ev))
+
     async def stream(self, prompt: Sequence[int], max_tokens: int,
                      ignore_eos: bool) -> AsyncGenerator[list[TokenEvent], None]:
         """The request's events in the running event loop, in batches of those that arrived
         together; closing the iterator early aborts the request."""
-        bridge = self._bridge(asyncio.get_running_loop())
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        request_id = self.submit(prompt, max_tokens, ignore_eos, lambda ev: bridge.push(queue, ev))
+        queue: asyncio.Queue[list[TokenEvent]] = asyncio.Queue()
+        request_id = self.listen(prompt, max_tokens, ignore_eos, queue.put_nowait)
         finished = False
         try:
             while not finished:
-                batch = [await queue.get()]
+                batch = await queue.get()
                 while not queue.empty():
-                    batch.append(queue.get_nowait())
+                    batch.extend(queue.get_nowait())
                 finished = any(ev.finish_reason is not None or ev.error is not None for ev in batch)
                 yield batch
         finally:

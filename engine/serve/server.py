@@ -37,13 +37,14 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncGenerator, Literal
+from typing import Any, AsyncGenerator, Callable, Literal
 
 import torch
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.config.yamlfile import ConfigError, format_loc, load_located_yaml
+from engine.eventloop import EVENT_LOOPS, event_loop_name, run_coroutine
 from engine.serve.engine import Engine, TokenEvent
 from engine.serve.kernels import KernelError, check_triton_defaults, print_notes, resolve_kernels, triton_defaults_in_use
 from engine.serve.metrics import CONTENT_TYPE, render
@@ -79,6 +80,8 @@ class ServeConfig(BaseModel):
     # On a GPU, Triton kernels as the defaults of rmsnorm, activation, rotary, decode_attention; false: PyTorch.
     triton_kernels: bool = True
     stats_interval_s: float = Field(default=10.0, ge=0)
+    # The HTTP side's event loop: uvloop where installed (the `fast` extra), else asyncio's.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
     @property
     def name(self) -> str:
@@ -222,16 +225,16 @@ class _Handlers:
             return _error("the request body must be a JSON object", 400)
         try:
             prompt, max_tokens, stream, include_usage = self._parse(body, chat)
-            self.engine.validate(prompt, max_tokens)  # now: the stream below submits only when first read
-            events = self.engine.stream(prompt, max_tokens, bool(body.get("ignore_eos", False)))
+            self.engine.validate(prompt, max_tokens)  # before any response: a bad request gets its 400
+            ignore_eos = bool(body.get("ignore_eos", False))
         except _BadRequest as exc:
             return _error(str(exc), exc.status)
         except (ValueError, RuntimeError) as exc:
             return _error(str(exc), 400)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        async with contextlib.aclosing(events):
-            if stream:
-                return await self._stream(request, events, rid, chat, len(prompt), include_usage)
+        if stream:
+            return await self._stream(request, prompt, max_tokens, ignore_eos, rid, chat, include_usage)
+        async with contextlib.aclosing(self.engine.stream(prompt, max_tokens, ignore_eos)) as events:
             return await self._complete(events, rid, chat, len(prompt))
 
     def _parse(self, body: dict[str, Any], chat: bool) -> tuple[list[int], int, bool, bool]:
@@ -292,42 +295,41 @@ class _Handlers:
         """The bytes after a token chunk's text (what ``_chunk`` would give around it)."""
         return f'{"}" if chat else ""},"logprobs":null,"finish_reason":{json.dumps(finish)}}}]}}\n\n'.encode()
 
-    async def _stream(self, request: web.Request, events: AsyncGenerator[list[TokenEvent], None], rid: str, chat: bool,
-                      prompt_tokens: int, include_usage: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, prompt: list[int], max_tokens: int, ignore_eos: bool, rid: str,
+                      chat: bool, include_usage: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-
-        def frame(payload: dict[str, Any]) -> bytes:
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
         if chat:
-            await resp.write(frame(self._chunk(rid, chat, None, None, role=True)))
-        head, tail = self._token_head(rid, chat, int(time.time())), self._token_tail(chat, None)
-        decoder = StreamDecoder()
-        completion_tokens = 0
-        failed = False
-        async for batch in events:
-            parts = []
-            for ev in batch:
-                if ev.token is None:  # an error event: the only kind without a token
-                    parts.append(frame({"error": {"message": str(ev.error), "type": "InternalServerError", "code": 500}}))
-                    failed = True
+            await resp.write(_frame(self._chunk(rid, chat, None, None, role=True)))
+        sse = _SSEStream(request, self._token_head(rid, chat, int(time.time())), lambda f: self._token_tail(chat, f))
+        try:
+            request_id = self.engine.listen(prompt, max_tokens, ignore_eos, sse.deliver)
+        except RuntimeError as exc:  # the engine is shutting down: the headers are out, say it in the stream
+            sse.pending.append(_error_frame(str(exc)))
+            sse.failed = sse.finished = True
+            request_id = None
+        try:
+            while True:
+                await sse.wait()
+                if sse.gone:  # the client went away: nothing more to write
+                    return resp
+                if sse.pending:
+                    data, sse.pending = b"".join(sse.pending), []
+                    await resp.write(data)
+                    sse.direct = True  # aiohttp has written (headers and all): later tokens can go straight out
+                if sse.finished and not sse.pending:
                     break
-                completion_tokens += 1
-                text = decoder.feed(ev.token) + (decoder.flush() if ev.finish_reason else "")
-                end = tail if ev.finish_reason is None else self._token_tail(chat, ev.finish_reason)
-                parts.append(head + json.dumps(text).encode() + end)
-            await resp.write(b"".join(parts))  # one write per batch of tokens that arrived together
-            if failed:
-                break
-        if include_usage and not failed:
-            usage = self._chunk(rid, chat, None, None)
-            usage["choices"] = []
-            usage["usage"] = _usage(prompt_tokens, completion_tokens)
-            await resp.write(frame(usage))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+            if include_usage and not sse.failed:
+                usage = self._chunk(rid, chat, None, None)
+                usage["choices"] = []
+                usage["usage"] = _usage(len(prompt), sse.completion_tokens)
+                await resp.write(_frame(usage))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        finally:
+            if request_id is not None and not sse.finished:
+                self.engine.abort(request_id)
 
     async def _complete(self, events: AsyncGenerator[list[TokenEvent], None], rid: str, chat: bool,
                         prompt_tokens: int) -> web.Response:
@@ -349,6 +351,78 @@ class _Handlers:
         return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(time.time()), "model": self.config.name, "choices": [choice],
                                   "usage": _usage(prompt_tokens, len(tokens))})
+
+
+def _frame(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _error_frame(message: str) -> bytes:
+    return _frame({"error": {"message": message, "type": "InternalServerError", "code": 500}})
+
+
+class _SSEStream:
+    """One streamed response's token chunks, formatted where the engine's events arrive (the
+    event loop's drain, ``Engine.listen``) and written straight to the socket: no task is woken
+    per token, the hot path of a streaming benchmark at high concurrency. The handler is woken
+    only to write what could not go straight out (before aiohttp has sent the headers, or while
+    the socket's buffer is full: backpressure through ``resp.write``), and at the end."""
+
+    BUFFER_LIMIT = 64 * 1024  # bytes queued in the transport beyond which writes wait for the handler's drain
+
+    def __init__(self, request: web.Request, head: bytes, tail: Callable[[str | None], bytes]) -> None:
+        self.transport = request.transport
+        self.chunked = request.version >= HttpVersion11  # no Content-Length: aiohttp frames HTTP/1.1 bodies as chunks
+        self.head, self.tail, self.token_tail = head, tail, tail(None)
+        self.decoder = StreamDecoder()
+        self.pending: list[bytes] = []
+        self.direct = False  # set once the handler's first write has gone through aiohttp
+        self.finished = self.failed = self.gone = False
+        self.completion_tokens = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    def deliver(self, events: list[TokenEvent]) -> None:
+        if self.finished or self.gone:
+            return
+        parts = []
+        for ev in events:
+            if ev.token is None:  # an error event: the only kind without a token
+                parts.append(_error_frame(str(ev.error)))
+                self.failed = self.finished = True
+                break
+            self.completion_tokens += 1
+            if ev.finish_reason is None:
+                parts.append(self.head + json.dumps(self.decoder.feed(ev.token)).encode() + self.token_tail)
+            else:
+                text = self.decoder.feed(ev.token) + self.decoder.flush()
+                parts.append(self.head + json.dumps(text).encode() + self.tail(ev.finish_reason))
+                self.finished = True
+                break
+        data = b"".join(parts)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            self.gone = True
+        elif self.direct and not self.pending and transport.get_write_buffer_size() < self.BUFFER_LIMIT:
+            transport.write(b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data)
+            if not self.finished:
+                return
+        else:
+            self.pending.append(data)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until there is something for the handler to do."""
+        if self.pending or self.finished or self.gone:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -402,7 +476,8 @@ def _ready_line(engine: Engine, config: ServeConfig, port: int) -> str:
     return (f"magpie-serve ready: http://{config.host}:{port} model={config.name} "
             f"({m.config.num_parameters() / 1e6:.1f}M parameters, {m.device.type} {str(m.dtype).removeprefix('torch.')}) "
             f"max_batch_size={engine.max_batch_size} {mode} kv_cache={engine.cache.num_slots}x{engine.max_len} tokens "
-            f"({engine.cache.nbytes / 2**30:.2f} GiB) kernels: {overrides + '; ' if overrides else ''}{defaults}")
+            f"({engine.cache.nbytes / 2**30:.2f} GiB) event_loop={event_loop_name(config.event_loop)} "
+            f"kernels: {overrides + '; ' if overrides else ''}{defaults}")
 
 
 async def serve(config: ServeConfig, profiler_dir: Path | None = None) -> None:
@@ -456,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-graph-batch-sizes", metavar="N,N,...",
                     help="batch sizes decode steps are padded to and captured at (default 1,2,4,... up to max batch)")
     ap.add_argument("--stats-interval", dest="stats_interval_s", type=float, help="seconds between stats lines (0: none)")
+    ap.add_argument("--event-loop", choices=list(EVENT_LOOPS),
+                    help="the HTTP side's event loop (default auto: uvloop where installed)")
     ap.add_argument("--profiler-dir", help=f"where /stop_profile writes traces (else ${PROFILER_DIR_ENV})")
     ap.add_argument("--kernel", action="append", default=[], metavar="KEY=PATH",
                     help="replace a registry kernel (rmsnorm, activation, rotary, attention, decode_attention) by the "
@@ -484,7 +561,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     profiler_dir = args.profiler_dir or os.environ.get(PROFILER_DIR_ENV) or config.profiler_dir
     try:
-        asyncio.run(serve(config, Path(profiler_dir).resolve() if profiler_dir else None))
+        event_loop_name(config.event_loop)  # uvloop asked for and not installed: say so before loading a model
+        run_coroutine(serve(config, Path(profiler_dir).resolve() if profiler_dir else None), config.event_loop)
     except (KernelError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

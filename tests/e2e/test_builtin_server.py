@@ -216,6 +216,68 @@ def test_profile_bounded_to_num_steps_stops_by_itself(server):
     assert len(steps) == 2 and bad == 400
 
 
+def _metrics_now(url: str) -> dict[str, float]:
+    async def go():
+        async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+            return await r.text()
+    samples = [line.rsplit(" ", 1) for line in asyncio.run(go()).splitlines() if line and not line.startswith("#")]
+    return {name: float(value) for name, value in samples}
+
+
+def _raw_request(url: str, body: dict, version: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"POST /v1/completions HTTP/{version}\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def test_http10_client_gets_the_same_stream_unframed_until_close(server):
+    """HTTP/1.0 has no chunked encoding: the tokens go out as the raw SSE body, ended by closing."""
+    _, url, _ = server
+    body = _completion([7, 8, 9, 10], 6)
+    with _raw_request(url, body, "1.0") as sock:
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower(), head
+    events = [e[6:] for e in payload.decode().split("\n\n") if e]
+
+    async def framed():
+        async with aiohttp.ClientSession() as s:
+            return await _stream(s, url + "/v1/completions", body)
+
+    expected = asyncio.run(framed())
+    assert events[-1] == "[DONE]" and len(events) == len(expected) == 8
+    texts = [json.loads(e)["choices"][0]["text"] for e in events[:6]]
+    assert texts == [c["choices"][0]["text"] for c in expected[:6]]
+    assert json.loads(events[6])["usage"]["completion_tokens"] == 6
+
+
+def test_a_client_that_goes_away_mid_stream_aborts_its_request(server):
+    _, url, _ = server
+    abort = 'magpie_serve_requests_finished_total{reason="abort"}'
+    before = _metrics_now(url).get(abort, 0.0)
+    with _raw_request(url, _completion([1, 2, 3], 1500), "1.1") as sock:
+        first = sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in first.lower(), first
+        while b"data: {" not in first:
+            first += sock.recv(65536)
+    deadline = time.monotonic() + 30
+    while (now := _metrics_now(url)).get(abort, 0.0) == before:
+        assert time.monotonic() < deadline, "the request ran on after its client left"
+        time.sleep(0.1)
+    assert now[abort] == before + 1 and now["magpie_serve_requests_running"] == 0
+
+    async def after():  # and it still serves
+        async with aiohttp.ClientSession() as s:
+            return await _stream(s, url + "/v1/completions", _completion([5, 6], 3))
+
+    assert asyncio.run(after())[-1] == "[DONE]"
+
+
 def test_sigterm_stops_the_server_cleanly_mid_stream(server):
     proc, url, _ = server
 
