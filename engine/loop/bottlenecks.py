@@ -13,13 +13,25 @@ Mapping, most confident first:
 
 Source lines: on a trace recorded with Python stacks (``with_stack``; the built-in server's
 profiler and the loop's profiled twin record them) each row also names the model functions
-that called it (file, first line, function), with the share of the row's time per function
-(``mapping.lines``; ``engine.loop.stacks`` says how one is found). A row mapped by kernel name
-whose model line is found is raised to confidence ``medium``, and so is a non-registry row
-(``Python stack``): the stack names where it came from, but only the call-site annotation ties
-a row to a registry op (``high``). On a
-trace without stacks the rows are mapped by name only, as before, and each row says so
-(``mapping.stack``).
+that called it (file, line, function), with the share of the row's time per line
+(``mapping.lines``; ``engine.loop.stacks`` says how one is found). Each line says what it is
+(``line_kind``):
+
+* ``call line``: the exact line that made the call. The built-in server's model runs its aten
+  calls (the embedding, the qkv/o/gate_up/down linear layers, the LM head's matmul) inside
+  ``magpie_site::<file>:<line>`` spans while profiling, so its GEMM and embedding rows
+  (``aten::linear``/``aten::matmul``/``aten::embedding`` on the CPU; their ``mm``/``addmm``/
+  embedding kernels on a GPU) name the line of ``layer.qkv(h)``, ``rows @ head``, and so on.
+  These lines need no Python stack (method ``call-line annotation``).
+* ``function start``: the first line of the model function that called the row, all the
+  Python tracer records: the registry ops' rows, the rest of the built-in server's ops, and
+  every row of a trace without those spans (vLLM's, SGLang's).
+
+A row mapped by kernel name whose model line is found is raised to confidence ``medium``, and
+so is a non-registry row (``Python stack``, ``call-line annotation``): they name where it came
+from, but only the call-site annotation ties a row to a registry op (``high``). On a trace with
+neither stacks nor call-line spans the rows are mapped by name only, as before, and each row
+says so (``mapping.stack``).
 
 Time: on a GPU trace, GPU kernel time (each kernel attributed through its launch's correlation
 id to the annotation and top-level op that launched it); on a CPU-only trace (the CI server)
@@ -45,7 +57,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from engine.loop.roofline import arch_of_trace, row_roofline, works_of
-from engine.loop.stacks import PythonStacks, Site
+from engine.loop.stacks import PythonStacks, Site, call_line_sites
 from engine.loop.window import choose_window
 from engine.serve.call_args import ARGS_ANNOTATION, parse_call_args
 from engine.trace.steps import parse_step_annotation
@@ -154,15 +166,18 @@ class _Row:
     def mapping(self, stacks: bool) -> dict:
         """How the row maps to its op and to the source lines that called it (the module docstring)."""
         out: dict[str, Any] = {"method": self.method, "confidence": self.confidence}
-        if not stacks:
+        exact = any(site.exact for site in self.lines)
+        if not stacks and not exact:
             out["stack"] = ("none in the trace (recorded without with_stack): mapped by "
                             + ("the call-site annotation only" if self.confidence == "high" else "name only"))
             out["lines"] = []
             return out
         found = sum(self.lines.values())
         lines = sorted(self.lines.items(), key=lambda kv: -kv[1])
-        out["lines"] = [{"file": site.file, "line": site.line, "function": site.function, "model_code": site.model,
-                         "module": site.module, "time_us": round(t, 3),
+        out["lines"] = [{"file": site.file, "line": site.line,
+                         "line_kind": "call line" if site.exact else "function start",
+                         "function": site.function, "model_code": site.model, "module": site.module,
+                         "time_us": round(t, 3),
                          "share_pct": round(100.0 * t / self.time_us, 2) if self.time_us else 0.0}
                         for site, t in lines[:TOP_LINES]]
         out["lines_left_out_pct"] = round(100.0 * sum(t for _, t in lines[TOP_LINES:]) / self.time_us, 2) \
@@ -172,13 +187,21 @@ class _Row:
             out["stack"] = "recorded, but no frame of the model's code calls this row" if lines else \
                 "recorded, but no Python frame holds this row's ops"
             return out
-        out["stack"] = "recorded: the lines are the model functions that called the row"
-        if self.confidence == "low":
-            out["method"], out["confidence"] = "kernel name + Python stack", "medium"
-        elif self.confidence == "none":
-            out["method"], out["confidence"] = "Python stack", "medium"
+        if not stacks:
+            out["stack"] = ("none in the trace (recorded without with_stack): the lines are the call lines "
+                            "the model's magpie_site spans name")
+        elif exact:
+            out["stack"] = ("recorded: the lines are the model lines that called the row (line_kind: "
+                            "the call line from its magpie_site span, or the first line of the function)")
         else:
-            out["method"] = self.method + " + Python stack"
+            out["stack"] = "recorded: the lines are the model functions that called the row (their first lines)"
+        how = " + ".join((["call-line annotation"] if exact else []) + (["Python stack"] if stacks else []))
+        if self.confidence == "low":
+            out["method"], out["confidence"] = "kernel name + " + how, "medium"
+        elif self.confidence == "none":
+            out["method"], out["confidence"] = how, "medium"
+        else:
+            out["method"] = self.method + " + " + how
         return out
 
     def roofline(self, arch: Optional[dict]) -> dict:
@@ -266,6 +289,7 @@ def analyze_trace(path: Path) -> dict:
     if device == "cpu":
         if stacks:
             ctx.sites = stacks.sites(cpu_ops, annotations)
+        ctx.call_lines = call_line_sites(events, cpu_ops, ctx.sites)
         _account_cpu(ctx, cpu_ops, annotations)
     else:
         _account_gpu(ctx, events, kernels, cpu_ops, stacks)
@@ -284,13 +308,15 @@ def analyze_trace(path: Path) -> dict:
     return {"trace": str(path), "device": device,
             "time_basis": "GPU kernel time" if device == "gpu" else
             "CPU time of top-level ops (a CPU-only trace has no device timeline)",
-            "window": window, "annotated": bool(annotations),
+            "window": window, "annotated": bool(annotations), "call_lines_annotated": bool(ctx.call_lines),
             "python_stacks": {"recorded": bool(stacks), "frames": stacks.count,
-                              "note": "rows name the model functions that called them (mapping.lines; a line is the "
-                                      "first line of that function: the Python tracer records where a function "
+                              "note": "rows name the model lines that called them (mapping.lines; a line is the "
+                                      "call line where a magpie_site span names it, line_kind 'call line', else the "
+                                      "first line of the function: the Python tracer records where a function "
                                       "starts)" if stacks else
                               "the trace has no Python stacks (recorded without with_stack): rows are mapped by "
-                              "name or call-site annotation only"}, "gpu_arch": arch.get("name") if arch else None,
+                              "name or call-site annotation, and lines only where a magpie_site span names "
+                              "the call line"}, "gpu_arch": arch.get("name") if arch else None,
             "roofline": ("least time = max(FLOPs / peak, bytes / bandwidth) per call, datasheet ceilings of "
                          f"{arch['name']} (engine.hw.specs)") if arch else None, "stages": out_stages}
 
@@ -314,6 +340,7 @@ class _Ctx:
     def __init__(self, tables: dict, step_spans: dict, ann_spans: dict, args_of: dict[int, str]) -> None:
         self.tables, self.step_spans, self.ann_spans, self.args_of = tables, step_spans, ann_spans, args_of
         self.sites: dict[int, Optional[Site]] = {}  # id(op, launch or annotation) -> the source that called it
+        self.call_lines: dict[int, Site] = {}  # id(op or launch) -> its exact call line (a magpie_site span)
 
     def locate(self, th: tuple, t: float) -> tuple[Optional[str], Optional[dict]]:
         """(stage, registry annotation) of a moment on a thread; stage None outside the window."""
@@ -328,7 +355,9 @@ class _Ctx:
                 caller: Optional[dict] = None) -> None:
         """Book ``dur`` of op/kernel ``name`` to its row; ``caller`` (the annotation, the op or the
         launch) locates the source line that called it."""
-        site = self.sites.get(id(ann if ann is not None else caller)) if self.sites else None
+        site = self.call_lines.get(id(caller)) if ann is None and caller is not None else None
+        if site is None and self.sites:
+            site = self.sites.get(id(ann if ann is not None else caller))
         for st in ("all", stage):
             if ann is not None:
                 key = ann["name"][len(ANNOTATION_PREFIX):]
@@ -389,6 +418,7 @@ def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: li
     if stacks:
         spans = [a for items in ctx.ann_spans.values() for _, _, a in items.items]
         ctx.sites = stacks.sites(launches.values(), spans)
+    ctx.call_lines = call_line_sites(events, launches.values(), ctx.sites)
     ops_by_thread = {th: _Spans((o["ts"], o["ts"] + o.get("dur", 0), o) for o in _top_level(items))
                      for th, items in _by_thread(cpu_ops).items()}
     seen_calls: set = set()

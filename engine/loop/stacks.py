@@ -11,21 +11,33 @@ The *site* of an op is the innermost frame of the model's own code: a file named
 or ``modeling_*.py``, or any file under a ``models/`` folder (``engine/serve/model.py``,
 ``vllm/model_executor/models/llama.py``, ``sglang/srt/models/...``). Without one in the stack
 (sampling, input copies) it is the innermost frame that is not torch, Triton or the standard
-library. ``line`` is the first line of that function: the profiler's Python tracer records
-where a called function starts, not the line inside the caller that called it.
+library. ``line`` is the first line of that function (``exact`` False, "function start"): the
+profiler's Python tracer records where a called function starts, not the line inside the
+caller that called it.
 
 A registry op of the built-in server runs inside a ``record_function`` span opened by a small
 wrapper (``engine.serve.model``): its site is found from the wrapper's caller, so that the row
-names the model line that called the op rather than the wrapper.
+names the model function that called the op rather than the wrapper (still its first line).
+
+Exact lines: the built-in server, while profiling, runs each of its model's aten calls (the
+embedding, the linear layers, the LM head's matmul) inside a span named
+``magpie_site::<file>:<line> <label> in <function>`` (``engine.serve.model``). An op inside
+one gets that site (``exact`` True, "call line": the line that made the call), with the
+nn.Module class from the stack when there is one (``call_line_sites``); this needs no Python
+stack. Traces without these spans (vLLM, SGLang) keep the function-start sites.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable, NamedTuple, Optional
+
+SITE_PREFIX = "magpie_site::"  # engine.serve.model.SITE_ANNOTATION (this module must not import torch)
+_SITE_SPAN = re.compile(r"^magpie_site::(?P<file>.+):(?P<line>\d+) (?P<label>.+) in (?P<function>[^ ]+)$")
 
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<function>.*)$")
 _MODULE_PREFIX = "nn.Module: "
@@ -38,10 +50,49 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 
 class Site(NamedTuple):
     file: str  # shortened: relative to this repository or to site-packages when under them
-    line: int  # the first line of the function (see the module docstring)
+    line: int  # the call line when ``exact``, else the first line of the function (module docstring)
     function: str
     model: bool  # a frame of the model's code (else the innermost non-library frame)
     module: Optional[str]  # the nn.Module class the op ran in below that frame (Linear), if any
+    exact: bool = False  # from a magpie_site span: ``line`` is the line that made the call
+
+
+def site_of_span(name: str) -> Optional[Site]:
+    """The exact site a ``magpie_site::`` span names, or None for any other name."""
+    m = _SITE_SPAN.match(name) if name.startswith(SITE_PREFIX) else None
+    if m is None:
+        return None
+    return Site(m["file"], int(m["line"]), m["function"], bool(_MODEL_FILE.search(m["file"])), None, True)
+
+
+def call_line_sites(events: Iterable[dict], ops: Iterable[dict],
+                    stack_sites: Optional[dict[int, Optional[Site]]] = None) -> dict[int, Site]:
+    """id(op) -> the exact site of each of ``ops`` (cpu ops or kernel launches) that starts inside
+    a ``magpie_site::`` span of its thread (``events``: the trace's), with the nn.Module class of
+    its stack site (``stack_sites``, from ``PythonStacks.sites``) when it has one."""
+    spans: dict[tuple, list[tuple[float, float, Site]]] = defaultdict(list)
+    for e in events:
+        site = site_of_span(e.get("name", "")) if e.get("cat") == "user_annotation" else None
+        if site is not None and "ts" in e:
+            spans[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e.get("dur", 0.0), site))
+    if not spans:
+        return {}
+    starts: dict[tuple, list[float]] = {}
+    for th, items in spans.items():
+        items.sort(key=lambda x: x[0])
+        starts[th] = [s for s, _, _ in items]
+    out: dict[int, Site] = {}
+    for op in ops:
+        th = (op.get("pid"), op.get("tid"))
+        if th not in spans or "ts" not in op:
+            continue
+        i = bisect.bisect_right(starts[th], op["ts"]) - 1  # the spans do not nest: one call each
+        if i < 0 or op["ts"] > spans[th][i][1]:
+            continue
+        site = spans[th][i][2]
+        below = (stack_sites or {}).get(id(op))
+        out[id(op)] = site._replace(module=below.module) if below is not None else site
+    return out
 
 
 def short_file(path: str) -> str:

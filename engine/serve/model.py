@@ -21,11 +21,21 @@ Two forwards, both writing the cache and returning logits (the model's dtype):
 
 Normalisation, activation, rotary and both attentions go through ``engine.serve.kernels`` so
 that candidate kernels can be swapped in.
+
+While the engine profiles (``annotate_kernels``) each registry call runs inside a
+``record_function("magpie_kernel::<key>")`` span (the registry op behind a trace's ops), and each
+of the model's own aten calls (the embedding, the four linear layers, the LM head's matmul)
+inside ``record_function("magpie_site::<file>:<line> <label> in <function>")``, naming the line
+that makes the call: the profiler's Python tracer records only where a called function starts,
+so only this span ties the GEMMs to the exact line (``engine.loop.stacks``). Off otherwise: the
+measured and captured paths run the same ops with no span and no extra Python call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
@@ -35,9 +45,12 @@ from engine.serve.call_args import ARGS_ANNOTATION, describe_args
 from engine.serve.kernels import HOST_OFFSETS_ATTR, KernelTracker, Kernels, resolve_kernels
 from engine.serve.shapes import PRESETS, ModelConfig, model_config
 
-__all__ = ["KERNEL_ANNOTATION", "KVCache", "LlamaModel", "ModelConfig", "PRESETS", "greedy", "model_config"]
+__all__ = ["KERNEL_ANNOTATION", "KVCache", "LlamaModel", "ModelConfig", "PRESETS", "SITE_ANNOTATION", "greedy",
+           "model_config"]
 
 KERNEL_ANNOTATION = "magpie_kernel::"
+SITE_ANNOTATION = "magpie_site::"
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding engine/
 
 
 def _annotated(key: str, fn: Callable) -> Callable:
@@ -51,6 +64,26 @@ def _annotated(key: str, fn: Callable) -> Callable:
                 pass
             return fn(*args)
     return call
+
+
+class _SiteSpans:
+    """The model's aten calls while profiling: ``at(label, fn, *args)`` runs ``fn(*args)`` inside
+    ``record_function("magpie_site::engine/serve/model.py:<line> <label> in <function>")``, the
+    line and function being those of the call to ``at``. A span's name is made once per label,
+    from its first call's frame; each label is used at one line of the model."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+
+    def __call__(self, label: str, fn: Callable, *args: Any) -> Any:
+        name = self._names.get(label)
+        if name is None:
+            caller = sys._getframe(1)
+            path = Path(caller.f_code.co_filename).resolve()
+            file = path.relative_to(_PACKAGE_ROOT).as_posix() if path.is_relative_to(_PACKAGE_ROOT) else str(path)
+            name = self._names[label] = f"{SITE_ANNOTATION}{file}:{caller.f_lineno} {label} in {caller.f_code.co_name}"
+        with torch.profiler.record_function(name):
+            return fn(*args)
 
 
 class KVCache:
@@ -113,8 +146,10 @@ class LlamaModel(nn.Module):
         self.kernels = kernels or resolve_kernels(device=device)
         # While the engine profiles, each registry call runs inside a record_function named
         # ``magpie_kernel::<key>`` (KERNEL_ANNOTATION): the call site that maps a trace's ops to
-        # the registry op that issued them. Off otherwise: no cost on the measured path.
+        # the registry op that issued them; and each aten call of the model inside one naming its
+        # line (SITE_ANNOTATION, _SiteSpans). Off otherwise: no cost on the measured path.
         self.annotate_kernels = False
+        self._site_spans = _SiteSpans()
         self._annotated: Kernels | None = None
         self._tracked: Kernels | None = None
         with torch.device("meta"):  # shapes only; the seeded init below fills them on the device
@@ -150,6 +185,10 @@ class LlamaModel(nn.Module):
             self._annotated = self.kernels.wrapped(_annotated)
         return self._annotated
 
+    def _sites(self) -> _SiteSpans | None:
+        """The aten call sites' spans while profiling, else None: each site then calls directly."""
+        return self._site_spans if self.annotate_kernels else None
+
     @contextlib.contextmanager
     def tracking_kernels(self) -> Iterator[KernelTracker]:
         """Inside: every registry call records its key, so that an exception (a warm-up, a graph
@@ -164,10 +203,10 @@ class LlamaModel(nn.Module):
     def new_cache(self, num_slots: int, max_len: int | None = None) -> KVCache:
         return KVCache(self.config, num_slots, max_len or self.config.max_seq_len, self.device, self.dtype)
 
-    def _head(self, kn: Kernels, rows: torch.Tensor) -> torch.Tensor:
+    def _head(self, kn: Kernels, at: _SiteSpans | None, rows: torch.Tensor) -> torch.Tensor:
         rows = kn.rmsnorm(rows, self.final_norm, self.config.rms_eps)
-        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return rows @ head.T
+        head = (self.embed.weight if self.lm_head is None else self.lm_head.weight).T
+        return rows @ head if at is None else at("lm_head", torch.matmul, rows, head)
 
     @torch.no_grad()
     def prefill(self, cache: KVCache, slots: Sequence[int], starts: Sequence[int],
@@ -220,9 +259,10 @@ class LlamaModel(nn.Module):
                 cu_q: torch.Tensor, cu_k: torch.Tensor, last: torch.Tensor, context: torch.Tensor | None,
                 decode: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         prompt_tokens = ids.shape[0] - (0 if decode is None else decode[0].shape[0])
-        x = self.embed(ids)
+        at = self._sites()
+        x = self.embed(ids) if at is None else at("embed", self.embed, ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
-            q, k, v = self._qkv(kn, layer, x, positions)
+            q, k, v = self._qkv(kn, at, layer, x, positions)
             cache.k_flat[li].index_copy_(0, flat, k)
             cache.v_flat[li].index_copy_(0, flat, v)
             if context is not None:  # a continued prompt: its context is partly in the cache
@@ -234,27 +274,32 @@ class LlamaModel(nn.Module):
                 attn = torch.cat((kn.attention(q[:t], k[:t], v[:t], cu_q, cu_k, self.scale),
                                   kn.decode_attention(q[t:], cache.k_layers[li], cache.v_layers[li], decode[0], decode[1],
                                                       self.scale)))
-            x = self._finish_layer(kn, layer, x, attn)
-        return self._head(kn, x.index_select(0, last))
+            x = self._finish_layer(kn, at, layer, x, attn)
+        return self._head(kn, at, x.index_select(0, last))
 
-    def _qkv(self, kn: Kernels, layer: DecoderLayer, x: torch.Tensor,
+    def _qkv(self, kn: Kernels, at: _SiteSpans | None, layer: DecoderLayer, x: torch.Tensor,
              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """A layer's normed QKV projection with rotary applied: q [T, Hq, D], k and v [T, Hkv, D]
         (prefill and decode share it, so both run the same kernels in the same order)."""
         cfg = self.config
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         h = kn.rmsnorm(x, layer.input_norm, cfg.rms_eps)
-        q, k, v = layer.qkv(h).split((q_size, kv_size, kv_size), dim=-1)
+        qkv = layer.qkv(h) if at is None else at("qkv", layer.qkv, h)
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
         q, k = kn.rotary(positions, q.view(-1, cfg.num_heads, cfg.head_dim),
                          k.view(-1, cfg.num_kv_heads, cfg.head_dim), self.cos_sin_cache)
         return q, k, v.view(-1, cfg.num_kv_heads, cfg.head_dim)
 
-    def _finish_layer(self, kn: Kernels, layer: DecoderLayer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _finish_layer(self, kn: Kernels, at: _SiteSpans | None, layer: DecoderLayer, x: torch.Tensor,
+                      attn: torch.Tensor) -> torch.Tensor:
         """The rest of a layer after attention: output projection, residual, norm, SwiGLU MLP."""
         cfg = self.config
-        x = x + layer.o(attn.reshape(-1, cfg.num_heads * cfg.head_dim))
+        attn = attn.reshape(-1, cfg.num_heads * cfg.head_dim)
+        x = x + (layer.o(attn) if at is None else at("o", layer.o, attn))
         h = kn.rmsnorm(x, layer.post_norm, cfg.rms_eps)
-        return x + layer.down(kn.activation(layer.gate_up(h)))
+        gate_up = layer.gate_up(h) if at is None else at("gate_up", layer.gate_up, h)
+        act = kn.activation(gate_up)
+        return x + (layer.down(act) if at is None else at("down", layer.down, act))
 
     @torch.no_grad()
     def decode(self, cache: KVCache, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -262,16 +307,16 @@ class LlamaModel(nn.Module):
         """One new token per sequence, from device tensors only (capturable): token ``ids[b]``
         at ``positions[b]`` of slot ``slots[b]`` (int64), ``lengths[b]`` = positions[b] + 1
         (int32). Writes its key/value into the cache and returns the logits ``[B, vocab]``."""
-        kn = self._kernels()
+        kn, at = self._kernels(), self._sites()
         flat = slots * cache.max_len + positions
-        x = self.embed(ids)
+        x = self.embed(ids) if at is None else at("decode_embed", self.embed, ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
-            q, k, v = self._qkv(kn, layer, x, positions)
+            q, k, v = self._qkv(kn, at, layer, x, positions)
             cache.k_flat[li].index_copy_(0, flat, k)
             cache.v_flat[li].index_copy_(0, flat, v)
             attn = kn.decode_attention(q, cache.k_layers[li], cache.v_layers[li], slots, lengths, self.scale)
-            x = self._finish_layer(kn, layer, x, attn)
-        return self._head(kn, x)
+            x = self._finish_layer(kn, at, layer, x, attn)
+        return self._head(kn, at, x)
 
 
 def greedy(logits: torch.Tensor) -> list[int]:

@@ -1,5 +1,6 @@
 """The bottleneck table's source lines: from the Python stacks of a real trace of the built-in
-server's profiler (CPU), from synthetic GPU traces, and what a trace without stacks says."""
+server's profiler (CPU), from synthetic GPU traces, and what a trace without stacks says. The
+exact call lines of the model's aten calls (magpie_site spans): test_loop_exact_sites.py."""
 
 import gzip
 import inspect
@@ -42,21 +43,25 @@ def test_a_server_trace_names_the_model_functions_that_called_each_row(server_tr
     table = analyze_trace(server_trace)
     assert table["python_stacks"]["recorded"] and table["python_stacks"]["frames"] > 0
     rows = {r["name"]: r for r in table["stages"]["all"]["rows"]}
+    # Not a registry op: the stack is what maps it, so its confidence is raised from none. (Its
+    # line is the exact call line from the model's magpie_site span, test_loop_exact_sites.py.)
     linear = rows["aten::linear"]["mapping"]
-    # Not a registry op: the stack is what maps it, so its confidence is raised from none.
-    assert (linear["method"], linear["confidence"]) == ("Python stack", "medium")
+    assert (linear["method"], linear["confidence"]) == ("call-line annotation + Python stack", "medium")
     assert linear["unlocated_pct"] == 0.0 and sum(ln["share_pct"] for ln in linear["lines"]) == pytest.approx(100, abs=0.1)
-    for ln in linear["lines"]:
-        # The model's own methods, at their first line, through the nn.Linear modules.
-        assert ln["file"] == MODEL_FILE and ln["line"] == _method_line(ln["function"]) and ln["module"] == "Linear"
-    # The output projection's GEMM is in the function that calls layer.o (and the MLP's two).
-    o_proj = [ln for ln in linear["lines"] if "layer.o(" in inspect.getsource(getattr(LlamaModel, ln["function"]))]
-    assert len(o_proj) == 1 and o_proj[0]["share_pct"] > 0
+    assert all(ln["module"] == "Linear" for ln in linear["lines"])  # through the nn.Linear modules, from the stack
+    # An op with no call-line span (the residual add): the model function, at its first line.
+    add = rows["aten::add"]["mapping"]
+    assert (add["method"], add["confidence"]) == ("Python stack", "medium")
+    assert add["lines"] and all(ln["file"] == MODEL_FILE and ln["line"] == _method_line(ln["function"])
+                                and ln["line_kind"] == "function start" for ln in add["lines"])
+    residual = [ln for ln in add["lines"] if "x + " in inspect.getsource(getattr(LlamaModel, ln["function"]))]
+    assert residual and residual[0]["function"] == "_finish_layer" and residual[0]["share_pct"] > 0
     # A registry op: the line is the model function that called it, not the annotating wrapper.
     norm = rows["rmsnorm"]["mapping"]
     assert norm["confidence"] == "high" and norm["method"] == "call-site annotation + Python stack"
-    assert len(norm["lines"]) >= 2 and all(ln["file"] == MODEL_FILE and hasattr(LlamaModel, ln["function"])
-                                           and ln["module"] is None for ln in norm["lines"])
+    assert len(norm["lines"]) >= 2 and all(ln["file"] == MODEL_FILE and ln["line"] == _method_line(ln["function"])
+                                           and ln["line_kind"] == "function start" and ln["module"] is None
+                                           for ln in norm["lines"])
     assert sum(ln["share_pct"] for ln in norm["lines"]) == pytest.approx(100, abs=0.1)
 
 
@@ -71,9 +76,14 @@ def test_the_same_trace_without_stacks_maps_by_name_only_and_says_so(server_trac
     rows = {r["name"]: r for r in table["stages"]["all"]["rows"]}
     assert rows.keys() == with_stacks.keys()  # the same rows, the same times: only the mapping differs
     assert all(rows[k]["time_us"] == with_stacks[k]["time_us"] for k in rows)
-    assert rows["aten::linear"]["mapping"] == {
+    assert rows["aten::add"]["mapping"] == {
         "method": "none", "confidence": "none", "lines": [],
         "stack": "none in the trace (recorded without with_stack): mapped by name only"}
+    # The model's magpie_site spans still name the GEMMs' call lines (without the module: no stack).
+    linear = rows["aten::linear"]["mapping"]
+    assert (linear["method"], linear["confidence"]) == ("call-line annotation", "medium")
+    assert linear["lines"] == [{**ln, "module": None} for ln in with_stacks["aten::linear"]["mapping"]["lines"]]
+    assert "magpie_site spans" in linear["stack"]
     assert rows["rmsnorm"]["mapping"]["confidence"] == "high" and rows["rmsnorm"]["mapping"]["lines"] == []
     assert "call-site annotation only" in rows["rmsnorm"]["mapping"]["stack"]
 
@@ -110,6 +120,8 @@ def test_a_gpu_kernel_found_by_name_is_raised_to_medium_by_the_model_line_of_its
     assert [(ln["file"], ln["line"], ln["function"], ln["module"], ln["share_pct"]) for ln in norm["lines"]] == [
         ("vllm/model_executor/models/llama.py", 310, "forward", "RMSNorm", 75.0),
         ("vllm/model_executor/models/llama.py", 250, "forward", None, 25.0)]
+    # No magpie_site spans in a vLLM trace: its lines are where the functions start, and say so.
+    assert table["call_lines_annotated"] is False and {ln["line_kind"] for ln in norm["lines"]} == {"function start"}
     gemm = rows["nvjet_gemm"]["mapping"]
     # No frame of the model's code: the innermost caller that is not torch, said to be so.
     assert gemm["confidence"] == "none" and gemm["lines"][0]["model_code"] is False
