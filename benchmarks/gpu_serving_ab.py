@@ -11,7 +11,7 @@ Usage (repository root on the GPU machine; see gpu_serving.py for what engine/ n
 ``ROOT`` is the folder the variant's ``engine`` package is imported from (``.`` for this
 checkout; an older commit exported with ``git archive COMMIT engine | tar -x -C .old``); the
 flags after ``:`` go to its ``python -m engine.serve`` (e.g. ``--event-loop,asyncio``). Every
-benchmark is run by this checkout's client: ``magpie benchmark builtin --base-url URL
+benchmark is run by this checkout's client: ``magpie benchmark -b builtin.yaml --base-url URL
 --concurrency C --num-prompts 4C --input-len 512 --output-len 64 --range-ratio 0 --warmup 2C
 --repeats 1``. Besides the report's output tok/s and TPOT median, the server process's CPU
 seconds (user + system, from /proc) during each benchmark give its host cost per 1k output tokens.
@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="1b")
     ap.add_argument("--conc", default="64,16")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--py-spy", metavar="VARIANT", help="record that server with py-spy (collapsed stacks, all threads) "
+                    "during its first benchmark at the highest concurrency, into RESULTS_DIR (py-spy must be on PATH)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds; rounds stop starting past it")
     args = ap.parse_args(argv)
     t_start = time.monotonic()
@@ -101,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     concs = [int(c) for c in args.conc.split(",")]
     servers = [Server(n, root, flags, args.size, max(concs)) for n, root, flags in variants]
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    args.results.mkdir(parents=True, exist_ok=True)
+    config = args.results / "builtin.yaml"  # so that the client asks for the model the servers serve
+    config.write_text(f"benchmark:\n  framework: builtin\n  server: {{size: {args.size}, max_batch: {max(concs)}}}\n")
     try:
         for s in servers:
             s.ready.wait(300)
@@ -114,12 +119,19 @@ def main(argv: list[str] | None = None) -> int:
                         say(f"budget {args.budget:.0f} s reached: round {r + 1} not finished")
                         raise StopIteration
                     out = args.results / f"{s.name}_c{conc}_r{r}"
+                    spy = None
+                    if args.py_spy == s.name and r == 0 and conc == max(concs):
+                        spy = subprocess.Popen(["py-spy", "record", "--pid", str(s.proc.pid), "--duration", "8", "--rate", "250",
+                                                "--nonblocking", "--threads", "--format", "raw",
+                                                "--output", str(args.results / f"py-spy_{s.name}_c{conc}.txt")])
                     cpu0 = s.cpu_s()
                     rc, _ = run_cli(f"{s.name} c{conc} r{r}", [
-                        "benchmark", "builtin", "--base-url", s.url, "--concurrency", str(conc),
+                        "benchmark", "-b", str(config), "--base-url", s.url, "--concurrency", str(conc),
                         "--num-prompts", str(4 * conc), "--input-len", "512", "--output-len", "64", "--range-ratio", "0",
                         "--warmup", str(2 * conc), "--repeats", "1", "-o", str(out)], 180)
                     cpu = s.cpu_s() - cpu0
+                    if spy is not None:
+                        spy.wait(60)
                     report = load_report(workspace(out))
                     tok = stat(report, "output_throughput")
                     tpot = stat(report, "median_tpot_ms")

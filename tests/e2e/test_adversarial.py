@@ -14,7 +14,7 @@ import yaml
 
 from conftest import EXAMPLES, read_report, run_magpie
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: timed verdicts need the machine alone
 
 SUITE = EXAMPLES / "adversarial"
 MANIFEST = yaml.safe_load((SUITE / "manifest.yaml").read_text())

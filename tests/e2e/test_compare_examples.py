@@ -6,7 +6,7 @@ import pytest
 
 from conftest import EXAMPLES, only_workspace, read_events, read_report, run_magpie
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: timed verdicts need the machine alone
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import EXAMPLES, read_report, run_magpie
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: timed verdicts need the machine alone
 
 # Several tensor inputs plus a Python float and int in get_inputs(); constructor args of three kinds
 # (int, float, tuple), and a parameter created from them.

@@ -16,6 +16,8 @@ from conftest import REPO, read_events, run_magpie
 from engine.loop.run import config_diff, profiled_twin
 from engine.loop.schema import STEP_NAMES, load_loop_file
 
+pytestmark = pytest.mark.serial  # timed verdicts need the machine to themselves
+
 CANDIDATES = REPO / "tests" / "data" / "loop_candidates"
 
 CLEAN = """\
