@@ -155,6 +155,8 @@ class CompareRunsScreen(Screen):
         Binding("escape", "app.pop_screen", "Back", id="compare_runs.back"),
         Binding("w", "swap", "Swap A/B", id="compare_runs.swap"),
     ]
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("compare_runs.back", "compare_runs.swap")
 
     def __init__(self, a: RunInfo, report_a: CompareLike, b: RunInfo, report_b: CompareLike) -> None:
         super().__init__()

@@ -43,6 +43,8 @@ class ConfigsScreen(Screen):
         Binding("y", "copy_path", "Copy path", show=False, id="configs.copy_path"),
         Binding("f5", "reload", "Reload", id="configs.reload"),
     ]
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("configs.launch", "configs.diff", "configs.edit", "configs.reload")
 
     def __init__(self) -> None:
         super().__init__()

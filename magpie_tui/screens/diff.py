@@ -48,6 +48,8 @@ class DiffScreen(Screen):
         Binding("c", "launch_compare", "Compare marked", id="diff.compare"),
         Binding("tab", "focus_next", "Switch pane", show=False, id="diff.focus"),
     ]
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("diff.back", "diff.compare", "diff.toggle_split", "diff.next_hunk")
 
     def __init__(self, config: Path, baseline: str | None, sources: dict[str, Path],
                  candidate: str | None = None) -> None:

@@ -176,6 +176,8 @@ class KernelScreen(Screen):
         Binding("e", "edit_source", "Edit source", show=False, id="kernel.edit_source"),
         Binding("y", "copy_source_path", "Copy path", show=False, id="kernel.copy_path"),
     ]
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("kernel.back", "kernel.diff", "kernel.next_source", "grid.sort")
 
     def __init__(self, info: RunInfo, stage: str, row: dict[str, Any]) -> None:
         super().__init__()

@@ -39,6 +39,7 @@ from engine.runs.catalog import CancelRefused, RunCatalog, RunInfo, cancel_run, 
 from magpie_tui.errors import error_text
 from magpie_tui.screens.reports import VERDICT_CLASS
 from magpie_tui.screens.runs import format_elapsed, theme_style
+from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
 from magpie_tui.widgets.footer import KeysFooter
 
@@ -578,7 +579,9 @@ class LoopScreen(Screen):
         Binding("k", "show_tab('tab-candidates')", "Candidates", id="loop.candidates"),
         Binding("v", "show_tab('tab-verdict')", "Verdict", id="loop.verdict"),
         Binding("n", "next_stage", "Next stage", id="loop.next_stage"),
-    ]
+    ] + tab_bindings("loop")
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("loop.back", "loop.open", "loop.report", "loop.cancel", "loop.next_tab", "loop.resume")
 
     def __init__(self, root: Path, tab: str | None = None) -> None:
         super().__init__()
@@ -785,6 +788,12 @@ class LoopScreen(Screen):
     # -- actions ---------------------------------------------------------------------------------
     def action_show_tab(self, tab: str) -> None:
         self.query_one("#loop-tabs", TabbedContent).active = tab
+
+    def action_next_tab(self) -> None:
+        cycle_tab(self, 1, focus=False)  # the chain keeps the focus: enter, r and c act on its step
+
+    def action_previous_tab(self) -> None:
+        cycle_tab(self, -1, focus=False)
 
     def action_next_stage(self) -> None:
         choice = self.query_one("#bottleneck-stage", Select)

@@ -156,6 +156,8 @@ class CompareReportScreen(Screen):
         Binding("escape", "app.pop_screen", "Back", id="report.back"),
         Binding("d", "diff", "Diff vs baseline", id="report.diff"),
     ]
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("report.back", "report.diff", "grid.sort")
 
     def __init__(self, info: RunInfo, report: schema.CompareReport | schema.AnalyzeReport | dict) -> None:
         super().__init__()
@@ -530,6 +532,8 @@ class BenchmarkReportScreen(Screen):
         Binding("t", "roofline", "Roofline", id="report.roofline"),
         Binding("m", "capacity_metric", "Next latency", show=False, id="report.capacity_metric"),
     ] + tab_bindings("report")
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("report.back", "report.compare_with", "report.roofline", "report.next_tab", "grid.sort")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "capacity_metric":  # only a capacity search has levels to plot

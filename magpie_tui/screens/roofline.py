@@ -184,6 +184,9 @@ class RooflineScreen(Screen):
         Binding("p", "show_plot", "Plot", id="roofline.plot"),
         Binding("g", "show_timeline", "Timeline", id="roofline.timeline"),
     ] + tab_bindings("roofline")
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("roofline.back", "roofline.filter", "roofline.table", "roofline.plot",
+                   "roofline.timeline", "grid.sort", "timeline.zoom_in", "timeline.zoom_out")
 
     def action_next_tab(self) -> None:
         cycle_tab(self, 1)

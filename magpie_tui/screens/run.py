@@ -62,6 +62,8 @@ class RunScreen(Screen):
         Binding("c", "cancel_run", "Cancel run", id="run.cancel"),
         Binding("l", "next_log", "Next log", id="run.next_log"),
     ] + tab_bindings("run")
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
+    FOOTER_KEYS = ("run.back", "run.report", "run.cancel", "run.next_tab", "run.next_log")
 
     def action_next_tab(self) -> None:
         cycle_tab(self, 1)

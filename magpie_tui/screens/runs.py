@@ -71,14 +71,16 @@ def format_started(ts: float | None) -> str:
 
 # The folder names the run (like k9s's NAME): it comes early and stays put when the list scrolls
 # sideways. Below ~160 columns the columns the folder name already tells (its mode prefix, its start
-# time) step aside, then Elapsed; `y` copies the folder's full path.
+# time) step aside, then Elapsed. Still too wide (below ~120), the folder, label and progress give up
+# width together, so that at 80 columns each row shows its state, folder, label and progress: the
+# folder is cut in its middle (its mode prefix and its time stamp and id stay); `y` copies its full path.
 RUN_COLUMNS = [
     Column("mark", "✓", width=1, min_width=1),
     Column("state", "State", max_width=9),
-    Column("folder", "Folder", max_width=60),
+    Column("folder", "Folder", max_width=60, squeeze_to=24, ellipsis="middle"),
     Column("mode", "Mode", max_width=14, drop_order=1),
-    Column("label", "Label", max_width=38),
-    Column("progress", "Progress", max_width=44),
+    Column("label", "Label", max_width=38, squeeze_to=16),
+    Column("progress", "Progress", max_width=44, squeeze_to=16),
     Column("elapsed", "Elapsed", "number", fmt=format_elapsed, min_width=7, drop_order=3),
     Column("started", "Started", "number", fmt=format_started, min_width=14, drop_order=2),
 ]
@@ -124,6 +126,8 @@ class RunsScreen(Screen):
         Binding("Y", "copy_command", "Copy command", show=False, id="runs.copy_command"),
         Binding("escape", "clear_filter", "Clear filter", show=False, id="runs.clear_filter"),
     ]
+    # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter); enter is the grid's.
+    FOOTER_KEYS = ("grid.select", "runs.report", "runs.filter", "runs.cancel", "grid.sort")
 
     def __init__(self) -> None:
         super().__init__()
@@ -136,7 +140,7 @@ class RunsScreen(Screen):
                     id="runs-filter", compact=True)
         yield DataGrid(RUN_COLUMNS, row_class=lambda row: STATE_CLASSES.get(row["state"], "muted"),
                        fixed_columns=3, filter_columns=["state", "mode", "label", "progress", "folder"],
-                       id="runs-table")
+                       select_label="Open", id="runs-table")
         yield KeysFooter()  # its keys fit the width; ctrl+p still opens the palette, Help says so
 
     def on_mount(self) -> None:
@@ -167,13 +171,25 @@ class RunsScreen(Screen):
         self.marked &= {r.path for r in runs}
         grid.set_rows([run_row(r, now, titles.get(r.path), r.path in self.marked) for r in runs],
                       keys=[str(r.path) for r in runs])
+        self._show_summary(runs)
+        self._select_launched()
+
+    def _show_summary(self, runs: list[RunInfo]) -> None:
+        """The line above the list: counts, a sort by a column too wide to show, the main keys."""
+        grid = self.query_one(DataGrid)
         running = sum(1 for r in runs if r.state == "running")
         shown = grid.visible_count
         counts = f"{len(runs)} runs, {running} running" + (f", {shown} shown" if shown != len(runs) else "")
         marks = f", {len(self.marked)} marked" if self.marked else ""
+        note = f" · {grid.hidden_sort_note}" if grid.hidden_sort_note else ""
         self.query_one("#runs-summary", Static).update(
-            f"{counts}{marks} — enter: open · space: mark, v: compare two · R: re-run · ?: every key")
-        self._select_launched()
+            f"{counts}{marks}{note} — enter: open · space: mark, v: compare two · R: re-run · ?: every key")
+
+    def on_data_grid_sorted(self, event: DataGrid.Sorted) -> None:
+        self._show_summary(self.app.runs)
+
+    def on_data_grid_columns_fitted(self, event: DataGrid.ColumnsFitted) -> None:
+        self._show_summary(self.app.runs)
 
     def _select_launched(self) -> None:
         """After a launch from this session: put the cursor on the new run once it is listed."""

@@ -12,8 +12,10 @@ def tab_bindings(where: str) -> list[Binding]:
             Binding("left_square_bracket", "previous_tab", "Prev tab", show=False, id=f"{where}.previous_tab")]
 
 
-def cycle_tab(screen, step: int) -> str | None:
-    """Activate the tab ``step`` places on (wrapping); the id of the tab now shown."""
+def cycle_tab(screen, step: int, focus: bool = True) -> str | None:
+    """Activate the tab ``step`` places on (wrapping); the id of the tab now shown. ``focus``:
+    the new tab's first control takes the focus (False: the focus stays where it is, for a screen
+    whose keys act on a widget outside the tabs)."""
     found = screen.query(TabbedContent)
     if not found:
         return None
@@ -22,6 +24,9 @@ def cycle_tab(screen, step: int) -> str | None:
     if not panes:
         return None
     current = panes.index(tabs.active) if tabs.active in panes else 0
+    if not focus:
+        tabs.active = panes[(current + step) % len(panes)]
+        return tabs.active
     # Let go of the focus first (a control focused in the tab being hidden would pass it to a
     # neighbour there, and TabbedContent would switch back), then focus the new tab's first control.
     screen.set_focus(None)

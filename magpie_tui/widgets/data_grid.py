@@ -9,7 +9,9 @@ which takes seconds at 50k rows. ``DataGrid`` is a line-API widget (``ScrollView
 * column widths come from the header and a sample of rows (the first 200 plus 200 spread over the
   table), capped by ``Column.max_width``; longer cells end in an ellipsis;
 * columns with a ``drop_order`` step aside (lowest first) while the table is wider than the grid,
-  so that a narrow terminal shows the columns that matter without scrolling;
+  then columns with a ``squeeze_to`` give up width (down to it), so that a narrow terminal shows
+  the columns that matter without scrolling; a sort by a column that stepped aside is told by
+  ``hidden_sort_note``;
 * sorting and filtering work on lists of row indices, comparing raw values: numbers numerically,
   text case-insensitively, ``None``/NaN always last, ties in the order the rows were given;
 * the cursor follows its row (by key) through sorts and filters.
@@ -34,7 +36,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from rich.cells import cell_len, set_cell_size
@@ -52,6 +54,7 @@ __all__ = ["Column", "DataGrid"]
 
 ColumnKind = Literal["text", "number"]
 Align = Literal["left", "right"]
+Ellipsis = Literal["end", "middle"]
 RowKey = Hashable
 
 _SAMPLE_HEAD = 200
@@ -74,7 +77,11 @@ class Column:
     content width; otherwise it is measured from the header and a sample of rows, between
     ``min_width`` and ``max_width``. ``align`` defaults to right for numbers, left for text.
     ``drop_order``: while the table is wider than the grid, columns that have one are left out,
-    lowest first, until the rest fits (they still sort, filter and export).
+    lowest first, until the rest fits (they still sort, filter and export). ``squeeze_to``: if it
+    is still too wide, columns that have one narrow, down to that width, sharing the shortfall in
+    proportion to what each can give. ``ellipsis``: where a cut cell loses its text, at the
+    ``"end"`` or in the ``"middle"`` (for names whose start and end both tell, such as a run
+    folder's mode prefix and its time stamp).
     """
 
     key: str
@@ -86,6 +93,8 @@ class Column:
     min_width: int = 3
     max_width: int = 48
     drop_order: int | None = None
+    squeeze_to: int | None = None
+    ellipsis: Ellipsis = "end"
 
     def __post_init__(self) -> None:
         if self.kind not in ("text", "number"):
@@ -96,8 +105,12 @@ class Column:
             raise ValueError(f"Column {self.key!r}: align must be 'left' or 'right', not {self.align!r}")
         if self.width is not None and self.width < 1:
             raise ValueError(f"Column {self.key!r}: width must be at least 1")
+        if self.ellipsis not in ("end", "middle"):
+            raise ValueError(f"Column {self.key!r}: ellipsis must be 'end' or 'middle', not {self.ellipsis!r}")
         self.min_width = max(1, self.min_width)
         self.max_width = max(self.min_width, self.max_width)
+        if self.squeeze_to is not None:
+            self.squeeze_to = max(1, min(self.squeeze_to, self.max_width))
 
     def format(self, value: Any) -> str:
         """The cell text for a raw value (single line, not padded)."""
@@ -150,11 +163,18 @@ def _text_key(value: Any) -> Any:
     return str(value).casefold()
 
 
-def _fit(text: str, width: int, align: Align) -> str:
-    """``text`` padded or cut (with an ellipsis) to exactly ``width`` cells."""
+def _fit(text: str, width: int, align: Align, ellipsis: Ellipsis = "end") -> str:
+    """``text`` padded or cut (with an ellipsis at its end or in its middle) to exactly ``width``
+    cells."""
     length = len(text) if text.isascii() else cell_len(text)
     if length > width:
-        text = set_cell_size(text, width - 1) + _ELLIPSIS if width > 1 else _ELLIPSIS[:width]
+        if width <= 1:
+            text = _ELLIPSIS[:width]
+        elif ellipsis == "middle" and text.isascii():
+            head = (width - 1) // 2  # an odd cell goes to the end: a name's end tells it apart (time, id)
+            text = text[:head] + _ELLIPSIS + text[len(text) - (width - 1 - head):]
+        else:
+            text = set_cell_size(text, width - 1) + _ELLIPSIS
         length = width
     pad = " " * (width - length)
     return pad + text if align == "right" else text + pad
@@ -180,6 +200,8 @@ class DataGrid(ScrollView, can_focus=True):
     Keys: up/down/pageup/pagedown/home/end move the row cursor, left/right the column cursor,
     ``s`` sorts by the cursor column (again to reverse), enter selects the row. Clicking a header
     sorts by that column; clicking a row moves the cursor there (clicking it again selects it).
+    ``select_label`` shows enter in the footer under that name (what the screen does on
+    ``RowSelected``, e.g. "Open").
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -312,6 +334,21 @@ class DataGrid(ScrollView, can_focus=True):
         def control(self) -> DataGrid:
             return self.grid
 
+    class ColumnsFitted(Message):
+        """The columns shown changed with the grid's width (``drop_order`` columns stepped aside or
+        came back; ``squeeze_to`` columns narrowed or widened)."""
+
+        def __init__(self, grid: DataGrid) -> None:
+            super().__init__()
+            self.grid = grid
+
+        @property
+        def control(self) -> DataGrid:
+            return self.grid
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, DataGrid.ColumnsFitted) and message.grid is self.grid
+
     def __init__(
         self,
         columns: Sequence[Column],
@@ -320,12 +357,18 @@ class DataGrid(ScrollView, can_focus=True):
         fixed_columns: int = 0,
         zebra_stripes: bool = False,
         filter_columns: Iterable[str] | None = None,
+        select_label: str | None = None,
         name: str | None = None,
         id: str | None = None,
         classes: str | None = None,
         disabled: bool = False,
     ) -> None:
         super().__init__(name=name, id=id, classes=classes, disabled=disabled)
+        if select_label is not None:
+            # enter in the footer, named for what the screen does with the row (it handles RowSelected)
+            bindings = self._bindings.key_to_bindings
+            bindings["enter"] = [replace(b, description=select_label, show=True) if b.id == "grid.select" else b
+                                 for b in bindings.get("enter", [])]
         columns = list(columns)
         if not columns:
             raise ValueError("DataGrid needs at least one column")
@@ -367,7 +410,8 @@ class DataGrid(ScrollView, can_focus=True):
         self._cursor_column = 0
         self._highlighted_key: Any = _NOTHING
         # layout
-        self._widths: list[int] = [self._initial_width(c) for c in columns]
+        self._natural: list[int] = [self._initial_width(c) for c in columns]  # measured content widths
+        self._widths: list[int] = list(self._natural)  # drawn widths: natural, less what squeeze_to takes
         self._shown: list[bool] = [True] * len(columns)  # False: dropped for a narrow view (drop_order)
         self._starts: list[int] = []
         self._table_width = 0
@@ -412,6 +456,16 @@ class DataGrid(ScrollView, can_focus=True):
     def shown_columns(self) -> list[str]:
         """Keys of the columns drawn now: all but those dropped for a narrow view."""
         return [c.key for c, shown in zip(self._columns, self._shown) if shown]
+
+    @property
+    def hidden_sort_note(self) -> str:
+        """``"sorted by Started ▼ (hidden at this width)"`` while the rows are sorted by a column
+        that stepped aside for a narrow view (its header, with the arrow, is not drawn); else ``""``."""
+        index = self._column_index.get(self._sort_column) if self._sort_column is not None else None
+        if index is None or self._shown[index]:
+            return ""
+        arrow = _ARROW_DESC if self._sort_reverse else _ARROW_ASC
+        return f"sorted by {self._columns[index].label} {arrow} (hidden at this width)"
 
     def set_rows(self, rows: Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]],
                  keys: Sequence[RowKey] | None = None) -> None:
@@ -750,7 +804,7 @@ class DataGrid(ScrollView, can_focus=True):
         else:
             values = list(row[: len(self._columns)])
             values += [None] * (len(self._columns) - len(values))
-        cells = tuple(f" {_fit(c.format(v), w, c.align)} " if shown else ""
+        cells = tuple(f" {_fit(c.format(v), w, c.align, c.ellipsis)} " if shown else ""
                       for c, v, w, shown in zip(self._columns, values, self._widths, self._shown))
         suffix = self._row_class(row) if self._row_class is not None else None
         cached = (cells, suffix or None)
@@ -909,9 +963,10 @@ class DataGrid(ScrollView, can_focus=True):
                 values = [row[i] if i < len(row) else None for row in sample_rows]
             width = max([cell_len(column.label) + 2, *(cell_len(column.format(v)) for v in values)])
             widths.append(min(column.max_width, max(column.min_width, width)))
-        self._widths = widths
+        self._natural = widths
+        self._widths = list(widths)
         self._update_geometry()
-        self._fit_columns()
+        self._fit_columns(changed=True)
 
     def _update_geometry(self) -> None:
         starts, x = [], 0
@@ -923,28 +978,57 @@ class DataGrid(ScrollView, can_focus=True):
         self._table_width = x
         self._fixed_width = starts[self._fixed_columns] if self._fixed_columns else 0
 
-    def _fit_columns(self) -> bool:
+    def _fit_columns(self, changed: bool = False) -> bool:
         """Drop columns that have a ``drop_order`` (lowest first) while the table is wider than
-        the view; bring them back when it is wide enough. True when the shown columns changed."""
+        the view, then narrow those that have a ``squeeze_to``; bring them back when it is wide
+        enough. True when the columns drawn changed (``changed``: the widths were just measured
+        again, so the drawn ones must be recomputed whatever they were)."""
         view = self.scrollable_content_region.width if self.is_mounted else 0
+        natural = self._natural
         shown = [True] * len(self._columns)
+        widths = list(natural)
         if view > 0:  # 0: not laid out yet (or in a hidden tab): keep every column
-            width = sum(w + 2 for w in self._widths)
+            width = sum(w + 2 for w in natural)
             droppable = sorted((c.drop_order, i) for i, c in enumerate(self._columns) if c.drop_order is not None)
             for _, i in droppable:
                 if width <= view:
                     break
                 shown[i] = False
-                width -= self._widths[i] + 2
-        if shown == self._shown:
+                width -= natural[i] + 2
+            if width > view:
+                widths = self._squeezed(shown, width - view)
+        if shown == self._shown and widths == self._widths and not changed:
             return False
+        fitted = shown != self._shown or widths != self._widths
         self._shown = shown
+        self._widths = widths
         self._update_geometry()
         self._cells_cache.clear()
         self._line_cache.clear()
         if not shown[self._cursor_column]:
             self._move_column(self._cursor_column, step=1)
+        if fitted and self.is_mounted:
+            self.post_message(self.ColumnsFitted(self))
         return True
+
+    def _squeezed(self, shown: list[bool], excess: int) -> list[int]:
+        """The natural widths, less up to ``excess`` cells taken from the shown columns that have
+        a ``squeeze_to``, in proportion to what each can give (never below its ``squeeze_to``)."""
+        widths = list(self._natural)
+        give = {i: widths[i] - c.squeeze_to for i, c in enumerate(self._columns)
+                if shown[i] and c.squeeze_to is not None and widths[i] > c.squeeze_to}
+        total = sum(give.values())
+        if not total:
+            return widths
+        take = min(excess, total)
+        cuts = {i: take * g // total for i, g in give.items()}
+        # The cells the rounding left: one each, to the columns with the largest share left over.
+        left = take - sum(cuts.values())
+        for i in sorted(give, key=lambda i: (-(take * give[i] % total), i))[:left]:
+            cuts[i] += 1
+        for i, cut in cuts.items():
+            widths[i] -= cut
+        return widths
 
     def _column_at(self, x: int) -> int | None:
         """Column under content column ``x`` (None: right of the table)."""

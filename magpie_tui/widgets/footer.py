@@ -1,11 +1,24 @@
 """``KeysFooter``: the footer of every workbench screen. Its keys fit the terminal's width.
 
 Textual's ``Footer`` lays its keys out in one row and lets whatever does not fit fall off the
-right edge. The app's own keys come last there, so at 80 columns a screen with many keys lost
-``?`` (help) and ``ctrl+q`` (quit) first. This footer leaves keys out instead, least needed
-first, until the rest fits: the side keys ``1``/``2`` (their screens name them too), then the
-screen's keys from the right (the screen's first keys are its main ones). ``?`` and quit stay,
-and ``?`` lists every key of the screen, shown here or not.
+right edge, so at 80 columns a screen with many keys lost ``?`` (help) and ``ctrl+q`` (quit),
+and on the Diff screen, where the diff view's own keys come first, ``c`` (compare). This footer
+leaves keys out instead, least needed first, until the rest fits:
+
+1. the side keys ``1``/``2`` (together: their screens name them too);
+2. the keys the screen does not name as main ones, from the right;
+3. the screen's main keys, from the least needed one.
+
+A screen names its main keys in ``FOOTER_KEYS``: binding ids (its own or its widgets', such as
+``grid.sort``), most needed first. Keys keep their order in the footer. ``?`` and quit always
+stay, and ``?`` lists every key of the screen, shown here or not.
+
+Example::
+
+    class DiffScreen(Screen):
+        BINDINGS = [Binding("escape", "app.pop_screen", "Back", id="diff.back"),
+                    Binding("c", "launch_compare", "Compare marked", id="diff.compare")]
+        FOOTER_KEYS = ("diff.back", "diff.compare", "diff.toggle_split", "diff.next_hunk")
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
-__all__ = ["KeysFooter"]
+__all__ = ["ALWAYS_SHOWN", "KeysFooter", "LEFT_OUT_FIRST"]
 
 ALWAYS_SHOWN = ("app.help", "app.quit")
 """Binding ids that are never left out: how to find every other key, and how to leave."""
@@ -28,7 +41,7 @@ LEFT_OUT_FIRST = ("app.configs", "app.runs")
 
 class KeysFooter(Footer):
     """A compact footer (no command-palette key: ctrl+p still opens it; Help says so) whose keys
-    fit its width."""
+    fit its width, keeping the screen's main keys (``FOOTER_KEYS``) longest."""
 
     def __init__(self, **kwargs) -> None:
         kwargs.setdefault("compact", True)
@@ -47,7 +60,8 @@ class KeysFooter(Footer):
         keys = [(binding, enabled, tooltip, self.app.get_key_display(binding))
                 for binding, enabled, tooltip in by_action.values()]
         self._laid_out_for = self._width()
-        for binding, enabled, tooltip, key_display in self._fitting(keys, self._laid_out_for):
+        main = tuple(getattr(self.screen, "FOOTER_KEYS", ()))
+        for binding, enabled, tooltip, key_display in self._fitting(keys, self._laid_out_for, main):
             yield FooterKey(binding.key, key_display, binding.description, binding.action,
                             disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
 
@@ -55,17 +69,20 @@ class KeysFooter(Footer):
         return self.size.width or self.app.size.width
 
     @staticmethod
-    def _fitting(keys: list, width: int) -> list:
-        """``keys`` less those left out (in the order of the module's docstring) until they fit."""
+    def _fitting(keys: list, width: int, main: tuple[str, ...] = ()) -> list:
+        """``keys`` less those left out (in the order of the module's docstring) until they fit;
+        ``main``: the binding ids of the screen's main keys, most needed first."""
         def cells(key) -> int:  # a compact key: "k Description" and one column between keys
             binding, _enabled, _tooltip, key_display = key
             return cell_len(key_display) + (1 + cell_len(binding.description) if binding.description else 0) + 1
 
         total = sum(cells(k) for k in keys) - 1
         ids = [k[0].id for k in keys]
+        kept = ALWAYS_SHOWN + LEFT_OUT_FIRST
         # Groups of keys, left out a group at a time: 1 and 2 together (one without the other misleads).
         candidates = [[ids.index(i) for i in LEFT_OUT_FIRST if i in ids]]
-        candidates += [[n] for n in reversed(range(len(keys))) if ids[n] not in ALWAYS_SHOWN + LEFT_OUT_FIRST]
+        candidates += [[n] for n in reversed(range(len(keys))) if ids[n] not in kept and ids[n] not in main]
+        candidates += [[ids.index(i)] for i in reversed(main) if i in ids and i not in kept]
         left_out: set[int] = set()
         for group in candidates:
             if total <= width:

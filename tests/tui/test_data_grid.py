@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-
+import pytest
 from tui.conftest import Harness
 from magpie_tui.widgets.data_grid import Column, DataGrid
 
@@ -482,3 +482,40 @@ async def test_columns_with_a_drop_order_step_aside_while_the_table_is_too_wide(
         await pilot.resize_terminal(60, 8)
         await pilot.pause()
         assert grid.shown_columns == ["name", "a", "b", "c"]
+
+
+async def test_columns_with_squeeze_to_share_the_shortfall_and_a_middle_ellipsis_keeps_both_ends():
+    columns = [Column("name", "Name", width=6), Column("path", "Path", max_width=40, squeeze_to=10, ellipsis="middle"),
+               Column("note", "Note", max_width=40, squeeze_to=10), Column("when", "When", width=8, drop_order=1)]
+    row = {"name": "r1", "path": "benchmark_tiny_20261129_192724_793ef2", "note": "n" * 30, "when": "12:00"}
+    grid = DataGrid(columns, select_label="Open")
+    grid.set_rows([row])
+    app = Harness(grid)
+    fitted = []
+    async with app.run_test(size=(100, 6), message_hook=lambda m: fitted.append(m)
+                            if isinstance(m, DataGrid.ColumnsFitted) else None) as pilot:
+        grid.focus()
+        await pilot.pause()
+        assert grid.column_widths == {"name": 6, "path": 37, "note": 30, "when": 8}  # it fits: nothing narrows
+        grid.sort_by("when", reverse=True)
+        assert grid.hidden_sort_note == ""
+        await pilot.resize_terminal(60, 6)  # 89 cells of table: When steps aside (79), then 19 more go
+        await pilot.pause()
+        assert grid.shown_columns == ["name", "path", "note"] and fitted
+        assert grid.hidden_sort_note == "sorted by When ▼ (hidden at this width)"
+        widths = grid.column_widths
+        assert widths["name"] + widths["path"] + widths["note"] + 6 == 60
+        assert (37 - widths["path"], 30 - widths["note"]) == (11, 8)  # 19 in proportion to 27 and 20 to give
+        cells = grid.render_line(1).text
+        assert "benchmark_ti…192724_793ef2" in cells and "n" * 10 + "…" in cells
+        await pilot.resize_terminal(30, 6)  # nothing narrows below squeeze_to: the rest scrolls
+        await pilot.pause()
+        assert (grid.column_widths["path"], grid.column_widths["note"]) == (10, 10)
+        assert "benc…93ef2" in grid.render_line(1).text
+        await pilot.resize_terminal(100, 6)
+        await pilot.pause()
+        assert grid.column_widths["path"] == 37 and grid.hidden_sort_note == ""
+        # enter shows in the footer under the screen's name for it
+        assert any(b.binding.description == "Open" and b.binding.show for b in app.screen.active_bindings.values())
+    with pytest.raises(ValueError, match="ellipsis"):
+        Column("x", "X", ellipsis="start")

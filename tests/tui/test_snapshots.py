@@ -262,3 +262,39 @@ def test_roofline_timeline_of_the_mixed_stage(snap_compare, snapshot_app, size):
         pilot.app.screen.query_one("#timeline-stage").value = "prefilldecode"
         await _settle(pilot)
     assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)
+
+
+# -- issue 15, the last 80-column points: each screen's main keys in the footer, the Runs list's columns,
+# a sort by a column hidden at this width ------------------------------------------------------------------
+
+def test_runs_sorted_by_a_hidden_column(snap_compare, snapshot_app):
+    """Sorted by Started (newest first) at 170 columns, then seen at 80: the line above the list says so."""
+    async def run_before(pilot):
+        await pilot.resize_terminal(170, 30)
+        await _open_runs_then(())(pilot)
+        grid = pilot.app.screen.query_one("#runs-table")
+        grid.sort_by("started", reverse=True)
+        await pilot.resize_terminal(80, 24)
+        await _settle(pilot)
+    assert snap_compare(snapshot_app, terminal_size=(80, 24), run_before=run_before)
+
+
+NO_PID = 4_194_400
+"""Above Linux's largest pid (2**22): the same in every picture, and never a live process."""
+
+
+def test_loop_screen(snap_compare):
+    """A finished loop at 80x24: the footer keeps Back, Open step, Report, Cancel, Resume and ] Next tab."""
+    from tui.test_loop_screen import finished_steps, make_loop
+    project = make_project(SNAPSHOT_ROOT)
+    make_loop(project, finished_steps(NO_PID), NO_PID, finished=True)
+
+    async def run_before(pilot):
+        app = pilot.app
+        await pilot.press("2")
+        deadline = time.monotonic() + 10
+        while not any(r.mode == "loop" for r in app.runs) and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        app.open_run(next(r for r in app.runs if r.mode == "loop"))
+        await _settle(pilot, 0.5)
+    assert snap_compare(build_app(project), terminal_size=(80, 24), run_before=run_before)

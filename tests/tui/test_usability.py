@@ -795,55 +795,158 @@ def footer_keys_in_view(app, width: int) -> set[str]:
     return {k.key for k in keys if k.region.width and k.region.right <= width}
 
 
+def row_cells(grid: DataGrid, y: int) -> dict[str, str]:
+    """The cells of grid line ``y`` as drawn (no scrolling), by column key: the text a user reads."""
+    line, cells, x = grid.render_line(y).text, {}, 0
+    for key in grid.shown_columns:
+        width = grid.column_widths[key] + 2
+        cells[key] = line[x:x + width].strip()
+        x += width
+    return cells
+
+
 @pytest.mark.parametrize("size", [(80, 24), (100, 30)])
-async def test_the_runs_list_shows_each_runs_folder_without_scrolling(app, project, size):
+async def test_the_runs_list_shows_state_folder_label_and_progress_without_scrolling(app, project, size):
+    from magpie_tui.screens.runs import progress_cell
     async with app.run_test(size=size) as pilot:
         await open_runs(pilot, app)
         grid = app.screen.query_one("#runs-table", DataGrid)
         await wait_for(pilot, lambda: grid.visible_count == 4)
         await pilot.pause()
-        assert "Folder" in grid.render_line(0).text
+        header = row_cells(grid, 0)
+        assert [header[k] for k in ("state", "folder", "label", "progress")] == ["State", "Folder", "Label", "Progress"]
+        assert sum(grid.column_widths[k] + 2 for k in grid.shown_columns) <= size[0]  # all in view
         for y, key in enumerate(grid.visible_keys(), start=1):
-            assert Path(key).name in grid.render_line(y).text
-        # the columns the folder name already tells step aside; they come back with room
+            run, cells = next(r for r in app.runs if str(r.path) == key), row_cells(grid, y)
+            assert cells["state"] == run.state and cells["progress"] == progress_cell(run)
+            # a folder too long keeps its mode prefix and its time stamp and id (the part that tells runs apart)
+            assert cells["folder"] == run.name or (cells["folder"].startswith(run.name[:12])
+                                                   and cells["folder"].endswith(run.name[-13:]))
+            label = app.runs_watcher.titles.get(run.path) or run.label
+            assert cells["label"].rstrip("…") == label[:len(cells["label"].rstrip("…"))]
+            assert len(cells["label"]) >= min(len(label), 16)
+        # the columns the folder name already tells step aside; they come back with room, uncut
         assert "mode" not in grid.shown_columns and "started" not in grid.shown_columns
         await pilot.resize_terminal(170, 30)
         await wait_for(pilot, lambda: "started" in grid.shown_columns)
         assert grid.shown_columns == [c.key for c in grid.columns]
+        assert {y: row_cells(grid, y)["folder"] for y in range(1, 5)} == {
+            y: Path(k).name for y, k in enumerate(grid.visible_keys(), start=1)}
         # sorting still works by a column that stepped aside, and the folder stays put when scrolling sideways
         await pilot.resize_terminal(*size)
         await wait_for(pilot, lambda: "started" not in grid.shown_columns)
         grid.sort_by("started")
         await pilot.press("right", "right", "right", "right")
-        assert grid.cursor_column_key in grid.shown_columns and grid.scroll_offset.x > 0
+        assert grid.cursor_column_key in grid.shown_columns
         await pilot.pause()
         first = next(r for r in app.runs if str(r.path) == grid.visible_keys()[0])
-        assert first.name in grid.render_line(1).text and first.started == min(r.started for r in app.runs)
+        assert row_cells(grid, 1)["folder"].endswith(first.name[-13:])
+        assert first.started == min(r.started for r in app.runs)
 
 
-async def test_help_and_quit_stay_in_the_footer_at_80_columns(app, project):
-    from magpie_tui.screens.configs import ConfigsScreen
-    main_keys = {"question_mark", "ctrl+q"}
+async def test_a_sort_by_a_column_hidden_at_this_width_is_told(app, project):
+    async with app.run_test(size=(170, 30)) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4 and "started" in grid.shown_columns)
+        grid.move_cursor_to_column("started")
+        await pilot.press("s", "s")  # newest first
+        assert grid.sort_column == "started" and grid.sort_reverse
+        summary = lambda: text_of(app.screen, "#runs-summary")  # noqa: E731
+        assert "sorted by" not in summary()  # the header shows it: Started ▼
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: "started" not in grid.shown_columns)
+        await pilot.pause()
+        assert "Started" not in grid.render_line(0).text
+        assert "sorted by Started ▼ (hidden at this width)" in summary()
+        lines = app.screen.query_one("#runs-summary").render_line(0).text
+        assert "sorted by Started ▼ (hidden at this width)" in lines  # within the 80 columns, not cut
+        await pilot.resize_terminal(170, 30)
+        await wait_for(pilot, lambda: "started" in grid.shown_columns)
+        await pilot.pause()
+        assert "sorted by" not in summary() and "Started ▼" in grid.render_line(0).text
+
+
+# -- the footer keeps each screen's main keys at 80 columns, plus ? and quit ---------------------------------
+HELP_AND_QUIT = {"question_mark", "ctrl+q"}
+
+
+async def test_the_footer_keeps_the_main_keys_of_the_configs_diff_and_launch_screens_at_80_columns(app, project):
+    from magpie_tui.screens.launch import LaunchScreen
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_screen(pilot, app, ConfigsScreen)
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
-        assert main_keys | {"l", "d", "e"} <= footer_keys_in_view(app, 80)
+        assert HELP_AND_QUIT | {"l", "d", "e"} <= footer_keys_in_view(app, 80)
+        app.screen.select(project / "kernels" / "softmax_triton" / "compare.yaml")
+        await pilot.press("d")
+        await wait_screen(pilot, app, DiffScreen, "KeysFooter FooterKey")
+        await pilot.pause()
+        # the diff view's own keys come first in the footer; compare, the screen's main key, stays
+        assert HELP_AND_QUIT | {"escape", "c", "s", "n"} <= footer_keys_in_view(app, 80)
+        await pilot.press("escape")
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(project / "benchmarks" / "builtin_tiny_cpu.yaml")
+        await pilot.press("l")
+        await wait_screen(pilot, app, LaunchScreen, "#start")
+        screen_region = app.screen.region
+        for button in ("#start", "#cancel"):  # a dialog: its keys are on its buttons, both in view
+            region = app.screen.query_one(button).region
+            assert region.width and screen_region.contains_region(region)
+        assert "ctrl+s" in str(app.screen.query_one("#start").label)
+
+
+async def test_the_footer_keeps_the_main_keys_of_the_runs_run_and_report_screens_at_80_columns(app, project):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_runs(pilot, app)
+        await pilot.pause()
+        assert HELP_AND_QUIT | {"enter", "r", "slash", "c", "s"} <= footer_keys_in_view(app, 80)
+        app.open_run(find_run(app, "compare_"))
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        await pilot.pause()
+        assert HELP_AND_QUIT | {"escape", "r", "c", "l", "right_square_bracket"} <= footer_keys_in_view(app, 80)
+        await pilot.press("escape")
+        app.open_report(find_run(app, "compare_"))
+        await wait_screen(pilot, app, CompareReportScreen)
+        await pilot.pause()
+        assert HELP_AND_QUIT | {"escape", "d", "s"} <= footer_keys_in_view(app, 80)
+        await pilot.press("escape")
+        app.open_report(find_run(app, "benchmark_builtin-tiny_20261129_192724"))
+        await wait_screen(pilot, app, BenchmarkReportScreen, "#bench-grid")
+        await pilot.pause()
+        assert HELP_AND_QUIT | {"escape", "b", "t", "right_square_bracket", "s"} <= footer_keys_in_view(app, 80)
+        await pilot.resize_terminal(100, 30)  # with room, the side keys come back
+        await wait_for(pilot, lambda: {"1", "2"} | HELP_AND_QUIT <= footer_keys_in_view(app, 100))
+
+
+async def test_the_footer_keeps_the_main_keys_of_the_roofline_and_kernel_screens_at_80_columns(app, project):
+    async with app.run_test(size=(80, 24)) as pilot:
         await open_runs(pilot, app)
         app.open_report(find_run(app, "trace_"))
         await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
         await pilot.pause()
-        assert main_keys | {"escape", "slash", "t", "p", "g"} <= footer_keys_in_view(app, 80)
-        await pilot.resize_terminal(100, 30)  # with room, the side keys come back
-        await wait_for(pilot, lambda: {"1", "2"} | main_keys <= footer_keys_in_view(app, 100))
-        await pilot.resize_terminal(80, 24)
-        await wait_for(pilot, lambda: main_keys <= footer_keys_in_view(app, 80))
+        tabs = {"escape", "slash", "t", "p", "g"}
+        assert HELP_AND_QUIT | tabs | {"s"} <= footer_keys_in_view(app, 80)
+        await pilot.press("g")  # the timeline's zoom keys come first; the screen's tab keys stay
+        await wait_for(pilot, lambda: HELP_AND_QUIT | tabs | {"plus", "minus"} <= footer_keys_in_view(app, 80))
+        await pilot.press("t")
+        await pilot.pause()
         await pilot.press("escape")
         await _open_kernel_of(pilot, app, "aten::mm")
         await pilot.pause()
-        assert main_keys | {"escape", "d", "n"} <= footer_keys_in_view(app, 80)
-        await pilot.press("escape", "escape")
-        app.open_report(find_run(app, "benchmark_builtin-tiny_20261129_192724"))
-        await wait_screen(pilot, app, BenchmarkReportScreen, "#bench-grid")
+        assert HELP_AND_QUIT | {"escape", "d", "n", "s"} <= footer_keys_in_view(app, 80)
+
+
+async def test_the_footer_keeps_the_main_keys_of_the_loop_screen_at_80_columns(project):
+    from tui.test_loop_screen import dead_pid, finished_steps, make_loop, open_loop
+    make_loop(project, finished_steps(dead_pid()), dead_pid(), finished=True)
+    app = build_app(project)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_loop(pilot, app)
         await pilot.pause()
-        assert main_keys | {"escape", "b", "t"} <= footer_keys_in_view(app, 80)
+        assert HELP_AND_QUIT | {"escape", "o", "r", "c", "R", "right_square_bracket"} <= footer_keys_in_view(app, 80)
+        tabs = screen.query_one("#loop-tabs")
+        await pilot.press("right_square_bracket")  # the next tab, the chain keeps the focus
+        assert tabs.active == "tab-bottlenecks" and screen.focused is screen.query_one("#loop-chain")
+        await pilot.press("left_square_bracket", "left_square_bracket")
+        assert tabs.active == "tab-verdict"
