@@ -283,8 +283,9 @@ NO_PID = 4_194_400
 """Above Linux's largest pid (2**22): the same in every picture, and never a live process."""
 
 
-def test_loop_screen(snap_compare):
-    """A finished loop at 80x24: the footer keeps Back, Open step, Report, Cancel, Resume and ] Next tab."""
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_loop_screen(snap_compare, size):
+    """A finished loop; at 80x24 the footer keeps Back, Open step, Report, Cancel, Resume and ] Next tab."""
     from tui.test_loop_screen import finished_steps, make_loop
     project = make_project(SNAPSHOT_ROOT)
     make_loop(project, finished_steps(NO_PID), NO_PID, finished=True)
@@ -297,4 +298,4 @@ def test_loop_screen(snap_compare):
             await pilot.pause(0.05)
         app.open_run(next(r for r in app.runs if r.mode == "loop"))
         await _settle(pilot, 0.5)
-    assert snap_compare(build_app(project), terminal_size=(80, 24), run_before=run_before)
+    assert snap_compare(build_app(project), terminal_size=size, run_before=run_before)
