@@ -86,3 +86,26 @@ def write_yaml(tmp_path):
         p.write_text(text)
         return p
     return _write
+
+
+@pytest.fixture(scope="session")
+def server_trace(tmp_path_factory):
+    """A torch-profiler trace of the built-in server's own profiler (``Engine.start_profile``,
+    which sets ``annotate_kernels``) over three short requests on the tiny CPU model: prompt steps
+    and decode steps. Recorded once per session for the tests of the loop's source mapping."""
+    import threading
+
+    from engine.serve.engine import Engine
+    from engine.serve.model import PRESETS, LlamaModel
+    engine = Engine(LlamaModel(PRESETS["tiny"]), max_batch_size=4, max_model_len=64)
+    engine.start()
+    try:
+        path = engine.start_profile(tmp_path_factory.mktemp("trace")).result(30)
+        done = [threading.Event() for _ in range(3)]
+        for i, ev in enumerate(done):
+            engine.submit([5 + i, 9, 2, 7, 1, 4][: 4 + i], 4, True, lambda e, ev=ev: (e.finish_reason or e.error) and ev.set())
+        assert all(ev.wait(60) for ev in done)
+        assert engine.stop_profile().result(60) == path
+    finally:
+        engine.stop()
+    return path

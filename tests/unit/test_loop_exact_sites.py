@@ -4,7 +4,6 @@ table maps each op inside one to that line (``line_kind`` "call line") instead o
 of the calling function, on a real CPU trace of the server's profiler and on a GPU-shaped one."""
 
 import inspect
-import threading
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from trace_builder import TraceBuilder
 
 from engine.loop.bottlenecks import analyze_trace
 from engine.loop.stacks import short_file
-from engine.serve.engine import Engine, step_annotation
+from engine.serve.engine import step_annotation
 from engine.serve.model import PRESETS, SITE_ANNOTATION, LlamaModel
 
 MODEL_FILE = short_file(inspect.getsourcefile(LlamaModel))
@@ -34,25 +33,6 @@ def _source_lines(code: str) -> dict[int, str]:
 QKV, O_PROJ, GATE_UP, DOWN = (_source_lines(c) for c in ("layer.qkv(h)", "layer.o(attn)", "layer.gate_up(h)",
                                                            "layer.down(act)"))
 HEAD, EMBED = _source_lines("rows @ head"), _source_lines("self.embed(ids)")
-
-
-@pytest.fixture(scope="module")
-def server_trace(tmp_path_factory):
-    """The built-in server's own profiler (Engine.start_profile, which sets annotate_kernels) over
-    three short requests: prompt steps and decode steps."""
-    engine = Engine(LlamaModel(PRESETS["tiny"]), max_batch_size=4, max_model_len=64)
-    engine.start()
-    try:
-        path = engine.start_profile(tmp_path_factory.mktemp("trace")).result(30)
-        done = [threading.Event() for _ in range(3)]
-        for i, ev in enumerate(done):
-            engine.submit([5 + i, 9, 2, 7, 1, 4][: 4 + i], 4, True,
-                          lambda e, ev=ev: (e.finish_reason or e.error) and ev.set())
-        assert all(ev.wait(60) for ev in done)
-        assert engine.stop_profile().result(60) == path
-    finally:
-        engine.stop()
-    return path
 
 
 def _lines(row: dict) -> dict[int, dict]:

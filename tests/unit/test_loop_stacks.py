@@ -5,34 +5,16 @@ exact call lines of the model's aten calls (magpie_site spans): test_loop_exact_
 import gzip
 import inspect
 import json
-import threading
 
 import pytest
 from trace_builder import TraceBuilder
 
 from engine.loop.bottlenecks import analyze_trace
 from engine.loop.stacks import short_file
-from engine.serve.engine import Engine, step_annotation
-from engine.serve.model import PRESETS, LlamaModel
+from engine.serve.engine import step_annotation
+from engine.serve.model import LlamaModel
 
 MODEL_FILE = short_file(inspect.getsourcefile(LlamaModel))
-
-
-@pytest.fixture(scope="module")
-def server_trace(tmp_path_factory):
-    """The built-in server's own profiler (Engine.start_profile) over three short requests."""
-    engine = Engine(LlamaModel(PRESETS["tiny"]), max_batch_size=4, max_model_len=64)
-    engine.start()
-    try:
-        path = engine.start_profile(tmp_path_factory.mktemp("trace")).result(30)
-        done = [threading.Event() for _ in range(3)]
-        for i, ev in enumerate(done):
-            engine.submit([5 + i, 9, 2, 7, 1, 4][: 4 + i], 4, True, lambda e, ev=ev: (e.finish_reason or e.error) and ev.set())
-        assert all(ev.wait(60) for ev in done)
-        assert engine.stop_profile().result(60) == path
-    finally:
-        engine.stop()
-    return path
 
 
 def _method_line(name: str) -> int:
