@@ -49,7 +49,6 @@ work its calls recorded and the GPU's ceilings (``engine.loop.roofline``).
 
 from __future__ import annotations
 
-import bisect
 import gzip
 import json
 from collections import defaultdict
@@ -57,7 +56,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from engine.loop.roofline import arch_of_trace, row_roofline, works_of
-from engine.loop.stacks import PythonStacks, Site, call_line_sites
+from engine.loop.stacks import PythonStacks, Site, Spans, call_line_sites
 from engine.loop.window import choose_window
 from engine.serve.call_args import ARGS_ANNOTATION, parse_call_args
 from engine.trace.steps import parse_step_annotation
@@ -91,20 +90,6 @@ def load_trace_events(path: Path) -> dict:
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as fh:
         return json.load(fh)
-
-
-class _Spans:
-    """Intervals of one thread, sorted, non-overlapping at one nesting level: which one holds t."""
-
-    def __init__(self, items: Iterable[tuple[float, float, Any]]) -> None:
-        self.items = sorted(items, key=lambda x: x[0])
-        self.starts = [s for s, _, _ in self.items]
-
-    def find(self, t: float) -> Optional[Any]:
-        i = bisect.bisect_right(self.starts, t) - 1
-        if i >= 0 and t <= self.items[i][1]:
-            return self.items[i][2]
-        return None
 
 
 def _top_level(events: list[dict]) -> list[dict]:
@@ -269,11 +254,11 @@ def analyze_trace(path: Path) -> dict:
     steps = _steps(events)
     window_steps, window = _window(steps)
     stage_of = {id(s): stage for s, stage in window_steps}
-    step_spans = {th: _Spans((s["ts"], s["ts"] + s.get("dur", 0), (s, stage_of[id(s)])) for s in items)
+    step_spans = {th: Spans((s["ts"], s["ts"] + s.get("dur", 0), (s, stage_of[id(s)])) for s in items)
                   for th, items in _by_thread([s for s, _ in window_steps]).items()}
     annotations = [e for e in events if e.get("cat") == "user_annotation"
                    and e.get("name", "").startswith(ANNOTATION_PREFIX)]
-    ann_spans = {th: _Spans((a["ts"], a["ts"] + a.get("dur", 0), a) for a in items)
+    ann_spans = {th: Spans((a["ts"], a["ts"] + a.get("dur", 0), a) for a in items)
                  for th, items in _by_thread(annotations).items()}
     cpu_ops = [e for e in events if e.get("cat") == "cpu_op"]
     stacks = PythonStacks(data.get("traceEvents", []))
@@ -419,7 +404,7 @@ def _account_gpu(ctx: _Ctx, events: list[dict], kernels: list[dict], cpu_ops: li
         spans = [a for items in ctx.ann_spans.values() for _, _, a in items.items]
         ctx.sites = stacks.sites(launches.values(), spans)
     ctx.call_lines = call_line_sites(events, launches.values(), ctx.sites)
-    ops_by_thread = {th: _Spans((o["ts"], o["ts"] + o.get("dur", 0), o) for o in _top_level(items))
+    ops_by_thread = {th: Spans((o["ts"], o["ts"] + o.get("dur", 0), o) for o in _top_level(items))
                      for th, items in _by_thread(cpu_ops).items()}
     seen_calls: set = set()
     for k in kernels:

@@ -34,10 +34,10 @@ import re
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, NamedTuple, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 SITE_PREFIX = "magpie_site::"  # engine.serve.model.SITE_ANNOTATION (this module must not import torch)
-_SITE_SPAN = re.compile(r"^magpie_site::(?P<file>.+):(?P<line>\d+) (?P<label>.+) in (?P<function>[^ ]+)$")
+_SITE_SPAN = re.compile("^" + re.escape(SITE_PREFIX) + r"(?P<file>.+):(?P<line>\d+) (?P<label>.+) in (?P<function>[^ ]+)$")
 
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<function>.*)$")
 _MODULE_PREFIX = "nn.Module: "
@@ -46,6 +46,20 @@ _MODEL_FILE = re.compile(r"(^|/)(models/.*\.py|model\.py|modeling_[^/]*\.py)$")
 _LIBRARY_ROOTS = ("torch", "triton", "torchgen", "functorch")
 _REPO = str(Path(__file__).resolve().parents[2]) + "/"
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
+class Spans:
+    """Intervals of one thread, sorted, non-overlapping at one nesting level: which one holds t."""
+
+    def __init__(self, items: Iterable[tuple[float, float, Any]]) -> None:
+        self.items = sorted(items, key=lambda x: x[0])
+        self.starts = [s for s, _, _ in self.items]
+
+    def find(self, t: float) -> Optional[Any]:
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i >= 0 and t <= self.items[i][1]:
+            return self.items[i][2]
+        return None
 
 
 class Site(NamedTuple):
@@ -70,26 +84,20 @@ def call_line_sites(events: Iterable[dict], ops: Iterable[dict],
     """id(op) -> the exact site of each of ``ops`` (cpu ops or kernel launches) that starts inside
     a ``magpie_site::`` span of its thread (``events``: the trace's), with the nn.Module class of
     its stack site (``stack_sites``, from ``PythonStacks.sites``) when it has one."""
-    spans: dict[tuple, list[tuple[float, float, Site]]] = defaultdict(list)
+    items: dict[tuple, list[tuple[float, float, Site]]] = defaultdict(list)
     for e in events:
         site = site_of_span(e.get("name", "")) if e.get("cat") == "user_annotation" else None
         if site is not None and "ts" in e:
-            spans[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e.get("dur", 0.0), site))
-    if not spans:
+            items[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e.get("dur", 0.0), site))
+    if not items:
         return {}
-    starts: dict[tuple, list[float]] = {}
-    for th, items in spans.items():
-        items.sort(key=lambda x: x[0])
-        starts[th] = [s for s, _, _ in items]
+    spans = {th: Spans(v) for th, v in items.items()}  # the spans do not nest: one call each
     out: dict[int, Site] = {}
     for op in ops:
         th = (op.get("pid"), op.get("tid"))
-        if th not in spans or "ts" not in op:
+        site = spans[th].find(op["ts"]) if th in spans and "ts" in op else None
+        if site is None:
             continue
-        i = bisect.bisect_right(starts[th], op["ts"]) - 1  # the spans do not nest: one call each
-        if i < 0 or op["ts"] > spans[th][i][1]:
-            continue
-        site = spans[th][i][2]
         below = (stack_sites or {}).get(id(op))
         out[id(op)] = site._replace(module=below.module) if below is not None else site
     return out
