@@ -56,19 +56,23 @@ BODIES = [{"prompt": [3, 4, 5, 6], "max_tokens": 40, "stream": True, "ignore_eos
 
 
 async def test_a_full_socket_buffer_sends_the_same_stream_through_the_handler(engine, monkeypatch):
-    straight_out = []  # per delivery: did its chunk go straight to the socket?
+    straight_out: dict[int, list[bool]] = {}  # per stream, per delivery: did its chunk go straight to the socket?
     real = serve_server._SSEStream.deliver
 
     def deliver(self, events):
         real(self, events)
-        straight_out.append(self.pending == [] and not self.finished)
+        straight_out.setdefault(id(self), []).append(self.pending == [] and not self.finished)
     monkeypatch.setattr(serve_server._SSEStream, "deliver", deliver)
     direct = await _streams(engine, BODIES)
-    assert sum(straight_out) >= 60  # all but each request's first token and its last
+    # Chunks wait for the handler only until it has sent the headers (how many depends on the
+    # machine's load); from then on every one but the last goes straight out.
+    for flags in straight_out.values():
+        body = flags[:-1]
+        assert any(body) and body == sorted(body), flags
     straight_out.clear()
     monkeypatch.setattr(serve_server._SSEStream, "BUFFER_LIMIT", 0)  # every chunk: "the buffer is full"
     queued = await _streams(engine, BODIES)
-    assert straight_out and not any(straight_out)  # nothing went straight out: all through resp.write
+    assert straight_out and not any(any(f) for f in straight_out.values())  # nothing went straight out: all through resp.write
     assert len(direct[0]) == 41 and len(direct[1]) == 27  # tokens, (usage), [DONE]
     assert [_payloads(d) for d in direct] == [_payloads(q) for q in queued]
     assert json.loads(queued[1][-2][6:])["usage"]["completion_tokens"] == 25
