@@ -26,12 +26,17 @@ keys 0 .. sk - sq + i), grouped-query heads (query head h reads kv head h // (Hq
   padded to 16) and walks the blocks split, split + SPLITS, ... of the sequence's context (the
   splits stay balanced at any length), keeping a float32 online softmax, and writes its partial
   (max, sum, acc) per query head. The second combines the splits of each (sequence, query head).
-  SPLITS = min(DECODE_MAX_SPLITS, cdiv(L, BLOCK_N)) depends on the cache's capacity L only; the
-  lengths are read from device memory and programs past a length return at once, so one launch
-  serves every length (CUDA-graph capturable: no host sync, partial buffers sized from shapes).
+  SPLITS depends on shapes only: as few as give the GPU about two programs per SM for the
+  batch's B x Hkv (sequence, kv head) pairs, at most min(DECODE_MAX_SPLITS, cdiv(L, BLOCK_N)).
+  A large batch needs one split, and then the first launch writes the output itself (no
+  partials, no combine). The lengths are read from device memory and programs past a length
+  return at once, so one launch serves every length (CUDA-graph capturable: no host sync,
+  partial buffers sized from shapes).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -306,33 +311,56 @@ DECODE_MAX_SPLITS = 16
 _LOG2E = 1.4426950408889634
 
 
-def decode_splits(capacity: int, block_n: int) -> int:
-    """The number of splits of each (sequence, kv head) for a cache of ``capacity`` positions."""
-    return max(1, min(DECODE_MAX_SPLITS, -(-capacity // block_n)))
+def decode_splits(capacity: int, block_n: int, pairs: int = 1, programs: int = 0) -> int:
+    """The number of splits of each of ``pairs`` (sequence, kv head) for a cache of ``capacity``
+    positions: the fewest that launch ``programs`` programs (0: as many as the capacity allows).
+    Each split beyond one costs partials written and read again, and a second launch."""
+    most = max(1, min(DECODE_MAX_SPLITS, -(-capacity // block_n)))
+    return most if programs <= 0 else max(1, min(most, -(-programs // max(pairs, 1))))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count  # CUs on ROCm
+
+
+def decode_programs(device: torch.device) -> int:
+    """How many split programs a decode launch aims for on ``device``: two per SM (compute unit
+    on ROCm) keeps every SM streaming K/V; 0 on the CPU (the interpreter: every split)."""
+    if device.type != "cuda":
+        return 0
+    return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @triton_jit
-def _decode_split_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, lens_ptr, acc_ptr, max_ptr, sum_ptr, scale_log2,
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, lens_ptr, acc_ptr, max_ptr, sum_ptr, out_ptr, scale_log2,
                          q_b_stride, q_h_stride, k_slot_stride, k_pos_stride, k_head_stride,
-                         v_slot_stride, v_pos_stride, v_head_stride, capacity, n_q_heads, groups, head_dim,
-                         BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+                         v_slot_stride, v_pos_stride, v_head_stride, out_b_stride, out_h_stride,
+                         capacity, n_q_heads, groups, head_dim,
+                         BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+                         DIRECT: tl.constexpr):
     # Program (sequence b, kv head, split s) covers blocks s, s + SPLITS, s + 2 * SPLITS, ... of
     # sequence b's context, for the ``groups`` query heads of its kv head (rows of one tile).
+    # DIRECT (one split): the program holds the whole softmax and writes the output itself.
     b = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2).to(tl.int64)  # so the block loop's offsets are int64
     n_splits = tl.num_programs(2)
     n_ctx = tl.minimum(tl.load(lens_ptr + b).to(tl.int32), capacity)  # a length past L reads L
     n_blocks = tl.cdiv(n_ctx, BLOCK_N)
-    if split >= n_blocks:  # nothing of this sequence here; the combine skips this split
-        return
-    slot = tl.load(slots_ptr + b).to(tl.int64)
     offs_g = tl.arange(0, BLOCK_G)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     g_ok = offs_g < groups
     d_ok = offs_d < head_dim
     heads = kv_head * groups + offs_g
+    out_rows = out_ptr + b * out_b_stride + heads[:, None] * out_h_stride + offs_d[None, :]
+    if split >= n_blocks:  # nothing of this sequence here; the combine skips this split
+        if DIRECT:  # length 0: zeros, as the combine gives
+            tl.store(out_rows, tl.zeros([BLOCK_G, BLOCK_D], dtype=out_ptr.dtype.element_ty),
+                     mask=g_ok[:, None] & d_ok[None, :])
+        return
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
     qb = tl.load(q_ptr + b * q_b_stride + heads[:, None] * q_h_stride + offs_d[None, :],
                  mask=g_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]; padded rows are 0
     k_base = k_ptr + slot * k_slot_stride + kv_head * k_head_stride
@@ -365,10 +393,13 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, slots_ptr, lens_ptr, acc_ptr, max_
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
         m_i = m_new
-    rows = (b * n_q_heads + heads) * n_splits + split  # [BLOCK_G] rows of the partial buffers
-    tl.store(acc_ptr + rows[:, None] * head_dim + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
-    tl.store(max_ptr + rows, m_i, mask=g_ok)
-    tl.store(sum_ptr + rows, l_i, mask=g_ok)
+    if DIRECT:
+        tl.store(out_rows, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+    else:
+        rows = (b * n_q_heads + heads) * n_splits + split  # [BLOCK_G] rows of the partial buffers
+        tl.store(acc_ptr + rows[:, None] * head_dim + offs_d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(max_ptr + rows, m_i, mask=g_ok)
+        tl.store(sum_ptr + rows, l_i, mask=g_ok)
 
 
 @triton_jit
@@ -446,18 +477,24 @@ def decode_attention_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_d = max(16, triton.next_power_of_2(d))  # tl.dot needs every dimension >= 16
     block_g = max(16, triton.next_power_of_2(groups))
     block_n = 64 if q.element_size() == 2 and block_d <= 128 else 32
-    splits = decode_splits(capacity, block_n)
+    splits = decode_splits(capacity, block_n, b * hkv, decode_programs(q.device))
     # Partials per (sequence, query head, split), sized from shapes only; splits a sequence does
     # not reach are left unwritten and never read. One allocation: acc, then max, then sum.
-    rows = b * hq * splits
-    partial = torch.empty(rows * (d + 2), dtype=torch.float32, device=q.device)
-    acc, row_max, row_sum = partial[:rows * d], partial[rows * d:rows * (d + 1)], partial[rows * (d + 1):]
+    if splits == 1:
+        acc = row_max = row_sum = out  # never touched: the split kernel writes the output
+    else:
+        rows = b * hq * splits
+        partial = torch.empty(rows * (d + 2), dtype=torch.float32, device=q.device)
+        acc, row_max, row_sum = partial[:rows * d], partial[rows * d:rows * (d + 1)], partial[rows * (d + 1):]
     warps = 8 if block_g * block_d >= 8192 else 4
     _decode_split_kernel[(b, hkv, splits)](
-        q, k_cache, v_cache, slots, lengths, acc, row_max, row_sum, float(scale) * _LOG2E,
+        q, k_cache, v_cache, slots, lengths, acc, row_max, row_sum, out, float(scale) * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), capacity, hq, groups, d,
-        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32, num_warps=warps)
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), capacity, hq, groups, d,
+        BLOCK_G=block_g, BLOCK_N=block_n, BLOCK_D=block_d, IEEE=q.dtype == torch.float32, DIRECT=splits == 1,
+        num_warps=warps)
+    if splits == 1:
+        return out
     _decode_combine_kernel[(b, hq)](
         acc, row_max, row_sum, lengths, out, out.stride(0), out.stride(1), capacity, splits, d,
         BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=2)

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from engine.serve.call_args import ARGS_ANNOTATION, describe_args
-from engine.serve.kernels import HOST_OFFSETS_ATTR, KernelTracker, Kernels, resolve_kernels
+from engine.serve.kernels import HOST_OFFSETS_ATTR, KernelTracker, Kernels, resolve_kernels, triton_defaults_in_use
 from engine.serve.shapes import PRESETS, ModelConfig, model_config
 
 __all__ = ["KERNEL_ANNOTATION", "KVCache", "LlamaModel", "ModelConfig", "PRESETS", "SITE_ANNOTATION", "greedy",
@@ -90,9 +90,11 @@ class KVCache:
     """Keys and values of every slot, allocated once: ``k``/``v`` [layers, slots, max_len, Hkv, D].
     A sequence owns one slot for its life; position p of slot s is row ``s * max_len + p`` of a
     layer's flat view. Zero-filled, so that a padding row reading an unwritten slot gets finite
-    numbers."""
+    numbers. ``fused_writes``: write a layer's keys and values with one Triton launch (the GPU)
+    instead of two ``index_copy_``."""
 
-    def __init__(self, config: ModelConfig, num_slots: int, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelConfig, num_slots: int, max_len: int, device: torch.device, dtype: torch.dtype,
+                 fused_writes: bool = False) -> None:
         if not 1 <= max_len <= config.max_seq_len:
             raise ValueError(f"max_len {max_len}: must be between 1 and the model's max_seq_len {config.max_seq_len}")
         if num_slots < 1:
@@ -112,6 +114,18 @@ class KVCache:
         self.v_layers = list(self.v.unbind(0))
         self.k_flat = [t.view(num_slots * max_len, config.num_kv_heads, config.head_dim) for t in self.k_layers]
         self.v_flat = [t.view(num_slots * max_len, config.num_kv_heads, config.head_dim) for t in self.v_layers]
+        self._write_kv = None
+        if fused_writes:
+            from engine.serve.triton_kernels import write_kv
+            self._write_kv = write_kv
+
+    def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keys and values of new tokens into rows ``rows`` of ``layer``'s flat views."""
+        if self._write_kv is not None:
+            self._write_kv(self.k_flat[layer], self.v_flat[layer], rows, k, v)
+        else:
+            self.k_flat[layer].index_copy_(0, rows, k)
+            self.v_flat[layer].index_copy_(0, rows, v)
 
 
 class DecoderLayer(nn.Module):
@@ -144,6 +158,8 @@ class LlamaModel(nn.Module):
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         self.config, self.device, self.dtype = config, device, dtype
         self.kernels = kernels or resolve_kernels(device=device)
+        # The KV-cache writes in Triton where the registry's Triton defaults run (a GPU with Triton).
+        self.fused_kv_writes = device.type == "cuda" and bool(triton_defaults_in_use(self.kernels))
         # While the engine profiles, each registry call runs inside a record_function named
         # ``magpie_kernel::<key>`` (KERNEL_ANNOTATION): the call site that maps a trace's ops to
         # the registry op that issued them; and each aten call of the model inside one naming its
@@ -201,7 +217,8 @@ class LlamaModel(nn.Module):
             self._tracked = None
 
     def new_cache(self, num_slots: int, max_len: int | None = None) -> KVCache:
-        return KVCache(self.config, num_slots, max_len or self.config.max_seq_len, self.device, self.dtype)
+        return KVCache(self.config, num_slots, max_len or self.config.max_seq_len, self.device, self.dtype,
+                       fused_writes=self.fused_kv_writes)
 
     def _head(self, kn: Kernels, at: _SiteSpans | None, rows: torch.Tensor) -> torch.Tensor:
         rows = kn.rmsnorm(rows, self.final_norm, self.config.rms_eps)
@@ -263,8 +280,7 @@ class LlamaModel(nn.Module):
         x = self.embed(ids) if at is None else at("embed", self.embed, ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
             q, k, v = self._qkv(kn, at, layer, x, positions)
-            cache.k_flat[li].index_copy_(0, flat, k)
-            cache.v_flat[li].index_copy_(0, flat, v)
+            cache.write(li, flat, k, v)
             if context is not None:  # a continued prompt: its context is partly in the cache
                 k, v = cache.k_flat[li].index_select(0, context), cache.v_flat[li].index_select(0, context)
             if decode is None:
@@ -312,8 +328,7 @@ class LlamaModel(nn.Module):
         x = self.embed(ids) if at is None else at("decode_embed", self.embed, ids)
         for li, layer in enumerate(cast(Sequence[DecoderLayer], self.layers)):
             q, k, v = self._qkv(kn, at, layer, x, positions)
-            cache.k_flat[li].index_copy_(0, flat, k)
-            cache.v_flat[li].index_copy_(0, flat, v)
+            cache.write(li, flat, k, v)
             attn = kn.decode_attention(q, cache.k_layers[li], cache.v_layers[li], slots, lengths, self.scale)
             x = self._finish_layer(kn, at, layer, x, attn)
         return self._head(kn, at, x)

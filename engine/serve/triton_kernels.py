@@ -1,5 +1,6 @@
 """Triton kernels: the built-in server's registry defaults on a GPU (CUDA or ROCm) for rmsnorm,
-activation and rotary, with the signatures of ``engine.serve.kernels``, and a one-pass decode
+activation and rotary, with the signatures of ``engine.serve.kernels``, the KV-cache write of a
+layer's new keys and values in one launch (``write_kv``, not a registry op), and a one-pass decode
 attention (the library's ``decode_attention_rowwise`` candidate; the GPU default is the library's
 flash-decoding kernel, see ``engine.serve.kernels``).
 
@@ -114,6 +115,35 @@ def rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos_sin_cache.stride(0),
             HQ=hq, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1)
     return q_out, k_out
+
+
+@triton.jit
+def _write_kv_kernel(K, V, KC, VC, Rows, sk_t, sv_t, N: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per new token: its key and value (N = Hkv * D contiguous elements each) into
+    # row Rows[t] of the layer's flat caches.
+    t = tl.program_id(0).to(tl.int64)
+    row = tl.load(Rows + t).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    mask = i < N
+    tl.store(KC + row * N + i, tl.load(K + t * sk_t + i, mask=mask), mask=mask)
+    tl.store(VC + row * N + i, tl.load(V + t * sv_t + i, mask=mask), mask=mask)
+
+
+def write_kv(k_flat: torch.Tensor, v_flat: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``k_flat.index_copy_(0, rows, k)`` and the same for v, in one launch instead of two (a
+    decode step writes 2 x layers small rows: the launches, not the bytes, are its cost). Rows
+    whose [Hkv, D] part is not contiguous (v is a view into the QKV projection, its heads packed)
+    take index_copy_."""
+    tokens = rows.shape[0]
+    n = k_flat.shape[1] * k_flat.shape[2]
+    packed = all(t.shape[1:] == k_flat.shape[1:] and t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))
+    if not (packed and k_flat.is_contiguous() and v_flat.is_contiguous()):
+        k_flat.index_copy_(0, rows, k)
+        v_flat.index_copy_(0, rows, v)
+    elif tokens:
+        block = triton.next_power_of_2(n)
+        _write_kv_kernel[(tokens,)](k, v, k_flat, v_flat, rows, k.stride(0), v.stride(0), N=n, BLOCK=block,
+                                    num_warps=max(1, min(4, block // 256)))
 
 
 @triton.jit

@@ -383,6 +383,36 @@ def test_decode_attention_split_launch_grid_depends_on_shapes_only(library, monk
     assert grids[:2] == [(2, 1, 5), (2, 8)] and grids == grids[:2] * 3
 
 
+def test_decode_splits_are_the_fewest_that_fill_the_gpu():
+    from engine.library.attention import decode_splits
+    # H200: 132 SMs, 264 programs wanted; 1B shape (8 kv heads), cache of 1024, blocks of 64
+    assert [decode_splits(1024, 64, b * 8, 264) for b in (64, 32, 16, 4, 1)] == [1, 2, 3, 9, 16]
+    assert decode_splits(100, 64, 8, 264) == 2  # never more splits than blocks of the cache
+    assert decode_splits(1024, 64, 8, 0) == 16  # the CPU: every split the capacity allows
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_decode_attention_with_one_split_writes_the_output_without_a_combine(library, monkeypatch, case):
+    """A large batch on a GPU: one split per (sequence, kv head), the output written by the
+    first launch; the same numbers as the default, NaN past each length never read."""
+    from engine.library import attention
+    fn = library.kernel(kernel_named("decode_attention_split"))
+    monkeypatch.setattr(attention, "decode_programs", lambda device: 1)
+    launched = []
+    real = attention._decode_combine_kernel
+
+    class Recorded:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(attention, "_decode_combine_kernel", Recorded())
+    clean, poisoned = _split_case(*SPLIT_CASES[case], torch.float32, seed=13, q_scale=4.0)
+    got = fn(*poisoned)
+    assert not launched and not got.isnan().any()
+    torch.testing.assert_close(got, defaults.decode_attention(*clean), **TOL)
+
+
 def test_decode_attention_split_refuses_what_it_cannot_compute(library):
     fn = library.kernel(kernel_named("decode_attention_split"))
     (q, k_cache, v_cache, slots, lens, scale), _ = _split_case(2, 4, 2, 32, 80, [3, 80], torch.float32)
@@ -456,14 +486,16 @@ COMPILE_CHECK = textwrap.dedent("""
     compile_for(activation._silu_and_mul_kernel, dict(x_ptr=bf, out_ptr=bf), dict(BLOCK=1024))
     compile_for(rotary._rotary_kernel, dict(pos_ptr="*i64", cache_ptr="*fp32", q_ptr=bf, q_out_ptr=bf, k_ptr=bf,
                 k_out_ptr=bf), dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=32))
-    for dt, block, ieee in ((bf, 64, False), ("*fp32", 32, True)):
+    for dt, block, ieee, direct in ((bf, 64, False, True), (bf, 64, False, False), ("*fp32", 32, True, False)):
         compile_for(attention._varlen_flash_kernel, dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt, cu_q_ptr="*i32",
                     cu_k_ptr="*i32", scale="fp32"), dict(BLOCK_M=block, BLOCK_N=block, BLOCK_D=64, BLOCK_B=256, IEEE=ieee))
         compile_for(attention._decode_split_kernel, dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, slots_ptr="*i64",
-                    lens_ptr="*i32", acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", scale_log2="fp32"),
-                    dict(BLOCK_G=16, BLOCK_N=block, BLOCK_D=64, IEEE=ieee))
+                    lens_ptr="*i32", acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32", out_ptr=dt,
+                    scale_log2="fp32"), dict(BLOCK_G=16, BLOCK_N=block, BLOCK_D=64, IEEE=ieee, DIRECT=direct))
         compile_for(attention._decode_combine_kernel, dict(acc_ptr="*fp32", max_ptr="*fp32", sum_ptr="*fp32",
                     lens_ptr="*i32", out_ptr=dt), dict(BLOCK_N=block, BLOCK_S=16, BLOCK_D=64))
+    from engine.serve import triton_kernels
+    compile_for(triton_kernels._write_kv_kernel, dict(K=bf, V=bf, KC=bf, VC=bf, Rows="*i64"), dict(N=512, BLOCK=512))
     print("compiled")
 """)
 

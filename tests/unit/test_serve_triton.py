@@ -22,7 +22,7 @@ from engine.serve.model import LlamaModel, model_config
 pytest.importorskip("triton")
 
 MODULE = "engine.serve.triton_kernels"
-CHECKS = ("start_up_check", "decode_attention_blocks", "engine_tokens")
+CHECKS = ("start_up_check", "decode_attention_blocks", "write_kv", "engine_tokens")
 HERE = Path(__file__).resolve().parent
 
 
@@ -91,9 +91,37 @@ def check_decode_attention_blocks(interpreted):
     torch.testing.assert_close(again, got[:2], rtol=1e-5, atol=1e-5)
 
 
+def check_write_kv(interpreted):
+    gen = torch.Generator().manual_seed(5)
+    k_flat, v_flat = torch.zeros(40, 2, 16), torch.zeros(40, 2, 16)
+    qkv = torch.randn(3, 8 * 16, generator=gen)  # q (4 heads), k, v (2 heads each), as the projection packs them
+    k, v = qkv[:, 64:96].view(3, 2, 16), qkv[:, 96:].view(3, 2, 16)
+    rows = torch.tensor([7, 0, 39])
+    want_k, want_v = k_flat.clone().index_copy_(0, rows, k), v_flat.clone().index_copy_(0, rows, v)
+    interpreted.write_kv(k_flat, v_flat, rows, k, v)  # v and k strided rows: the one-launch path
+    assert torch.equal(k_flat, want_k) and torch.equal(v_flat, want_v)
+    launches = []
+    real = interpreted._write_kv_kernel
+
+    class Recorded:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    interpreted._write_kv_kernel = Recorded()
+    try:
+        interpreted.write_kv(k_flat, v_flat, rows, k.contiguous(), v)
+        interpreted.write_kv(k_flat, v_flat, rows, qkv[:, :64].view(3, 2, 32)[:, :, :16], v)  # heads not packed
+    finally:
+        interpreted._write_kv_kernel = real
+    assert launches == [(3,)] and torch.equal(k_flat[rows], qkv[:, :64].view(3, 2, 32)[:, :, :16])
+
+
 def check_engine_tokens(interpreted):
     config = model_config("tiny", num_layers=1, tie_embeddings=False)
     triton_model = LlamaModel(config, kernels=registry.resolve_kernels({}, device="cuda"))
+    assert not triton_model.fused_kv_writes  # a CPU model; set here so the engine below writes through write_kv
+    triton_model.fused_kv_writes = True
     reference = LlamaModel(config)
     prompts, max_tokens = [[5, 9, 2], [3, 300]], [3, 2]
     outputs = []
