@@ -332,6 +332,18 @@ def _split_case(b, hq, hkv, d, capacity, lengths, dtype, seed=11, q_scale=1.0):
     return (q, k_cache, v_cache, slots, lens, d ** -0.5), (q, poisoned_k, poisoned_v, slots, lens, d ** -0.5)
 
 
+class InterpretedFunction:
+    """Stands in for an interpreted Triton kernel (``require_runnable`` checks that class name):
+    records each launch grid in ``grids``, then launches the real kernel."""
+
+    def __init__(self, kernel, grids: list) -> None:
+        self.kernel, self.grids = kernel, grids
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
 @pytest.mark.parametrize("case", list(SPLIT_CASES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
 def test_decode_attention_split_matches_the_default_and_ignores_the_cache_past_each_length(library, dtype, case):
@@ -363,18 +375,9 @@ def test_decode_attention_split_launch_grid_depends_on_shapes_only(library, monk
     """What CUDA-graph capture needs: the same launches whatever the lengths' values."""
     from engine.library import attention
     fn = library.kernel(kernel_named("decode_attention_split"))
-    grids = []
-
-    class InterpretedFunction:  # records each launch grid, then launches the real kernel
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return self.kernel[grid]
-
+    grids: list = []
     for kernel in ("_decode_split_kernel", "_decode_combine_kernel"):
-        monkeypatch.setattr(attention, kernel, InterpretedFunction(getattr(attention, kernel)))
+        monkeypatch.setattr(attention, kernel, InterpretedFunction(getattr(attention, kernel), grids))
     clean, _ = _split_case(2, 8, 1, 40, 150, [65, 150], torch.float32)
     q, k_cache, v_cache, slots, _, scale = clean
     for lengths in ([1, 1], [65, 150], [150, 150]):
@@ -398,15 +401,8 @@ def test_decode_attention_with_one_split_writes_the_output_without_a_combine(lib
     from engine.library import attention
     fn = library.kernel(kernel_named("decode_attention_split"))
     monkeypatch.setattr(attention, "decode_programs", lambda device: 1)
-    launched = []
-    real = attention._decode_combine_kernel
-
-    class Recorded:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(attention, "_decode_combine_kernel", Recorded())
+    launched: list = []
+    monkeypatch.setattr(attention, "_decode_combine_kernel", InterpretedFunction(attention._decode_combine_kernel, launched))
     clean, poisoned = _split_case(*SPLIT_CASES[case], torch.float32, seed=13, q_scale=4.0)
     got = fn(*poisoned)
     assert not launched and not got.isnan().any()
