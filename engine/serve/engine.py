@@ -137,12 +137,21 @@ class EngineStats:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "error": 0, "abort": 0})
+    # Steps with prompt tokens, by how their prompt forward ran (counted with the step, so that a
+    # snapshot taken while a step runs never reads more replays than steps: counters only go up).
+    prompt_replays: int = 0
+    eager_prompt_steps: int = 0
 
-    def record_step(self, prefill_tokens: int, decode_batch: int, seconds: float) -> None:
+    def record_step(self, prefill_tokens: int, decode_batch: int, seconds: float, prompt_replayed: bool = False) -> None:
         kind = "mixed" if prefill_tokens and decode_batch else "prefill" if prefill_tokens else "decode"
         self.steps[kind] += 1
         self.step_seconds[kind] += seconds
         self.prompt_tokens += prefill_tokens
+        if prefill_tokens:
+            if prompt_replayed:
+                self.prompt_replays += 1
+            else:
+                self.eager_prompt_steps += 1
         if decode_batch:
             self.batch_counts[bisect.bisect_left(BATCH_BOUNDS, decode_batch)] += 1
             self.batch_sum += decode_batch
@@ -389,6 +398,7 @@ class Engine:
         name = step_annotation([(n, s + n) for _, s, n in chunks],
                                [(1, len(r.prompt) + len(r.output)) for r in decoding])
         started = time.perf_counter()
+        replays = self.prefiller.replays if self.prefiller is not None else 0
         try:
             with record_function(name):
                 tokens = self._forward(chunks, decoding)
@@ -398,8 +408,9 @@ class Engine:
             self._fail([r for r, _, _ in chunks] + decoding, f"{type(exc).__name__}: {exc}")
             return name
         self._finish(chunks, decoding, tokens)
+        replayed = self.prefiller is not None and self.prefiller.replays > replays
         with self._stats_lock:
-            self.stats.record_step(sum(n for _, _, n in chunks), len(decoding), time.perf_counter() - started)
+            self.stats.record_step(sum(n for _, _, n in chunks), len(decoding), time.perf_counter() - started, replayed)
         return name
 
     def _forward(self, chunks: list[tuple[_Request, int, int]], decoding: list[_Request]) -> list[int]:
@@ -532,7 +543,6 @@ class Engine:
         with self._stats_lock, self._cond:
             s = self.stats
             running = len(self._prefilling) + len(self._running)
-            prompt_replays = self.prefiller.replays if self.prefiller else 0
             return {"steps": dict(s.steps), "step_seconds": dict(s.step_seconds), "batch_bounds": BATCH_BOUNDS,
                     "batch_counts": list(s.batch_counts), "batch_sum": s.batch_sum, "prompt_tokens": s.prompt_tokens,
                     "generation_tokens": s.generation_tokens, "finished": dict(s.finished),
@@ -540,9 +550,9 @@ class Engine:
                     "kv_slots": self.max_batch_size, "graph_replays": self.decoder.replays,
                     "eager_decode_steps": self.decoder.eager_steps, "ahead_steps": self.ahead_steps,
                     "graph_batch_sizes": sorted(self.decoder.graphs),
-                    "prompt_graph_replays": prompt_replays,
+                    "prompt_graph_replays": s.prompt_replays,
                     "mixed_forward_steps": self.prefiller.mixed_steps if self.prefiller else 0,
-                    "eager_prompt_steps": s.steps["prefill"] + s.steps["mixed"] - prompt_replays,
+                    "eager_prompt_steps": s.eager_prompt_steps,
                     "graph_token_buckets": sorted(self.prefiller.graphs) if self.prefiller else []}
 
     def stats_line(self, now: float | None = None) -> str:

@@ -176,6 +176,28 @@ def test_engine_with_packed_prompts_gives_the_reference_tokens(model):
     assert m["eager_decode_steps"] == m["steps"]["decode"] + m["steps"]["mixed"]
 
 
+def test_prompt_step_counters_never_run_backwards_when_read_during_a_step(model):
+    # /metrics is read from the HTTP thread while the engine thread runs a step; a replayed prompt
+    # forward bumps the runner's count before the step is recorded. A stand-in counts each prompt
+    # forward as a replay (graphs need a GPU) and reads the metrics there, mid-step.
+    engine = Engine(model, max_batch_size=2, max_prefill_tokens=64, max_model_len=64, packed_prompts=True)
+    engine.warm_up()
+    runner, real_run, seen = engine.prefiller, engine.prefiller.run, []
+
+    def replaying_run(*args, **kwargs):
+        out = real_run(*args, **kwargs)
+        runner.replays += 1
+        seen.append(engine.metrics())
+        return out
+
+    runner.run = replaying_run
+    run_engine(engine, PROMPTS[:2], [3, 3])
+    assert seen and all(m["eager_prompt_steps"] >= 0 and m["prompt_graph_replays"] <= sum(m["steps"].values())
+                        for m in seen)
+    m = engine.metrics()
+    assert m["prompt_graph_replays"] == len(seen) and m["eager_prompt_steps"] == 0
+
+
 def test_batch_buckets():
     assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 64]
     assert batch_buckets(48) == [1, 2, 4, 8, 16, 32, 48]
