@@ -21,9 +21,12 @@ is retried once on a fresh one, and only when not a byte of the response had arr
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from collections.abc import Callable, Mapping
+from itertools import repeat
+from operator import itemgetter
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -38,6 +41,11 @@ BodiesSink = Callable[[list[bytes], list[float]], "bool | None"]
 
 _MAX_HEAD = 64 * 1024
 _ERROR_BODY_LIMIT = 4096
+
+# One read that is exactly one chunk (size line without extensions, data, CRLF): what an SSE
+# server's one write per event arrives as. Its size is checked against the data it matched.
+_ONE_CHUNK = re.compile(rb"([0-9a-fA-F]{1,16})\r\n(.+)\r\n", re.S).fullmatch
+_SIZE, _DATA = itemgetter(1), itemgetter(2)
 
 # parser states
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
@@ -166,6 +174,13 @@ class ResponseParser:
         pieces: list[bytes] = []
         at: list[float] = []
         resp = self.response
+        fast = (self.state == _CHUNK_SIZE and not self.buf and resp is not None and resp.status == 200
+                and self.on_bodies is not None)
+        if fast and n > 2:
+            # Every read but the last one chunk each: framed in a few C-level passes, not a loop.
+            singles = _single_chunks(reads[:-1])
+            if singles is not None:
+                pieces, at, i = singles, stamps[:n - 1], n - 1
         while (i < n and self.state == _CHUNK_SIZE and not self.buf and resp is not None and resp.status == 200
                and self.on_bodies is not None):
             whole = _whole_chunks(reads[i])
@@ -256,6 +271,18 @@ class ResponseParser:
         else:
             self.state = _UNTIL_CLOSE
             self.keep_alive = False
+
+
+def _single_chunks(reads: list[bytes]) -> list[bytes] | None:
+    """The data of each read when every read is exactly one non-empty chunk; None otherwise (the
+    chunk-by-chunk parser then takes them, and says what is wrong if anything is)."""
+    matches = list(map(_ONE_CHUNK, reads))
+    if None in matches:
+        return None
+    data = list(map(_DATA, matches))
+    if list(map(int, map(_SIZE, matches), repeat(16))) != list(map(len, data)):
+        return None
+    return data
 
 
 def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
