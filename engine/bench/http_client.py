@@ -317,6 +317,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
@@ -417,6 +418,7 @@ class StreamingHTTPClient:
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl,
                                                server_hostname=self.host if self.ssl else None)
+        conn.loop = loop
         self._open.add(conn)
         return conn
 
@@ -481,7 +483,8 @@ class StreamingHTTPClient:
     async def _exchange(self, conn: _Connection, request: bytes, parser: ResponseParser) -> Response:
         conn.parser = parser
         conn.kept, conn.kept_at = [], []
-        conn.waiter = waiter = asyncio.get_running_loop().create_future()
+        # The loop the connection was opened on (before Python 3.12 each get_running_loop() is a getpid() call).
+        conn.waiter = waiter = (conn.loop or asyncio.get_running_loop()).create_future()
         keep = False
         try:
             if conn.closed or conn.transport is None:

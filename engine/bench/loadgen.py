@@ -411,12 +411,12 @@ class LoadGenerator:
 
     async def _release(self, client: Any, sem: asyncio.Semaphore | None, offsets: list[float], t0: float,
                        tasks: list[asyncio.Task[RequestOutput]], payloads: list[Any]) -> None:
-        n = len(self.requests)
+        n, loop = len(self.requests), asyncio.get_running_loop()
         for i, (req, off) in enumerate(zip(self.requests, offsets)):
             await _sleep_until(t0 + off)
             if self._cancelled:
                 return
-            tasks.append(self._track(asyncio.create_task(
+            tasks.append(self._track(loop.create_task(
                 self._limited(client, sem, req, self.request_id(i), time.perf_counter(), "measure", n, payloads[i]))))
 
     async def _limited(self, client: Any, sem: asyncio.Semaphore | None, req: SampleRequest, rid: str,
@@ -479,7 +479,7 @@ class LoadGenerator:
         try:
             request = client.send(payload, stream.feed, stream.feed_many) if lean else \
                 self._exchange_aiohttp(client, payload, headers, stream)
-            result = await (_bounded(request, timeout) if timeout else request)
+            result = await (_bounded(request, timeout, self._loop or asyncio.get_running_loop()) if timeout else request)
             status_error = result if not lean else (
                 "" if result.status == 200 else _status_error(result.status, result.reason, result.error_body))
             if status_error:
@@ -510,15 +510,14 @@ class LoadGenerator:
                     return ""
 
 
-async def _bounded(request: Awaitable[Any], timeout: float) -> Any:
+async def _bounded(request: Awaitable[Any], timeout: float, loop: asyncio.AbstractEventLoop) -> Any:
     """`request` awaited in this task, cancelled with TimeoutError after `timeout` s. Not
     `asyncio.wait_for`: before Python 3.12 it runs the request in a task of its own, so the request
     is written one loop turn after its start stamp (behind every callback ready then, in a burst all
-    the other requests' stamps) and each request pays for a second task."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(timeout):
-            return await request
-    task = asyncio.current_task()
+    the other requests' stamps) and each request pays for a second task. Not `asyncio.timeout`
+    either: before 3.12 each lookup of the running loop, three per request there, is a getpid()
+    system call; `loop` is the running loop, looked up once per run."""
+    task = asyncio.current_task(loop)
     assert task is not None
     expired = False
 
@@ -526,11 +525,13 @@ async def _bounded(request: Awaitable[Any], timeout: float) -> Any:
         nonlocal expired
         expired = True
         task.cancel()
-    handle = asyncio.get_running_loop().call_later(timeout, expire)
+    handle = loop.call_later(timeout, expire)
     try:
         return await request
     except asyncio.CancelledError:
         if expired:
+            if sys.version_info >= (3, 11):
+                task.uncancel()  # this cancel was ours: the task is not being cancelled from outside
             raise asyncio.TimeoutError from None
         raise
     finally:

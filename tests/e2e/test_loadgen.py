@@ -4,6 +4,7 @@ delays and faults; each test takes well under a second of streaming."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -214,10 +215,23 @@ def test_a_request_timeout_keeps_the_request_in_its_own_task():
     from engine.bench.loadgen import _bounded
 
     async def main():
+        loop = asyncio.get_running_loop()
+
         async def probe():
             return asyncio.current_task()
-        assert await _bounded(probe(), 5.0) is asyncio.current_task()
+        assert await _bounded(probe(), 5.0, loop) is asyncio.current_task()
         with pytest.raises(asyncio.TimeoutError):
-            await _bounded(asyncio.sleep(1.0), 0.01)
+            await _bounded(asyncio.sleep(1.0), 0.01, loop)
+        if sys.version_info >= (3, 11):  # the timeout's own cancel is taken back: nothing cancels this task
+            assert asyncio.current_task().cancelling() == 0
+        await asyncio.sleep(0.02)  # the timer is gone: no late cancel arrives
+
+        async def cancelled_from_outside():
+            await _bounded(asyncio.sleep(5.0), 5.0, loop)
+        task = asyncio.create_task(cancelled_from_outside())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):  # a cancel that is not the timeout's stays a cancel
+            await task
 
     asyncio.run(main())
