@@ -308,3 +308,65 @@ def test_kept_reads_of_whole_chunks_parse_as_the_general_parser_does():
     p3.feed(head, 0.0)
     p3.feed_reads([b"5\r\nab", b"cde\r\n0\r\n\r\n"], [1.0, 2.0])
     assert p3.done
+
+
+def _chunk(p: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(p), p)
+
+
+_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize("reads", [
+    [_chunk(b"data: %d\n\n" % i) for i in range(8)] + [b"0\r\n\r\n"],
+    # a size line with an extension, among single chunks: the whole-response short cut does not apply
+    [_chunk(b"a"), b"1;x=y\r\nb\r\n", _chunk(b"c"), _chunk(b"d") + b"0\r\n\r\n"],
+    # the response ends in the middle: what follows is not this response's
+    [_chunk(b"a"), _chunk(b"b"), b"0\r\n\r\n", _chunk(b"c"), _chunk(b"d")],
+    # a read that is a chunk and a half, then the rest
+    [_chunk(b"a"), _chunk(b"b") + b"3\r\nxy", b"z\r\n", _chunk(b"e"), b"0\r\n\r\n"],
+])
+def test_many_kept_reads_parse_as_the_general_parser_does(reads):
+    stamps = [float(i + 1) for i in range(len(reads))]
+    general: list[tuple[bytes, float]] = []
+    p1 = ResponseParser(lambda d, t: general.append((d, t)))
+    p1.feed(_HEAD, 0.0)
+    for r, t in zip(reads, stamps):
+        if p1.done:
+            break
+        p1.feed(r, t)
+    batched: list[tuple[bytes, float]] = []
+    p2 = ResponseParser(lambda d, t: batched.append((d, t)), on_bodies=lambda ps, ts: batched.extend(zip(ps, ts)) and None)
+    p2.feed(_HEAD, 0.0)
+    p2.feed_reads(reads, stamps)
+    assert p2.done and batched == general
+    assert p2.keep_alive == (reads[-1].endswith(b"0\r\n\r\n") and b"0\r\n\r\n" not in b"".join(reads[:-1]))
+
+
+def _outcome(feed_all) -> tuple[str, list[tuple[bytes, float]]]:
+    got: list[tuple[bytes, float]] = []
+    try:
+        feed_all(got)
+    except HTTPError as exc:
+        return f"HTTPError: {exc}", got
+    return "ok", got
+
+
+@pytest.mark.parametrize("bad", [b"9\r\nabc\r\n", b"zz\r\nabc\r\n", b"3\r\nabcXY"])
+def test_a_wrong_chunk_among_many_ends_as_in_the_general_parser(bad):
+    reads = [_chunk(b"a"), _chunk(b"b"), bad, _chunk(b"c"), b"0\r\n\r\n"]
+
+    def general(got):
+        p = ResponseParser(lambda d, t: got.append((d, t)))
+        p.feed(_HEAD, 0.0)
+        for r in reads:
+            p.feed(r, 1.0)
+
+    def batched(got):
+        p = ResponseParser(lambda d, t: got.append((d, t)), on_bodies=lambda ps, ts: got.extend(zip(ps, ts)) and None)
+        p.feed(_HEAD, 0.0)
+        p.feed_reads(reads, [1.0] * len(reads))
+    want = _outcome(general)
+    assert _outcome(batched) == want
+    if bad != b"9\r\nabc\r\n":  # a size too large swallows the next chunk's framing instead
+        assert want[0].startswith("HTTPError")
