@@ -34,10 +34,12 @@ prompts eager, with a warning naming it; the decode graphs are unaffected.
 from __future__ import annotations
 
 import bisect
+import itertools
 import sys
 import time
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from engine.serve.kernels import KernelError
@@ -304,35 +306,31 @@ class PrefillRunner:
         if b is None or real > b or len(chunks) > self.max_seqs:
             raise ValueError(f"a prompt step of {len(chunks)} prompts, {real} tokens exceeds the runner's "
                              f"{self.max_seqs} prompts, {self.tokens} tokens")
-        L, t = self.cache.max_len, self.tokens
-        ids: list[int] = []
-        positions: list[int] = []
-        rows: list[int] = []
-        cu = [0]
-        for slot, chunk in zip(slots, chunks):
-            n = len(chunk)
-            ids.extend(chunk)
-            positions.extend(range(n))
-            rows.extend(range(slot * L, slot * L + n))
-            cu.append(cu[-1] + n)
-        last = [o - 1 for o in cu[1:]] + [0] * (self.max_seqs - len(chunks))
-        while cu[-1] < b:  # padding sequences on the pad slot
-            n = min(PAD_SEQ, b - cu[-1])
-            positions.extend(range(n))
-            rows.extend(self.pad_slot * L + p % L for p in range(n))
-            cu.append(cu[-1] + n)
-        ids.extend([0] * (b - real))
-        cu.extend([b] * (self.entries + 1 - len(cu)))
+        # Built with numpy over whole arrays: this runs on the host while the GPU may wait for it
+        # (prompts waiting stop the next step from being queued ahead), and Python lists of
+        # 8k tokens took ~1.5 ms here, a tenth of the prompt step's GPU time.
+        L, t, count = self.cache.max_len, self.tokens, len(chunks)
+        pads = [PAD_SEQ] * ((b - real) // PAD_SEQ) + ([(b - real) % PAD_SEQ] if (b - real) % PAD_SEQ else [])
+        lengths = np.array([len(c) for c in chunks] + pads, dtype=np.int64)
+        seq_slots = np.array(list(slots) + [self.pad_slot] * len(pads), dtype=np.int64)
+        cu = np.full(self.entries + 1, b, dtype=np.int64)
+        cu[0] = 0
+        np.cumsum(lengths, out=cu[1:len(lengths) + 1])
+        positions = np.arange(b, dtype=np.int64) - np.repeat(cu[:len(lengths)], lengths)
+        rows = np.repeat(seq_slots * L, lengths) + positions % L  # padding sequences wrap on the pad slot
+        last = np.zeros(self.max_seqs, dtype=np.int64)
+        last[:count] = cu[1:count + 1] - 1
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the pinned buffer
-        host = self._host
-        host[:b].copy_(torch.tensor(ids, dtype=torch.long))
-        host[t:t + b].copy_(torch.tensor(positions, dtype=torch.long))
-        host[2 * t:2 * t + b].copy_(torch.tensor(rows, dtype=torch.long))
-        host[self._cu].copy_(torch.tensor(cu, dtype=torch.long))
-        host[self._last].copy_(torch.tensor(last, dtype=torch.long))
+        host = self._host.numpy()  # the pinned buffer itself
+        host[:real] = np.fromiter(itertools.chain.from_iterable(chunks), np.int64, real)
+        host[real:b] = 0
+        host[t:t + b] = positions
+        host[2 * t:2 * t + b] = rows
+        host[self._cu] = cu
+        host[self._last] = last
         if self._copied is not None:
-            self._dev.copy_(host, non_blocking=True)
+            self._dev.copy_(self._host, non_blocking=True)
             self._copied.record()
         return b
 

@@ -160,6 +160,34 @@ def test_packed_prompts_match_the_unpadded_prefill_and_touch_only_their_slots(mo
     assert token_buckets(300) == [128, 256, 300]
 
 
+@pytest.mark.parametrize("lengths", [[5], [3, 7, 1], [16, 16], [1] * 3, [30]])
+def test_a_staged_prompt_step_lays_out_ids_positions_rows_and_offsets(model, lengths):
+    cache = model.new_cache(num_slots=5, max_len=64)
+    runner = PrefillRunner(model, cache, pad_slot=4, buckets=[8, 32], max_seqs=3)
+    chunks = [list(range(100 + 10 * i, 100 + 10 * i + n)) for i, n in enumerate(lengths)]
+    slots = [2, 0, 3][:len(chunks)]
+    b = runner._stage(slots, chunks)
+    assert b == (8 if sum(lengths) <= 8 else 32)
+    # What the buffer must hold, spelled out one token at a time.
+    ids, positions, rows, cu = [], [], [], [0]
+    for slot, chunk in zip(slots, chunks):
+        ids += chunk
+        positions += range(len(chunk))
+        rows += [slot * 64 + p for p in range(len(chunk))]
+        cu.append(cu[-1] + len(chunk))
+    last = [o - 1 for o in cu[1:]] + [0] * (3 - len(chunks))
+    while cu[-1] < b:  # padding sequences of at most PAD_SEQ tokens, on the pad slot
+        n = min(PAD_SEQ, b - cu[-1])
+        positions += range(n)
+        rows += [4 * 64 + p for p in range(n)]
+        cu.append(cu[-1] + n)
+    ids += [0] * (b - len(ids))
+    cu += [b] * (runner.entries + 1 - len(cu))
+    host, t = runner._host.tolist(), runner.tokens
+    assert host[:b] == ids and host[t:t + b] == positions and host[2 * t:2 * t + b] == rows
+    assert host[runner._cu] == cu and host[runner._last] == last
+
+
 def test_engine_with_packed_prompts_gives_the_reference_tokens(model):
     prompts = PROMPTS + [list(range(20, 60))]
     max_tokens = [6, 2, 4, 5]
