@@ -6,7 +6,7 @@ Usage (repository root on the GPU machine; engine/ needs pydantic, msgspec, aioh
 with Triton, not textual; no network):
 
     PYTHONPATH=. python3 benchmarks/gpu_serving.py RESULTS_DIR [--out DIR] [--budget S]
-        [--only check,1b_c16,1b_c64,8b_c16,8b_c64,profiled] [--repeats N] [--args "FLAGS"]
+        [--only check,1b_c16,1b_c64,8b_c16,8b_c64,profiled,served] [--repeats N] [--args "FLAGS"]
 
 In order, each a subprocess, each bounded (its timeout shrinks to fit ``--budget``, default 470 s;
 at its limit a benchmark gets SIGINT, which writes its report, then SIGKILL):
@@ -21,7 +21,10 @@ at its limit a benchmark gets SIGINT, which writes its report, then SIGKILL):
 3. profiled: ``builtin_1b_gpu_profiled.yaml`` at concurrency 16, 32 prompts, ``--warmup 0
    --repeats 1`` (the profiler starts before any warm-up request and stops by itself after the
    config's ``num_steps``); decode steps run eagerly while it runs (graph replays carry no
-   ``magpie_kernel::`` annotations), so its latencies are not the clean ones.
+   ``magpie_kernel::`` annotations), so its latencies are not the clean ones;
+4. served: the same run with ``builtin_1b_gpu_profiled_served.yaml`` (``kernel_sites: false``: CUDA
+   graphs and the overlap stay on under the profiler), whose trace shows the GPU timeline as
+   served: the GPU-busy share of each decode step is read from its gap analysis.
 
 Printed last, per run: output tok/s and TPOT median (mean across repeats), the floor (weight bytes
 read per decode step / the H200's measured 4.3 TB/s: 0.575 ms for 1B, 3.49 ms for 8B), TPOT over
@@ -62,6 +65,9 @@ RUNS = {
     "8b_c64": ("examples/benchmarks/builtin_8b_gpu.yaml", 64, 256),
 }
 PROFILED = ("examples/benchmarks/builtin_1b_gpu_profiled.yaml", 16, 32)
+# The same, profiled as served (kernel_sites: false: CUDA graphs and overlap on under the profiler).
+SERVED = ("examples/benchmarks/builtin_1b_gpu_profiled_served.yaml", 16, 32)
+PROFILED_RUNS = ("profiled", "served")
 TARGETS = {"1b_c16": {"tpot_ms": 1.8, "tok_s": 5000.0}, "1b_c64": {"tok_s": 15000.0}}
 H200_TBS = 4.3  # engine/hw/specs.py: the H200's measured copy bandwidth
 
@@ -216,6 +222,7 @@ def run_benchmarks(results: Path, args: argparse.Namespace, allowed: Any, only: 
     wss: dict[str, Path | None] = {}
     plan = [(label, cfg, conc, n, ["--repeats", str(args.repeats)]) for label, (cfg, conc, n) in RUNS.items()]
     plan.append(("profiled", *PROFILED, ["--repeats", "1", "--warmup", "0"]))
+    plan.append(("served", *SERVED, ["--repeats", "1", "--warmup", "0"]))
     for i, (label, cfg, conc, n, extra) in enumerate(plan):
         if label not in only:
             continue
@@ -224,10 +231,31 @@ def run_benchmarks(results: Path, args: argparse.Namespace, allowed: Any, only: 
         argv = ["benchmark", "-b", cfg, "--concurrency", str(conc), "--num-prompts", str(n), *SHAPE, *extra,
                 *shlex.split(args.args), "-o", str(out_dir)]
         # What the later runs need: ~60 s each, the profiled one ~100 s.
-        reserve = 60.0 * sum(1 for p in plan[i + 1:] if p[0] in only) + (40.0 if label != "profiled" else 0.0)
-        run_cli(label, argv, allowed(240.0 if label == "profiled" else 150.0, reserve))
+        reserve = 60.0 * sum(1 for p in plan[i + 1:] if p[0] in only) + (40.0 if label not in PROFILED_RUNS else 0.0)
+        run_cli(label, argv, allowed(240.0 if label in PROFILED_RUNS else 150.0, reserve))
         wss[label] = workspace(out_dir)
     return wss
+
+
+def decode_busy_in_trace(ws: Path | None) -> dict[str, Any] | None:
+    """GPU busy per decode-only step of a profiled run, from its gap analysis (one row per step:
+    the GPU's busy time within the step's span): the median share and the steps it is over."""
+    path = None if ws is None else ws / "gap_analysis" / "gpu_idle_steps_rank0.csv"
+    if path is None or not path.exists():
+        return None
+    import csv
+    shares = []
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            m = _STEP.match(row["step"])
+            span = float(row["cpu_span_us"] or 0)
+            if m and m.group(2) == "0" and span > 0:  # no prompt tokens: a decode step
+                shares.append(float(row["gpu_busy_us"]) / span)
+    if not shares:
+        return None
+    shares.sort()
+    return {"decode_steps": len(shares), "median": round(shares[len(shares) // 2], 3),
+            "p10": round(shares[len(shares) // 10], 3)}
 
 
 def _replay_ms(checks: dict[str, Any], size: str, batch: int) -> float | None:
@@ -256,6 +284,8 @@ def summarize(wss: dict[str, Path | None], checks: dict[str, Any]) -> dict[str, 
         replay = _replay_ms(checks, size, conc)
         row["decode_replay_gpu_ms"] = replay
         row["gpu_busy_share"] = round(replay / tpot_mean, 3) if replay and tpot_mean else None
+        if label in PROFILED_RUNS:
+            row["trace_decode_gpu_busy"] = decode_busy_in_trace(ws)
         target = TARGETS.get(label)
         if target:
             ok = tok_s is not None and tok_s["mean"] >= target["tok_s"]
@@ -329,6 +359,11 @@ def print_table(table: dict[str, Any]) -> None:
         for line in lines:
             say(f"  {label} server: {line[:400]}")
     say(f"profiled trace: {table.get('trace')}")
+    for label in PROFILED_RUNS:
+        busy = (table["runs"].get(label) or {}).get("trace_decode_gpu_busy")
+        if busy:
+            say(f"  {label}: GPU busy per decode step in the trace, median {busy['median']:.0%} "
+                f"(p10 {busy['p10']:.0%}, {busy['decode_steps']} decode steps)")
     for i, k in enumerate(table.get("top_kernels") or [], 1):
         say(f"  {i}. {k['percent']:5.1f}%  {k['time_ms']:9.2f} ms  {k['calls']:6d} calls  {k['name'][:110]}")
 
@@ -339,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
                     help="copy the reports here (default $OUT)")
     ap.add_argument("--budget", type=float, default=470.0, help="seconds for the whole script")
-    ap.add_argument("--only", default="check," + ",".join(RUNS) + ",profiled", help="steps to run (comma list)")
+    ap.add_argument("--only", default="check," + ",".join(RUNS) + ",profiled,served", help="steps to run (comma list)")
     ap.add_argument("--repeats", type=int, default=3, help="measured repeats per clean run")
     ap.add_argument("--args", default="", help="more magpie benchmark flags for every run")
     args = ap.parse_args(argv)

@@ -594,10 +594,12 @@ SERVER_LAUNCHERS: dict[str, ServerLauncher] = {"local": _start_local, "docker": 
 
 def _profile_body(cfg: BenchmarkConfig) -> dict:
     """Each framework's way to bound a profile to N engine steps (torch_profiler.num_steps)."""
-    n = cfg.profiler.torch_profiler.num_steps
-    if n is None:
-        return {}
-    return {"max_iterations": n} if cfg.framework == "vllm" else {"num_steps": n}
+    tp = cfg.profiler.torch_profiler
+    body: dict = {} if tp.num_steps is None else (
+        {"max_iterations": tp.num_steps} if cfg.framework == "vllm" else {"num_steps": tp.num_steps})
+    if cfg.framework == "builtin" and not tp.kernel_sites:
+        body["kernel_sites"] = False
+    return body
 
 
 def _run(lg: LoadGenerator | ClientPool):

@@ -89,6 +89,10 @@ class TorchProfiler(_Strict):
     start_seconds: float = Field(default=0.0, ge=0)
     interval_seconds: float = Field(default=0.0, ge=0)
     detailed_annotations: bool = True
+    # The built-in server only: name each registry kernel's call site in the trace (what the
+    # optimization loop maps bottlenecks with; decode steps then run eagerly while profiling).
+    # false: the steps run as served (CUDA graphs, overlap), for the GPU timeline as measured.
+    kernel_sites: bool = True
     record_shapes: bool = True
     with_stack: bool = False
     capture_timeout_seconds: float = Field(default=600.0, gt=0)

@@ -648,17 +648,22 @@ class Engine:
 
     # -- profiling --------------------------------------------------------------------------
 
-    def start_profile(self, directory: Path | str, num_steps: int | None = None) -> concurrent.futures.Future[Path]:
+    def start_profile(self, directory: Path | str, num_steps: int | None = None,
+                      kernel_sites: bool = True) -> concurrent.futures.Future[Path]:
         """Start torch.profiler (CPU, plus CUDA/HIP on a GPU; shapes recorded); the future gives
         the trace path that ``stop_profile`` will write. With ``num_steps`` the profiler stops by
-        itself after that many engine steps (a long profile takes minutes to export)."""
-        return self.call(lambda: self._start_profile(Path(directory), num_steps))
+        itself after that many engine steps (a long profile takes minutes to export). With
+        ``kernel_sites`` (the default) each registry call and model line is named in the trace,
+        which only eager steps can carry: decode steps run eagerly while it runs. Without, the
+        steps run as served (graph replays, the next decode step queued ahead), so the trace
+        shows the GPU timeline of the server as it is measured, without the call sites."""
+        return self.call(lambda: self._start_profile(Path(directory), num_steps, kernel_sites))
 
     def stop_profile(self) -> concurrent.futures.Future[Path]:
         """Stop the profiler; the future gives the written ``*.pt.trace.json.gz``."""
         return self.call(self._stop_profile)
 
-    def _start_profile(self, directory: Path, num_steps: int | None = None) -> Path:
+    def _start_profile(self, directory: Path, num_steps: int | None = None, kernel_sites: bool = True) -> Path:
         if self._profiler is not None:
             raise RuntimeError("the profiler is already running")
         if num_steps is not None and num_steps < 1:
@@ -671,7 +676,7 @@ class Engine:
         # The name torch's tensorboard_trace_handler uses, so tools that glob for it find it.
         self._profile_path = directory / f"{socket.gethostname()}_{os.getpid()}.{time.time_ns() // 1_000_000}.pt.trace.json.gz"
         self._profiler = profile(activities=activities, record_shapes=True, with_stack=True)
-        self.model.annotate_kernels = True  # registry calls named in the trace (their call site)
+        self.model.annotate_kernels = kernel_sites  # registry calls named in the trace (their call site)
         self._profiler.start()
         return self._profile_path
 

@@ -12,7 +12,10 @@ engine, with the routes a serving benchmark uses.
 * ``POST /start_profile`` and ``POST /stop_profile``: torch.profiler (shapes recorded, CPU plus
   CUDA/HIP on a GPU) writing ``<host>_<pid>.<ms>.pt.trace.json.gz`` into the profiler directory
   (``--profiler-dir``, else ``$MAGPIE_SERVE_PROFILER_DIR``, else the config's ``profiler_dir``;
-  without one these routes answer 400). Decode steps run eagerly while the profiler runs;
+  without one these routes answer 400). The body may give ``num_steps`` (stop by itself after
+  that many engine steps) and ``kernel_sites``: true (the default) names each registry kernel's
+  call site in the trace and runs decode steps eagerly while the profiler runs; false profiles
+  the steps as served (CUDA graphs, the next step queued ahead);
 * ``GET /metrics``: the engine's counters in Prometheus text format (``engine.serve.metrics``).
 
 On a GPU the decode steps are CUDA graph replays (``engine.serve.graphs``) unless ``--eager``
@@ -188,20 +191,25 @@ class _Handlers:
         if self.profiler_dir is None:
             return _error(f"profiling is off: start the server with --profiler-dir, ${PROFILER_DIR_ENV} "
                           "or profiler_dir in its config", 400)
-        num_steps = None
+        num_steps, kernel_sites = None, True
         if request.can_read_body:
             try:
                 body = await request.json()
             except ValueError:
-                return _error("the body of /start_profile must be JSON (optional: {\"num_steps\": N})", 400)
-            num_steps = body.get("num_steps") if isinstance(body, dict) else None
-            if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
+                return _error("the body of /start_profile must be JSON (optional: "
+                              "{\"num_steps\": N, \"kernel_sites\": true|false})", 400)
+            body = body if isinstance(body, dict) else {}
+            num_steps, kernel_sites = body.get("num_steps"), body.get("kernel_sites", True)
+            if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1):
                 return _error(f"num_steps {num_steps!r}: expected a positive integer", 400)
+            if not isinstance(kernel_sites, bool):
+                return _error(f"kernel_sites {kernel_sites!r}: expected true or false", 400)
         try:
-            path = await asyncio.wrap_future(self.engine.start_profile(self.profiler_dir, num_steps))
+            path = await asyncio.wrap_future(self.engine.start_profile(self.profiler_dir, num_steps, kernel_sites))
         except RuntimeError as exc:
             return _error(str(exc), 400)
-        return web.json_response({"status": "profiling", "trace": str(path), "num_steps": num_steps})
+        return web.json_response({"status": "profiling", "trace": str(path), "num_steps": num_steps,
+                                  "kernel_sites": kernel_sites})
 
     async def stop_profile(self, request: web.Request) -> web.Response:
         try:

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from conftest import REPO
+from engine.serve.model import KERNEL_ANNOTATION
 from engine.trace.load import load_trace
 from engine.trace.steps import find_steps
 
@@ -214,6 +215,34 @@ def test_profile_bounded_to_num_steps_stops_by_itself(server):
     path, bad = asyncio.run(go())
     steps = find_steps(load_trace(Path(path)))
     assert len(steps) == 2 and bad == 400
+
+
+def test_profile_without_kernel_sites_runs_the_steps_as_served(server):
+    # kernel_sites: false keeps the served path (no per-call annotations, which only eager steps
+    # carry); the default names every registry call. A non-boolean is refused.
+    _, url, _ = server
+
+    async def profile(body):
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/start_profile", json=body) as r:
+                assert r.status == 200, await r.text()
+                assert (await r.json())["kernel_sites"] == body.get("kernel_sites", True)
+            await asyncio.gather(*(_stream(s, url + "/v1/completions", _completion([5] * 6, 4)) for _ in range(2)))
+            async with s.post(url + "/stop_profile") as r:
+                return Path((await r.json())["trace"])
+
+    async def refused():
+        async with aiohttp.ClientSession() as s, s.post(url + "/start_profile", json={"kernel_sites": "no"}) as r:
+            return r.status, await r.text()
+
+    def annotated(path: Path) -> int:
+        trace = load_trace(path)
+        return sum(1 for name in trace.names if name.startswith(KERNEL_ANNOTATION))
+
+    served, named = asyncio.run(profile({"kernel_sites": False})), asyncio.run(profile({}))
+    assert find_steps(load_trace(served)) and annotated(served) == 0 and annotated(named) > 0
+    status, text = asyncio.run(refused())
+    assert status == 400 and "kernel_sites" in text
 
 
 def _metrics_now(url: str) -> dict[str, float]:

@@ -110,16 +110,22 @@ def test_cli_flags_override_and_are_listed(tmp_path):
 def test_shipped_benchmark_examples_load_and_pair_up():
     from pathlib import Path
     folder = Path(__file__).resolve().parents[2] / "examples" / "benchmarks"
-    clean = sorted(p for p in folder.glob("*.yaml") if not p.stem.endswith("_profiled"))
+    clean = sorted(p for p in folder.glob("*.yaml") if "_profiled" not in p.stem)
     assert len(clean) >= 5
+    profiled = set(folder.glob("*_profiled*.yaml"))
     for p in clean:
         cfg, _ = load_benchmark_config(p)
-        prof, _ = load_benchmark_config(p.with_name(p.stem + "_profiled.yaml"))
-        assert cfg.effective_run_kind() == "measurement" and prof.effective_run_kind() == "diagnostic"
-        # The profiled twin differs only in the profiler block.
-        a, b = cfg.model_dump(), prof.model_dump()
-        a.pop("profiler"), b.pop("profiler")
-        assert a == b and prof.profiler.tracelens.enabled and prof.profiler.torch_profiler.enabled
+        twins = sorted(folder.glob(p.stem + "_profiled*.yaml"))
+        assert p.with_name(p.stem + "_profiled.yaml") in twins
+        for twin in twins:  # <name>_profiled.yaml, and variants of it such as _profiled_served.yaml
+            profiled.discard(twin)
+            prof, _ = load_benchmark_config(twin)
+            assert cfg.effective_run_kind() == "measurement" and prof.effective_run_kind() == "diagnostic"
+            # A profiled twin differs only in the profiler block.
+            a, b = cfg.model_dump(), prof.model_dump()
+            a.pop("profiler"), b.pop("profiler")
+            assert a == b and prof.profiler.tracelens.enabled and prof.profiler.torch_profiler.enabled
+    assert not profiled, f"profiled configs without their clean twin: {sorted(profiled)}"
 
 
 def test_chat_needs_text_prompts(tmp_path, monkeypatch):
