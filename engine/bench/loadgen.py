@@ -121,7 +121,7 @@ class LoadGenConfig:
         return self.base_url.rstrip("/") + "/" + self.endpoint.lstrip("/")
 
 
-@dataclass
+@dataclass(repr=False)
 class LoadResult:
     """Measured outputs in release order (when cancelled, only the requests that were released)."""
 
@@ -132,6 +132,12 @@ class LoadResult:
     # A duration-bounded run: the measured window (s from the start) and the requests left out of it.
     window: tuple[float, float] | None = None
     excluded: int = 0
+
+    def __repr__(self) -> str:
+        # Short: Python 3.11's asyncio.Runner formats the finished main task (and so its result)
+        # when it restores the SIGINT handler, which took a full repr of every request's lists.
+        return (f"LoadResult({len(self.outputs)} outputs, {len(self.warmup_outputs)} warm-up, "
+                f"{self.duration_s:.3f} s, cancelled={self.cancelled})")
 
     def metrics(self, *, selected_percentiles: Sequence[float] = (50, 90, 99),
                 goodput_slos: dict[str, float] | None = None) -> BenchmarkMetrics:
