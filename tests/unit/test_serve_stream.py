@@ -64,11 +64,11 @@ async def test_a_full_socket_buffer_sends_the_same_stream_through_the_handler(en
         straight_out.setdefault(id(self), []).append(self.pending == [] and not self.finished)
     monkeypatch.setattr(serve_server._SSEStream, "deliver", deliver)
     direct = await _streams(engine, BODIES)
-    # Chunks wait for the handler only until it has sent the headers (how many depends on the
-    # machine's load); from then on every one but the last goes straight out.
+    # Chunks wait for the handler until it has sent the headers, and again whenever the client
+    # reads slowly enough that the socket's write buffer passes the limit (how often depends on
+    # the machine's load); the others go straight out, and with the limit at 0 none does.
     for flags in straight_out.values():
-        body = flags[:-1]
-        assert any(body) and body == sorted(body), flags
+        assert any(flags[:-1]), flags
     straight_out.clear()
     monkeypatch.setattr(serve_server._SSEStream, "BUFFER_LIMIT", 0)  # every chunk: "the buffer is full"
     queued = await _streams(engine, BODIES)
