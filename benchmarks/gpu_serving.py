@@ -38,6 +38,7 @@ any Triton start-up-check warning) and ``gpu_serving.json`` / ``gpu_serving.log`
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import json
 import os
@@ -243,7 +244,6 @@ def decode_busy_in_trace(ws: Path | None) -> dict[str, Any] | None:
     path = None if ws is None else ws / "gap_analysis" / "gpu_idle_steps_rank0.csv"
     if path is None or not path.exists():
         return None
-    import csv
     shares = []
     with path.open() as f:
         for row in csv.DictReader(f):

@@ -181,8 +181,7 @@ class ResponseParser:
             singles = _single_chunks(reads[:-1])
             if singles is not None:
                 pieces, at, i = singles, stamps[:n - 1], n - 1
-        while (i < n and self.state == _CHUNK_SIZE and not self.buf and resp is not None and resp.status == 200
-               and self.on_bodies is not None):
+        while fast and i < n:  # the state changes only where the loop ends
             whole = _whole_chunks(reads[i])
             if whole is None:
                 break

@@ -344,7 +344,7 @@ class LoadGenerator:
         closed = sem is not None and math.isinf(cfg.request_rate)
         rng = np.random.RandomState(cfg.seed)
         lean = isinstance(client, StreamingHTTPClient)
-        next_at, i, n = t0, 0, len(self.requests)
+        next_at, i, n, loop = t0, 0, len(self.requests), asyncio.get_running_loop()
         await _sleep_until(t0)  # a pool's common start, a little ahead
         while not self._cancelled:
             if closed:
@@ -363,7 +363,7 @@ class LoadGenerator:
             rid = f"{cfg.request_id_prefix}d{i}"
             body = bodies[i % n]
             payload = client.build_post(self._path, body, {**self._headers, "x-request-id": rid}) if lean else body
-            tasks.append(self._track(asyncio.create_task(self._limited(
+            tasks.append(self._track(loop.create_task(self._limited(
                 client, None if closed else sem, req, rid, time.perf_counter(), "measure", 0, payload,
                 held=sem if closed else None))))
             i += 1
