@@ -26,7 +26,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from itertools import repeat
-from operator import itemgetter
+from operator import add, getitem, itemgetter
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -39,7 +39,13 @@ BodySink = Callable[[bytes, float], "bool | None"]
 # on_bodies(pieces, stamps): the same for several reads at once (their body bytes and stamps, in order).
 BodiesSink = Callable[[list[bytes], list[float]], "bool | None"]
 
+# A caller that knows how its messages are written (an SSE server: b"data: ", message, b"\n\n") names
+# that framing; reads that are each exactly one chunk holding one framed message then reach its
+# on_framed(messages, stamps) as the bare messages, told from the reads in a few C-level passes.
+Framing = tuple[bytes, bytes]
+
 _MAX_HEAD = 64 * 1024
+_perf_counter = time.perf_counter
 _ERROR_BODY_LIMIT = 4096
 
 # One read that is exactly one chunk (size line without extensions, data, CRLF): what an SSE
@@ -87,9 +93,13 @@ class ResponseParser:
     """
 
     def __init__(self, on_body: BodySink, *, head_request: bool = False,
-                 on_bodies: BodiesSink | None = None) -> None:
+                 on_bodies: BodiesSink | None = None, on_framed: BodiesSink | None = None,
+                 framing: Framing | None = None) -> None:
         self.on_body = on_body
         self.on_bodies = on_bodies
+        # Both or neither: on_framed takes the messages of reads that are one `framing` chunk each.
+        self.framed = _framed_table(*framing) if (on_framed is not None and framing is not None) else None
+        self.on_framed = on_framed
         self.head_request = head_request
         self.state = _HEAD
         self.buf = b""
@@ -178,9 +188,18 @@ class ResponseParser:
                 and self.on_bodies is not None)
         if fast and n > 2:
             # Every read but the last one chunk each: framed in a few C-level passes, not a loop.
-            singles = _single_chunks(reads[:-1])
-            if singles is not None:
-                pieces, at, i = singles, stamps[:n - 1], n - 1
+            head = reads[:-1]
+            messages = self.framed.messages(head) if self.framed is not None else None
+            if messages is not None:
+                assert self.on_framed is not None
+                if self.on_framed(messages, stamps[:n - 1]):
+                    self.stopped = True
+                    return
+                i = n - 1
+            else:
+                singles = _single_chunks(head)
+                if singles is not None:
+                    pieces, at, i = singles, stamps[:n - 1], n - 1
         while fast and i < n:  # the state changes only where the loop ends
             whole = _whole_chunks(reads[i])
             if whole is None:
@@ -284,6 +303,64 @@ def _single_chunks(reads: list[bytes]) -> list[bytes] | None:
     return data
 
 
+class _FramedChunks:
+    """Reads that are each exactly one chunk whose data is `prefix + message + suffix`, checked
+    and unframed in whole-list passes. A read's length fixes its size line (lowercase hex, no
+    extensions: what servers write), so the expected head and the message's slice are looked up
+    by length, and the reads are checked at once against the chunks rebuilt from them."""
+
+    def __init__(self, prefix: bytes, suffix: bytes) -> None:
+        self.prefix = prefix
+        self.tail = suffix + b"\r\n"
+        self.heads = _ByLength(self._layout, 0)
+        self.slices = _ByLength(self._layout, 1)
+
+    def _layout(self, length: int) -> tuple[bytes, slice]:
+        """The size line and prefix of a read of `length` bytes that is one such chunk, and its
+        message's slice. A length no such chunk has gets a slice of the whole read, which makes
+        the rebuilt chunk longer than the read, so the check below refuses it."""
+        for width in range(1, 17):
+            size = length - width - 4
+            if size >= len(self.prefix) + len(self.tail) - 2 and len(f"{size:x}") == width:
+                head = b"%x\r\n%s" % (size, self.prefix)
+                return head, slice(len(head), length - len(self.tail))
+        return b"-", slice(0, None)
+
+    def messages(self, reads: list[bytes]) -> list[bytes] | None:
+        """The message of each read, or None when any read is not one such chunk."""
+        lengths = list(map(len, reads))
+        heads = list(map(self.heads.__getitem__, lengths))
+        messages = list(map(getitem, reads, map(self.slices.__getitem__, lengths)))
+        if self.tail.join(map(add, heads, messages)) + self.tail != b"".join(reads):
+            return None
+        return messages
+
+
+class _ByLength(dict):
+    """One part of `_FramedChunks._layout` by read length, computed on first use. Bounded: a
+    server writes few distinct lengths, and past the bound a length is computed each time."""
+
+    def __init__(self, layout: Callable[[int], tuple[bytes, slice]], part: int) -> None:
+        super().__init__()
+        self.layout, self.part = layout, part
+
+    def __missing__(self, length: int) -> bytes | slice:
+        value = self.layout(length)[self.part]
+        if len(self) < 4096:
+            self[length] = value
+        return value
+
+
+_FRAMED: dict[Framing, _FramedChunks] = {}
+
+
+def _framed_table(prefix: bytes, suffix: bytes) -> _FramedChunks:
+    table = _FRAMED.get((prefix, suffix))
+    if table is None:
+        table = _FRAMED[(prefix, suffix)] = _FramedChunks(prefix, suffix)
+    return table
+
+
 def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
     """(body, ended) when `data` is a run of complete chunks, the last one possibly the terminal
     chunk with no trailers; None for anything else (the general parser takes it)."""
@@ -323,23 +400,25 @@ class _Connection(asyncio.Protocol):
         # Reads of a chunked body kept with their stamps, parsed when the response may have ended.
         self.kept: list[bytes] = []
         self.kept_at: list[float] = []
+        # True while a chunked body is being read: a read is then only stamped and kept.
+        self.keeping = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        parser, waiter = self.parser, self.waiter
-        if parser is None or waiter is None or waiter.done():
-            self._close()  # bytes nobody asked for: this connection cannot be trusted for the next request
-            return
-        if parser.state in _CHUNKED_STATES:
+        now = _perf_counter()
+        if self.keeping:  # most reads: a token's chunk, kept with its stamp
             self.kept.append(data)
             self.kept_at.append(now)
             # A chunked response ends with a blank line ("0\r\n" [trailers] "\r\n"); a read that
             # does not end so (or is too short to tell) cannot be its last.
             if len(data) >= 4 and not data.endswith(b"\r\n\r\n"):
                 return
+        parser, waiter = self.parser, self.waiter
+        if parser is None or waiter is None or waiter.done():
+            self._close()  # bytes nobody asked for: this connection cannot be trusted for the next request
+            return
         try:
             if self.kept:
                 self._feed_kept()
@@ -352,7 +431,10 @@ class _Connection(asyncio.Protocol):
             self._close()
             waiter.set_result(None)
         elif parser.done:
+            self.keeping = False
             waiter.set_result(None)
+        else:
+            self.keeping = parser.state in _CHUNKED_STATES
 
     # eof_received is left as asyncio's default (close the transport): connection_lost then decides
     # whether the response was complete.
@@ -386,6 +468,7 @@ class _Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closed = True
+        self.keeping = False
         if self.transport is not None:
             self.transport.abort()
 
@@ -459,15 +542,17 @@ class StreamingHTTPClient:
         """
         return await self.send(self.build_post(path, body, headers), on_body)
 
-    async def send(self, request: bytes, on_body: BodySink, on_bodies: BodiesSink | None = None) -> Response:
+    async def send(self, request: bytes, on_body: BodySink, on_bodies: BodiesSink | None = None,
+                   on_framed: BodiesSink | None = None, framing: Framing | None = None) -> Response:
         """Send the bytes of one request (`build_post`) and read its response, as `post` does;
-        `on_bodies`, when given, takes the bodies of several kept reads at once."""
+        `on_bodies`, when given, takes the bodies of several kept reads at once, and `on_framed`
+        the messages of kept reads that are one `framing` chunk each."""
         conn = self._take_idle()
         reused = conn is not None
         while True:
             if conn is None:
                 conn = await self._connect()
-            parser = ResponseParser(on_body, on_bodies=on_bodies)
+            parser = ResponseParser(on_body, on_bodies=on_bodies, on_framed=on_framed, framing=framing)
             try:
                 return await self._exchange(conn, request, parser)
             except HTTPError:
@@ -481,7 +566,7 @@ class StreamingHTTPClient:
 
     async def _exchange(self, conn: _Connection, request: bytes, parser: ResponseParser) -> Response:
         conn.parser = parser
-        conn.kept, conn.kept_at = [], []
+        conn.kept, conn.kept_at, conn.keeping = [], [], False
         # The loop the connection was opened on (before Python 3.12 each get_running_loop() is a getpid() call).
         conn.waiter = waiter = (conn.loop or asyncio.get_running_loop()).create_future()
         keep = False
@@ -496,6 +581,7 @@ class StreamingHTTPClient:
         finally:
             conn.parser = None
             conn.waiter = None
+            conn.keeping = False
             if keep:
                 self._idle.append(conn)
             else:

@@ -483,7 +483,8 @@ class LoadGenerator:
         stream = _CompletionStream(out, st)
         timeout = self.config.request_timeout_s
         try:
-            request = client.send(payload, stream.feed, stream.feed_many) if lean else \
+            request = client.send(payload, stream.feed, stream.feed_many, stream.feed_data_lines, _DATA_LINE) \
+                if lean else \
                 self._exchange_aiohttp(client, payload, headers, stream)
             result = await (_bounded(request, timeout, self._loop or asyncio.get_running_loop()) if timeout else request)
             status_error = result if not lean else (
@@ -634,6 +635,20 @@ class _CompletionStream:
             i = j + 1
         return self._feed_each(pieces[i:], stamps[i:])
 
+    def feed_data_lines(self, payloads: list[bytes], stamps: list[float]) -> bool:
+        """`feed_many` for reads that were each one `data: <payload>\n\n` event (`_DATA_LINE`, what
+        servers write): when no payload holds a line break, they are decoded as one JSON array."""
+        if not (self.buf or self.done or self.out.error):
+            joined = b",".join(payloads)
+            if b"\n" not in joined and b"\r" not in joined:
+                if self._take_array(b"[" + joined + b"]", stamps):
+                    return False
+                if self.out.error:
+                    return True
+                # else not one message per payload ([DONE] among them, or a malformed one): the general way
+        prefix, suffix = _DATA_LINE
+        return self.feed_many([prefix + p + suffix for p in payloads], stamps)
+
     def _feed_each(self, pieces: list[bytes], stamps: list[float]) -> bool:
         for piece, at in zip(pieces, stamps):
             if self.feed(piece, at):
@@ -732,6 +747,9 @@ class _CompletionStream:
                 out.error = "stream ended before [DONE]"
         out.success = not out.error
 
+
+# How servers write an SSE message: one event of one data line (the framing `feed_data_lines` takes).
+_DATA_LINE = (b"data: ", b"\n\n")
 
 # One whole SSE event of one `data:` line and nothing before or after it; group 1 is its data.
 _SIMPLE_EVENT = re.compile(rb"data: ?([^\r\n]*)\n\n").fullmatch

@@ -370,3 +370,74 @@ def test_a_wrong_chunk_among_many_ends_as_in_the_general_parser(bad):
     assert _outcome(batched) == want
     if bad != b"9\r\nabc\r\n":  # a size too large swallows the next chunk's framing instead
         assert want[0].startswith("HTTPError")
+
+
+_LINE = (b"data: ", b"\n\n")
+
+
+def _event_chunk(message: bytes) -> bytes:
+    return _chunk(b"data: " + message + b"\n\n")
+
+
+def _framed_reads(size: int) -> list[bytes]:
+    """Reads of one event chunk each, with messages of `size` bytes and the two lengths either side."""
+    return [_event_chunk(b"m" * n) for n in (size - 1, size, size + 1)]
+
+
+@pytest.mark.parametrize("reads, framed", [
+    ([_event_chunk(b"%d" % i) for i in range(8)] + [b"0\r\n\r\n"], True),
+    # the size line grows a digit in the middle of the response (0xff -> 0x100 bytes of data)
+    (_framed_reads(255 - 8) + _framed_reads(256 - 8) + [b"0\r\n\r\n"], True),
+    (_framed_reads(4095 - 8) + _framed_reads(4096 - 8) + [b"0\r\n\r\n"], True),
+    # size lines servers may write that the short cut does not rebuild: the general parser reads them
+    ([_event_chunk(b"a"), b"A\r\ndata: bb\n\n\r\n", _event_chunk(b"c"), b"0\r\n\r\n"], False),
+    ([_event_chunk(b"a"), b"0a\r\ndata: bb\n\n\r\n", _event_chunk(b"c"), b"0\r\n\r\n"], False),
+    ([_event_chunk(b"a"), b"a;x=y\r\ndata: bb\n\n\r\n", _event_chunk(b"c"), b"0\r\n\r\n"], False),
+    # chunks that are not one framed message each
+    ([_event_chunk(b"a"), _chunk(b"data:bb\n\n"), _event_chunk(b"c"), b"0\r\n\r\n"], False),
+    ([_event_chunk(b"a"), _chunk(b"data: bb\n"), _chunk(b"\n"), _event_chunk(b"c"), b"0\r\n\r\n"], False),
+    ([_event_chunk(b"a"), _event_chunk(b"b") + _event_chunk(b"c"), _event_chunk(b"d"), b"0\r\n\r\n"], False),
+    ([_event_chunk(b"a"), _event_chunk(b"b")[:5], _event_chunk(b"b")[5:], b"0\r\n\r\n"], False),
+])
+def test_reads_of_one_framed_message_each_parse_as_the_general_parser_does(reads, framed):
+    """The messages on_framed gets, framed again, are the bodies the general parser gives, read
+    for read, and the short cut is taken exactly where every read but the last is one such chunk."""
+    stamps = [float(i + 1) for i in range(len(reads))]
+    general: list[tuple[bytes, float]] = []
+    p1 = ResponseParser(lambda d, t: general.append((d, t)))
+    p1.feed(_HEAD, 0.0)
+    for r, t in zip(reads, stamps):
+        p1.feed(r, t)
+    got: list[tuple[bytes, float]] = []
+    calls: list[int] = []
+
+    def on_framed(messages, at):
+        calls.append(len(messages))
+        got.extend((_LINE[0] + m + _LINE[1], t) for m, t in zip(messages, at))
+    p2 = ResponseParser(lambda d, t: got.append((d, t)), on_bodies=lambda ps, ts: got.extend(zip(ps, ts)) and None,
+                        on_framed=on_framed, framing=_LINE)
+    p2.feed(_HEAD, 0.0)
+    p2.feed_reads(reads, stamps)
+    assert p1.done and p2.done and got == general
+    assert calls == ([len(reads) - 1] if framed else [])
+
+
+def test_a_wrong_size_line_on_a_framed_message_ends_as_in_the_general_parser():
+    # one byte short, one too many (the chunk is cut inside the message, or swallows the next size
+    # line), no size line, no chunk at all
+    for bad in (b"9\r\ndata: bb\n\n\r\n", b"b\r\ndata: bb\n\n\r\n", b"\n\n\r\n", b"x"):
+        reads = [_event_chunk(b"a"), bad, _event_chunk(b"c"), _event_chunk(b"d"), b"0\r\n\r\n"]
+
+        def general(got, reads=reads):
+            p = ResponseParser(lambda d, t: got.append((d, t)))
+            p.feed(_HEAD, 0.0)
+            for r in reads:
+                p.feed(r, 1.0)
+
+        def framed(got, reads=reads):
+            p = ResponseParser(lambda d, t: got.append((d, t)), on_bodies=lambda ps, ts: got.extend(zip(ps, ts)) and None,
+                               on_framed=lambda ms, ts: got.extend((b"data: " + m + b"\n\n", t) for m, t in zip(ms, ts)),
+                               framing=_LINE)
+            p.feed(_HEAD, 0.0)
+            p.feed_reads(reads, [1.0] * len(reads))
+        assert _outcome(framed) == _outcome(general), bad

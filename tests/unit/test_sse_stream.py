@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from engine.bench.loadgen import _CompletionStream
+from engine.bench.loadgen import _DATA_LINE, _CompletionStream
 from engine.bench.metrics import RequestOutput
 
 
@@ -42,14 +42,37 @@ STREAMS = {
     "an empty data line": [_tok(), _tok(), b"data:\n\n", _tok(), _tok(), DONE],
     "two messages on one data line": [_tok(), b'data: {"choices":[{"text":"a"}]},{"choices":[{"text":"b"}]}\n\n',
                                       _tok(), _tok(), DONE],
+    "an empty payload after data: ": [_tok(), _tok(), b"data: \n\n", _tok(), _tok(), DONE],
+    "a message that is not an object": [_tok(), _tok(), b"data: 17\n\n", _tok(), _tok(), DONE],
+    "an event of two data lines": [_tok(), b'data: {"choices":\ndata: [{"text":"a"}]}\n\n', _tok(), _tok(), DONE],
+    "a payload ending in CR": [_tok(), _tok().replace(b"}\n\n", b"}\r\n\n"), _tok(), _tok(), DONE],
+    "[DONE] among data lines": [_tok(), _tok(), DONE, _tok(), USAGE + DONE],
+    # JSON across two lines, the second no data line: SSE drops it (the message is cut short)
+    "a line break inside a message": [_tok(), b'data: {"choices":[{"text":"a"}],\n"usage":null}\n\n', _tok(), DONE],
+    "a CR inside a message": [_tok(), b'data: {"choices":[{"text":"a"}],\r"usage":null}\n\n', _tok(), DONE],
 }
 
 
-def _run(pieces: list[bytes], batched: bool) -> RequestOutput:
+def _framed(pieces: list[bytes]) -> list[bytes] | None:
+    """The payloads of every piece but the last when each is `data: <payload>\n\n` (what the HTTP
+    client hands `feed_data_lines`), else None."""
+    prefix, suffix = _DATA_LINE
+    head = pieces[:-1]
+    if all(p.startswith(prefix) and p.endswith(suffix) and len(p) >= len(prefix) + len(suffix) for p in head):
+        return [p[len(prefix):len(p) - len(suffix)] for p in head]
+    return None
+
+
+def _run(pieces: list[bytes], batched: bool | str) -> RequestOutput:
     out = RequestOutput(request_id="r")
     stream = _CompletionStream(out, 0.0)
     stamps = [0.1 * (i + 1) for i in range(len(pieces))]
-    if batched:
+    if batched == "data lines":
+        payloads = _framed(pieces)
+        assert payloads is not None
+        if not stream.feed_data_lines(payloads, stamps[:-1]):
+            stream.feed_many(pieces[-1:], stamps[-1:])
+    elif batched:
         stream.feed_many(pieces, stamps)
     else:
         for piece, at in zip(pieces, stamps):
@@ -64,6 +87,13 @@ def test_batched_reads_give_the_request_that_read_by_read_gives(name):
     pieces = STREAMS[name]
     one_by_one, batched = _run(pieces, batched=False), _run(pieces, batched=True)
     assert dataclasses.asdict(batched) == dataclasses.asdict(one_by_one)
+
+
+@pytest.mark.parametrize("name", [n for n in STREAMS if _framed(STREAMS[n]) is not None])
+def test_data_line_payloads_give_the_request_that_read_by_read_gives(name):
+    pieces = STREAMS[name]
+    one_by_one, framed = _run(pieces, batched=False), _run(pieces, batched="data lines")
+    assert dataclasses.asdict(framed) == dataclasses.asdict(one_by_one)
 
 
 def test_the_common_stream_is_read_right():
