@@ -26,7 +26,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from itertools import repeat
-from operator import add, getitem, itemgetter
+from operator import getitem, itemgetter
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -331,7 +331,10 @@ class _FramedChunks:
         lengths = list(map(len, reads))
         heads = list(map(self.heads.__getitem__, lengths))
         messages = list(map(getitem, reads, map(self.slices.__getitem__, lengths)))
-        if self.tail.join(map(add, heads, messages)) + self.tail != b"".join(reads):
+        rebuilt = [self.tail] * (3 * len(reads))  # head, message, tail of each read, in order
+        rebuilt[0::3] = heads
+        rebuilt[1::3] = messages
+        if b"".join(rebuilt) != b"".join(reads):
             return None
         return messages
 
@@ -411,9 +414,10 @@ class _Connection(asyncio.Protocol):
         if self.keeping:  # most reads: a token's chunk, kept with its stamp
             self.kept.append(data)
             self.kept_at.append(now)
-            # A chunked response ends with a blank line ("0\r\n" [trailers] "\r\n"); a read that
-            # does not end so (or is too short to tell) cannot be its last.
-            if len(data) >= 4 and not data.endswith(b"\r\n\r\n"):
+            # A chunked response ends with a blank line ("0\r\n" [trailers] "\r\n"): a read whose
+            # fourth byte from the end is not that CR cannot be its last (a token's chunk ends
+            # "\n\n\r\n"). One byte looked at, not a method call; a read too short to tell goes on.
+            if len(data) >= 4 and data[-4] != 13:
                 return
         parser, waiter = self.parser, self.waiter
         if parser is None or waiter is None or waiter.done():

@@ -477,7 +477,7 @@ class LoadGenerator:
         if payload is None:
             body = self._body(req)
             payload = client.build_post(self._path, body, {**self._headers, "x-request-id": rid}) if lean else body
-        headers = {**self._headers, "x-request-id": rid}
+        headers = {} if lean else {**self._headers, "x-request-id": rid}
         st = time.perf_counter()
         out.start_time = st
         stream = _CompletionStream(out, st)
