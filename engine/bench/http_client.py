@@ -8,8 +8,10 @@ is read where the bytes arrive (`data_received`), each read is stamped there wit
 chunked response is parsed, a read is only stamped and kept: the chunk framing and the caller's
 `on_body(data, stamp)` run over the kept reads when a read could be the response's last (it ends
 with a blank line), so the work of parsing comes after the stream's tokens, not between them, and
-a read's stamp never waits behind another stream's parsing. benchmarks/loadgen_overhead.py and
-benchmarks/client_cost.py measure the difference.
+a read's stamp never waits behind another stream's parsing. A caller that names how its messages
+are framed (an SSE stream: `data: `, message, blank line) gets the bare messages of reads that are
+one such chunk each, found for the whole response in a few list-wide passes (`_FramedChunks`).
+benchmarks/loadgen_overhead.py and benchmarks/client_cost.py measure the difference.
 
 What it speaks: HTTP/1.1 (and 1.0 responses), keep-alive with a pool of idle connections per
 client, responses framed by `Transfer-Encoding: chunked`, `Content-Length`, or the connection's
