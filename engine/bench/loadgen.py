@@ -639,9 +639,13 @@ class _CompletionStream:
         """`feed_many` for reads that were each one `data: <payload>\n\n` event (`_DATA_LINE`, what
         servers write): when no payload holds a line break, they are decoded as one JSON array."""
         if not (self.buf or self.done or self.out.error):
-            joined = b",".join(payloads)
+            # [DONE] in a read of its own (vLLM's way) ends the payloads
+            ended = bool(payloads) and payloads[-1] == b"[DONE]"
+            messages = payloads[:-1] if ended else payloads
+            joined = b",".join(messages)
             if b"\n" not in joined and b"\r" not in joined:
-                if self._take_array(b"[" + joined + b"]", stamps):
+                if not messages or self._take_array(b"[" + joined + b"]", stamps[:len(messages)]):
+                    self.done = ended
                     return False
                 if self.out.error:
                     return True

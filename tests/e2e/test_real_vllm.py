@@ -234,7 +234,7 @@ def test_chat_endpoint_with_the_models_tokenizer(tiny_model, tmp_path):
                           env={**vllm_cpu.vllm_env(), "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     r = json.loads((only_workspace(tmp_path / "out") / "benchmark_report.json").read_text())
-    assert r["dataset"] == {"name": "random", "prompts": "text", "tokenizer": str(model), "prefix_len": 0}
+    assert r["dataset"] == {"name": "random", "path": None, "prompts": "text", "tokenizer": str(model), "prefix_len": 0}
     res = r["result"]
     assert res["completed"] == 8 and res["failed"] == 0 and res["total_output_tokens"] == 8 * OSL
     # the server's count: the prompt's ISL tokens inside the model's chat template

@@ -47,6 +47,10 @@ STREAMS = {
     "an event of two data lines": [_tok(), b'data: {"choices":\ndata: [{"text":"a"}]}\n\n', _tok(), _tok(), DONE],
     "a payload ending in CR": [_tok(), _tok().replace(b"}\n\n", b"}\r\n\n"), _tok(), _tok(), DONE],
     "[DONE] among data lines": [_tok(), _tok(), DONE, _tok(), USAGE + DONE],
+    # vLLM's way: usage and [DONE] each a read (a chunk) of their own, the body's end one more
+    "[DONE] in a read of its own, then the end": [_tok()] * 6 + [USAGE, DONE, b""],
+    "only [DONE], then the end": [DONE, b""],
+    "[DONE] twice": [_tok(), _tok(), DONE, DONE, b""],
     # JSON across two lines, the second no data line: SSE drops it (the message is cut short)
     "a line break inside a message": [_tok(), b'data: {"choices":[{"text":"a"}],\n"usage":null}\n\n', _tok(), DONE],
     "a CR inside a message": [_tok(), b'data: {"choices":[{"text":"a"}],\r"usage":null}\n\n', _tok(), DONE],
@@ -102,3 +106,16 @@ def test_the_common_stream_is_read_right():
     assert out.ttft == pytest.approx(0.1) and len(out.itl) == 11 and out.itl[-1] == pytest.approx(0.1)
     bad = _run(STREAMS["an error event"], batched=True)
     assert not bad.success and "boom" in bad.error
+
+
+def test_a_stream_as_vllm_writes_it_is_decoded_at_once(monkeypatch):
+    """Tokens, the usage message and [DONE] each in a chunk of its own: one array decode, not the
+    general way (which gives the same request, more slowly)."""
+    payloads = _framed(STREAMS["[DONE] in a read of its own, then the end"])
+    assert payloads is not None and payloads[-1] == b"[DONE]"
+    monkeypatch.setattr(_CompletionStream, "feed_many", lambda *a: pytest.fail("took the general way"))
+    out = RequestOutput(request_id="r")
+    stream = _CompletionStream(out, 0.0)
+    assert stream.feed_data_lines(payloads, [0.1 * (i + 1) for i in range(len(payloads))]) is False
+    stream.finish()
+    assert out.success and out.output_tokens == 12 and out.counted_tokens == 6 and len(out.itl) == 5
