@@ -193,11 +193,19 @@ class ResponseParser:
             head = reads[:-1]
             messages = self.framed.messages(head) if self.framed is not None else None
             if messages is not None:
-                assert self.on_framed is not None
-                if self.on_framed(messages, stamps[:n - 1]):
+                assert self.framed is not None and self.on_framed is not None
+                framed_at, i = stamps[:n - 1], n - 1
+                last = self.framed.last(reads[-1])
+                if last is not None:  # the last read's messages go in the same batch, at its stamp
+                    more, ended = last
+                    messages += more
+                    framed_at += [stamps[-1]] * len(more)
+                    i = n
+                    if ended:
+                        self.state = _DONE
+                if self.on_framed(messages, framed_at):
                     self.stopped = True
                     return
-                i = n - 1
             else:
                 singles = _single_chunks(head)
                 if singles is not None:
@@ -328,6 +336,22 @@ class _FramedChunks:
                 return head, slice(len(head), length - len(self.tail))
         return b"-", slice(0, None)
 
+    def last(self, read: bytes) -> tuple[list[bytes], bool] | None:
+        """(the messages of `read`, ended) when it is whole chunks of one framed message each, the
+        last possibly the terminal chunk with no trailers (a response's last read); None otherwise."""
+        chunks = _chunk_list(read)
+        if chunks is None:
+            return None
+        datas, ended = chunks
+        prefix, suffix = self.prefix, self.tail[:-2]
+        start, trim = len(prefix), len(suffix)
+        messages = []
+        for data in datas:
+            if len(data) < start + trim or not data.startswith(prefix) or not data.endswith(suffix):
+                return None
+            messages.append(data[start:len(data) - trim])
+        return messages, ended
+
     def messages(self, reads: list[bytes]) -> list[bytes] | None:
         """The message of each read, or None when any read is not one such chunk."""
         lengths = list(map(len, reads))
@@ -369,6 +393,16 @@ def _framed_table(prefix: bytes, suffix: bytes) -> _FramedChunks:
 def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
     """(body, ended) when `data` is a run of complete chunks, the last one possibly the terminal
     chunk with no trailers; None for anything else (the general parser takes it)."""
+    chunks = _chunk_list(data)
+    if chunks is None:
+        return None
+    datas, ended = chunks
+    return (datas[0] if len(datas) == 1 else b"".join(datas)), ended
+
+
+def _chunk_list(data: bytes) -> tuple[list[bytes], bool] | None:
+    """(the data of each chunk, ended) when `data` is a run of complete chunks, the last one
+    possibly the terminal chunk with no trailers; None for anything else."""
     pos, n = 0, len(data)
     out: list[bytes] = []
     while pos < n:
@@ -384,13 +418,13 @@ def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
         if size == 0:
             if data[eol + 2:] != b"\r\n":
                 return None
-            return b"".join(out), True
+            return out, True
         end = eol + 2 + size
         if data[end:end + 2] != b"\r\n":
             return None
         out.append(data[eol + 2:end])
         pos = end + 2
-    return (out[0] if len(out) == 1 else b"".join(out)), False
+    return out, False
 
 
 class _Connection(asyncio.Protocol):

@@ -393,6 +393,12 @@ def _framed_reads(size: int) -> list[bytes]:
     ([_event_chunk(b"a"), b"A\r\ndata: bb\n\n\r\n", _event_chunk(b"c"), b"0\r\n\r\n"], False),
     ([_event_chunk(b"a"), b"0a\r\ndata: bb\n\n\r\n", _event_chunk(b"c"), b"0\r\n\r\n"], False),
     ([_event_chunk(b"a"), b"a;x=y\r\ndata: bb\n\n\r\n", _event_chunk(b"c"), b"0\r\n\r\n"], False),
+    # the last read: messages and the end (how the scheduled server writes its last token, usage, [DONE])
+    ([_event_chunk(b"%d" % i) for i in range(6)] + [_event_chunk(b"u") + _event_chunk(b"[DONE]") + b"0\r\n\r\n"], True),
+    ([_event_chunk(b"%d" % i) for i in range(6)] + [_event_chunk(b"u") + _event_chunk(b"v")], True),
+    # a last read the short cut does not take: its body goes the batched way, at its own stamp
+    ([_event_chunk(b"%d" % i) for i in range(6)] + [_chunk(b"data:u\n\n") + b"0\r\n\r\n"], True),
+    ([_event_chunk(b"%d" % i) for i in range(6)] + [_event_chunk(b"u") + b"0\r\n\r\nxx"], True),
     # chunks that are not one framed message each
     ([_event_chunk(b"a"), _chunk(b"data:bb\n\n"), _event_chunk(b"c"), b"0\r\n\r\n"], False),
     ([_event_chunk(b"a"), _chunk(b"data: bb\n"), _chunk(b"\n"), _event_chunk(b"c"), b"0\r\n\r\n"], False),
@@ -418,8 +424,20 @@ def test_reads_of_one_framed_message_each_parse_as_the_general_parser_does(reads
                         on_framed=on_framed, framing=_LINE)
     p2.feed(_HEAD, 0.0)
     p2.feed_reads(reads, stamps)
-    assert p1.done and p2.done and got == general
-    assert calls == ([len(reads) - 1] if framed else [])
+    assert p1.done == p2.done and p1.keep_alive == p2.keep_alive and _by_read(got) == _by_read(general)
+    last = ResponseParser(lambda d, t: None, on_framed=lambda ms, ts: None, framing=_LINE).framed.last(reads[-1])
+    assert calls == ([len(reads) - 1 + (len(last[0]) if last else 0)] if framed else [])
+
+
+def _by_read(bodies: list[tuple[bytes, float]]) -> list[tuple[bytes, float]]:
+    """Bodies of one stamp (one read) joined: the general parser gives a read's chunks as one body."""
+    out: list[tuple[bytes, float]] = []
+    for data, at in bodies:
+        if out and out[-1][1] == at:
+            out[-1] = (out[-1][0] + data, at)
+        else:
+            out.append((data, at))
+    return out
 
 
 def test_a_wrong_size_line_on_a_framed_message_ends_as_in_the_general_parser():
