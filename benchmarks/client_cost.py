@@ -27,6 +27,10 @@ and the table says the peer was not run.
 
     python benchmarks/client_cost.py [--concurrency 128,512 --repeats 3 --client-procs 1,2 --json FILE]
 
+`--baseline REV` adds our client as it was at git revision REV (its `engine/` from `git archive`)
+as a third client taking its turn in the same rounds: a before/after of a client change measured
+interleaved, on the same server and machine state, not on another day.
+
 `--client-procs 1,2,4` runs our client once per value (`magpie benchmark --client-procs N`): its CPU
 is that of the whole process tree, so N processes are summed. The server is pinned to the last CPU
 and the clients (all of a pool's processes) to the others when there are two or more; on a 2-core
@@ -43,6 +47,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +108,15 @@ def start_server(args: argparse.Namespace, cpu: int | None) -> tuple[subprocess.
     return proc, f"http://127.0.0.1:{int(line.split()[1])}"
 
 
+def baseline_tree(rev: str) -> Path:
+    """Our `engine/` as it was at `rev`, unpacked into a temporary folder (run from there, it is
+    what `python -m engine.cli` imports)."""
+    tree = Path(tempfile.mkdtemp(prefix="client_cost_baseline_"))
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "engine"], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
 def ours_command(args: argparse.Namespace, url: str, conc: int, procs: int, out: Path) -> tuple[list[str], Path]:
     cmd = [sys.executable, "-m", "engine.cli", "benchmark", "vllm", "-m", "fake", "--base-url", url,
            "--tokenizer", "none", "--vocab-size", "1000", "--input-len", str(args.input_len),
@@ -147,13 +161,14 @@ def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: 
     cmd, result_at = (vllm_command(args, url, conc, out) if client == "vllm"
                       else ours_command(args, url, conc, procs, out))
     env = dict(os.environ)
+    root = args.baseline_tree if client == "baseline" else REPO
     if client == "vllm":
         from vllm_cpu import vllm_env
         env = vllm_env()
     else:
-        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log = (out / "client.log").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     # vLLM's test and warm-up requests carry no x-request-id, ours are named warmup-<i>.
     _post(url + "/watch", {"pid": proc.pid, "count": args.num_prompts or 4 * conc, "skip_ids": ["anon-", "warmup-"]})
@@ -174,7 +189,7 @@ def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: 
     send_lag = statistics.fmean(r["arrival"] - st for (st, _t), r in pairs) * 1000 if pairs else math.nan
     read_lag = statistics.fmean(st + t - r["first"] for (st, t), r in pairs) * 1000 if pairs else math.nan
     cpu = window["client_cpu_s"]
-    return Sample(client=client, concurrency=conc, client_procs=procs if client == "ours" else 1,
+    return Sample(client=client, concurrency=conc, client_procs=procs if client != "vllm" else 1,
                   requests=window["requests"], tokens=window["tokens"],
                   cpu_ms_per_1k_tokens=cpu * 1000 / (window["tokens"] / 1000),
                   client_mean_ttft_ms=client_ttft, server_mean_ttft_ms=server_ttft,
@@ -188,7 +203,7 @@ def _range(values: list[float]) -> str:
     return f"{lo:.1f}" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}"
 
 
-def table(samples: list[Sample], peer_note: str) -> str:
+def table(samples: list[Sample], peer_note: str, baseline: str = "") -> str:
     rows = ["| client | C | procs | runs | CPU ms / 1k out tokens | mean TTFT - server's (ms) | of which send -> "
             "server read (ms) | of which server write -> client read (ms) | mean TTFT - 80 ms (ms) | failed |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -196,7 +211,7 @@ def table(samples: list[Sample], peer_note: str) -> str:
     for s in samples:
         groups.setdefault((s.concurrency, s.client, s.client_procs), []).append(s)
     for (conc, client, procs), ss in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "vllm", kv[0][2])):
-        name = "vllm bench serve" if client == "vllm" else "magpie benchmark"
+        name = {"vllm": "vllm bench serve", "baseline": f"magpie benchmark @{baseline}"}.get(client, "magpie benchmark")
         rows.append(f"| {name} | {conc} | {procs} | {len(ss)} | {_range([s.cpu_ms_per_1k_tokens for s in ss])} | "
                     f"{_range([s.ttft_error_ms for s in ss])} | {_range([s.send_to_arrival_ms for s in ss])} | "
                     f"{_range([s.write_to_read_ms for s in ss])} | {_range([s.ttft_above_schedule_ms for s in ss])} | "
@@ -210,6 +225,12 @@ def table(samples: list[Sample], peer_note: str) -> str:
             if peer and ours:
                 ratios.append(f"C={conc}, {procs} proc(s): ours/vLLM CPU per token, median of runs "
                               f"{statistics.median(ours) / statistics.median(peer):.2f}x")
+            base = [s.cpu_ms_per_1k_tokens for s in samples if s.concurrency == conc and s.client == "baseline"
+                    and s.client_procs == procs]
+            if base and ours:
+                ratios.append(f"C={conc}, {procs} proc(s): ours/ours@{baseline} CPU per token, median of runs "
+                              f"{statistics.median(ours) / statistics.median(base):.2f}x "
+                              f"({(statistics.median(ours) / statistics.median(base) - 1) * 100:+.1f}%)")
     loads = [s.load_avg for s in samples]
     load_note = [f"1-minute load average at the end of the runs: {min(loads):.2f}-{max(loads):.2f}"] if loads else []
     return "\n".join(rows + ([""] + ratios if ratios else []) + load_note + ([peer_note] if peer_note else []))
@@ -241,8 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients to CPUs")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", help="write every run and the table here")
+    ap.add_argument("--baseline", metavar="REV", help="also run our client as of this git revision, in the same rounds")
     args = ap.parse_args(argv)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    args.baseline_tree = None
+    if args.baseline:
+        args.baseline_tree = baseline_tree(args.baseline)
+        clients.insert(clients.index("ours") + 1 if "ours" in clients else 0, "baseline")
     peer_note = ""
     if "vllm" in clients:
         ok = Path(args.vllm_python).exists() and subprocess.run(
@@ -261,10 +287,10 @@ def main(argv: list[str] | None = None) -> int:
         for conc in [int(c) for c in args.concurrency.split(",")]:
             for rep in range(args.repeats):
                 for client in clients:
-                    for procs in ([int(p) for p in args.client_procs.split(",")] if client == "ours" else [1]):
+                    for procs in ([int(p) for p in args.client_procs.split(",")] if client != "vllm" else [1]):
                         s = run_once(args, url, client, conc, procs, client_cpus)
                         samples.append(s)
-                        print(f"C={conc} run {rep + 1} {client:5s} procs {s.client_procs}: "
+                        print(f"C={conc} run {rep + 1} {client:8s} procs {s.client_procs}: "
                               f"{s.cpu_ms_per_1k_tokens:6.1f} ms CPU / 1k tokens, TTFT {s.client_mean_ttft_ms:7.2f} "
                               f"ms (server {s.server_mean_ttft_ms:6.2f}; error {s.ttft_error_ms:+6.2f} = send "
                               f"{s.send_to_arrival_ms:+.2f} + read {s.write_to_read_ms:+.2f}), "
@@ -273,9 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(10)
+        if args.baseline_tree is not None:
+            shutil.rmtree(args.baseline_tree, ignore_errors=True)
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     machine = f"{len(cpus)} CPUs ({platform.processor() or platform.machine()}), Python {platform.python_version()}"
-    text = table(samples, peer_note)
+    text = table(samples, peer_note, args.baseline or "")
     print(f"\n{when}, {machine}, server on CPU {server_cpu}, clients on {sorted(client_cpus or cpus)}\n{text}")
     if args.json:
         Path(args.json).write_text(json.dumps({"date": when, "machine": machine, "argv": sys.argv[1:],
