@@ -181,7 +181,9 @@ class ResponseParser:
 
     def feed_reads(self, reads: list[bytes], stamps: list[float]) -> None:
         """`feed` each read in turn; reads made of whole chunks (how an SSE server writes its events)
-        take a short cut, and their bodies go to `on_bodies` together when it is given."""
+        take a short cut: their bodies go to `on_bodies` together when it is given, or, when every
+        read is one chunk of one `framing` message (the last read possibly several, and the end),
+        their messages go to `on_framed`."""
         i, n = 0, len(reads)
         pieces: list[bytes] = []
         at: list[float] = []
