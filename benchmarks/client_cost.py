@@ -228,9 +228,9 @@ def table(samples: list[Sample], peer_note: str, baseline: str = "") -> str:
             base = [s.cpu_ms_per_1k_tokens for s in samples if s.concurrency == conc and s.client == "baseline"
                     and s.client_procs == procs]
             if base and ours:
+                change = statistics.median(ours) / statistics.median(base)
                 ratios.append(f"C={conc}, {procs} proc(s): ours/ours@{baseline} CPU per token, median of runs "
-                              f"{statistics.median(ours) / statistics.median(base):.2f}x "
-                              f"({(statistics.median(ours) / statistics.median(base) - 1) * 100:+.1f}%)")
+                              f"{change:.2f}x ({(change - 1) * 100:+.1f}%)")
     loads = [s.load_avg for s in samples]
     load_note = [f"1-minute load average at the end of the runs: {min(loads):.2f}-{max(loads):.2f}"] if loads else []
     return "\n".join(rows + ([""] + ratios if ratios else []) + load_note + ([peer_note] if peer_note else []))

@@ -322,8 +322,8 @@ class _FramedChunks:
     by length, and the reads are checked at once against the chunks rebuilt from them."""
 
     def __init__(self, prefix: bytes, suffix: bytes) -> None:
-        self.prefix = prefix
-        self.tail = suffix + b"\r\n"
+        self.prefix, self.suffix = prefix, suffix
+        self.tail = suffix + b"\r\n"  # a chunk's data ends with the suffix, the chunk with CRLF
         self.heads = _ByLength(self._layout, 0)
         self.slices = _ByLength(self._layout, 1)
 
@@ -333,7 +333,7 @@ class _FramedChunks:
         the rebuilt chunk longer than the read, so the check below refuses it."""
         for width in range(1, 17):
             size = length - width - 4
-            if size >= len(self.prefix) + len(self.tail) - 2 and len(f"{size:x}") == width:
+            if size >= len(self.prefix) + len(self.suffix) and len(f"{size:x}") == width:
                 head = b"%x\r\n%s" % (size, self.prefix)
                 return head, slice(len(head), length - len(self.tail))
         return b"-", slice(0, None)
@@ -345,7 +345,7 @@ class _FramedChunks:
         if chunks is None:
             return None
         datas, ended = chunks
-        prefix, suffix = self.prefix, self.tail[:-2]
+        prefix, suffix = self.prefix, self.suffix
         start, trim = len(prefix), len(suffix)
         messages = []
         for data in datas:
