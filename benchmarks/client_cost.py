@@ -281,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu = cpus[-1] if len(cpus) > 1 and not args.no_pin else None
     client_cpus = set(cpus[:-1]) if server_cpu is not None else None
-    proc, url = start_server(args, server_cpu)
+    try:
+        proc, url = start_server(args, server_cpu)
+    except BaseException:
+        if args.baseline_tree is not None:
+            shutil.rmtree(args.baseline_tree, ignore_errors=True)
+        raise
     samples: list[Sample] = []
     try:
         for conc in [int(c) for c in args.concurrency.split(",")]:
