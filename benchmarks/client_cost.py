@@ -111,7 +111,7 @@ def start_server(args: argparse.Namespace, cpu: int | None) -> tuple[subprocess.
 def baseline_tree(rev: str) -> Path:
     """Our `engine/` as it was at `rev`, unpacked into a temporary folder (run from there, it is
     what `python -m engine.cli` imports)."""
-    tree = Path(tempfile.mkdtemp(prefix="client_cost_baseline_"))
+    tree = Path(tempfile.mkdtemp(prefix="client_cost_tree_"))
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "engine"], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     return tree
