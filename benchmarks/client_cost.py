@@ -117,10 +117,19 @@ def baseline_tree(rev: str) -> Path:
     return tree
 
 
-def ours_command(args: argparse.Namespace, url: str, conc: int, procs: int, out: Path) -> tuple[list[str], Path]:
+def fixed_lengths_flag(root: Path) -> list[str]:
+    """Fixed lengths in the CLI of the tree at ``root``: --vllm-range-ratio 0 where it exists (the
+    --range-ratio of later revisions is Magpie's [L*r, L]), else --range-ratio 0 (vLLM's, before)."""
+    cli = (root / "engine" / "cli.py").read_text()
+    return ["--vllm-range-ratio", "0"] if "--vllm-range-ratio" in cli else ["--range-ratio", "0"]
+
+
+def ours_command(args: argparse.Namespace, url: str, conc: int, procs: int, out: Path,
+                 root: Path = REPO) -> tuple[list[str], Path]:
     cmd = [sys.executable, "-m", "engine.cli", "benchmark", "vllm", "-m", "fake", "--base-url", url,
            "--tokenizer", "none", "--vocab-size", "1000", "--input-len", str(args.input_len),
-           "--output-len", str(args.output_len), "--range-ratio", "0", "--num-prompts", str(args.num_prompts or 4 * conc),
+           "--output-len", str(args.output_len), *fixed_lengths_flag(root),
+           "--num-prompts", str(args.num_prompts or 4 * conc),
            "--concurrency", str(conc), "--warmup", str(args.warmup), "-o", str(out)]
     if procs > 1:
         cmd += ["--client-procs", str(procs)]
@@ -158,10 +167,10 @@ def _client_result(client: str, where: Path) -> tuple[float, int, dict[str, tupl
 def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: int, cpus: set[int] | None) -> Sample:
     _post(url + "/reset", {})
     out = Path(tempfile.mkdtemp(prefix=f"client_cost_{client}_"))
-    cmd, result_at = (vllm_command(args, url, conc, out) if client == "vllm"
-                      else ours_command(args, url, conc, procs, out))
-    env = dict(os.environ)
     root = args.baseline_tree if client == "baseline" else REPO
+    cmd, result_at = (vllm_command(args, url, conc, out) if client == "vllm"
+                      else ours_command(args, url, conc, procs, out, root))
+    env = dict(os.environ)
     if client == "vllm":
         from vllm_cpu import vllm_env
         env = vllm_env()

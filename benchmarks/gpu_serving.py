@@ -16,7 +16,7 @@ at its limit a benchmark gets SIGINT, which writes its report, then SIGKILL):
    an eager engine and by a graph engine (tokens), and the GPU time of one decode replay at batch
    16 and 64 (CUDA events, context 544 = 512 + 64/2);
 2. ``magpie benchmark -b examples/benchmarks/builtin_1b_gpu.yaml --concurrency 16 --num-prompts 64
-   --input-len 512 --output-len 64 --range-ratio 0`` (then concurrency 64 with 256 prompts) and the
+   --input-len 512 --output-len 64 --range-ratio 1`` (then concurrency 64 with 256 prompts) and the
    same two on ``builtin_8b_gpu.yaml``; ``--repeats`` (default 3) measured repeats each;
 3. profiled: ``builtin_1b_gpu_profiled.yaml`` at concurrency 16, 32 prompts, ``--warmup 0
    --repeats 1`` (the profiler starts before any warm-up request and stops by itself after the
@@ -57,7 +57,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # engine.serve.shapes (no torch) for the floors
 _LOG_LINES: list[str] = []
-SHAPE = ["--input-len", "512", "--output-len", "64", "--range-ratio", "0"]
+SHAPE = ["--input-len", "512", "--output-len", "64", "--range-ratio", "1"]
 # label -> (config, concurrency, prompts)
 RUNS = {
     "1b_c16": ("examples/benchmarks/builtin_1b_gpu.yaml", 16, 64),

@@ -12,7 +12,7 @@ Usage (repository root on the GPU machine; see gpu_serving.py for what engine/ n
 checkout; an older commit exported with ``git archive COMMIT engine | tar -x -C .old``); the
 flags after ``:`` go to its ``python -m engine.serve`` (e.g. ``--event-loop,asyncio``). Every
 benchmark is run by this checkout's client: ``magpie benchmark -b builtin.yaml --base-url URL
---concurrency C --num-prompts 4C --input-len 512 --output-len 64 --range-ratio 0 --warmup 2C
+--concurrency C --num-prompts 4C --input-len 512 --output-len 64 --range-ratio 1 --warmup 2C
 --repeats 1``. Besides the report's output tok/s and TPOT median, the server process's CPU
 seconds (user + system, from /proc) during each benchmark give its host cost per 1k output tokens.
 """
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                     cpu0 = s.cpu_s()
                     rc, _ = run_cli(f"{s.name} c{conc} r{r}", [
                         "benchmark", "-b", str(config), "--base-url", s.url, "--concurrency", str(conc),
-                        "--num-prompts", str(4 * conc), "--input-len", "512", "--output-len", "64", "--range-ratio", "0",
+                        "--num-prompts", str(4 * conc), "--input-len", "512", "--output-len", "64", "--range-ratio", "1",
                         "--warmup", str(2 * conc), "--repeats", "1", "-o", str(out)], 180)
                     cpu = s.cpu_s() - cpu0
                     if spy is not None:

@@ -100,9 +100,11 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--request-rate", type=float, help="requests/s (default: all at once)")
     b.add_argument("--burstiness", type=float, help="gamma shape of arrivals (1 = Poisson)")
     b.add_argument("--range-ratio", type=float,
-                   help="length spread in [0, 1): lengths drawn from [L*(1-r), L*(1+r)] (envs.RANDOM_RANGE_RATIO; "
-                        "default 0.5 as in Magpie, where vllm bench serve's --random-range-ratio defaults to 0.0: "
-                        "give 0 for vLLM's fixed lengths)")
+                   help="Magpie's RANDOM_RANGE_RATIO r in [0, 1]: lengths drawn from [L*r, L] as Magpie's InferenceX "
+                        "client draws them (1 = fixed lengths; default 0.5, as in Magpie)")
+    b.add_argument("--vllm-range-ratio", type=float,
+                   help="vllm bench serve's --random-range-ratio r in [0, 1): lengths drawn from [L*(1-r), L*(1+r)] "
+                        "(client.vllm_range_ratio; replaces --range-ratio)")
     b.add_argument("--warmup", type=int, help="warm-up requests, not measured")
     b.add_argument("--repeats", type=int, help="measured runs; metrics get a 95%% interval across them")
     b.add_argument("--sweep", action="append", help="KEY=V1,V2,... (concurrency, input_len, output_len, request_rate)")
@@ -338,6 +340,7 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
     flags = {"model": args.model, "precision": args.precision, "tp": args.tp, "concurrency": args.concurrency,
              "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
              "request_rate": args.request_rate, "burstiness": args.burstiness, "range_ratio": args.range_ratio,
+             "vllm_range_ratio": args.vllm_range_ratio,
              "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
              "base_url": args.base_url, "seed": args.seed, "http_client": args.http_client,
              "tokenizer": args.tokenizer, "vocab_size": args.vocab_size, "endpoint": args.endpoint, "prefix_len": args.prefix_len,

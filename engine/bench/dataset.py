@@ -6,6 +6,11 @@ vLLM's procedure (serving-reference §1.6), with one `numpy.random.default_rng(s
 2. Draw all input lengths, then all output lengths (uniform integers, inclusive, from
    [floor(L*(1-r)), ceil(L*(1+r))], output at least 1), then one vocab offset per request in
    [0, vocab_size).
+
+   Magpie's ``RANDOM_RANGE_RATIO`` means something else: Magpie hands it to InferenceX's
+   ``benchmark_serving.py`` (the older vLLM client, as SGLang's bench_serving), which draws from
+   [floor(L*r), L] (r = 1: fixed length; r = 0.8: 80-100 % of L). ``length_rule="magpie"`` gives
+   those bounds (at least 1 token); the procedure is otherwise the same.
 3. Draw one shared prefix of `prefix_len` ids from the allowed (non-special) ids.
 4. Request i's body is the run allowed[(offset_i + i + arange(len_i)) % len(allowed)].
 5. With a tokenizer only: decode, re-encode and pad (random ids from the same generator) or
@@ -55,8 +60,12 @@ class SampleRequest:
 
 RangeRatio = float | tuple[float, float] | Mapping[str, float]
 
+# How a range ratio r turns a length L into bounds: vLLM's current [L(1-r), L(1+r)], r in [0, 1),
+# or Magpie's (InferenceX benchmark_serving, SGLang bench_serving) [L*r, L], r in [0, 1].
+LENGTH_RULES = ("vllm", "magpie")
 
-def resolve_range_ratio(range_ratio: RangeRatio) -> tuple[float, float]:
+
+def resolve_range_ratio(range_ratio: RangeRatio, rule: str = "vllm") -> tuple[float, float]:
     """(input ratio, output ratio) from one float, a pair, or vLLM's {"input": r, "output": r}."""
     if isinstance(range_ratio, Mapping):
         unknown = set(range_ratio) - {"input", "output"}
@@ -67,17 +76,25 @@ def resolve_range_ratio(range_ratio: RangeRatio) -> tuple[float, float]:
         ri, ro = float(range_ratio[0]), float(range_ratio[1])
     else:
         ri = ro = float(range_ratio)
+    if rule not in LENGTH_RULES:
+        raise ValueError(f"length rule must be one of {', '.join(LENGTH_RULES)}, got {rule!r}")
     for name, r in (("input", ri), ("output", ro)):
-        if not 0.0 <= r < 1.0:
+        if rule == "vllm" and not 0.0 <= r < 1.0:
             raise ValueError(f"{name} range ratio must be in [0, 1), got {r}")
+        if rule == "magpie" and not 0.0 <= r <= 1.0:
+            raise ValueError(f"{name} range ratio must be in [0, 1], got {r}")
     return ri, ro
 
 
 def length_bounds(input_len: int, output_len: int, range_ratio: RangeRatio = 0.0,
-                  num_special_tokens: int = 0) -> tuple[tuple[int, int], tuple[int, int]]:
+                  num_special_tokens: int = 0, rule: str = "vllm") -> tuple[tuple[int, int], tuple[int, int]]:
     """The resolved inclusive [min, max] of input and output lengths (print these: the flag is ambiguous)."""
-    ri, ro = resolve_range_ratio(range_ratio)
+    ri, ro = resolve_range_ratio(range_ratio, rule)
     real_in = max(0, int(input_len) - int(num_special_tokens))
+    if rule == "magpie":
+        in_lo, in_hi = min(max(math.floor(real_in * ri), 1), real_in), real_in
+        out_lo, out_hi = max(math.floor(output_len * ro), 1), max(int(output_len), 1)
+        return (in_lo, in_hi), (out_lo, out_hi)
     in_lo, in_hi = math.floor(real_in * (1 - ri)), math.ceil(real_in * (1 + ri))
     out_lo = max(math.floor(output_len * (1 - ro)), 1)
     out_hi = max(math.ceil(output_len * (1 + ro)), 1)
@@ -89,13 +106,13 @@ def sample_random_requests(num_requests: int, *, input_len: int = DEFAULT_INPUT_
                            prefix_len: int = 0, seed: int = 0, vocab_size: int | None = None,
                            special_ids: Sequence[int] = (), num_special_tokens: int = 0,
                            tokenizer: Tokenizer | None = None,
-                           request_id_prefix: str = "") -> list[SampleRequest]:
+                           request_id_prefix: str = "", length_rule: str = "vllm") -> list[SampleRequest]:
     """Sample `num_requests` requests as vLLM's RandomDataset does (see the module docstring).
 
     Token-id mode: give `vocab_size`, the tokenizer's `special_ids` (never used in prompts) and
     `num_special_tokens` (what the server's tokenizer adds, e.g. 1 for a BOS, so that the
     server-side prompt length matches `input_len`). Text mode: give `tokenizer`, which supplies
-    all three.
+    all three. ``length_rule`` says how ``range_ratio`` bounds the lengths (``LENGTH_RULES``).
     """
     if tokenizer is not None:
         vocab_size = int(tokenizer.vocab_size)
@@ -103,7 +120,8 @@ def sample_random_requests(num_requests: int, *, input_len: int = DEFAULT_INPUT_
         num_special_tokens = int(tokenizer.num_special_tokens_to_add())
     if vocab_size is None or vocab_size <= 0:
         raise ValueError("vocab_size (or a tokenizer) is required")
-    (in_lo, in_hi), (out_lo, out_hi) = length_bounds(input_len, output_len, range_ratio, num_special_tokens)
+    (in_lo, in_hi), (out_lo, out_hi) = length_bounds(input_len, output_len, range_ratio, num_special_tokens,
+                                                         length_rule)
     if int(prefix_len) + in_lo < 1:
         raise ValueError(f"input length too small: prefix {prefix_len} + minimum sampled input {in_lo} "
                          f"(after {num_special_tokens} special tokens) is < 1")

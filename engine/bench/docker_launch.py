@@ -48,7 +48,7 @@ def container_spec(cfg: BenchmarkConfig, command: ServerCommand, *, arch: Option
                str(workspace): {"bind": str(workspace), "mode": "rw"}}  # same path: traces land in place
     if Path(cfg.model).is_dir():  # a local model directory is mounted at the same path
         volumes[str(Path(cfg.model).resolve())] = {"bind": str(Path(cfg.model).resolve()), "mode": "ro"}
-    env = {**cfg.effective_envs(), **command.env}
+    env = dict(command.env)  # the envs Magpie exports, server_env, the profiler's (server_command)
     spec: dict[str, Any] = {
         "image": image_for(cfg, arch), "command": command.argv, "environment": env, "volumes": volumes,
         "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", host_port)}, "detach": True, "ipc_mode": "host",

@@ -59,8 +59,11 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
     container, so that the published port reaches it."""
     envs = cfg.effective_envs()
     tp = envs.get("TP", "1")
-    extra = list(cfg.server_args)
-    env: dict[str, str] = dict(cfg.server_env)  # the config's own; the profiler's variables below win
+    # Magpie's EXTRA_<FRAMEWORK>_ARGS after the flags this tool sets (the last of a repeated flag
+    # wins), then our server_args.
+    extra = cfg.extra_server_args() + list(cfg.server_args)
+    # Magpie's scripts export `envs` to the server; server_env over them; the profiler's variables win.
+    env: dict[str, str] = cfg.server_environment()
     fw = cfg.framework
     if fw == "builtin":
         argv = [sys.executable, "-m", "engine.serve", "--model", cfg.server.size, "--host", host,

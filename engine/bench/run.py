@@ -198,13 +198,18 @@ ServerLauncher = Callable[[BenchRun, float, list[GpuState]], Launched]
 def _start_local(run: BenchRun, ready_timeout: float, chosen: list[GpuState]) -> Launched:
     """The server as a process group on this host, pinned to the chosen GPUs."""
     cfg, ws = run.cfg, run.ws
-    cmd = server_command(cfg, free_port(), run.trace_dir)
+    cmd = server_command(cfg, server_port(cfg), run.trace_dir)
     cmd.env.update(visible_devices(chosen))
     ws.events.emit("stage", stage="server", state=StageState.RUNNING, argv=cmd.argv)
     run.log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
     server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=ready_timeout,
                          cancelled=lambda: run.cancel.cancelled).start()
     return Launched(server, cmd)
+
+
+def server_port(cfg: BenchmarkConfig) -> int:
+    """Magpie's envs.PORT when the config gives one, else a free port of this host."""
+    return int(cfg.envs["PORT"]) if "PORT" in cfg.envs else free_port()
 
 
 def _start_server(run: BenchRun, chosen: list[GpuState]) -> Server:
@@ -218,6 +223,7 @@ def _start_server(run: BenchRun, chosen: list[GpuState]) -> Server:
     server, cmd = launched.server, launched.command
     try:
         run.report["server"] = {"base_url": server.base_url, "launched": True, "run_mode": cfg.run_mode,
+                                "run_mode_why": cfg.run_mode_why(),
                                 "argv": cmd.argv, "env": cmd.env, "ready_s": server.ready_s,
                                 "log": str(run.ws.path("server.log")), **launched.extra}
         run.ws.events.emit("stage", stage="server", state=StageState.SUCCESS, ready_s=server.ready_s)
@@ -317,6 +323,10 @@ class _Shape:
         return {"concurrency": self.conc, "input_len": self.isl, "output_len": self.osl,
                 "request_rate": None if self.rate == math.inf else self.rate, "num_prompts": self.num_prompts}
 
+    def lengths(self, cfg: BenchmarkConfig) -> Optional[dict[str, Any]]:
+        """The random dataset's resolved length bounds at this point (None for a dataset file)."""
+        return cfg.length_bounds(self.isl, self.osl) if cfg.client.dataset_name == "random" else None
+
 
 def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
     """Every sweep point, ``client.repeats`` times; the torch profiler covers the first point. With
@@ -326,8 +336,11 @@ def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
     sweep_results = []
     for index, point in enumerate(_points(run.cfg)):
         shape = _Shape.of(point, run.cfg, run.envs)
+        lengths = shape.lengths(run.cfg)
+        if lengths is not None:
+            run.log(f"point {point or 'default'}: {format_lengths(lengths)}")
         runs = _run_repeats(run, target, point, index, shape)
-        sweep_results.append({"point": shape.to_dict(), "runs": runs,
+        sweep_results.append({"point": {**shape.to_dict(), "lengths": lengths}, "runs": runs,
                               "repeats": aggregate_repeats(runs) if len(runs) > 1 else None})
     return sweep_results
 
@@ -352,7 +365,7 @@ def _run_capacity(run: BenchRun, target: LoadTarget) -> list[dict]:
         lv = search.record(level, runs)
         run.log(f"capacity: {cl.capacity_over} {level:g}: goodput {lv.share:.1%} -> {'pass' if lv.passed else 'fail'}")
         run.ws.events.emit("capacity_level", **lv.to_dict(cl.capacity_over))
-        results.append({"point": shape.to_dict(), "runs": runs,
+        results.append({"point": {**shape.to_dict(), "lengths": shape.lengths(run.cfg)}, "runs": runs,
                         "repeats": aggregate_repeats(runs) if len(runs) > 1 else None, "level": level})
         index += 1
     section = search.summary(cl.find_capacity)
@@ -364,7 +377,7 @@ def _run_capacity(run: BenchRun, target: LoadTarget) -> list[dict]:
 
 def _requests(run: BenchRun, target: LoadTarget, shape: _Shape, rep: int) -> list[SampleRequest]:
     """The measured requests of one repeat: the random dataset, or the file that client.dataset_name names."""
-    cfg, envs = run.cfg, run.envs
+    cfg = run.cfg
     cl = cfg.client
     explicit = int(cfg.envs["NUM_PROMPTS"]) if "NUM_PROMPTS" in cfg.envs else None
     if cl.dataset_name == "custom":
@@ -375,8 +388,9 @@ def _requests(run: BenchRun, target: LoadTarget, shape: _Shape, rep: int) -> lis
         assert cl.dataset_path is not None
         return load_sharegpt(cl.dataset_path, num_requests=shape.num_prompts, seed=cl.seed + rep,
                              output_len=cl.sharegpt_output_len, tokenizer=target.tokenizer, default_output_len=shape.osl)
+    rule, ratio = cfg.length_rule()
     return sample_random_requests(shape.num_prompts, input_len=shape.isl, output_len=shape.osl,
-                                  range_ratio=float(envs["RANDOM_RANGE_RATIO"]), prefix_len=cl.prefix_len,
+                                  range_ratio=ratio, length_rule=rule, prefix_len=cl.prefix_len,
                                   seed=cl.seed + rep, vocab_size=target.vocab, special_ids=target.special,
                                   tokenizer=target.tokenizer)
 
@@ -531,6 +545,7 @@ def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
     report["latency"] = _latency_section(first)
     report["repeats"] = sweep_results[0]["repeats"] if sweep_results else None
     report["sweep"] = sweep_results if len(sweep_results) > 1 else None
+    report["lengths"] = sweep_results[0]["point"].get("lengths") if sweep_results else None
     report["success"] = bool(first) and first.get("completed", 0) > 0 and not cancel.cancelled
     report["reward_eligible"] = report["success"] and report["run_kind"] == "measurement"
     if first.get("failed"):
@@ -576,7 +591,7 @@ def _start_container(run: BenchRun, ready_timeout: float, chosen: list[GpuState]
         info = detect_gpu()
         arch = info.arch if info is not None else None
     cmd = server_command(cfg, CONTAINER_PORT, run.trace_dir, host="0.0.0.0")
-    host_port = free_port()
+    host_port = server_port(cfg)
     gpus = ([s.uuid for s in chosen] if chosen[0].vendor == "nvidia" else [str(s.runtime_index) for s in chosen]) \
         if chosen else None
     spec = container_spec(cfg, cmd, arch=arch, workspace=ws.root, host_port=host_port, gpus=gpus)
@@ -624,6 +639,13 @@ def _watch_cancel(cancel: CancelToken, lg: LoadGenerator | ClientPool) -> Callab
     return done.set
 
 
+def _magpie_ratio(cfg: BenchmarkConfig) -> float:
+    """The ratio R of Magpie's [OSL*R, OSL] with the same mean output length as this run's lengths
+    (the trace split's expected share of prefill steps is 2*CONC / (OSL*(1+R)))."""
+    rule, ratio = cfg.length_rule()
+    return ratio if rule == "magpie" else 1.0  # vLLM's spread is centred on OSL
+
+
 def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report: dict,
                     log: Callable[[str], None]) -> None:
     from engine.trace.analyze import TraceAnalysisOptions, run_trace_analysis
@@ -638,7 +660,7 @@ def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report
         find_kernel_sources=ga.find_kernel_sources, kernel_source_repos=[Path(p) for p in ga.kernel_source_repos],
         gpu_arch=cfg.gpu_arch or cfg.profiler.tracelens.gpu_arch_config, stages=cfg.profiler.tracelens.analysis_stages,
         tracelens=cfg.profiler.tracelens.enabled, isl=int(envs["ISL"]), osl=int(envs["OSL"]), conc=int(envs["CONC"]),
-        random_range_ratio=float(envs["RANDOM_RANGE_RATIO"]), num_steps=cfg.profiler.tracelens.num_steps)
+        random_range_ratio=_magpie_ratio(cfg), num_steps=cfg.profiler.tracelens.num_steps)
     try:
         traces = discover_traces(trace_dir)
     except FileNotFoundError as exc:
@@ -687,12 +709,24 @@ def summary_text(report: dict) -> str:
                 lines.append(f"{key} over {r['n']} repeats: {r['mean']:.3f} (95% CI {format_interval(r)})")
     if report.get("capacity"):
         lines += capacity_table(report["capacity"])
+    if report.get("lengths"):
+        lines.append(f"lengths: {format_lengths(report['lengths'])}")
     for name in report.get("top_bottlenecks", [])[:5]:
         lines.append(f"bottleneck: {name[:100]}")
     for e in report.get("errors", []):
         lines.append(f"error: {e.splitlines()[0] if e else e}")
     lines.append(f"elapsed: {report.get('execution_time', 0):.1f} s")
     return "\n".join(lines) + "\n"
+
+
+def format_lengths(lengths: dict[str, Any]) -> str:
+    """``input 512-1024 tokens, output 64-128 (RANDOM_RANGE_RATIO 0.5, Magpie's [L*r, L])``."""
+    def span(lo_hi: list[int]) -> str:
+        return f"{lo_hi[0]}" if lo_hi[0] == lo_hi[1] else f"{lo_hi[0]}-{lo_hi[1]}"
+    meaning = "Magpie's [L*r, L]" if lengths["rule"] == "magpie" else "vLLM's [L*(1-r), L*(1+r)]"
+    name = "RANDOM_RANGE_RATIO" if lengths["rule"] == "magpie" else "vllm_range_ratio"
+    return (f"input {span(lengths['input'])} tokens, output {span(lengths['output'])} tokens "
+            f"({name} {lengths['ratio']:g}, {meaning})")
 
 
 def _all_failed_line(report: dict) -> str:

@@ -153,8 +153,13 @@ def prepare_batch(request: Any) -> PreparedBatch:
         specs = [("command line", str(Path(request.benchmark_config).expanduser().resolve()), {})]
         label = f"batch-{Path(request.benchmark_config).stem}"
     points, prepared, problems = [], [], []
+    magpie_ray = _magpie_ray_configs(specs, cli_flags)
     for where, config, flags in specs:
-        point = BenchmarkRequest(benchmark_config=config, framework=request.framework, flags={**flags, **cli_flags})
+        point_flags = {**flags, **cli_flags}
+        if config in magpie_ray:
+            # Magpie's run_mode ray: the point is a Ray task, and its server a process of that node.
+            point_flags["run_mode"] = "local"
+        point = BenchmarkRequest(benchmark_config=config, framework=request.framework, flags=point_flags)
         try:
             prepared.append(point._prepare_one())
             points.append(point)
@@ -162,15 +167,41 @@ def prepare_batch(request: Any) -> PreparedBatch:
             problems += [f"{where}: {p}" for p in exc.problems]
     if problems:
         raise ConfigError(problems)
-    environment = request.environment or scheduler.environment or ("ray" if scheduler.ray is not None else "local")
+    environment = request.environment or scheduler.environment or \
+        ("ray" if scheduler.ray is not None or magpie_ray else "local")
     ray = None
     if environment == "ray":
-        ray = scheduler.ray or RaySettings()
+        ray = scheduler.ray or _ray_from_magpie(magpie_ray)
         if request.ray_address:
             ray = ray.model_copy(update={"address": request.ray_address})
     return PreparedBatch(request=request, label=label, points=points, prepared=prepared, environment=environment,
                          ray=ray, batch_file=str(Path(request.batch).resolve()) if request.batch else None,
                          warnings=warnings + [w for p in prepared for w in p.warnings])
+
+
+def _magpie_ray_configs(specs: list[tuple[str, str, dict]], cli_flags: dict) -> dict[str, Any]:
+    """The points whose YAML says Magpie's ``run_mode: ray`` (and no flag says another mode): config
+    path -> its ``ray_config`` (None when the YAML has none)."""
+    from engine.config.benchmark import load_benchmark_config
+    out: dict[str, Any] = {}
+    for _where, config, flags in specs:
+        if {**flags, **cli_flags}.get("run_mode"):
+            continue
+        try:
+            cfg, _doc = load_benchmark_config(config)
+        except ConfigError:
+            continue  # reported with the point's other problems
+        if cfg.run_mode == "ray":
+            out[config] = cfg.ray_config
+    return out
+
+
+def _ray_from_magpie(magpie_ray: dict[str, Any]) -> RaySettings:
+    """RaySettings from the first Magpie ``ray_config`` (its cluster_address, shared storage, CPUs)."""
+    for rc in magpie_ray.values():
+        if rc is not None:
+            return RaySettings.model_validate(rc.ray_settings())
+    return RaySettings()
 
 
 # ---------------------------------------------------------------------- running

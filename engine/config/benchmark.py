@@ -1,17 +1,26 @@
 """Benchmark config YAML (Magpie's ``benchmark:`` format, magpie-reference §5) as pydantic models.
 
-Differences from Magpie, on purpose: ``framework`` is required (Magpie silently picks SGLang);
-the torch profiler is off unless asked for (Magpie turns it on when ``profiler`` is omitted);
-keys this tool does not act on are errors or listed warnings, never silently dropped; command-line
-flags override the YAML and every override is recorded (``apply_cli_overrides``).
+Every key keeps Magpie's meaning: ``envs.RANDOM_RANGE_RATIO`` bounds lengths to [L*r, L] as
+Magpie's InferenceX client draws them (vLLM's own spread is ``client.vllm_range_ratio``);
+``EXTRA_VLLM_ARGS`` / ``EXTRA_SGLANG_ARGS`` / ``EXTRA_ATOM_ARGS`` go on the server's command line and
+every other ``envs`` entry into its environment, as Magpie's scripts export them; with no
+``run_mode`` a vLLM / SGLang / ATOM server runs in docker (Magpie's default); ``run_mode: ray`` runs
+the point as a Ray task; ``server_lifecycle`` keeps a server for the next run.
+
+Differences from Magpie, on purpose, each said when it applies: ``framework`` is required (Magpie
+silently picks SGLang); the torch profiler is off unless asked for (Magpie turns it on when
+``profiler`` is omitted: a warning says so); keys this tool does not act on are errors or listed
+warnings, never silently dropped; command-line flags override the YAML and every override is
+recorded (``apply_cli_overrides``).
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from engine.config.yamlfile import (
     ConfigError, LocatedYaml, expand_env_vars, format_loc, load_located_yaml, validate_located,
@@ -33,9 +42,28 @@ _ENV_RULES: dict[str, tuple[type, float, bool, Optional[float], bool, str]] = {
     "NUM_PROMPTS": (int, 1, True, None, True, "requests per run"),
     "MAX_MODEL_LEN": (int, 1, True, None, True, "the server's context length"),
     "VOCAB_SIZE": (int, 1, True, None, True, "the model's vocabulary size"),
-    # [0, 1): at 1 the shortest sampled length is 0 tokens (vLLM asserts < 1 too).
-    "RANDOM_RANGE_RATIO": (float, 0, True, 1, False, "the spread of sampled lengths"),
+    "PORT": (int, 1, True, 65535, True, "the server's port"),
+    # Magpie's meaning (InferenceX's benchmark_serving): lengths from [L*r, L]; 1 = fixed length.
+    "RANDOM_RANGE_RATIO": (float, 0, True, 1, True, "Magpie's length ratio (lengths drawn from [L*r, L]; "
+                                                    "1 = fixed)"),
     "GPU_MEMORY_UTILIZATION": (float, 0, False, 1, True, "the share of GPU memory the server may take"),
+}
+
+
+# Magpie's EXTRA_<FRAMEWORK>_ARGS: appended to that framework's server command line.
+EXTRA_ARGS_KEYS = {"vllm": "EXTRA_VLLM_ARGS", "sglang": "EXTRA_SGLANG_ARGS", "atom": "EXTRA_ATOM_ARGS"}
+
+# `envs` keys Magpie's scripts read that mean something other than "export to the server":
+# what happens to them here. Every other key is exported to the server's environment.
+MAGPIE_ENV_NOTES = {
+    "ENABLE_PROFILE": "no Magpie script reads it (docs only); profiling is profiler.torch_profiler.enabled",
+    "ENABLE_PROFILIER": "no Magpie script reads it; profiling is profiler.torch_profiler.enabled",
+    "GPU_MEM_UTIL": "Magpie's scripts read GPU_MEMORY_UTILIZATION (its docs misspell it); rename the key",
+    "TL_EXTENSION": "TraceLens extensions are Magpie's TraceLens runtime; the reports here are built in",
+    "MAGPIE_BENCHMARK_BACKEND": "the client's API comes from client.endpoint (completions or chat)",
+}
+_MAGPIE_ENV_REFUSED = {
+    "RUN_EVAL": "the lm-eval accuracy gate (RUN_EVAL) is not provided: remove it, or run lm-eval on its own",
 }
 
 
@@ -103,12 +131,7 @@ class SystemProfiler(_Strict):
     enabled: bool = False
     profile_args: list[str] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _not_provided(self) -> "SystemProfiler":
-        if self.enabled:
-            raise ValueError("the system profiler (nsys / rocprof around the server) is not provided; "
-                             "use profiler.torch_profiler for traces")
-        return self
+
 
 
 class TraceLensSettings(_Strict):
@@ -199,7 +222,7 @@ class GapAnalysis(_Strict):
     ignore_categories: list[str] = Field(default_factory=lambda: ["gpu_user_annotation", "user_annotation"])
     find_kernel_sources: bool = False
     kernel_source_repos: list[str] = Field(default_factory=list)
-    auto_clone_repos: bool = False
+    auto_clone_repos: bool = False  # Magpie's default is true; this tool never clones (a warning says so)
     repos_base_dir: Optional[str] = None
 
     @model_validator(mode="after")
@@ -207,12 +230,19 @@ class GapAnalysis(_Strict):
         if self.trace_start_pct >= self.trace_end_pct:
             raise ValueError(f"trace_start_pct ({self.trace_start_pct}) must be below trace_end_pct "
                              f"({self.trace_end_pct})")
-        if self.auto_clone_repos:
-            raise ValueError("auto_clone_repos: this tool never clones repositories; list local checkouts "
-                             "in kernel_source_repos")
-        if self.find_kernel_sources and not self.kernel_source_repos:
-            raise ValueError("find_kernel_sources needs kernel_source_repos (local checkouts)")
         return self
+
+    def magpie_notes(self) -> list[tuple[str, str]]:
+        """(field, what happens) for Magpie's source-finding keys this tool reads differently:
+        it never clones, so without local checkouts the source columns are left out."""
+        out = []
+        if self.auto_clone_repos:
+            out.append(("gap_analysis.auto_clone_repos", "this tool never clones repositories; list local "
+                        "checkouts in gap_analysis.kernel_source_repos"))
+        if self.find_kernel_sources and not self.kernel_source_repos:
+            out.append(("gap_analysis.find_kernel_sources", "no gap_analysis.kernel_source_repos (local checkouts) "
+                        "given, and nothing is cloned: the source columns are left out"))
+        return out
 
 
 class GpuSelection(_Strict):
@@ -223,11 +253,71 @@ class GpuSelection(_Strict):
 
 
 class ServerLifecycle(_Strict):
+    """Magpie's server reuse: with ``enabled``, one server serves every point and repeat of a run;
+    ``cleanup: false`` leaves it running after the run (recorded in ``pid_dir``), and the next run
+    with the same server settings uses it instead of starting one (``force_reuse``: even when the
+    settings differ); ``cleanup: true`` stops it (also one left by an earlier run) at the end."""
     enabled: bool = False
     cleanup: bool = True
     force_reuse: bool = False
     pid_dir: Optional[str] = None
     server_ready_timeout_s: float = Field(default=2700.0, gt=0)
+
+
+class MagpieRayConfig(_Strict):
+    """Magpie's ``ray_config`` of a ``run_mode: ray`` benchmark: the point runs as a Ray task."""
+    cluster_address: Optional[str] = "auto"
+    shared_storage_path: Optional[str] = None
+    entrypoint_num_gpus: Optional[float] = Field(default=None, ge=0)
+    entrypoint_num_cpus: Optional[float] = Field(default=None, gt=0)
+    multi_node: bool = False
+    total_num_gpus: Optional[int] = Field(default=None, ge=1)
+    num_nodes: Optional[int] = Field(default=None, ge=1)
+    gpus_per_node: Optional[int] = Field(default=None, ge=1)
+    pip_packages: list[str] = Field(default_factory=list)
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    install_magpie: Optional[bool] = None
+    magpie_install_path: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _single_node(self) -> "MagpieRayConfig":
+        if self.multi_node or (self.num_nodes or 1) > 1:
+            raise ValueError("multi-node serving (one server over several Ray nodes) is not provided: a point runs "
+                             "on one node, holding TP GPUs; remove multi_node / num_nodes")
+        return self
+
+    def ray_settings(self) -> dict[str, Any]:
+        """This tool's RaySettings fields for these keys (engine/cluster/settings.py)."""
+        out: dict[str, Any] = {}
+        if self.cluster_address:
+            out["address"] = self.cluster_address
+        if self.shared_storage_path:
+            out["shared_storage"] = True
+        if self.entrypoint_num_cpus:
+            out["num_cpus"] = self.entrypoint_num_cpus
+        if self.env_vars:
+            out["env_vars"] = {str(k): str(v) for k, v in self.env_vars.items()}
+        if self.install_magpie is not None:
+            out["ship_engine"] = bool(self.install_magpie)
+        return out
+
+    def notes(self) -> list[tuple[str, str]]:
+        """(field, what happens) for the keys with no counterpart here."""
+        out = []
+        if self.entrypoint_num_gpus:
+            out.append(("ray_config.entrypoint_num_gpus", "the point's task holds TP GPUs (envs.TP) on its node"))
+        for key in ("total_num_gpus", "gpus_per_node"):
+            if getattr(self, key) is not None:
+                out.append((f"ray_config.{key}", "Ray's own resources say what each node has"))
+        if self.pip_packages:
+            out.append(("ray_config.pip_packages", "install them in the nodes' Python environment (no per-task "
+                        "pip install here)"))
+        if self.metadata:
+            out.append(("ray_config.metadata", "recorded in the effective config only"))
+        if self.magpie_install_path:
+            out.append(("ray_config.magpie_install_path", "this tool is shipped to the tasks (install_magpie)"))
+        return out
 
 
 class BuiltinServer(_Strict):
@@ -296,6 +386,11 @@ class Client(_Strict):
     vocab_size: Optional[int] = Field(default=None, ge=1)
     # A shared prefix of this many tokens in front of every prompt (vLLM's --random-prefix-len).
     prefix_len: int = Field(default=0, ge=0)
+    # vLLM's own --random-range-ratio (lengths from [L*(1-r), L*(1+r)]), instead of Magpie's
+    # envs.RANDOM_RANGE_RATIO ([L*r, L]): the same word means two different spreads.
+    vllm_range_ratio: Optional[float] = Field(default=None, ge=0, lt=1, description=(
+        "vLLM's --random-range-ratio: lengths drawn from [L*(1-r), L*(1+r)]; replaces envs.RANDOM_RANGE_RATIO "
+        "(Magpie's [L*r, L])"))
     # vLLM's --dataset-name / --dataset-path: random (ISL/OSL), custom (JSONL), sharegpt (JSON).
     dataset_name: Literal["random", "custom", "sharegpt"] = "random"
     dataset_path: Optional[str] = None
@@ -377,7 +472,8 @@ class BenchmarkConfig(_Strict):
     framework: Literal["vllm", "sglang", "atom", "builtin"]
     model: str = ""
     precision: str = "bf16"
-    run_mode: Literal["docker", "local"] = "local"
+    # None: Magpie's default (docker for vllm / sglang / atom; the built-in server runs here).
+    run_mode: Optional[Literal["docker", "local", "ray"]] = None
     run_kind: Literal["auto", "measurement", "diagnostic"] = "auto"
     envs: dict[str, str] = Field(default_factory=dict)
     docker_image: Optional[str] = None
@@ -398,9 +494,11 @@ class BenchmarkConfig(_Strict):
     # Magpie keys for its InferenceX scripts / Ray / lm-eval paths, which this tool does not have.
     benchmark_script: Optional[str] = None
     inferencex_path: Optional[str] = Field(default=None, alias="inferencemax_path")
-    ray_config: Optional[dict] = None
+    ray_config: Optional[MagpieRayConfig] = None
     lm_eval_runtime: Optional[dict] = None
     run_cmd: Optional[str] = None
+    # Magpie's agentic-coding benchmark (AgentX); named so the error can say why.
+    agentx: Optional[Any] = None
 
     @field_validator("framework", mode="before")
     @classmethod
@@ -409,12 +507,37 @@ class BenchmarkConfig(_Strict):
             raise ValueError("framework 'xdit' (offline diffusion) is not provided; use vllm, sglang, atom or builtin")
         return v.strip().lower() if isinstance(v, str) else v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _magpie_client_envs(cls, data: Any) -> Any:
+        """Magpie's client-only envs: BENCHMARK_BASE_URL (a server that is already running) and
+        MAGPIE_BENCHMARK_ENDPOINT /v1/chat/completions (the chat API) set the client's fields."""
+        if not isinstance(data, dict) or not isinstance(data.get("envs"), dict):
+            return data
+        envs = {str(k).upper(): v for k, v in data["envs"].items()}
+        client = dict(data.get("client") or {}) if isinstance(data.get("client") or {}, dict) else data.get("client")
+        if not isinstance(client, dict):
+            return data
+        url = envs.get("BENCHMARK_BASE_URL")
+        if url and not client.get("base_url"):
+            client["base_url"] = str(url)
+        endpoint = str(envs.get("MAGPIE_BENCHMARK_ENDPOINT") or "").strip()
+        if endpoint and not client.get("endpoint"):
+            client["endpoint"] = "chat" if endpoint.rstrip("/").endswith("chat/completions") else "completions"
+        return {**data, "client": client} if client else data
+
     @field_validator("run_mode", mode="before")
     @classmethod
     def _run_mode(cls, v: Any) -> Any:
-        if v == "ray":
-            raise ValueError("run_mode 'ray' is not provided; use local (on this host) or docker")
-        return v
+        return v.strip().lower() if isinstance(v, str) and v.strip() else (None if v == "" else v)
+
+    @field_validator("agentx", mode="before")
+    @classmethod
+    def _agentx(cls, v: Any) -> Any:
+        if v in (None, False, "disable", "disabled") or (isinstance(v, dict) and not v.get("enabled", True)):
+            return None
+        raise ValueError("the AgentX agentic-coding benchmark is not provided: remove agentx (serving points here "
+                         "are random, custom-JSONL or ShareGPT prompts: client.dataset_name)")
 
     @field_validator("envs", mode="before")
     @classmethod
@@ -447,9 +570,16 @@ class BenchmarkConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistency(self) -> "BenchmarkConfig":
-        for key in ("ray_config", "lm_eval_runtime"):
-            if getattr(self, key):
-                raise ValueError(f"{key} is not provided by this tool (no Ray / lm-eval paths); remove it")
+        if self.lm_eval_runtime:
+            raise ValueError("lm_eval_runtime: the lm-eval accuracy gate is not provided; remove it")
+        refused = [f"envs.{k}: {why}" for k, why in _MAGPIE_ENV_REFUSED.items()
+                   if k in self.envs and str(self.envs[k]).strip().lower() not in ("", "0", "false", "no")]
+        if refused:
+            raise ValueError("; ".join(refused))
+        if self.run_mode is None:
+            # Magpie's default: docker; the built-in server and a server given by URL need none.
+            self.run_mode = "local" if self.framework == "builtin" or self.client.base_url else "docker"
+            self._run_mode_default = True
         if self.run_cmd:
             raise ValueError("run_cmd is for xDiT offline runs, which are not provided")
         if self.framework != "builtin" and not self.model:
@@ -464,6 +594,31 @@ class BenchmarkConfig(_Strict):
             raise ValueError("server_lifecycle reuse without cleanup cannot be combined with the torch profiler")
         self._check_client_procs()
         return self
+
+    _run_mode_default: bool = PrivateAttr(default=False)
+
+    def run_mode_why(self) -> str:
+        """Why the run mode is what it is (the plan and the report say it)."""
+        if not self._run_mode_default:
+            return "given"
+        if self.client.base_url:
+            return "not given: the server at client.base_url is not started by this tool"
+        if self.framework == "builtin":
+            return "not given: the built-in server runs on this host"
+        return "not given: docker, Magpie's default"
+
+    def extra_server_args(self) -> list[str]:
+        """Magpie's EXTRA_<FRAMEWORK>_ARGS for this framework, split as a shell splits words."""
+        key = EXTRA_ARGS_KEYS.get(self.framework)
+        text = self.effective_envs().get(key, "") if key else ""
+        return shlex.split(text) if text.strip() else []
+
+    def server_environment(self) -> dict[str, str]:
+        """The ``envs`` a Magpie script exports to its server: every key but the EXTRA_*_ARGS (which go on
+        the command line) and those with another meaning here (MAGPIE_ENV_NOTES); then ``server_env``."""
+        skip = set(EXTRA_ARGS_KEYS.values()) | set(MAGPIE_ENV_NOTES) | {"BENCHMARK_BASE_URL",
+                                                                       "MAGPIE_BENCHMARK_ENDPOINT"}
+        return {**{k: v for k, v in self.effective_envs().items() if k not in skip}, **self.server_env}
 
     def _check_client_procs(self) -> None:
         """Each client process holds at least one request at a time: no more processes than the
@@ -500,20 +655,28 @@ class BenchmarkConfig(_Strict):
         diagnostic = self.profiler.torch_profiler.enabled or self.gap_analysis.enabled or self.profiler.tracelens.enabled
         return "diagnostic" if diagnostic else "measurement"
 
+    def length_rule(self) -> tuple[str, float]:
+        """How lengths are spread: ("magpie", envs.RANDOM_RANGE_RATIO) — [L*r, L] as Magpie's InferenceX
+        client draws them — or ("vllm", client.vllm_range_ratio) — [L*(1-r), L*(1+r)]."""
+        if self.client.vllm_range_ratio is not None:
+            return "vllm", float(self.client.vllm_range_ratio)
+        return "magpie", float(self.effective_envs()["RANDOM_RANGE_RATIO"])
+
+    def length_bounds(self, isl: int, osl: int) -> dict[str, Any]:
+        """The resolved inclusive length bounds of the random dataset (before special tokens), for the
+        report, the terminal and the dry-run plan: the ratio alone is ambiguous."""
+        from engine.bench.dataset import length_bounds
+        rule, ratio = self.length_rule()
+        (in_lo, in_hi), (out_lo, out_hi) = length_bounds(isl, osl, ratio, rule=rule)
+        source = "client.vllm_range_ratio" if rule == "vllm" else "envs.RANDOM_RANGE_RATIO"
+        return {"rule": rule, "ratio": ratio, "source": source, "input": [in_lo, in_hi], "output": [out_lo, out_hi]}
+
     def effective_envs(self) -> dict[str, str]:
         envs = dict(DEFAULT_ENVS) if not self.envs else dict(self.envs)
         for k, v in DEFAULT_ENVS.items():
             envs.setdefault(k, v)
         envs.setdefault("NUM_PROMPTS", str(int(envs["CONC"]) * 10) if envs["CONC"].isdigit() else "320")
         return envs
-
-    def ignored(self) -> list[str]:
-        """Keys accepted for Magpie compatibility that have no effect here (listed in the report)."""
-        out = [f"benchmark.profiler.tracelens.{k}" for k in self.profiler.tracelens.ignored()]
-        for key in ("benchmark_script", "inferencex_path", "runner_type"):
-            if getattr(self, key):
-                out.append(f"benchmark.{key}")
-        return out
 
 
 class BenchmarkFile(_Strict):
@@ -540,11 +703,90 @@ def load_benchmark_config(path: Path | str, warnings: list[str] | None = None) -
         except ConfigError as exc:
             others = exc.problems
         raise ConfigError(sorted(env_problems + others, key=_line_key))
+    _check_range_ratio_names(doc)
     cfg = validate_located(BenchmarkFile, doc, warnings, missing_hint=_missing_framework_hint).benchmark
     if warnings is not None:
-        warnings.extend(f"{doc.where(tuple(k.split('.')))}: {k}: accepted for Magpie compatibility, has no "
-                        "effect here" for k in cfg.ignored())
+        warnings.extend(magpie_file_notes(cfg, doc))
     return cfg, doc
+
+
+def _check_range_ratio_names(doc: LocatedYaml) -> None:
+    """Magpie's RANDOM_RANGE_RATIO and vLLM's spread are two meanings of one word: not both at once."""
+    bench = doc.data.get("benchmark") if isinstance(doc.data, dict) else None
+    if not isinstance(bench, dict):
+        return
+    envs = bench.get("envs") if isinstance(bench.get("envs"), dict) else {}
+    client = bench.get("client") if isinstance(bench.get("client"), dict) else {}
+    if any(str(k).upper() == "RANDOM_RANGE_RATIO" for k in envs) and client.get("vllm_range_ratio") is not None:
+        raise ConfigError([f"{doc.where(('benchmark', 'client', 'vllm_range_ratio'))}: benchmark.client.vllm_range_ratio "
+                           "and benchmark.envs.RANDOM_RANGE_RATIO both set: they are two spreads of the lengths "
+                           "(vLLM's [L*(1-r), L*(1+r)], Magpie's [L*r, L]); keep one"])
+
+
+_SCRIPT_NOTE = ("this tool starts the server itself (no InferenceX / Magpie launch scripts); the script's own defaults "
+                "are not applied (e.g. vLLM --gpu-memory-utilization 0.95 --max-model-len 4096 --trust-remote-code, "
+                "SGLang --mem-fraction-static 0.8 --disable-radix-cache, ROCm AITER variables): give the ones you "
+                "want in envs (MAX_MODEL_LEN, GPU_MEMORY_UTILIZATION, VLLM_ROCM_USE_AITER ...) or EXTRA_*_ARGS")
+
+
+def magpie_file_notes(cfg: BenchmarkConfig, doc: LocatedYaml) -> list[str]:
+    """What a Magpie benchmark YAML asks for that means something else here, each by name with
+    what happens instead (file:line first). Nothing in the file is dropped without one of these."""
+    bench = doc.data.get("benchmark") if isinstance(doc.data, dict) else {}
+    bench = bench if isinstance(bench, dict) else {}
+    out: list[str] = []
+
+    def note(field: str, text: str) -> None:
+        out.append(f"{doc.where(('benchmark',) + tuple(field.split('.')))}: benchmark.{field}: {text}")
+
+    for key in ("benchmark_script", "inferencex_path", "runner_type"):
+        if getattr(cfg, key):
+            note(key, _SCRIPT_NOTE if key != "runner_type" else "InferenceX runner types are not used here")
+    for k in cfg.profiler.tracelens.ignored():
+        note(f"profiler.tracelens.{k}", "Magpie's TraceLens runtime setting; the reports here are built in, it has "
+                                        "no effect")
+    raw_envs = {str(k).upper(): k for k in (bench.get("envs") or {})} if isinstance(bench.get("envs"), dict) else {}
+    for key, text in MAGPIE_ENV_NOTES.items():
+        if key in cfg.envs:
+            note(f"envs.{raw_envs.get(key, key)}", f"not exported to the server: {text}")
+    for fw, key in EXTRA_ARGS_KEYS.items():
+        if key in cfg.envs and fw != cfg.framework:
+            note(f"envs.{raw_envs.get(key, key)}", f"for {fw} servers; this config runs {cfg.framework}: not used")
+    if "profiler" not in bench:
+        note("profiler", "not given: Magpie turns the torch profiler on when the block is omitted; here it stays off "
+                         "(a measurement run): set profiler.torch_profiler.enabled: true to profile")
+    elif cfg.profiler.system_profiler.enabled:
+        note("profiler.system_profiler.enabled", "Magpie never ran a system profiler (no code path); nothing runs here "
+                                                 "either: use profiler.torch_profiler for traces")
+    for field, text in cfg.gap_analysis.magpie_notes():
+        note(field, text)
+    if cfg.ray_config is not None:
+        if cfg.run_mode != "ray":
+            note("ray_config", f"used with run_mode: ray; this run's mode is {cfg.run_mode}")
+        for field, text in cfg.ray_config.notes():
+            note(field, text)
+    if cfg.server_lifecycle.pid_dir and not cfg.server_lifecycle.enabled:
+        note("server_lifecycle.pid_dir", "used only with server_lifecycle.enabled: true")
+    return out
+
+
+# A profile with no step bound records the whole run: millions of events and minutes of export.
+DEFAULT_PROFILE_STEPS = 64
+
+
+def resolve_defaults(cfg: BenchmarkConfig) -> list[str]:
+    """Settings filled in before a run, each said: a step bound for an unbounded torch profile, and
+    source finding off when there are no local checkouts to search (nothing is cloned)."""
+    notes = []
+    tp = cfg.profiler.torch_profiler
+    if tp.enabled and tp.num_steps is None:
+        tp.num_steps = DEFAULT_PROFILE_STEPS
+        notes.append(f"benchmark.profiler.torch_profiler.num_steps: not given; the profile stops after "
+                     f"{DEFAULT_PROFILE_STEPS} engine steps (an unbounded profile of a whole run is millions of events "
+                     "and minutes of export): set num_steps to record more")
+    if cfg.gap_analysis.find_kernel_sources and not cfg.gap_analysis.kernel_source_repos:
+        cfg.gap_analysis.find_kernel_sources = False
+    return notes
 
 
 # CLI flag -> (where in the config, how to set it). Envs live under benchmark.envs.
@@ -559,7 +801,7 @@ _CLI_FIELDS = {
     "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
     "http_client": ("client.http_client", None), "tokenizer": ("client.tokenizer", None),
     "endpoint": ("client.endpoint", None), "prefix_len": ("client.prefix_len", None),
-    "vocab_size": ("client.vocab_size", None),
+    "vocab_size": ("client.vocab_size", None), "vllm_range_ratio": ("client.vllm_range_ratio", None),
     "goodput": ("client.goodput", None),
     "dataset_name": ("client.dataset_name", None), "dataset_path": ("client.dataset_path", None),
     "custom_output_len": ("client.custom_output_len", None), "sharegpt_output_len": ("client.sharegpt_output_len", None),
@@ -577,6 +819,8 @@ def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any]) -> tuple[Be
     """Flags given on the command line (None = not given) replace YAML values; each change is
     returned as {field, yaml, cli, flag}. Unlike Magpie, no flag is silently dropped with -b."""
     data = cfg.model_dump(by_alias=False)
+    if cfg.run_mode_why() != "given":
+        data["run_mode"] = None  # still Magpie's default, unless --run-mode says otherwise
     # NUM_PROMPTS is left out: when only --concurrency changes, its CONC x 10 default follows.
     data["envs"] = {**DEFAULT_ENVS, **cfg.envs}
     overrides: list[dict] = []
@@ -590,10 +834,12 @@ def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any]) -> tuple[Be
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         old = node.get(parts[-1])
+        if path == "run_mode" and old is None:
+            old = cfg.run_mode  # the default the flag replaces
         if old != value:
             overrides.append({"field": f"benchmark.{path}", "yaml": old, "cli": value,
                               "flag": "--" + flag.replace("_", "-")})
-            node[parts[-1]] = value
+        node[parts[-1]] = value
     if flags.get("tracelens") and not data["profiler"]["torch_profiler"]["enabled"]:
         data["profiler"]["torch_profiler"]["enabled"] = True  # TraceLens needs traces
         overrides.append({"field": "benchmark.profiler.torch_profiler.enabled", "yaml": False, "cli": True,

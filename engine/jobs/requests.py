@@ -94,13 +94,23 @@ class BenchmarkRequest(_Request):
         if self.environment == "container":
             raise ConfigError(["magpie benchmark -e container: the server runs in a container with --run-mode docker "
                                "(and --docker-image); -e container is for analyze / compare"])
-        if self.batch or self.environment == "ray":
+        if self.batch or self.environment == "ray" or self._config_asks_ray():
             from engine.cluster.batch import prepare_batch
             return prepare_batch(self)
         return self._prepare_one()
 
+    def _config_asks_ray(self) -> bool:
+        """Magpie's ``run_mode: ray`` in the YAML (and no --run-mode saying otherwise): the point runs
+        as a Ray task, as ``-e ray`` runs it."""
+        if not self.benchmark_config or self.flags.get("run_mode"):
+            return False
+        from engine.config.benchmark import load_benchmark_config
+        cfg, _doc = load_benchmark_config(self.benchmark_config)
+        return cfg.run_mode == "ray"
+
     def _prepare_one(self) -> "PreparedBenchmark":
-        from engine.config.benchmark import BenchmarkConfig, apply_cli_overrides, load_benchmark_config
+        from engine.config.benchmark import (BenchmarkConfig, apply_cli_overrides, load_benchmark_config,
+                                             resolve_defaults)
         warnings: list[str] = []
         flags = dict(self.flags)
         if self.benchmark_config:
@@ -123,6 +133,10 @@ class BenchmarkRequest(_Request):
         if flags.get("gap_analysis") and not (flags.get("torch_profiler") or cfg.profiler.torch_profiler.enabled):
             flags["torch_profiler"] = True  # the analysis needs traces
         cfg, overrides = apply_cli_overrides(cfg, flags)
+        if cfg.run_mode == "ray":
+            raise ConfigError(["benchmark.run_mode ray: a Ray point is started through prepare() (the batch path); "
+                               "give --run-mode local to run it here"])
+        warnings += resolve_defaults(cfg)
         label = cfg.framework if cfg.framework != "builtin" else f"builtin-{cfg.server.size}"
         return PreparedBenchmark(request=self, config=cfg, label=label, warnings=warnings, overrides=overrides)
 

@@ -31,7 +31,8 @@ BATCH_NOTE = ("the Ray batch executor is not available to this server: the point
 # The benchmark tool's override arguments; a batch item may carry them beside benchmark_config.
 FLAG_ARGS = ("model", "precision", "run_mode", "tp", "concurrency", "input_len", "output_len", "torch_profiler",
              "tracelens", "gap_analysis_enabled", "docker_image", "gpu_arch", "timeout_seconds", "num_prompts",
-             "request_rate", "burstiness", "range_ratio", "warmup", "repeats", "sweep", "base_url", "seed", "goodput",
+             "request_rate", "burstiness", "range_ratio", "vllm_range_ratio", "warmup", "repeats", "sweep", "base_url",
+             "seed", "goodput",
              "prefix_len", "endpoint", "tokenizer", "vocab_size", "http_client", "dataset_name", "dataset_path",
              "custom_output_len", "sharegpt_output_len", "duration", "warmup_seconds", "cooldown_seconds",
              "find_capacity", "goodput_target", "capacity_over", "capacity_max", "event_loop", "client_procs")
@@ -117,7 +118,8 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                   docker_image: str = "", gpu_arch: str = "", timeout_seconds: Optional[float] = None,
                   output_dir: str = "", benchmark_config: str = "", num_prompts: Optional[int] = None,
                   request_rate: Optional[float] = None, burstiness: Optional[float] = None,
-                  range_ratio: Optional[float] = None, warmup: Optional[int] = None, repeats: Optional[int] = None,
+                  range_ratio: Optional[float] = None, vllm_range_ratio: Optional[float] = None,
+                  warmup: Optional[int] = None, repeats: Optional[int] = None,
                   sweep: Optional[list[str]] = None, base_url: str = "", seed: Optional[int] = None,
                   goodput: Optional[list[str]] = None, prefix_len: Optional[int] = None, endpoint: str = "",
                   tokenizer: str = "", vocab_size: Optional[int] = None, http_client: str = "",

@@ -16,7 +16,7 @@ def _report(out):
 @pytest.mark.slow
 def test_builtin_clean_run(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "3", "--input-len", "24", "--output-len", "8",
-                      "--num-prompts", "9", "--repeats", "2", "--range-ratio", "0", "-o", tmp_path, timeout=300)
+                      "--num-prompts", "9", "--repeats", "2", "--range-ratio", "1", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ws, r = _report(tmp_path)
     assert ws.name.startswith("benchmark_builtin-tiny_")
@@ -77,7 +77,7 @@ def test_base_url_server_and_failures(tmp_path):
 @pytest.mark.slow
 def test_chat_endpoint_with_text_prompts(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--endpoint", "chat", "--concurrency", "2", "--input-len", "16",
-                      "--output-len", "4", "--num-prompts", "4", "--range-ratio", "0", "-o", tmp_path, timeout=300)
+                      "--output-len", "4", "--num-prompts", "4", "--range-ratio", "1", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ws, r = _report(tmp_path)
     assert r["dataset"] == {"name": "random", "path": None, "prompts": "text", "tokenizer": "builtin", "prefix_len": 0}
@@ -104,7 +104,7 @@ def test_a_tokenizer_that_cannot_load_fails_before_any_server_starts(tmp_path):
 @pytest.mark.slow
 def test_shared_prefix(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "2", "--input-len", "12", "--output-len", "2",
-                      "--num-prompts", "4", "--range-ratio", "0", "--prefix-len", "8", "--repeats", "1",
+                      "--num-prompts", "4", "--range-ratio", "1", "--prefix-len", "8", "--repeats", "1",
                       "--goodput", "ttft:60000", "e2el:0.001", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, r = _report(tmp_path)
@@ -267,7 +267,7 @@ def test_an_unexpected_exception_still_writes_a_failed_report(tmp_path, monkeypa
 @pytest.mark.slow
 def test_live_progress_and_server_metrics_of_the_builtin_server(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "4", "--input-len", "16", "--output-len", "32",
-                      "--num-prompts", "60", "--range-ratio", "0", "-o", tmp_path, timeout=300)
+                      "--num-prompts", "60", "--range-ratio", "1", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ws, r = _report(tmp_path)
     sm = r["server_metrics"]
@@ -330,7 +330,7 @@ def test_duration_run_leaves_the_warmup_and_cooldown_windows_out(tmp_path):
     with BenchServer(Script(ttft_s=0.02, itl_s=0.01)) as srv:
         proc = _base_url_run(srv, tmp_path, "--duration", "1.5", "--warmup-seconds", "0.4", "--cooldown-seconds",
                              "0.4", "--concurrency", "2", "--input-len", "8", "--output-len", "4",
-                             "--range-ratio", "0")
+                             "--range-ratio", "1")
         sent = len(srv.arrivals)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, r = _report(tmp_path)

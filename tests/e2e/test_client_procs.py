@@ -146,7 +146,7 @@ def test_pool_refuses_more_processes_than_the_concurrency(tmp_path):
 # ---- through the command line -------------------------------------------------------------------
 
 _BASE = ("benchmark", "vllm", "-m", "test-model", "--tokenizer", "none", "--vocab-size", "1000", "--input-len", "8",
-         "--output-len", "4", "--range-ratio", "0", "--warmup", "2")
+         "--output-len", "4", "--range-ratio", "1", "--warmup", "2")
 
 
 def test_cli_client_procs_writes_one_report(tmp_path):

@@ -31,7 +31,7 @@ benchmark:
     CONC: 2
     ISL: 16
     OSL: 6
-    RANDOM_RANGE_RATIO: 0.0
+    RANDOM_RANGE_RATIO: 1
     NUM_PROMPTS: 4
   client:
     warmup: 1

@@ -67,7 +67,7 @@ def _yaml(path: Path, model: Path, vocab: int, *, conc: int, prompts: int) -> Pa
     CONC: {conc}
     ISL: {ISL}
     OSL: {OSL}
-    RANDOM_RANGE_RATIO: 0.0
+    RANDOM_RANGE_RATIO: 1
     NUM_PROMPTS: {prompts}
     MAX_MODEL_LEN: 1024
     VOCAB_SIZE: {vocab}

@@ -38,7 +38,7 @@ def test_errors_name_file_line_and_field(tmp_path):
     auto_clone_repos: true
   client:
     sweep: {tp: [1, 2]}
-  run_mode: ray
+  run_mode: slurm
   lm_eval_runtime: {path: x}
   typo_key: 1
 """)
@@ -48,7 +48,7 @@ def test_errors_name_file_line_and_field(tmp_path):
     assert f"{p}:5: benchmark.profiler.tracelens.analysis_stages: unknown stage 'warmup'" in text
     assert f"{p}:6: benchmark.gap_analysis: trace_start_pct (80.0) must be below trace_end_pct (20.0)" in text
     assert f"{p}:11: benchmark.client.sweep: cannot sweep tp" in text
-    assert f"{p}:12: benchmark.run_mode: run_mode 'ray' is not provided" in text
+    assert f"{p}:12: benchmark.run_mode: Input should be 'docker', 'local' or 'ray'" in text
     assert f"{p}:14: benchmark.typo_key: unknown field" in text
 
 
@@ -71,8 +71,9 @@ def test_tracelens_needs_traces_and_stage_aliases(tmp_path):
     torch_profiler: {enabled: true}
     tracelens: {enabled: true, auto_patch_runtime: true}
 """), warnings)
-    assert any("tracelens.auto_patch_runtime: accepted for Magpie compatibility, has no effect" in w for w in warnings)
-    assert any("benchmark.inferencex_path" in w for w in warnings)
+    assert any("benchmark.profiler.tracelens.auto_patch_runtime: Magpie's TraceLens runtime setting" in w
+               for w in warnings)
+    assert any("benchmark.inferencex_path: this tool starts the server itself" in w for w in warnings)
 
 
 def test_measurement_rejects_profiling(tmp_path):
@@ -104,7 +105,7 @@ def test_cli_flags_override_and_are_listed(tmp_path):
     assert fields["benchmark.profiler.torch_profiler.enabled"]["flag"] == "--tracelens"
     assert "benchmark.envs.TP" not in fields
     with pytest.raises(ConfigError, match="command line"):
-        apply_cli_overrides(cfg, {"run_mode": "ray"})
+        apply_cli_overrides(cfg, {"run_mode": "slurm"})
 
 
 def test_shipped_benchmark_examples_load_and_pair_up():
@@ -159,15 +160,17 @@ def test_server_env_reaches_the_server_process_env(tmp_path):
                                                     "    lower_case: 1\n"))
     assert cfg.server_env == {"PYTHONPATH": "/site", "VLLM_PLUGINS": "magpie_oot_rmsnorm", "lower_case": "1"}
     cmd = server_command(cfg, 8123)
-    assert cmd.env == cfg.server_env
+    assert {k: cmd.env[k] for k in cfg.server_env} == cfg.server_env
     spec = container_spec(cfg, cmd, arch="sm_90", workspace=tmp_path, host_port=8123)
     assert spec["environment"]["PYTHONPATH"] == "/site" and spec["environment"]["VLLM_PLUGINS"] == "magpie_oot_rmsnorm"
     sg, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: sglang\n  model: m\n  server_env:\n"
                                                    "    SGLANG_TORCH_PROFILER_DIR: /mine\n    A: b\n"))
-    assert server_command(sg, 8123).env == {"SGLANG_TORCH_PROFILER_DIR": "/mine", "A": "b"}
+    assert {k: server_command(sg, 8123).env[k] for k in ("SGLANG_TORCH_PROFILER_DIR", "A")} == \
+        {"SGLANG_TORCH_PROFILER_DIR": "/mine", "A": "b"}
     assert server_command(sg, 8123, profile_dir=tmp_path).env["SGLANG_TORCH_PROFILER_DIR"] == str(tmp_path)
     default, _ = load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n"))
-    assert default.server_env == {} and server_command(default, 8123).env == {}
+    # Magpie's scripts export `envs` to the server: its defaults too, nothing of server_env
+    assert default.server_env == {} and server_command(default, 8123).env == default.effective_envs()
     with pytest.raises(ConfigError, match="not an environment variable name: 'A=B'"):
         load_benchmark_config(_write(tmp_path, "benchmark:\n  framework: builtin\n  server_env: {A=B: 1}\n"))
 
@@ -182,7 +185,7 @@ def test_env_values_are_checked_on_load_with_lines_all_at_once(tmp_path):
     OSL: 0
     NUM_PROMPTS: 2.5
     TP: 1
-    RANDOM_RANGE_RATIO: 1
+    RANDOM_RANGE_RATIO: 1.5
     MAX_MODEL_LEN: 4096
     GPU_MEMORY_UTILIZATION: 0
     SOME_OTHER_VAR: anything
@@ -196,8 +199,8 @@ def test_env_values_are_checked_on_load_with_lines_all_at_once(tmp_path):
         f"{p}:6: benchmark.envs.ISL: input tokens per request: expected an integer >= 1, got 'lots'",
         f"{p}:7: benchmark.envs.OSL: output tokens per request: expected an integer >= 1, got '0'",
         f"{p}:8: benchmark.envs.NUM_PROMPTS: requests per run: expected an integer >= 1, got '2.5'",
-        f"{p}:10: benchmark.envs.RANDOM_RANGE_RATIO: the spread of sampled lengths: expected a number in [0, 1), "
-        "got '1'",
+        f"{p}:10: benchmark.envs.RANDOM_RANGE_RATIO: Magpie's length ratio (lengths drawn from [L*r, L]; 1 = fixed): "
+        "expected a number in [0, 1], got '1.5'",
         f"{p}:12: benchmark.envs.GPU_MEMORY_UTILIZATION: the share of GPU memory the server may take: expected a "
         "number in (0, 1], got '0'",
         f"{p}:14: benchmark.client.warmup: Input should be greater than or equal to 0 (got -1)",
@@ -214,7 +217,8 @@ def test_env_flags_and_direct_configs_are_checked_too(tmp_path):
         apply_cli_overrides(cfg, {"concurrency": -4, "range_ratio": 1.5})
     assert info.value.problems == [
         "command line: --concurrency -4: the client's max concurrency: expected an integer >= 1, got '-4'",
-        "command line: --range-ratio 1.5: the spread of sampled lengths: expected a number in [0, 1), got '1.5'"]
+        "command line: --range-ratio 1.5: Magpie's length ratio (lengths drawn from [L*r, L]; 1 = fixed): expected a "
+        "number in [0, 1], got '1.5'"]
     with pytest.raises(ValueError, match="envs.CONC: the client's max concurrency: expected an integer >= 1"):
         BenchmarkConfig.model_validate({"framework": "builtin", "envs": {"CONC": "lots"}})
 

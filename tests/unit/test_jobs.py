@@ -167,7 +167,7 @@ def test_a_request_that_no_longer_checks_out_ends_failed(tmp_path):
 
 def test_benchmark_and_trace_modes_in_process(tmp_path):
     req = BenchmarkRequest(framework="builtin", flags={"concurrency": 2, "input_len": 16, "output_len": 4,
-                                                       "num_prompts": 4, "range_ratio": 0.0})
+                                                       "num_prompts": 4, "range_ratio": 1.0})
     out = run_request(req, tmp_path / "bench", cancel=CancelToken())
     assert out.exit_code == 0 and out.state == "completed" and out.report["throughput"]["completed_requests"] == 4
     assert out.workspace.name.startswith("benchmark_builtin-tiny_")

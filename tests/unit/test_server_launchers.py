@@ -30,7 +30,7 @@ def _cfg(tmp_path, run_mode: str):
     p = tmp_path / "bench.yaml"
     p.write_text(f"benchmark:\n  framework: vllm\n  model: test-model\n  run_mode: {run_mode}\n"
                  "  gpu_selection: {auto: false}\n"
-                 "  envs: {conc: 2, isl: 8, osl: 4, num_prompts: 4, random_range_ratio: 0}\n")
+                 "  envs: {conc: 2, isl: 8, osl: 4, num_prompts: 4, random_range_ratio: 1}\n")
     cfg, _ = load_benchmark_config(p)
     return cfg
 
@@ -59,7 +59,8 @@ def test_a_registered_launcher_serves_the_run(tmp_path, monkeypatch, run_mode):
     assert code == 0, report["errors"]
     assert fake.stopped == 1
     assert seen["chosen"] == [] and seen["trace_dir"] is None and seen["ready_timeout"] > 0
-    assert report["server"] == {"base_url": srv.url, "launched": True, "run_mode": run_mode, "argv": ["serve", "it"],
+    assert report["server"] == {"base_url": srv.url, "launched": True, "run_mode": run_mode, "run_mode_why": "given",
+                                "argv": ["serve", "it"],
                                 "env": {"A": "1"}, "ready_s": 0.25, "log": str(ws.path("server.log")),
                                 "where": run_mode}
     assert report["state"] == "completed" and report["throughput"]["completed_requests"] == 4
