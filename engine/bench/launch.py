@@ -229,8 +229,11 @@ class LocalServer:
     is what ``command.argv`` holds afterwards, and the reason is the first line of the log."""
 
     def __init__(self, command: ServerCommand, log_path: Path, *, ready_timeout_s: float = 900.0,
-                 cwd: Optional[Path] = None, cancelled: Callable[[], bool] = lambda: False) -> None:
+                 cwd: Optional[Path] = None, cancelled: Callable[[], bool] = lambda: False,
+                 keep: bool = False) -> None:
         self.command = command
+        # Kept for a later run (server_lifecycle): not tied to this process's life once it is ready.
+        self.keep = keep
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.cwd = cwd
@@ -248,7 +251,8 @@ class LocalServer:
         env = {**os.environ, **self.command.env}
         if self.command.argv[:3] == [sys.executable, "-m", "engine.serve"]:
             env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH"))
-            env["MAGPIE_PARENT_PID"] = str(os.getpid())  # it stops by itself if this process is killed
+            if not self.keep:
+                env["MAGPIE_PARENT_PID"] = str(os.getpid())  # it stops by itself if this process is killed
         argv, note = local_argv(self.command.argv, env)
         self.command.argv = argv
         log = open(self.log_path, "ab")
@@ -269,6 +273,8 @@ class LocalServer:
         except BaseException:
             self.stop()  # never leave a half-started server behind
             raise
+        if self.keep:
+            WATCHDOG.forget(self.proc.pid)  # it may outlive this process now
         return self
 
     def _tail(self, n: int = 30) -> str:

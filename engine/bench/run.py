@@ -33,6 +33,7 @@ from engine.bench.server_metrics import ServerMetricsScraper
 from engine.bench.tokenizers import NO_VOCAB_FIX, TokenizerError, known_vocab, load_tokenizer
 from engine.config.benchmark import BenchmarkConfig
 from engine.runs.process import CancelToken
+from engine.runs.provenance import benchmark_provenance, with_server
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, RunState, StageState
 from engine.runs.workspace import Workspace
 
@@ -81,7 +82,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         "run_kind": cfg.effective_run_kind(), "profiling_enabled": profiled, "reward_eligible": False,
         "workspace_dir": str(ws.root), "overrides": overrides, "warnings": warnings, "errors": [],
         "envs": envs, "kernel_summary": [], "top_bottlenecks": [], "tracelens_analysis": {"enabled": False},
-        "gap_analysis": {"enabled": False},
+        "gap_analysis": {"enabled": False}, "provenance": benchmark_provenance(cfg, ws.root),
         "environment": {"python": platform.python_version(), "platform": platform.platform(), "host": platform.node(),
                         "http_client": cfg.client.http_client, "client_procs": cfg.client.client_procs},
     }
@@ -145,9 +146,41 @@ def _stop_all(run: BenchRun, monitor: Optional[GpuMonitor], server: Optional[Ser
             monitor.stop()
             run.report["gpu_monitor"] = monitor.summary()
     finally:
-        if server is not None:
+        if server is not None and _keeps_server(run.cfg) and _keep(run, server):
+            pass  # left running for the next run, recorded in server_lifecycle.pid_dir
+        elif server is not None:
             run.ws.events.emit("stage", stage="server", state=StageState.STOPPING)
             server.stop()
+
+
+def _keep(run: BenchRun, server: Server) -> bool:
+    """Leave a server this run started running for the next run and record it; False when it
+    cannot be kept (then it is stopped as usual)."""
+    from engine.bench import lifecycle
+    from engine.bench.docker_launch import DockerServer
+    if isinstance(server, lifecycle.KeptServer):
+        return True  # an earlier run's: its record stays
+    section = run.report.setdefault("server", {})
+    folder = lifecycle.pid_dir(run.cfg.server_lifecycle.pid_dir)
+    port = int(run.cfg.envs["PORT"]) if "PORT" in run.cfg.envs else None
+    try:
+        settings = _lifecycle_settings(run)
+        if isinstance(server, DockerServer) and server.container is not None:
+            path = lifecycle.keep(folder, settings, base_url=server.base_url, port=port,
+                                  container_id=server.container.id, docker_url=server.docker_url,
+                                  run_dir=str(run.ws.root))
+        elif isinstance(server, LocalServer) and server.proc is not None and server.proc.poll() is None:
+            path = lifecycle.keep(folder, settings, base_url=server.base_url, port=port, pid=server.proc.pid,
+                                  run_dir=str(run.ws.root))
+        else:
+            return False
+    except OSError as exc:
+        run.report["errors"].append(f"server_lifecycle: cannot record the kept server in {folder}: {exc}; stopped")
+        return False
+    section["lifecycle"] = {"kept": str(path), "stopped_at_end": False}
+    run.log(f"server_lifecycle: the server stays up at {server.base_url} for the next run ({path}); a run with "
+            "cleanup: true and the same settings stops it")
+    return True
 
 
 def _finish_report(run: BenchRun, state: str, started: float) -> None:
@@ -203,8 +236,43 @@ def _start_local(run: BenchRun, ready_timeout: float, chosen: list[GpuState]) ->
     ws.events.emit("stage", stage="server", state=StageState.RUNNING, argv=cmd.argv)
     run.log(f"starting {cfg.framework} server: {' '.join(cmd.argv)}")
     server = LocalServer(cmd, ws.path("server.log"), ready_timeout_s=ready_timeout,
-                         cancelled=lambda: run.cancel.cancelled).start()
+                         cancelled=lambda: run.cancel.cancelled, keep=_keeps_server(cfg)).start()
     return Launched(server, cmd)
+
+
+def _keeps_server(cfg: BenchmarkConfig) -> bool:
+    """server_lifecycle with cleanup false: the server outlives the run (no watchdog, no parent pid)."""
+    return cfg.server_lifecycle.enabled and not cfg.server_lifecycle.cleanup
+
+
+def _lifecycle_settings(run: BenchRun) -> dict[str, Any]:
+    """What makes this run's server the one it is, for finding a kept one (engine.bench.lifecycle):
+    the port only when the config fixes it, and no GPU pinning (the free GPUs change run to run)."""
+    from engine.bench.docker_launch import CONTAINER_PORT
+    from engine.bench.lifecycle import server_settings
+    cfg = run.cfg
+    docker = cfg.run_mode == "docker"
+    cmd = server_command(cfg, CONTAINER_PORT if docker else int(cfg.envs.get("PORT", 0)), run.trace_dir,
+                         host="0.0.0.0" if docker else "127.0.0.1")
+    cmd.env = {k: v for k, v in cmd.env.items() if k not in _PINNING_VARS}
+    return server_settings(cfg.framework, cfg.model or cfg.server.size, cfg.run_mode, cmd, cfg.docker_image)
+
+
+def _kept_server(run: BenchRun) -> Optional[Server]:
+    """A server an earlier run kept (server_lifecycle) with this run's settings, or None."""
+    from engine.bench import lifecycle
+    lc = run.cfg.server_lifecycle
+    settings = _lifecycle_settings(run)
+    port = int(run.cfg.envs["PORT"]) if "PORT" in run.cfg.envs else None
+    kept, notes = lifecycle.find_kept(lifecycle.pid_dir(lc.pid_dir), settings, port, lc.force_reuse,
+                                      stop_at_end=lc.cleanup)
+    for note in notes:
+        run.warnings.append(note)
+        run.log(note)
+    if kept is not None:
+        run.log(f"server_lifecycle: using the server kept at {kept.base_url} ({kept.path})"
+                + ("; it is stopped at the end (cleanup: true)" if lc.cleanup else ""))
+    return kept
 
 
 def server_port(cfg: BenchmarkConfig) -> int:
@@ -219,6 +287,17 @@ def _start_server(run: BenchRun, chosen: list[GpuState]) -> Server:
     if launcher is None:
         raise LaunchError(f"run_mode {cfg.run_mode!r}: no server launcher (known: {', '.join(SERVER_LAUNCHERS)})")
     ready_timeout = min(cfg.server_lifecycle.server_ready_timeout_s, cfg.timeout_seconds)
+    if cfg.server_lifecycle.enabled:
+        kept = _kept_server(run)
+        if kept is not None:
+            run.report["server"] = {"base_url": kept.base_url, "launched": False, "run_mode": cfg.run_mode,
+                                    "run_mode_why": cfg.run_mode_why(),
+                                    "argv": kept.record["settings"].get("argv"),
+                                    "env": kept.record["settings"].get("env"),
+                                    "lifecycle": {"reused": str(kept.path), "kept_by_run": kept.record.get("kept_by_run"),
+                                                  "stopped_at_end": cfg.server_lifecycle.cleanup}}
+            run.ws.events.emit("stage", stage="server", state=StageState.SUCCESS, ready_s=0.0)
+            return kept
     launched = launcher(run, ready_timeout, chosen)
     server, cmd = launched.server, launched.command
     try:
@@ -226,6 +305,7 @@ def _start_server(run: BenchRun, chosen: list[GpuState]) -> Server:
                                 "run_mode_why": cfg.run_mode_why(),
                                 "argv": cmd.argv, "env": cmd.env, "ready_s": server.ready_s,
                                 "log": str(run.ws.path("server.log")), **launched.extra}
+        run.report["provenance"] = with_server(run.report.get("provenance"), cfg, launched, chosen)
         run.ws.events.emit("stage", stage="server", state=StageState.SUCCESS, ready_s=server.ready_s)
     except BaseException:
         server.stop()  # the caller only stops a server it was handed

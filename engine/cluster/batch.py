@@ -126,7 +126,7 @@ def _points_of(data: BatchFile, base: Path, where: str) -> list[tuple[str, str, 
     return out
 
 
-def prepare_batch(request: Any) -> PreparedBatch:
+def prepare_batch(request: Any, plan_only: bool = False) -> PreparedBatch:
     """Every point checked before a folder exists; the environment and its Ray settings."""
     from engine.jobs.requests import BenchmarkRequest
     cli_flags = {k: v for k, v in request.flags.items() if v is not None}
@@ -161,7 +161,7 @@ def prepare_batch(request: Any) -> PreparedBatch:
             point_flags["run_mode"] = "local"
         point = BenchmarkRequest(benchmark_config=config, framework=request.framework, flags=point_flags)
         try:
-            prepared.append(point._prepare_one())
+            prepared.append(point._prepare_one(plan_only))
             points.append(point)
         except ConfigError as exc:
             problems += [f"{where}: {p}" for p in exc.problems]
@@ -243,6 +243,8 @@ def run_batch(prepared: PreparedBatch, ws: Any, cancel: Any, log: Callable[[str]
               "batch_file": prepared.batch_file, "workspace_dir": str(ws.root), "points": rows,
               "compared_metrics": list(COMPARED), "warnings": prepared.warnings,
               "execution_time": round(time.time() - started, 3)}
+    from engine.runs.provenance import batch_provenance
+    report["provenance"] = batch_provenance(ws.root)
     if error:
         report["error"] = error
     if cancel.cancelled:

@@ -815,9 +815,11 @@ _CLI_FIELDS = {
 }
 
 
-def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any]) -> tuple[BenchmarkConfig, list[dict]]:
+def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any],
+                        machine_checks: bool = True) -> tuple[BenchmarkConfig, list[dict]]:
     """Flags given on the command line (None = not given) replace YAML values; each change is
-    returned as {field, yaml, cli, flag}. Unlike Magpie, no flag is silently dropped with -b."""
+    returned as {field, yaml, cli, flag}. Unlike Magpie, no flag is silently dropped with -b.
+    ``machine_checks=False``: what this machine lacks is not checked (``prompt_problems``)."""
     data = cfg.model_dump(by_alias=False)
     if cfg.run_mode_why() != "given":
         data["run_mode"] = None  # still Magpie's default, unless --run-mode says otherwise
@@ -854,16 +856,17 @@ def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any]) -> tuple[Be
     except ValidationError as exc:
         raise ConfigError([f"command line: {format_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
                            for e in exc.errors()]) from None
-    problems = prompt_problems(new)
+    problems = prompt_problems(new, machine_checks)
     if problems:
         raise ConfigError(problems)
     return new, overrides
 
 
-def prompt_problems(cfg: BenchmarkConfig) -> list[str]:
+def prompt_problems(cfg: BenchmarkConfig, machine: bool = True) -> list[str]:
     """Why the random prompts could not be made for this server, checked before anything starts:
     a named tokenizer without transformers, or token ids with no vocabulary size known for certain
-    (ids outside the model's vocabulary fail every request)."""
+    (ids outside the model's vocabulary fail every request). ``machine=False`` leaves out what only
+    this machine lacks (the transformers package): what a plan made here for a GPU server says apart."""
     from engine.bench.tokenizers import BUILTIN, NO_VOCAB_FIX, known_vocab, transformers_available
     if cfg.client.dataset_name == "custom" and cfg.client.dataset_path:
         from engine.bench.datasets import DatasetError, load_custom_jsonl
@@ -874,7 +877,7 @@ def prompt_problems(cfg: BenchmarkConfig) -> list[str]:
     if cfg.client.dataset_name != "random":
         return []  # the file has the prompts: no vocabulary needed (a tokenizer, when it loads, counts them)
     name = cfg.effective_tokenizer()
-    has_hf = name == BUILTIN or transformers_available()
+    has_hf = name == BUILTIN or transformers_available() or not machine
     if name and has_hf:
         return []  # loaded before the server starts; the model's own falls back to token ids if it cannot load
     if name and not cfg.tokenizer_is_default():

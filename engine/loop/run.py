@@ -368,3 +368,30 @@ def _steps() -> dict[str, Callable[[Loop, LoopStep], dict]]:
 
 
 STEPS = _steps()
+
+
+def loop_plan_lines(prepared: Any, output_dir: Optional[str]) -> list[str]:
+    """What ``magpie optimize --dry-run`` prints: the steps, the clean benchmark's plan and what its
+    profiled twin changes (a resumed loop: its status and the step it goes on from)."""
+    from engine.bench.plan import benchmark_plan, format_plan
+    from engine.jobs.requests import BenchmarkRequest
+    req = prepared.request
+    if prepared.resume_dir is not None:
+        loop = load_loop_file(prepared.resume_dir)
+        nxt = next((s.name for s in loop.steps if s.state != "done"), None)
+        return [format_status(str(prepared.resume_dir)),
+                f"resume: from step {nxt}" if nxt else "resume: every step is done; nothing would run"]
+    lines = [f"optimize loop on {prepared.config}: steps {', '.join(STEP_NAMES)}"
+             + (f" (until {req.until})" if req.until else ""),
+             f"kernel: {req.kernel or 'the top replaceable row of the bottleneck table'}; candidates: "
+             f"{', '.join(req.candidates) or 'none given'}{' + the bundled library' if req.library else ''}",
+             f"loop folder: {output_dir or './results'}/optimize_{prepared.label}_<YYYYmmdd_HHMMSS>_<id>/",
+             "baseline and re-benchmark (clean):"]
+    clean = BenchmarkRequest(benchmark_config=prepared.config).prepare(plan_only=True)
+    lines += format_plan(benchmark_plan(clean, "<loop folder>"), "  ")
+    raw = yaml.safe_load(Path(prepared.config).read_text())
+    lines.append("profiled twin (diagnostic; differs from the clean run only in):")
+    twin = profiled_twin(raw)
+    for d in config_diff(raw.get("benchmark") or {}, twin.get("benchmark") or {}):
+        lines.append(f"  {d['field']}: {d['clean']!r} -> {d['profiled']!r}")
+    return lines

@@ -244,11 +244,15 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         return out
 
     def compare_benchmark_reports(workspace_dirs: list[str], labels: Optional[list[str]] = None,
-                                  output_dir: str = "", export_format: str = "csv") -> dict:
+                                  output_dir: str = "", export_format: str = "csv",
+                                  allow_different_workloads: bool = False) -> dict:
         """Per-metric deltas of each report against the first (workspace dirs, job ids or report files), with
         the noise verdict of magpie benchmark --compare-reports: a delta inside the run-to-run 95% interval is
-        a tie; without repeats the noise is unknown. Any two benchmark reports, inference mode included."""
-        from engine.bench.metrics import compare_reports
+        a tie; without repeats the noise is unknown. Runs are compared only when they measured the same
+        workload (the effective configs and reports differ in nothing but the server's kernels); otherwise the
+        result is refused (success false, refused true) with every difference listed, unless
+        allow_different_workloads is true: then the differences come with each comparison."""
+        from engine.bench.report_compare import compare_runs
         if len(workspace_dirs) < 2:
             raise AccessRefused("workspace_dirs: give at least two runs")
         if labels and len(labels) != len(workspace_dirs):
@@ -259,13 +263,22 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         names = labels or [p.parent.name for p, _r in sides]
         comparisons = []
         for i in range(1, len(sides)):
-            deltas = compare_reports(sides[0][1], sides[i][1])
-            comparisons.append({"a": names[0], "b": names[i], "deltas": deltas})
+            cmp = compare_runs(sides[0][0], sides[i][0], allow_different_workloads=allow_different_workloads)
+            comparisons.append({"a": names[0], "b": names[i], "refused": cmp.refused, "message": cmp.message(),
+                                "differences": [d.to_dict() for d in cmp.differences], "notes": cmp.notes,
+                                "deltas": cmp.deltas})
+        refused = [c for c in comparisons if c["refused"]]
+        if refused:
+            return {"success": False, "refused": True, "baseline": names[0], "reports": [str(p) for p, _r in sides],
+                    "comparisons": comparisons, "output_files": [],
+                    "errors": [f"{c['a']} vs {c['b']}: {c['message']}" for c in refused],
+                    "hint": "pass allow_different_workloads=true to compare them anyway; every difference is then "
+                            "returned with the deltas"}
         folder = state.output_dir(output_dir) if output_dir else state.results / "comparisons"
         folder = folder / f"comparison_{time.strftime('%Y%m%d_%H%M%S')}"
         folder.mkdir(parents=True, exist_ok=True)
         files = [str(_export(folder, comparisons, export_format))]
-        return {"success": True, "baseline": names[0], "reports": [str(p) for p, _r in sides],
+        return {"success": True, "refused": False, "baseline": names[0], "reports": [str(p) for p, _r in sides],
                 "comparisons": comparisons, "output_dir": str(folder), "output_files": files, "errors": [],
                 "note": "noise 'unknown': a side without repeats has no run-to-run spread to compare against"}
 
