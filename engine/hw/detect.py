@@ -444,6 +444,20 @@ def _spec_for(device: GpuDevice) -> ArchSpec | None:
     return spec
 
 
+def detect_devices(runner: Runner | None = None, which: Which | None = None) -> tuple[str, list[GpuDevice], str | None] | None:
+    """(vendor, the GPUs the runtime would see, driver), or None when no tool reports a GPU: what
+    ``detect_gpu`` finds without the compiler and profiler versions it adds (those cost seconds),
+    for callers that need only names and the driver (a report's provenance)."""
+    runner = runner or run_tool
+    which = which or find_tool
+    found = _detect_nvidia(runner, which) or _detect_amd(runner, which)
+    if found is None:
+        return None
+    vendor = found.devices[0].vendor
+    devices = _visible_devices(found.devices, vendor, os.environ)
+    return (vendor, devices, found.driver) if devices else None
+
+
 def detect_gpu(runner: Runner | None = None, which: Which | None = None) -> GpuInfo | None:
     """Detect the GPUs the runtime would see, with compiler, profilers and arch spec.
 

@@ -201,8 +201,9 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
            request_name=request_name, mode="trace_analysis", target=str(target))
 
     def failed(exc: BaseException, error: str, state: str = "failed") -> dict:
+        from engine.runs.provenance import trace_provenance
         report = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
-                  "state": "failed", "error": error}
+                  "state": "failed", "error": error, "provenance": trace_provenance(ws.root)}
         ws.write_json(name, report)
         _end(ws, state, EXIT_FAIL, name, error=str(exc))
         return report

@@ -18,6 +18,7 @@ import engine
 from engine.kernels.pipeline import CANCELLED, FAILED, SKIPPED, SUCCESS, KernelOutcome
 from engine.kernels.plan import Plan
 from engine.kernels.stats import DEFAULT_TIE_MARGIN, bootstrap_speedup, bootstrap_speedup_rounds, verdict
+from engine.runs.provenance import kernel_provenance
 from engine.runs.schema import SCHEMA_VERSION
 
 
@@ -173,6 +174,7 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "warnings": plan.warnings,
         "settings": plan.settings.to_dict(),
         "environment": environment_fingerprint(plan, gpu),
+        "provenance": kernel_provenance(ws_dir, gpu),
     }
     renderables: list[Any] = [_summary_table(plan, outcomes, {})]
     renderables += _problem_lines(outcomes)
@@ -297,6 +299,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "warnings": plan.warnings,
         "settings": plan.settings.to_dict(),
         "environment": environment_fingerprint(plan, gpu),
+        "provenance": kernel_provenance(ws_dir, gpu),
     }
     renderables: list[Any] = [_summary_table(plan, outcomes, speed)]
     renderables += _problem_lines(outcomes)

@@ -260,6 +260,7 @@ class _KernelReport(RunFile):
     warnings: list[str] = Field(default_factory=list)
     settings: Optional[dict[str, Any]] = None
     environment: Optional[dict[str, Any]] = None
+    provenance: Optional[dict[str, Any]] = None  # engine.runs.provenance: what produced the report
     error: Optional[str] = None
     cancel_reason: Optional[str] = None
 
@@ -382,6 +383,7 @@ class BenchmarkReport(RunFile):
     top_bottlenecks: list[str] = Field(default_factory=list)
     gap_analysis: Optional[dict[str, Any]] = None
     tracelens_analysis: Optional[dict[str, Any]] = None
+    provenance: Optional[dict[str, Any]] = None  # engine.runs.provenance (framework, model revision, image)
     execution_time: Optional[float] = None
 
 
@@ -396,6 +398,7 @@ class TraceAnalysisReport(RunFile):
     gap_analysis: Optional[dict[str, Any]] = None
     tracelens_analysis: Optional[dict[str, Any]] = None
     options: Optional[dict[str, Any]] = None
+    provenance: Optional[dict[str, Any]] = None  # engine.runs.provenance
     elapsed_s: Optional[float] = None
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from engine.runs.provenance import trace_provenance
 from engine.runs.schema import SCHEMA_VERSION, StageState
 from engine.runs.workspace import Workspace
 from engine.trace.discover import discover_traces
@@ -243,7 +244,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
         gap["gpu_timeline"] = {name: {"time_ms": ms, "percent": pct} for name, ms, pct in timeline_rows}
     report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
                               "gap_analysis": gap,
-                              "options": opts.to_dict()}
+                              "options": opts.to_dict(), "provenance": trace_provenance(ws.root)}
     tl: dict[str, Any] = {"enabled": False}
     if opts.tracelens and rank0_trace is not None and rank0_tree is not None:
         if not rank0_tree.linked_gpu_events:
