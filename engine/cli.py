@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rich.console import Console
@@ -15,7 +13,6 @@ from engine import __version__
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError, format_error
 from engine.runs.process import CancelToken, install_signal_handlers
-from engine.runs.schema import BENCHMARK_REPORT
 
 EXIT_CONFIG = 2
 
@@ -156,7 +153,11 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--docker-image", dest="bench_docker_image", help="server image for --run-mode docker")
     b.add_argument("--timeout", type=float, help="seconds for the whole run (default 3600)")
     b.add_argument("--compare-reports", nargs=2, metavar=("A", "B"),
-                   help="per-metric deltas B - A of two benchmark reports (files or workspaces), with noise")
+                   help="per-metric deltas B - A of two benchmark reports (files or workspaces), with noise; "
+                        "refused when the runs differ in more than the server's kernels")
+    b.add_argument("--allow-different-workloads", action="store_true",
+                   help="with --compare-reports: compare runs whose workloads differ (a profiled side, other "
+                        "load, model, framework, ...); every difference is printed above the verdict")
     g = p.add_argument_group("trace analysis (gap analysis, GPU idle, TraceLens-compatible reports)")
     g.add_argument("--trace-dir", help="a trace file, a folder of traces (ranks from names), or a benchmark workspace")
     g.add_argument("--top-k", type=int, default=20, help="kernels kept in the gap-analysis tables (default 20)")
@@ -268,25 +269,25 @@ _COMPARED = ("request_throughput", "output_throughput", "total_token_throughput"
              "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "failed")
 
 
-def _compare_reports(paths: list[str], console: Console) -> int:
+def _compare_reports(paths: list[str], console: Console, allow_different_workloads: bool = False) -> int:
     from rich.table import Table
 
-    from engine.bench.metrics import compare_reports
+    from engine.bench.report_compare import ReportCompareError, compare_runs
 
-    sides = []
-    for p in paths:
-        path = Path(p)
-        path = path / BENCHMARK_REPORT if path.is_dir() else path
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError([f"{path}: cannot read a benchmark report ({exc})"]) from None
-        side = report.get("repeats") or report.get("result")
-        if not side:
-            raise ConfigError([f"{path}: no measured result in this report (state: {report.get('state')})"])
-        sides.append((path, side))
-    deltas = compare_reports(sides[0][1], sides[1][1])
-    table = Table(title=f"B - A   A={sides[0][0]}   B={sides[1][0]}")
+    try:
+        cmp = compare_runs(paths[0], paths[1], allow_different_workloads=allow_different_workloads)
+    except ReportCompareError as exc:
+        raise ConfigError([str(exc)]) from None
+    lines = cmp.lines()
+    if cmp.refused:
+        print("\n".join([f"error: {lines[0]}", f"  A = {cmp.a.report_path}", f"  B = {cmp.b.report_path}",
+                         *lines[1:]]), file=sys.stderr)
+        return EXIT_CONFIG
+    if cmp.differences or cmp.notes:
+        print("\n".join(lines), flush=True)  # plain: field names and paths must not be re-wrapped
+    deltas = cmp.deltas or {}
+    table = Table(title=f"B - A   A={cmp.a.report_path}   B={cmp.b.report_path}"
+                  + ("   (DIFFERENT WORKLOADS)" if cmp.workload else ""))
     for col in ("metric", "A", "B", "delta", "rel", "95% CI of delta", "noise", "verdict"):
         table.add_column(col, justify="left" if col in ("metric", "noise", "verdict") else "right")
     for key in _COMPARED:
@@ -412,7 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "benchmark":
             if args.compare_reports:
-                return _compare_reports(args.compare_reports, console)
+                return _compare_reports(args.compare_reports, console, args.allow_different_workloads)
             if args.trace_dir:
                 return _run_trace_analysis(args, console)
             return _run_benchmark(args, console)

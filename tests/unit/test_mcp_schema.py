@@ -26,6 +26,7 @@ MAPPED = {
     ("benchmark", "bench_docker_image"): [("benchmark", "docker_image")],
     ("benchmark", "timeout"): [("benchmark", "timeout_seconds")],
     ("benchmark", "compare_reports"): [("compare_benchmark_reports", "workspace_dirs")],
+    ("benchmark", "allow_different_workloads"): [("compare_benchmark_reports", "allow_different_workloads")],
     ("benchmark", "trace_dir"): [("gap_analysis", "trace_dir")],
     ("benchmark", "top_k"): [("gap_analysis", "top_k")],
     ("benchmark", "start_pct"): [("gap_analysis", "start_pct")],

@@ -135,13 +135,39 @@ def test_benchmark_results_and_report_comparison(call, tmp_path):
     got = call("get_benchmark_result", {"workspace_dir": str(BENCH_A)})
     assert got["state"] == "completed" and got["summary_text"] and "tracelens_files" in got
     assert any(u.endswith("benchmark_report.json") for u in got["resources"])
+    # A sweep against a single point: another workload, refused with the differences, no deltas, no files
     cmp = call("compare_benchmark_reports", {"workspace_dirs": [str(BENCH_A), str(BENCH_B)],
                                              "output_dir": str(tmp_path / "cmp")})
+    assert cmp["success"] is False and cmp["refused"] is True and cmp["output_files"] == []
+    assert "allow_different_workloads" in cmp["hint"] and "different workloads" in cmp["errors"][0]
+    refused = cmp["comparisons"][0]
+    assert refused["deltas"] is None and not (tmp_path / "cmp").exists()
+    assert {"field": "benchmark.client.sweep.concurrency", "a": [1, 2, 4], "b": None, "kind": "workload",
+            "why": ""} in refused["differences"]
+    cmp = call("compare_benchmark_reports", {"workspace_dirs": [str(BENCH_A), str(BENCH_B)],
+                                             "output_dir": str(tmp_path / "cmp"), "allow_different_workloads": True})
+    assert cmp["success"] is True and cmp["refused"] is False
     deltas = cmp["comparisons"][0]["deltas"]
     assert "output_throughput" in deltas and deltas["output_throughput"]["noise"] in ("inside", "outside", "unknown")
+    assert cmp["comparisons"][0]["differences"] == refused["differences"]  # returned with the deltas
     assert Path(cmp["output_files"][0]).is_file() and Path(cmp["output_files"][0]).is_relative_to(tmp_path)
     tl = call("get_benchmark_result", {"workspace_dir": str(TRACE_RUN)}, error=True)
     assert "benchmark_report.json" in tl
+
+
+def test_report_comparison_allows_a_kernel_override_and_refuses_a_profiled_run(call, tmp_path):
+    from test_report_compare import copy_run, profiled, profiled_report, with_kernel, with_kernel_report
+    kern = copy_run(tmp_path, "kernel", with_kernel, with_kernel_report)
+    prof = copy_run(tmp_path, "profiled", profiled, profiled_report)
+    cmp = call("compare_benchmark_reports", {"workspace_dirs": [str(BENCH_B), str(kern)], "export_format": "json"})
+    assert cmp["success"] is True and cmp["comparisons"][0]["message"] == "same workload (the server's kernels differ)"
+    assert [d["kind"] for d in cmp["comparisons"][0]["differences"]] == ["kernel"]
+    exported = json.loads(Path(cmp["output_files"][0]).read_text())
+    assert exported[0]["differences"][0]["field"] == "benchmark.server.kernels.rmsnorm"
+    # Three runs: each against the first; one refused pair refuses the call
+    cmp = call("compare_benchmark_reports", {"workspace_dirs": [str(BENCH_B), str(kern), str(prof)]})
+    assert cmp["refused"] is True and [c["refused"] for c in cmp["comparisons"]] == [False, True]
+    assert cmp["comparisons"][1]["differences"][0]["field"] == "run_kind" and len(cmp["errors"]) == 1
 
 
 def test_gap_analysis_runs_as_a_job_and_returns_its_report(call, tmp_path):
