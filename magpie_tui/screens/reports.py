@@ -19,6 +19,8 @@ from textual.screen import Screen
 from textual.widgets import Header, Static, TabbedContent, TabPane
 
 from engine.bench.metrics import CI_NOT_MEANINGFUL, MIN_REPEATS_FOR_CI, format_interval
+from engine.bench.report_compare import ReportComparison
+from engine.errors import MagpieError
 from engine.runs import schema
 from engine.runs.catalog import RunInfo
 from engine.runs.schema import Report, StageState, Verdict
@@ -394,6 +396,13 @@ def _delta_side(report: schema.BenchmarkReport) -> dict[str, Any]:
     return report.result.model_dump(exclude_unset=True) if report.result else {}
 
 
+def comparison_rows(comparison: ReportComparison) -> list[dict[str, Any]]:
+    """The delta grid's rows of an engine comparison (none when it was refused)."""
+    return [{"metric": metric_label(key), "a": d.get("a"), "b": d.get("b"), "delta": d.get("delta"),
+             "rel": d.get("rel_delta"), "noise": d.get("noise"), "verdict": d.get("verdict") or "-"}
+            for key, d in (comparison.deltas or {}).items()]
+
+
 def delta_rows(a: schema.BenchmarkReport | dict, b: schema.BenchmarkReport | dict) -> list[dict[str, Any]]:
     """B - A per metric, from the repeats (mean, with noise) or else the single result, as
     ``magpie benchmark --compare-reports`` computes it."""
@@ -420,14 +429,12 @@ def bench_state(r: schema.BenchmarkReport) -> str:
 
 
 def comparability_warning(a: schema.BenchmarkReport, b: schema.BenchmarkReport) -> str | None:
-    """Why A and B may not measure the same thing: a sweep against a single point (only the
-    sweep's first point is compared), or a different load (concurrency, lengths, prompts)."""
+    """What the deltas of a pair compared anyway leave out: with a sweep against a single point,
+    only the first point of each is compared. (Whether two runs measure the same workload at all is
+    the engine's decision: ``engine.bench.report_compare``.)"""
     points_a, points_b = len(a.sweep or []) or 1, len(b.sweep or []) or 1
     if points_a != points_b:
         return (f"A has {points_a} sweep point(s), B has {points_b}: only the first point of each is compared")
-    differs = [k for k in ("CONC", "ISL", "OSL", "NUM_PROMPTS") if str(a.envs.get(k)) != str(b.envs.get(k))]
-    if differs:
-        return "different load: " + ", ".join(f"{k} {a.envs.get(k)} vs {b.envs.get(k)}" for k in differs)
     return None
 
 
@@ -531,6 +538,7 @@ class BenchmarkReportScreen(Screen):
         Binding("b", "compare_with", "Compare with…", id="report.compare_with"),
         Binding("t", "roofline", "Roofline", id="report.roofline"),
         Binding("m", "capacity_metric", "Next latency", show=False, id="report.capacity_metric"),
+        Binding("a", "allow_different", "Compare anyway", show=False, id="report.allow_different"),
     ] + tab_bindings("report")
     # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
     FOOTER_KEYS = ("report.back", "report.compare_with", "report.roofline", "report.next_tab", "grid.sort")
@@ -538,6 +546,8 @@ class BenchmarkReportScreen(Screen):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "capacity_metric":  # only a capacity search has levels to plot
             return self.capacity is not None
+        if action == "allow_different":  # only a comparison refused for different workloads
+            return self.comparison is not None and self.comparison.refused
         return True
 
     def action_next_tab(self) -> None:
@@ -555,6 +565,9 @@ class BenchmarkReportScreen(Screen):
         self.latencies = latencies
         self.capacity = capacity_section(self.report)
         self.capacity_metric = capacity_metrics(self.capacity)[0] if self.capacity else None
+        # The run compared against (B) and the engine's comparison (engine.bench.report_compare).
+        self.other: RunInfo | None = None
+        self.comparison: ReportComparison | None = None
 
     def compose(self):
         from magpie_tui.widgets.plots import CapacityPlot, Histogram, LinePlot
@@ -639,32 +652,62 @@ class BenchmarkReportScreen(Screen):
         plot.set_levels(args.pop("points"), **args)
         self.query_one(TabbedContent).active = "tab-capacity"
 
-    def compare_with(self, other: RunInfo) -> None:
-        """Side by side: this run is A, ``other`` is B (its report is read in a thread worker)."""
-        self._read_other(other)
+    def compare_with(self, other: RunInfo, allow_different_workloads: bool = False) -> None:
+        """Side by side: this run is A, ``other`` is B (its report is read in a thread worker). Runs that
+        measured different workloads are refused, as ``magpie benchmark --compare-reports`` refuses them,
+        unless ``allow_different_workloads`` (the ``a`` key)."""
+        self._read_other(other, allow_different_workloads)
 
     @work(thread=True, exclusive=True, group="report-files", exit_on_error=False)
-    def _read_other(self, other: RunInfo) -> None:
+    def _read_other(self, other: RunInfo, allow_different_workloads: bool = False) -> None:
+        from engine.bench.report_compare import compare_runs
         path = other.report_path
         if path is None:
             self.app.call_from_thread(self.notify, f"{other.name} has no report", severity="error")
             return
         try:
             b = load_report(path)
-        except ValueError as exc:
+            comparison = compare_runs(self.info.report_path or self.info.path, path,
+                                      allow_different_workloads=allow_different_workloads)
+        except (ValueError, MagpieError) as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error")
             return
-        self.app.call_from_thread(self._show_compare, other, b)
+        self.app.call_from_thread(self._show_compare, other, b, comparison)
 
-    def _show_compare(self, other: RunInfo, b: schema.BenchmarkReport) -> None:
-        rows = delta_rows(self.report, b)
-        self.query_one("#delta-grid", DataGrid).set_rows(rows, keys=[row["metric"] for row in rows])
-        note = f"A = {self.info.name}   B = {other.name}   noise: inside = within run-to-run spread"
-        warning = comparability_warning(self.report, b)
-        if warning:
-            note += f"\nwarning: {warning}"
-        self.query_one("#compare-note", Static).update(note)
+    def _show_compare(self, other: RunInfo, b: schema.BenchmarkReport,
+                      comparison: ReportComparison | None = None) -> None:
+        from rich.text import Text
+        from engine.bench.report_compare import compare_runs
+        if comparison is None:  # a caller with the report only: the engine decides from the run folders
+            comparison = compare_runs(self.info.report_path or self.info.path, other.report_path or other.path)
+        self.other, self.comparison = other, comparison
+        grid = self.query_one("#delta-grid", DataGrid)
+        note = f"A = {self.info.name}   B = {other.name}"
+        lines = comparison.lines()
+        if comparison.refused:
+            # No deltas and no verdicts: the numbers would read as a valid comparison.
+            grid.set_rows([], keys=[])
+            grid.display = False
+            note += "\nNOT COMPARED: " + "\n".join(lines[:-1])
+            note += "\na: compare anyway (as --allow-different-workloads; the differences stay listed above)"
+        else:
+            rows = comparison_rows(comparison)
+            grid.set_rows(rows, keys=[row["metric"] for row in rows])
+            grid.display = True
+            note += "   noise: inside = within run-to-run spread"
+            if comparison.differences or comparison.notes:
+                note += "\n" + "\n".join(lines)
+            warning = comparability_warning(self.report, b)
+            if warning:
+                note += f"\nwarning: {warning}"
+        self.query_one("#compare-note", Static).update(Text(note))
         self.query_one(TabbedContent).active = "tab-compare"
+        self.refresh_bindings()
+
+    def action_allow_different(self) -> None:
+        """``a``: compare a refused pair anyway, every difference listed above the deltas."""
+        if self.other is not None and self.comparison is not None and self.comparison.refused:
+            self.compare_with(self.other, allow_different_workloads=True)
 
     def action_compare_with(self) -> None:
         from magpie_tui.screens.pick_run import PickRunScreen

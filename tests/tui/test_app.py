@@ -254,6 +254,11 @@ async def test_benchmark_report_metrics_distributions_sweep_and_side_by_side(app
         await pilot.press("b")
         await pilot.pause()
         await pilot.press("enter")  # the only other benchmark run
+        # A sweep against a single point: another workload, refused until asked for (a).
+        await wait_for(pilot, lambda: "NOT COMPARED" in str(app.screen.query_one("#compare-note").render()))
+        assert app.screen.query_one("#delta-grid", DataGrid).row_count == 0
+        assert not app.screen.query_one("#delta-grid", DataGrid).display
+        await pilot.press("a")
         await wait_for(pilot, lambda: app.screen.query_one("#delta-grid", DataGrid).row_count > 0)
         deltas = {r["metric"]: r for r in app.screen.query_one("#delta-grid", DataGrid).visible_rows()}
         assert deltas["Output tok/s"]["noise"] in ("inside", "outside")  # names with units, not snake_case

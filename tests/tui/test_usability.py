@@ -463,8 +463,12 @@ async def test_runs_filter_sort_and_mark_two_to_compare(app, project):
         await pilot.press("v")
         await wait_screen(pilot, app, BenchmarkReportScreen, "#delta-grid")
         report = app.screen
+        await wait_for(pilot, lambda: "NOT COMPARED" in text_of(report, "#compare-note"))
+        assert "benchmark.client.sweep.concurrency" in text_of(report, "#compare-note")
+        await pilot.press("a")  # compare anyway: the differences stay listed above the deltas
         await wait_for(pilot, lambda: report.query_one("#delta-grid", DataGrid).row_count > 0)
         note = text_of(report, "#compare-note")
+        assert "compared although A and B measure different workloads" in note
         assert f"A = {older['folder']}" in note and f"B = {newer['folder']}" in note
         assert "warning: A has 3 sweep point(s), B has 1" in note  # a sweep against a single point
         await pilot.press("escape")
