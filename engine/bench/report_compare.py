@@ -360,7 +360,7 @@ def classify_config_field(name: str, a: Any, b: Any, *, profiling: bool = False,
     if name.startswith("profiler.torch_profiler.") and name != "profiler.torch_profiler.enabled":
         return (WORKLOAD, "how the profiled side is profiled") if profiling else (None, "")
     if name in ("profiler.torch_profiler.enabled", "profiler.tracelens.enabled", "gap_analysis.enabled"):
-        return WORKLOAD, "a profiled (diagnostic) side: profiling perturbs latency"
+        return WORKLOAD, "a diagnostic (profiled) run: profiling perturbs latency"
     for prefix, why in _NOTED.items():
         if name == prefix or name.startswith(prefix + "."):
             return NOTED, why
