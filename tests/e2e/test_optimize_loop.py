@@ -228,6 +228,11 @@ def test_whole_loop_with_the_bundled_candidate_and_a_kill_during_rebenchmark(unt
     assert verdict["success"] == all(checks.values()) and (resumed.returncode == 0) == verdict["success"]
     assert {r["metric"] for r in verdict["end_to_end"]} >= {"output_throughput", "median_ttft_ms", "median_tpot_ms"}
     assert (root / "verdict" / "verdict.json").is_file() and "workload identical" in resumed.stdout
+    # magpie benchmark --compare-reports on the loop's clean run and its re-run: the same workload,
+    # only the kernel differs (engine.bench.report_compare)
+    from engine.bench.report_compare import compare_runs
+    cmp = compare_runs(root / str(loop.step("baseline").run_dir), root / str(reb.run_dir))
+    assert not cmp.refused and [d.field for d in cmp.differences] == ["benchmark.server.kernels.rmsnorm"], cmp.lines()
 
 
 @pytest.mark.slow
