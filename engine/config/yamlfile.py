@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
@@ -90,12 +90,16 @@ def load_located_yaml(path: Path | str) -> LocatedYaml:
 _VAR = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 
-def expand_env_vars(value: Any, loc: tuple = (), undefined: list[tuple[tuple, str]] | None = None) -> Any:
-    """Expand ``$VAR``/``${VAR}`` in every string, recursively. Undefined variables stay as
-    written (a shell command may define them) and are reported through ``undefined``."""
+def expand_env_vars(value: Any, loc: tuple = (), undefined: list[tuple[tuple, str]] | None = None,
+                    variables: Mapping[str, str] | None = None) -> Any:
+    """Expand ``$VAR``/``${VAR}`` in every string, recursively. ``variables`` (e.g. the loader's
+    ``MAGPIE_CONFIG_DIR``) come before the environment. Undefined variables stay as written (a
+    shell command may define them) and are reported through ``undefined``."""
     if isinstance(value, str):
         def repl(m: re.Match) -> str:
             name = m.group(1) or m.group(2)
+            if variables and name in variables:
+                return variables[name]
             if name in os.environ:
                 return os.environ[name]
             if undefined is not None:
@@ -103,10 +107,17 @@ def expand_env_vars(value: Any, loc: tuple = (), undefined: list[tuple[tuple, st
             return m.group(0)
         return _VAR.sub(repl, value)
     if isinstance(value, dict):
-        return {k: expand_env_vars(v, loc + (k,), undefined) for k, v in value.items()}
+        return {k: expand_env_vars(v, loc + (k,), undefined, variables) for k, v in value.items()}
     if isinstance(value, list):
-        return [expand_env_vars(v, loc + (i,), undefined) for i, v in enumerate(value)]
+        return [expand_env_vars(v, loc + (i,), undefined, variables) for i, v in enumerate(value)]
     return value
+
+
+def unset_variables(text: str, variables: Mapping[str, str] | None = None) -> list[str]:
+    """The ``$VAR`` names still in an expanded string that neither ``variables`` nor the
+    environment define (they were left as written)."""
+    names = [m.group(1) or m.group(2) for m in _VAR.finditer(text)]
+    return [n for n in dict.fromkeys(names) if n not in os.environ and not (variables and n in variables)]
 
 
 def format_loc(loc: Iterable[Any]) -> str:
@@ -133,12 +144,14 @@ def describe_error(err: dict, doc: LocatedYaml, unknown_hint: Callable[[tuple], 
     return f"{doc.where(loc)}: {format_loc(loc)}: {msg}{got_text}"
 
 
-def validate_located(model: Any, doc: LocatedYaml, warnings: list[str] | None = None, **hints: Any) -> Any:
-    """``$VAR``-expand the document, validate it with the pydantic ``model``, and turn every
-    validation error into a file:line problem (``hints`` go to ``describe_error``)."""
+def validate_located(model: Any, doc: LocatedYaml, warnings: list[str] | None = None,
+                     variables: Mapping[str, str] | None = None, **hints: Any) -> Any:
+    """``$VAR``-expand the document (``variables`` before the environment), validate it with the
+    pydantic ``model``, and turn every validation error into a file:line problem (``hints`` go to
+    ``describe_error``)."""
     from pydantic import ValidationError
     undefined: list[tuple[tuple, str]] = []
-    data = expand_env_vars(doc.data, (), undefined)
+    data = expand_env_vars(doc.data, (), undefined, variables)
     if warnings is not None:
         for loc, name in undefined:
             warnings.append(f"{doc.where(loc)}: {format_loc(loc)}: ${name} is not set in the environment; "
