@@ -229,7 +229,8 @@ class RayEvaluator:
 
     # ------------------------------------------------------------------ payloads
     def _needs_check(self, k: Any) -> bool:
-        return bool(k.compile) or (bool(k.testcase) and self.s.correctness_backend != "harness")
+        return bool(k.compile) or self.s.correctness_backend == "accordo" or (
+            bool(k.testcase) and self.s.correctness_backend != "harness")
 
     def _shared_root(self, name: str) -> Optional[str]:
         return str(self.ws.path("tasks", name)) if self.settings.shared_storage else None

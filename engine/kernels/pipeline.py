@@ -51,6 +51,9 @@ class KernelOutcome:
     rejections: list[dict] = field(default_factory=list)  # guard violations {guard, message}: never ranked
     flags: list[dict] = field(default_factory=list)  # guard findings that did not reject
     cancelled_stage: Optional[str] = None  # the stage a cancel interrupted
+    # Problems of the machine, not of the kernel (a compiler, a testcase program or the accordo CLI
+    # that is not there): a kernel with one is "not judged", never incorrect.
+    environment: list[str] = field(default_factory=list)
 
     @property
     def correct(self) -> bool:
@@ -135,6 +138,9 @@ class Evaluator:
                 return
             if not r.ok:
                 tail = r.stderr_tail(2000)
+                missing = missing_program(r, cmd, k.working_dir)
+                if missing:
+                    o.environment.append(f"environment: {missing} (compile command {i}/{len(k.compile)})")
                 o.compile = StageResult(FAILED, [f"compile command {i}/{len(k.compile)} failed: {r.describe_failure()}"
                                                  + (f"\n{tail}" if tail else "")], {"commands": runs})
                 self._event(k, "compile", FAILED)
@@ -145,6 +151,9 @@ class Evaluator:
     def testcase(self, o: KernelOutcome) -> None:
         """Exit-code correctness: every testcase command, ``iteration_count`` times, must exit 0."""
         k = o.spec
+        if self.s.correctness_backend == "accordo":
+            self.accordo(o)
+            return
         if not k.testcase or self.s.correctness_backend == "harness":
             return
         self._event(k, "testcase", RUNNING)
@@ -160,6 +169,10 @@ class Evaluator:
                     break
                 if not r.ok:
                     tail = r.stderr_tail(1500)
+                    missing = missing_program(r, cmd, k.working_dir)
+                    if missing:  # the testcase never ran: nothing was judged
+                        o.environment.append(f"environment: {missing} (testcase command {i}/{len(k.testcase)})")
+                        break
                     errors.append(f"testcase failed: {r.describe_failure()}" + (f"\n{tail}" if tail else ""))
                     break
             if errors or self.cancel.cancelled:
@@ -169,16 +182,57 @@ class Evaluator:
             o.correctness.details["testcase"] = {"commands": runs, "passed": None, "cancelled": True}
             self._event(k, "testcase", CANCELLED)
             return
+        if o.environment and not errors:
+            o.correctness.details["testcase"] = {"commands": runs, "passed": None, "not_judged": o.environment[-1]}
+            self._event(k, "testcase", SKIPPED)
+            return
         o.correctness.details["testcase"] = {"commands": runs, "passed": not errors}
         o.correctness.errors.extend(errors)
         self._event(k, "testcase", FAILED if errors else SUCCESS)
+
+    def accordo(self, o: KernelOutcome) -> None:
+        """correctness.backend accordo: IntelliKit Accordo compares the accordo block's reference and
+        optimized binaries (Magpie's command line and verdict; engine.kernels.accordo)."""
+        from engine.kernels import accordo as acc_mod
+        k, acc = o.spec, self.s.accordo or {}
+        program = acc_mod.find_accordo()
+        if program is None:
+            o.environment.append(acc_mod.not_installed_message())
+            o.correctness.details["accordo"] = {"passed": None, "not_judged": o.environment[-1]}
+            self._event(k, "accordo", SKIPPED)
+            return
+        timeout = acc_mod.accordo_timeout(acc, self.s.perf_timeout_s)
+        cmd = acc_mod.accordo_command(program, acc, acc_mod.binaries_dir(acc, k.working_dir), timeout)
+        cwd = self.ws.path("accordo", k.id)  # Magpie runs the CLI in the run's folder
+        cwd.mkdir(parents=True, exist_ok=True)
+        self._event(k, "accordo", RUNNING)
+        r = run_process(cmd, cwd=cwd, env=self._env(k), timeout_s=timeout * 2 + 60, cancel=self.cancel,
+                        log_stem=self.ws.log_stem(k.id, "accordo"))
+        details = {"command": command_text(cmd), "cwd": str(cwd), "run": r.to_dict()}
+        if r.cancelled:
+            o.cancelled_stage = "correctness"
+            o.correctness.details["accordo"] = {**details, "passed": None, "cancelled": True}
+            self._event(k, "accordo", CANCELLED)
+            return
+        if r.timed_out or r.error:
+            o.correctness.errors.append(f"accordo: {r.describe_failure()}")
+            o.correctness.details["accordo"] = {**details, "passed": False}
+            self._event(k, "accordo", FAILED)
+            return
+        verdict = acc_mod.parse_accordo_output(r.returncode, r.stdout, r.stderr)
+        details.update(verdict)
+        details["passed"] = verdict["valid"] is True
+        o.correctness.details["accordo"] = details
+        if verdict["valid"] is not True:
+            o.correctness.errors.append(f"accordo: {verdict.get('error') or verdict.get('reason')}")
+        self._event(k, "accordo", SUCCESS if verdict["valid"] is True else FAILED)
 
     def harness_all(self, outcomes: list[KernelOutcome], base: Optional[KernelOutcome]) -> None:
         """Output comparison (and, where performance uses it, interleaved timing) of every kernel
         the Python harness can run, through engine.kernels.session: one worker process each."""
         from engine.kernels.session import HarnessSession, Member, SessionSettings
         s = self.s
-        runnable = [o for o in outcomes if o.spec.harness and s.correctness_backend != "testcase"
+        runnable = [o for o in outcomes if o.spec.harness and s.correctness_backend in ("auto", "harness")
                     and o.compile.state != FAILED]
         if not runnable:
             return
@@ -269,10 +323,13 @@ class Evaluator:
             o.sample_rounds = [list(r) for r in m.rounds]
 
     def finish_correctness(self, o: KernelOutcome) -> None:
-        checked = bool(o.correctness.details.get("testcase") or
+        checked = bool(o.correctness.details.get("testcase") or o.correctness.details.get("accordo") or
                        o.correctness.details.get("harness", {}).get("checked"))
         if o.correctness.errors:
             o.correctness.state = FAILED
+        elif o.environment:  # a check could not run here: not judged, and not a pass either
+            o.correctness.state = SKIPPED
+            o.correctness.details["reason"] = "not judged: " + "; ".join(o.environment)
         elif checked:
             o.correctness.state = SUCCESS
         else:
@@ -379,6 +436,8 @@ class Evaluator:
         """Every correctness check this kernel needs ran to its end (a cancel may have cut it)."""
         if o.cancelled_stage:
             return o.cancelled_stage != "correctness"
+        if self.s.correctness_backend == "accordo":
+            return "accordo" in o.correctness.details
         needs_testcase = bool(o.spec.testcase) and self.s.correctness_backend != "harness"
         needs_harness = o.spec.harness and self.s.correctness_backend != "testcase"
         if needs_testcase and "testcase" not in o.correctness.details:
@@ -450,7 +509,7 @@ class HarnessBackend(TimingBackend):
     name = "harness"
 
     def auto(self, ev: Evaluator, o: KernelOutcome) -> bool:
-        return bool(o.spec.harness) and ev.s.correctness_backend != "testcase"
+        return bool(o.spec.harness) and ev.s.correctness_backend in ("auto", "harness")
 
     def measure(self, ev: Evaluator, o: KernelOutcome) -> tuple[list[float], dict]:
         t = o.performance.details.pop("harness_timing", None)
@@ -608,6 +667,36 @@ for _b in (ProfCommandBackend(), HarnessBackend(), TimingJsonBackend(), NcuBacke
            UnavailableBackend()):
     register_timing_backend(_b)
 del _b
+
+
+_NOT_FOUND = re.compile(r"(?:^|[\s:])([^\s:]+): (?:command not found|No such file or directory)", re.MULTILINE)
+
+
+def missing_program(r: ProcessResult, cmd: Any, cwd: Path) -> Optional[str]:
+    """Why a command could not run at all (its program is not there), phrased with the fix; None
+    when it ran (whatever its exit code said). The shell says so with exit code 127, an argv
+    command by failing to start."""
+    first = (shlex_split_first(cmd) if isinstance(cmd, str) else (str(cmd[0]) if cmd else "")) or "?"
+    if r.error and ("No such file" in r.error or "not found" in r.error):
+        prog = first
+    elif r.returncode == 127 and not (r.timed_out or r.cancelled):
+        m = _NOT_FOUND.search(r.stderr or "")
+        prog = m.group(1) if m else first
+    else:
+        return None
+    if "/" in prog:
+        return (f"{prog} not found (in {cwd}): build it first (compile_command, or the config's prerequisite "
+                "step) or check working_dir")
+    return f"{prog} not found on PATH: install it or add its folder to PATH"
+
+
+def shlex_split_first(text: str) -> str:
+    import shlex
+    try:
+        parts = shlex.split(text)
+    except ValueError:
+        parts = text.split()
+    return parts[0] if parts else ""
 
 
 class MeasurementError(MagpieError):

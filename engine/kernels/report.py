@@ -55,6 +55,7 @@ def kernel_state(o: KernelOutcome) -> dict:
         },
         "timing": o.timing,
         "guards": o.guards,
+        "environment_problems": list(o.environment),
         "extra": {"kernel_id": k.id, "kernel_type": k.type, "index": k.index, "baseline": k.baseline,
                   "origin": k.origin},
     }
@@ -119,7 +120,9 @@ def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, d
         k, t = o.spec, o.timing
         name = k.id + (" *" if plan.mode == "compare" and k.baseline else "")
         backend = str(o.performance.details.get("backend", "-")) if o.performance.state == SUCCESS else "-"
-        row = [str(k.index), name, _STATE[o.compile.state], _STATE[o.correctness.state], _BACKEND.get(backend, backend),
+        correct = ("not judged" if o.environment and not o.correct and not o.correctness.errors
+                   else _STATE[o.correctness.state])
+        row = [str(k.index), name, _STATE[o.compile.state], correct, _BACKEND.get(backend, backend),
                _fmt_ms(t["median"]) if t else "-", _fmt_ms(t["iqr"]) if t else "-",
                f"{t['cv'] * 100:.1f}%" if t else "-", str(t["n"]) if t else "-"]
         if plan.mode == "compare":
@@ -145,6 +148,7 @@ def _render(renderables: list[Any], width: int = 140) -> str:
 def _problem_lines(outcomes: list[KernelOutcome]) -> list[str]:
     lines = []
     for o in outcomes:
+        lines += [f"{o.spec.id}: not judged: {e}" for e in o.environment]
         for e in o.errors:
             first = e.strip().splitlines()[0] if e.strip() else e
             lines.append(f"{o.spec.id}: {first}")
@@ -160,14 +164,17 @@ def _problem_lines(outcomes: list[KernelOutcome]) -> list[str]:
 def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, ws_dir: str,
                          gpu: Optional[dict], degenerate: Optional[str] = None) -> tuple[dict, list[Any]]:
     results = [kernel_state(o) for o in outcomes]
-    incorrect = [o.spec.id for o in outcomes if not o.correct]
+    # A kernel a missing tool kept from being judged is not incorrect: it is listed apart.
+    not_judged = [o.spec.id for o in outcomes if not o.correct and o.environment and not o.correctness.errors]
+    incorrect = [o.spec.id for o in outcomes if not o.correct and o.spec.id not in not_judged]
     report = {
         "schema_version": SCHEMA_VERSION,
         "mode": "analyze",
         "timestamp": datetime.now().isoformat(timespec="seconds"),
         "state": state,
         "results": results,
-        "all_correct": not incorrect,
+        "all_correct": not incorrect and not not_judged,
+        "not_judged": {o.spec.id: list(o.environment) for o in outcomes if o.spec.id in not_judged},
         "degenerate_test": degenerate,
         "workspace_dir": ws_dir,
         "overrides": plan.overrides,
@@ -180,8 +187,9 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     renderables += _problem_lines(outcomes)
     if degenerate:
         renderables.append(degenerate)
-    renderables.append(f"state: {state}; all correct: {not incorrect}" +
-                       (f" (incorrect: {', '.join(incorrect)})" if incorrect else ""))
+    renderables.append(f"state: {state}; all correct: {not incorrect and not not_judged}" +
+                       (f" (incorrect: {', '.join(incorrect)})" if incorrect else "") +
+                       (f" (not judged, a problem of this machine: {', '.join(not_judged)})" if not_judged else ""))
     return report, renderables
 
 
@@ -191,7 +199,10 @@ def _verdict_without_speed(o: KernelOutcome) -> str:
     if CANCELLED in (o.compile.state, o.correctness.state, o.performance.state):
         return "cancelled"
     if not o.correct:
-        return "cancelled" if o.correctness.state == SKIPPED and o.cancelled_stage else "incorrect"
+        if o.correctness.state == SKIPPED and o.cancelled_stage:
+            return "cancelled"
+        # A tool missing here (compiler, testcase program, accordo) judged nothing.
+        return "not judged" if o.environment and not o.correctness.errors else "incorrect"
     return "not measured"
 
 
@@ -245,7 +256,9 @@ def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool =
     elif base.correct and speed:
         winner, why = b, "no correct candidate is faster beyond the noise and the tie margin; the baseline stands"
     else:
-        winner, why = None, ("the baseline is incorrect" if not base.correct else
+        winner, why = None, ((f"the baseline was not judged ({base.environment[0]})"
+                              if base.environment and not base.correctness.errors else "the baseline is incorrect")
+                             if not base.correct else
                              "the baseline was rejected" if base.rejections else "nothing could be measured")
     return {"speed": speed, "correctness": correctness, "perf_scores": perf_scores, "rankings": rankings,
             "winner": winner, "winner_reason": why}
@@ -269,7 +282,8 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     lines = [f"Baseline: {ids[plan.baseline_index]} (index {plan.baseline_index}, chosen by {plan.baseline_source})"]
     for o, st in zip(outcomes, kernel_results):
         t = o.timing
-        lines.append(f"  [{o.spec.index}] {o.spec.id}: correct={o.correct}"
+        judged = "not judged" if st["verdict"] == "not judged" else o.correct
+        lines.append(f"  [{o.spec.index}] {o.spec.id}: correct={judged}"
                      + (f", median {_fmt_ms(t['median'])} (CV {t['cv'] * 100:.1f}%, n={t['n']})" if t else "")
                      + (f", speedup {st['speedup']:.3f}x [{st['speedup_ci'][0]:.3f}, {st['speedup_ci'][1]:.3f}]"
                         f" {st['verdict']}" if st["speedup"] is not None and not o.spec.baseline else ""))
