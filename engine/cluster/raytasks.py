@@ -89,10 +89,15 @@ def kernel_roots(spec: Any) -> list[Path]:
     """The folders a kernel needs on a worker: its working dir, and the folder of any source or
     reference file outside it."""
     roots = [Path(spec.working_dir)]
-    for f in list(spec.source_files) + ([spec.reference_file] if spec.reference_file else []):
+    extra = [spec.reference_file, getattr(spec, "harness_module", None)]
+    for f in list(spec.source_files) + [x for x in extra if x]:
         f = Path(f)
         if not any(f == r or r in f.parents for r in roots):
             roots.append(f.parent)
+    for d in getattr(spec, "pythonpath", []):  # latency.pythonpath folders
+        d = Path(d)
+        if d.is_dir() and not any(d == r or r in d.parents for r in roots):
+            roots.append(d)
     return roots
 
 
@@ -100,6 +105,8 @@ def remap_spec(spec: Any, pairs: list[tuple[str, str]]) -> Any:
     return replace(spec, working_dir=rewrite_paths(spec.working_dir, pairs),
                    source_files=[rewrite_paths(p, pairs) for p in spec.source_files],
                    reference_file=rewrite_paths(spec.reference_file, pairs) if spec.reference_file else None,
+                   harness_module=rewrite_paths(spec.harness_module, pairs) if spec.harness_module else None,
+                   pythonpath=[rewrite_paths(p, pairs) for p in spec.pythonpath],
                    env=rewrite_paths(dict(spec.env), pairs), compile=rewrite_paths(list(spec.compile), pairs),
                    testcase=rewrite_paths(list(spec.testcase), pairs), prof=rewrite_paths(list(spec.prof), pairs))
 

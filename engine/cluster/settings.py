@@ -76,12 +76,10 @@ def resolve_scheduler(environment: str, cfg, doc, opts, framework: dict, overrid
     where_yaml = f"{doc.path}: scheduler" if doc is not None else "kernel config: scheduler"
     if environment == "ray":
         layers = [("framework config scheduler.ray", dict(fw.get("ray") or {}))]
-        if cfg is not None and cfg.ray_config:
-            # Magpie's ray_config: cluster_address and shared_storage_path are the keys it honours.
-            rc = cfg.ray_config
-            layers.append((f"{where_yaml} (ray_config)", {k: v for k, v in (
-                ("address", rc.get("cluster_address")), ("shared_storage", bool(rc.get("shared_storage_path")) or None))
-                if v is not None}))
+        if cfg is not None and cfg.ray_config is not None:
+            # Magpie's ray_config: the keys with a counterpart here (engine.config.kernel.KernelRayConfig;
+            # the others are named in the plan's warnings).
+            layers.append((f"{where_yaml} (ray_config)", cfg.ray_config.ray_settings()))
         if yaml_sched is not None and yaml_sched.ray is not None:
             layers.append((f"{where_yaml}.ray", yaml_sched.ray.model_dump(exclude_unset=True)))
         before = _merge(RaySettings, layers, problems)

@@ -1,13 +1,17 @@
 """Kernel config YAML (Magpie's ``kernel:`` / ``kernels:`` format) as pydantic models.
 
-Every field of Magpie's kernel entry is accepted with its string / list /
-list-of-lists command forms; unknown fields are errors (with the field's line),
-never silently dropped.
+Every field of Magpie's kernel YAML is accepted: the entry with its string / list /
+list-of-lists command forms and ``bench_target``, and the ``performance``, ``correctness``
+(with ``accordo``), ``latency``, ``scheduler`` and ``ray_config`` blocks. What each means here
+is decided in engine.kernels.plan (honoured, mapped onto this tool's settings, or named in a
+warning). Unknown fields are errors (with the field's line), never silently dropped.
+``${MAGPIE_CONFIG_DIR}`` expands to the YAML's folder.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -107,29 +111,156 @@ class PerformanceSettings(_Strict):
         return self
 
 
+class AccordoSettings(_Strict):
+    """Magpie's ``correctness.accordo`` block: IntelliKit Accordo's HSA-level comparison of the
+    output buffers of one kernel in a reference binary and an optimized binary."""
+    kernel_name: Optional[str] = Field(default=None, description="the GPU kernel to intercept")
+    reference_binary: Optional[str] = Field(default=None, description="command or path of the reference binary")
+    optimized_binary: Optional[str] = Field(default=None, description="command or path of the optimized binary")
+    atol: float = Field(default=1e-6, ge=0)
+    rtol: float = Field(default=1e-5, ge=0)
+    equal_nan: bool = False
+    timeout_seconds: Optional[float] = Field(default=None, gt=0, description=(
+        "per snapshot capture; default performance.timeout_seconds, else 300"))
+    kernel_args: Optional[list[tuple[str, str]]] = Field(default=None, description=(
+        "[[name, type], ...] when Accordo cannot extract them from the binary's debug info"))
+    working_directory: Optional[str] = Field(default=None, description=(
+        "where the binaries run; default the kernel's working_dir"))
+
+    @field_validator("kernel_args", mode="before")
+    @classmethod
+    def _pairs(cls, v: Any) -> Any:
+        # "name:type" strings are accepted beside [name, type] pairs.
+        if isinstance(v, list):
+            return [tuple(x.split(":", 1)) if isinstance(x, str) and ":" in x else x for x in v]
+        return v
+
+
 class CorrectnessSettings(_Strict):
-    backend: Literal["auto", "testcase", "harness"] = "auto"
+    backend: Literal["auto", "testcase", "harness", "accordo"] = "auto"
     rtol: Optional[float] = Field(default=None, ge=0)
     atol: Optional[float] = Field(default=None, ge=0)
     seeds: Optional[int] = Field(default=None, ge=1, description="number of random input sets")
     iteration_count: int = Field(default=1, ge=1, description="times each testcase command is run")
     timeout_seconds: Optional[float] = Field(default=None, gt=0)
-    accordo: Optional[dict] = None
+    accordo: Optional[AccordoSettings] = None
 
-    @field_validator("backend", mode="before")
+
+class BenchTarget(_Strict):
+    """Magpie's latency harness target: ``module.callable(*get_inputs())``."""
+    module: str = Field(description="dotted module name, found on latency.pythonpath, the working_dir or "
+                                    "the YAML's folder")
+    callable: str = Field(description="the function called with the inputs")
+    get_inputs: str = Field(default="get_inputs", description="the module's input factory")
+
+
+LATENCY_METHODS = ("auto", "cuda_graph", "kernel_trace", "rocprof_timestamps", "both", "none")
+
+
+class LatencySettings(_Strict):
+    """Magpie's ``latency:`` block (its latency stage). This tool times every kernel in its
+    performance stage; engine.kernels.plan maps these keys onto that stage or names the ones
+    it does not use."""
+    enabled: bool = True
+    method: Literal["auto", "cuda_graph", "kernel_trace", "rocprof_timestamps", "both", "none"] = "auto"
+    primary_metric: Optional[Literal["wall_median_ms", "kernel_median_ms"]] = None
+    rep_ms: Optional[float] = Field(default=None, gt=0)
+    n_retries: Optional[int] = Field(default=None, ge=1)
+    estimate_reps: Optional[int] = Field(default=None, ge=1)
+    warmup_iters: Optional[int] = Field(default=None, ge=0)
+    seed: Optional[int] = None
+    kernel_filter: Optional[str] = None
+    pythonpath: list[str] = Field(default_factory=list)
+    bench_target: Optional[BenchTarget] = None
+    timeout_seconds: Optional[float] = Field(default=None, gt=0)
+    output_dir: Optional[str] = None
+
+    @field_validator("pythonpath", mode="before")
     @classmethod
-    def _known_backend(cls, v: Any) -> Any:
-        if v == "accordo":
-            raise ValueError("backend 'accordo' (IntelliKit) is not provided: use 'harness' (output comparison "
-                             "against the baseline/reference with rtol/atol) or 'testcase' (exit code)")
+    def _path_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [x for x in v.split(os.pathsep) if x]
+        return [] if v is None else v
+
+
+class KernelRayConfig(_Strict):
+    """Magpie's top-level ``ray_config`` of a kernel YAML: its presence selects the Ray environment.
+    ``ray_settings`` maps the keys that have a counterpart in ``scheduler.ray``
+    (engine.cluster.settings.RaySettings); ``unmapped`` names the others and why."""
+    cluster_address: Optional[str] = None
+    shared_storage_path: Optional[str] = None
+    entrypoint_num_gpus: Optional[float] = Field(default=None, ge=0)
+    entrypoint_num_cpus: Optional[float] = Field(default=None, gt=0)
+    multi_node: Optional[bool] = None
+    total_num_gpus: Optional[int] = Field(default=None, ge=1)
+    num_nodes: Optional[int] = Field(default=None, ge=1)
+    gpus_per_node: Optional[int] = Field(default=None, ge=1)
+    pip_packages: list[str] = Field(default_factory=list)
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    install_magpie: Optional[bool] = None
+    magpie_install_path: Optional[str] = None
+
+    @field_validator("env_vars", mode="before")
+    @classmethod
+    def _env_strings(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {str(k): ("" if val is None else str(val)) for k, val in v.items()}
         return v
 
-    @model_validator(mode="after")
-    def _no_accordo(self) -> "CorrectnessSettings":
-        if self.accordo is not None:
-            raise ValueError("the 'accordo' block is not used: set correctness.rtol / correctness.atol "
-                             "for the harness comparison instead")
-        return self
+    def ray_settings(self) -> dict[str, Any]:
+        """``scheduler.ray`` keys for the ones that map: (RaySettings field -> value)."""
+        out: dict[str, Any] = {}
+        if self.cluster_address:
+            out["address"] = self.cluster_address
+        if self.shared_storage_path:
+            out["shared_storage"] = True
+        if self.entrypoint_num_cpus:
+            out["num_cpus"] = self.entrypoint_num_cpus
+        if self.env_vars:
+            out["env_vars"] = dict(self.env_vars)
+        if self.install_magpie is not None:
+            out["ship_engine"] = bool(self.install_magpie)
+        return out
+
+    def mapped(self) -> list[str]:
+        """One line per key that maps, saying onto what."""
+        lines = []
+        if self.cluster_address:
+            lines.append(f"ray_config.cluster_address {self.cluster_address} -> scheduler.ray.address")
+        if self.shared_storage_path:
+            lines.append(f"ray_config.shared_storage_path {self.shared_storage_path} -> scheduler.ray.shared_storage: "
+                         "true (tasks read and write the run folder and the kernels' folders in place: they must "
+                         "be on the shared storage, at the same paths on every node)")
+        if self.entrypoint_num_cpus:
+            lines.append(f"ray_config.entrypoint_num_cpus {self.entrypoint_num_cpus:g} -> scheduler.ray.num_cpus "
+                         "(CPUs each task holds)")
+        if self.env_vars:
+            lines.append(f"ray_config.env_vars ({', '.join(self.env_vars)}) -> scheduler.ray.env_vars")
+        if self.install_magpie is not None:
+            lines.append(f"ray_config.install_magpie {str(self.install_magpie).lower()} -> scheduler.ray.ship_engine "
+                         "(this tool is uploaded to the tasks)")
+        return lines
+
+    def unmapped(self) -> list[tuple[str, str]]:
+        """(field, what is done instead) for the keys with no counterpart here."""
+        out = []
+        if self.entrypoint_num_gpus is not None:
+            out.append(("ray_config.entrypoint_num_gpus", "each timing task holds one scheduler.ray.gpu_resource and "
+                        "each check task scheduler.ray.check_gpus of one"))
+        for key in ("multi_node", "total_num_gpus", "num_nodes", "gpus_per_node"):
+            if getattr(self, key) is not None:
+                out.append((f"ray_config.{key}", "a kernel task runs on one node with one GPU; Ray's own resources "
+                            "say what each node has"))
+        if self.pip_packages:
+            out.append(("ray_config.pip_packages", "install them in the nodes' Python environment (no per-task pip "
+                        "install here)"))
+        if self.metadata:
+            out.append(("ray_config.metadata", "recorded in the effective config only; the run folder names the job"))
+        if self.magpie_install_path:
+            out.append(("ray_config.magpie_install_path", "this tool ships its own source to the tasks "
+                        "(install_magpie / scheduler.ray.ship_engine)"))
+        return out
 
 
 class SchedulerSettings(_Strict):
@@ -158,6 +289,8 @@ class KernelEntry(_Strict):
     model_class: Optional[str] = Field(
         default=None, description="class to instantiate; default ModelNew if defined, else Model")
     inplace: bool = Field(default=False, description="the kernel writes its result into its inputs on purpose")
+    bench_target: Optional[BenchTarget] = Field(default=None, description=(
+        "Magpie's latency target: the harness calls module.callable(*get_inputs())"))
 
     @field_validator("type", mode="before")
     @classmethod
@@ -199,7 +332,8 @@ class KernelConfigFile(_Strict):
     performance: PerformanceSettings = Field(default_factory=PerformanceSettings)
     correctness: CorrectnessSettings = Field(default_factory=CorrectnessSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
-    ray_config: Optional[dict] = None
+    ray_config: Optional[KernelRayConfig] = None
+    latency: Optional[LatencySettings] = None
 
     @model_validator(mode="after")
     def _has_kernels(self) -> "KernelConfigFile":
@@ -221,7 +355,9 @@ _MODEL_AT = {
     ("performance",): PerformanceSettings, ("correctness",): CorrectnessSettings,
     ("scheduler",): SchedulerSettings, ("performance", "ncu"): NcuSettings,
     ("performance", "rocprofv3"): RocprofSettings, ("scheduler", "ray"): RaySettings,
-    ("scheduler", "container"): ContainerSettings,
+    ("scheduler", "container"): ContainerSettings, ("correctness", "accordo"): AccordoSettings,
+    ("latency",): LatencySettings, ("latency", "bench_target"): BenchTarget, ("ray_config",): KernelRayConfig,
+    ("kernel", "bench_target"): BenchTarget, ("kernels", int, "bench_target"): BenchTarget,
 }
 
 
@@ -238,10 +374,21 @@ def _unknown_field_hint(loc: tuple) -> str:
     return (f" Did you mean '{close[0]}'?" if close else "") + f" Known fields: {', '.join(_field_names(model))}."
 
 
+CONFIG_DIR_VARIABLE = "MAGPIE_CONFIG_DIR"
+
+
+def config_variables(path: Path) -> dict[str, str]:
+    """The variables a kernel YAML may use beside the environment's: ``${MAGPIE_CONFIG_DIR}``, the
+    folder that holds the YAML (relative paths otherwise resolve as in Magpie: against the
+    current directory)."""
+    return {CONFIG_DIR_VARIABLE: str(Path(path).resolve().parent)}
+
+
 def parse_kernel_config(doc: LocatedYaml, warnings: list[str] | None = None) -> KernelConfigFile:
     if not isinstance(doc.data, dict):
         raise ConfigError([f"{doc.path}:1: expected a mapping with 'kernel:' or 'kernels:' at the top level"])
-    return validate_located(KernelConfigFile, doc, warnings, unknown_hint=_unknown_field_hint)
+    return validate_located(KernelConfigFile, doc, warnings, variables=config_variables(doc.path),
+                            unknown_hint=_unknown_field_hint)
 
 
 def load_kernel_config(path: Path | str, warnings: list[str] | None = None) -> tuple[KernelConfigFile, LocatedYaml]:

@@ -25,6 +25,7 @@ REQUEST_FILE = "request.json"
 _FRAMEWORK_KEYS_USED = {
     "scheduler": {"max_workers", "environment", "docker_image", "ray", "container"},
     "performance": {"backend", "timeout_seconds", "ncu"},
+    "correctness": {"backend", "accordo"},
 }
 
 
@@ -58,6 +59,9 @@ class KernelRequest(_Request):
     only: Optional[list[str]] = None
     tie_margin: Optional[float] = None
     ray_address: Optional[str] = Field(None, description="Ray cluster address for environment ray")
+    cwd: Optional[str] = Field(None, description=(
+        "the current directory the request was made in: relative paths (kernel_config, a working_dir, "
+        "latency.pythonpath) resolve against it, as Magpie resolves them; default: the current directory"))
 
     def prepare(self) -> "PreparedKernels":
         from engine.kernels.plan import CliOptions, build_plan

@@ -61,10 +61,12 @@ class _Spec(BaseModel):
 
 
 class KernelModule(_Spec):
-    """The module whose class is built and timed."""
+    """The module whose class is built and timed (or, with ``function``, whose function is called
+    with the inputs: Magpie's ``bench_target``)."""
     module: str
     model_class: Optional[str] = None  # None: ModelNew, else Model
     get_init_inputs_func: Optional[str] = "get_init_inputs"
+    function: bool = False  # model_class names a function, called as it is (no init inputs)
 
 
 class InputsModule(_Spec):
@@ -91,9 +93,10 @@ class LoadSpec(_Spec):
     def for_kernel(cls, kernel: Any, inputs_from: Any, *, seeds: list[int], device: str = "auto",
                    share_state: bool = False, keep_sets_bytes: Optional[int] = None) -> "LoadSpec":
         """From two ``engine.kernels.plan.KernelSpec``: the kernel, and the one its inputs come from."""
-        return cls(kernel=KernelModule(module=str(kernel.source_files[0]), model_class=kernel.model_class,
-                                       get_init_inputs_func=kernel.get_init_inputs_func),
-                   inputs=InputsModule(module=str(inputs_from.source_files[0]),
+        return cls(kernel=KernelModule(module=str(kernel.module_file), model_class=kernel.model_class,
+                                       get_init_inputs_func=kernel.get_init_inputs_func,
+                                       function=bool(getattr(kernel, "call_function", False))),
+                   inputs=InputsModule(module=str(inputs_from.module_file),
                                        get_inputs_func=inputs_from.get_inputs_func,
                                        get_init_inputs_func=inputs_from.get_init_inputs_func),
                    seeds=list(seeds), device=device, init_seed=seeds[0],

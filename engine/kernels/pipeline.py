@@ -111,8 +111,11 @@ class Evaluator:
 
     def _env(self, k: KernelSpec) -> dict[str, str]:
         env = dict(k.env)
+        current = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        if k.pythonpath:  # Magpie's latency.pythonpath, first
+            current = os.pathsep.join([str(p) for p in k.pythonpath] + ([current] if current else []))
         # Make `import engine` work in the harness wherever the kernel's working dir is.
-        env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH") or os.environ.get("PYTHONPATH"))
+        env["PYTHONPATH"] = engine_pythonpath(current)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -264,7 +267,7 @@ class Evaluator:
                 k0 = group[0].spec
                 ref_spec = replace(k0, id=f"reference_{ref_file.stem}", source_files=[ref_file],
                                    model_class="Model" if follows_convention(ref_file, k0.get_inputs_func, "Model") else None,
-                                   baseline=False)
+                                   baseline=False, harness_module=None, call_function=False)
                 ref = Member(key=f"reference:{ref_file.name}", spec=ref_spec, role="reference")
                 groups.append((ref, [member(o, "kernel") for o in group]))
         settings = SessionSettings(

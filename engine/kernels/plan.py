@@ -1,8 +1,13 @@
 """From YAML + command-line flags to an evaluation plan: resolved kernels and run settings.
 
-Rules: relative paths resolve against the YAML file's folder; a CLI flag that conflicts
-with the YAML wins and is recorded in ``overrides``; anything that cannot be honoured is
-an error before anything runs, never a silent drop.
+Rules: paths resolve as Magpie resolves them: a relative ``working_dir`` against the current
+directory (``${MAGPIE_CONFIG_DIR}`` names the YAML's folder), an entry with commands and no
+``working_dir`` runs them in the current directory; relative ``source_files`` / ``reference_file``
+against the working_dir where the file is there, else the YAML's folder. A CLI flag that
+conflicts with the YAML wins and is recorded in ``overrides``; a Magpie field that maps onto
+this tool's own settings is recorded in ``notes``, one it does not honour is a warning naming
+it; anything that cannot be honoured at all is an error before anything runs, never a silent
+drop. ``Plan.describe()`` is the plan as plain data (``--dry-run``).
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.config.kernel import (
-    Command, CorrectnessSettings, KernelConfigFile, KernelEntry, PerformanceSettings, load_kernel_config,
-    normalize_commands,
+    CONFIG_DIR_VARIABLE, BenchTarget, Command, CorrectnessSettings, KernelConfigFile, KernelEntry, LatencySettings,
+    PerformanceSettings, config_variables, load_kernel_config, normalize_commands,
 )
-from engine.config.yamlfile import ConfigError, LocatedYaml
+from engine.config.yamlfile import ConfigError, LocatedYaml, unset_variables
 from engine.kernels.harness import follows_convention
 
 DEFAULT_COMMAND_TIMEOUT_S = 600.0
@@ -42,6 +47,17 @@ class KernelSpec:
     harness: bool = False  # its first source file follows the Model/get_inputs convention
     inplace: bool = False  # declared: writes its inputs on purpose
     origin: str = ""  # file:line where the entry was defined, or "command line"
+    working_dir_from: str = ""  # how working_dir was chosen (shown in the plan)
+    pythonpath: list[Path] = field(default_factory=list)  # put first on the PYTHONPATH of its processes
+    # Magpie's bench_target: the harness calls harness_module's function model_class(*get_inputs()).
+    bench_target: Optional[dict] = None
+    harness_module: Optional[Path] = None  # the module the harness loads, when not source_files[0]
+    call_function: bool = False  # model_class names a function called with the inputs (no class to build)
+
+    @property
+    def module_file(self) -> Optional[Path]:
+        """The Python module the harness loads for this kernel."""
+        return self.harness_module or (self.source_files[0] if self.source_files else None)
 
     def to_config(self) -> dict:
         """The effective entry, as written to the workspace's config.yaml."""
@@ -56,6 +72,9 @@ class KernelSpec:
             "get_init_inputs_func": self.get_init_inputs_func, "model_class": self.model_class,
             "reference_file": str(self.reference_file) if self.reference_file else None,
             "baseline": self.baseline, "inplace": self.inplace,
+            "working_dir_from": self.working_dir_from, "pythonpath": [str(p) for p in self.pythonpath],
+            "bench_target": self.bench_target,
+            "harness_module": str(self.harness_module) if self.harness_module else None,
         }
 
 
@@ -84,6 +103,8 @@ class RunSettings:
     ncu_kernel_name: Optional[str] = None
     rocprof_args: list[str] = field(default_factory=list)
     workers: int = 1
+    # correctness.backend accordo: Magpie's accordo block, resolved (engine.kernels.accordo).
+    accordo: Optional[dict] = None
 
     @property
     def seeds(self) -> list[int]:
@@ -118,6 +139,18 @@ class Plan:
     # The resolved scheduler.ray / scheduler.container block (engine.cluster.settings) of a
     # non-local environment; None for local runs.
     scheduler: Optional[Any] = None
+    cwd: Optional[Path] = None  # the current directory relative paths resolved against
+    notes: list[str] = field(default_factory=list)  # Magpie fields mapped onto this tool's settings
+
+    def describe(self) -> dict:
+        """The plan as plain data (JSON-ready): what ``--dry-run`` prints, what an MCP tool can return."""
+        from engine.kernels.describe import describe_plan
+        return describe_plan(self)
+
+    def plan_lines(self) -> list[str]:
+        """``describe()`` as the lines a terminal shows."""
+        from engine.kernels.describe import plan_lines
+        return plan_lines(self.describe())
 
     def effective_config(self) -> dict:
         out = {
@@ -130,6 +163,8 @@ class Plan:
             "settings": self.settings.to_dict(),
             "overrides": self.overrides,
             "warnings": self.warnings,
+            "notes": self.notes,
+            "cwd": str(self.cwd) if self.cwd else None,
         }
         if self.scheduler is not None:
             out["scheduler"] = {self.environment: self.scheduler.model_dump()}
@@ -158,11 +193,85 @@ class CliOptions:
     tie_margin: Optional[float] = None
     ray_address: Optional[str] = None
     docker_image: Optional[str] = None
+    cwd: Optional[str] = None  # the folder relative paths resolve against (default: the current directory)
 
 
 def _resolve(base: Path, value: str) -> Path:
     p = Path(value).expanduser()
     return (p if p.is_absolute() else base / p).resolve()
+
+
+def _unset_note(raw: str, variables: dict[str, str]) -> str:
+    names = unset_variables(raw, variables)
+    return ", ".join(f"${n}" for n in names) + (" is" if len(names) == 1 else " are") + " not set" if names else ""
+
+
+@dataclass
+class _Where:
+    """Where an entry is: its YAML (and folder), its file:line, the current directory."""
+    doc: LocatedYaml
+    loc: tuple
+    cwd: Path
+    variables: dict[str, str]
+    kernel_id: str = "kernel"
+
+    @property
+    def yaml_dir(self) -> Path:
+        return self.doc.path.resolve().parent
+
+    def at(self, field_name: str) -> str:
+        """``file:line: <kernel id>.working_dir``"""
+        name, _, index = field_name.partition("[")
+        path = (name, int(index.rstrip("]"))) if index else (name,)
+        return f"{self.doc.where(self.loc + path)}: {self.kernel_id}.{field_name}"
+
+
+def _find_file(raw: str, wd: Path, w: _Where, what: str, problems: list[str], warnings: list[str],
+               kernel_id: str) -> Path:
+    """A relative source / reference file: in the working_dir when it is there, else next to the
+    YAML; missing from both: the working_dir's path, reported."""
+    p = Path(raw).expanduser()
+    unset = _unset_note(raw, w.variables)
+    if p.is_absolute() or unset:
+        if not p.exists() and not (wd / p).exists():
+            problems.append(f"{w.at(what)}: {raw}: " + (f"{unset}: export it" if unset else f"{p} does not exist"))
+        return p.resolve() if p.is_absolute() else (wd / p).resolve()
+    in_wd = (wd / p).resolve()
+    if in_wd.exists():
+        return in_wd
+    beside = (w.yaml_dir / p).resolve()
+    if beside.exists():
+        if wd != w.yaml_dir:
+            warnings.append(f"{w.at(what)}: {raw} is not in the working_dir {wd}; taken from the YAML's folder "
+                            f"({beside}). Magpie resolves it against the working_dir: write "
+                            f"${{{CONFIG_DIR_VARIABLE}}}/{raw} to say where it is")
+        return beside
+    looked = "" if wd == w.yaml_dir else f" (looked in the working_dir {wd} and next to the YAML in {w.yaml_dir})"
+    problems.append(f"{w.at(what)}: {raw}: {in_wd} does not exist{looked}")
+    return in_wd
+
+
+def _working_dir(entry: KernelEntry, w: _Where, has_commands: bool, problems: list[str]) -> tuple[Path, str]:
+    if entry.working_dir:
+        raw = entry.working_dir
+        wd = _resolve(w.cwd, raw)
+        if not wd.is_dir():
+            unset = _unset_note(raw, w.variables)
+            if unset:
+                problems.append(f"{w.at('working_dir')} {raw}: {unset}: export it (as written, the folder does "
+                                "not exist)")
+            else:
+                msg = f"{w.at('working_dir')} {raw}: folder {wd} does not exist"
+                if not Path(raw).expanduser().is_absolute():
+                    msg += f" (a relative working_dir is relative to the current directory {w.cwd}, as in Magpie"
+                    beside = (w.yaml_dir / raw).resolve()
+                    msg += (f"; for the folder next to the YAML write ${{{CONFIG_DIR_VARIABLE}}}/{raw}"
+                            if beside.is_dir() else "") + ")"
+                problems.append(msg)
+        return wd, "working_dir"
+    if has_commands:
+        return w.cwd, "the current directory (no working_dir: Magpie runs the commands there)"
+    return w.yaml_dir, "the YAML's folder (no working_dir and no command to run: the harness worker runs there)"
 
 
 def _shell_command(text: str) -> list[Command]:
@@ -175,24 +284,56 @@ def _shell_command(text: str) -> list[Command]:
     return [text]
 
 
-def _entry_to_spec(entry: KernelEntry, index: int, base: Path, origin: str, problems: list[str],
-                   where: str) -> KernelSpec:
-    wd = _resolve(base, entry.working_dir) if entry.working_dir else base
-    if not wd.is_dir():
-        problems.append(f"{where}.working_dir: folder {wd} does not exist")
+def _entry_to_spec(entry: KernelEntry, index: int, w: _Where, problems: list[str], warnings: list[str],
+                   cli_commands: bool, latency: Optional[LatencySettings]) -> KernelSpec:
+    has_commands = bool(entry.compile_command or entry.testcase_command or entry.prof_command or cli_commands)
+    wd, wd_from = _working_dir(entry, w, has_commands, problems)
     spec = KernelSpec(
         index=index, id=entry.id, type=entry.type,
-        source_files=[_resolve(base, s) for s in entry.source_files],
+        source_files=[_find_file(s, wd, w, f"source_files[{i}]" if len(entry.source_files) > 1 else "source_files",
+                                 problems, warnings, entry.id) for i, s in enumerate(entry.source_files)],
         working_dir=wd, env=dict(entry.env),
         compile=normalize_commands(entry.compile_command),
         testcase=normalize_commands(entry.testcase_command),
         prof=normalize_commands(entry.prof_command),
         get_inputs_func=entry.get_inputs_func, get_init_inputs_func=entry.get_init_inputs_func,
         model_class=entry.model_class,
-        reference_file=_resolve(base, entry.reference_file) if entry.reference_file else None,
-        baseline=entry.baseline, origin=origin, inplace=entry.inplace,
+        reference_file=_find_file(entry.reference_file, wd, w, "reference_file", problems, warnings, entry.id)
+        if entry.reference_file else None,
+        baseline=entry.baseline, origin=w.doc.where(w.loc), inplace=entry.inplace, working_dir_from=wd_from,
     )
+    if latency is not None and latency.pythonpath:
+        spec.pythonpath = [_resolve(w.cwd, x) for x in latency.pythonpath]
+    target = entry.bench_target or (latency.bench_target if latency is not None else None)
+    if target is not None:
+        field_name = "bench_target" if entry.bench_target else "latency.bench_target"
+        _bench_target(spec, target, field_name, w, warnings)
     return spec
+
+
+def _bench_target(spec: KernelSpec, target: BenchTarget, field_name: str, w: _Where, warnings: list[str]) -> None:
+    """Magpie's ``module.callable(*get_inputs())``: the harness loads the module's file and calls
+    the function with the module's inputs, when it can find that file."""
+    spec.bench_target = target.model_dump()
+    where = f"{w.doc.where(w.loc)}: {spec.id}.{field_name}"
+    if spec.type not in ("pytorch", "triton"):
+        warnings.append(f"{where}: not used: the Python harness runs pytorch and triton kernels; this {spec.type} "
+                        "kernel is timed around its testcase instead")
+        return
+    rel = Path(*target.module.split("."))
+    dirs = list(dict.fromkeys([*spec.pythonpath, spec.working_dir, w.yaml_dir, *(f.parent for f in spec.source_files)]))
+    found = next((c for d in dirs for c in (d / rel.with_suffix(".py"), d / rel / "__init__.py") if c.is_file()), None)
+    if found is None:
+        warnings.append(f"{where}: module {target.module} not found (looked for {rel.with_suffix('.py')} in "
+                        f"{', '.join(str(d) for d in dirs)}): not used; put its folder in latency.pythonpath. "
+                        "The kernel is timed around its testcase instead")
+        return
+    if not follows_convention(found, target.get_inputs, target.callable):
+        warnings.append(f"{where}: {found} defines no {target.callable}() and {target.get_inputs}() at its top "
+                        "level: not used; the kernel is timed around its testcase instead")
+        return
+    spec.harness_module = found.resolve()
+    spec.model_class, spec.get_inputs_func, spec.call_function = target.callable, target.get_inputs, True
 
 
 def _record(overrides: list[dict], field_name: str, yaml_value: Any, cli_value: Any, flag: str) -> None:
@@ -205,24 +346,33 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
     problems: list[str] = []
     overrides: list[dict] = []
     warnings: list[str] = []
+    notes: list[str] = []
     framework = framework or {}
+    cwd = Path(opts.cwd).expanduser().resolve() if opts.cwd else Path.cwd()
     cfg: KernelConfigFile | None = None
     doc: LocatedYaml | None = None
     if opts.kernel_config:
-        cfg, doc = load_kernel_config(opts.kernel_config, warnings)
-        kernels = _kernels_from_config(cfg, doc, opts, overrides, warnings, problems)
+        config_path = Path(opts.kernel_config).expanduser()
+        if not config_path.is_absolute() and cwd != Path.cwd():
+            config_path = cwd / config_path  # as typed where the request was made
+        cfg, doc = load_kernel_config(config_path, warnings)
+        kernels = _kernels_from_config(cfg, doc, opts, cwd, overrides, warnings, problems)
     else:
-        kernels = _kernels_from_files(mode, opts, problems)
+        kernels = _kernels_from_files(mode, opts, cwd, problems)
     if opts.only:
         kernels = _select_only(kernels, opts, overrides, problems)
     for k in kernels:
-        _apply_entry_flags(k, opts, cfg is not None, overrides)
+        _apply_entry_flags(k, opts, cfg is not None, overrides, warnings)
     _check_kernels(kernels, problems)
 
-    settings = _settings(cfg, doc, opts, framework, overrides, problems)
+    settings = _settings(cfg, doc, opts, framework, overrides, problems, notes, warnings, cwd)
     plan = Plan(mode=mode, kernels=kernels, settings=settings, overrides=overrides, warnings=warnings,
-                config_file=doc.path.resolve() if doc else None)
+                config_file=doc.path.resolve() if doc else None, cwd=cwd, notes=notes)
+    if cfg is not None and cfg.latency is not None:
+        _latency(cfg.latency, plan, warnings, notes)
     plan.environment = _environment(cfg, doc, opts, framework, overrides)
+    if cfg is not None and cfg.ray_config is not None:
+        _ray_config(cfg, doc, plan, warnings, notes)
     if plan.environment != "local":
         from engine.cluster.settings import resolve_scheduler
         plan.scheduler = resolve_scheduler(plan.environment, cfg, doc, opts, framework, overrides, problems)
@@ -237,15 +387,16 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
     return plan
 
 
-def _kernels_from_config(cfg: KernelConfigFile, doc: LocatedYaml, opts: CliOptions, overrides: list[dict],
-                         warnings: list[str], problems: list[str]) -> list[KernelSpec]:
+def _kernels_from_config(cfg: KernelConfigFile, doc: LocatedYaml, opts: CliOptions, cwd: Path,
+                         overrides: list[dict], warnings: list[str], problems: list[str]) -> list[KernelSpec]:
     kernels: list[KernelSpec] = []
-    base = doc.path.resolve().parent
+    variables = config_variables(doc.path)
+    cli_commands = bool(opts.testcase or opts.compile_cmd)
     for i, entry in enumerate(cfg.entries()):
         loc = ("kernel",) if (cfg.kernel is not None and i == 0) else (
             "kernels", i - (1 if cfg.kernel is not None else 0))
-        where = f"{doc.where(loc)}: {loc[0]}" + (f"[{loc[1]}]" if len(loc) > 1 else "")
-        kernels.append(_entry_to_spec(entry, i, base, doc.where(loc), problems, where))
+        w = _Where(doc=doc, loc=loc, cwd=cwd, variables=variables, kernel_id=entry.id)
+        kernels.append(_entry_to_spec(entry, i, w, problems, warnings, cli_commands, cfg.latency))
     if opts.kernels:
         warnings.append(f"positional kernel files {opts.kernels} ignored: --kernel-config gives the kernels")
         overrides.append({"field": "kernels", "yaml": [k.id for k in kernels], "cli": opts.kernels,
@@ -253,23 +404,25 @@ def _kernels_from_config(cfg: KernelConfigFile, doc: LocatedYaml, opts: CliOptio
     return kernels
 
 
-def _kernels_from_files(mode: str, opts: CliOptions, problems: list[str]) -> list[KernelSpec]:
+def _kernels_from_files(mode: str, opts: CliOptions, cwd: Path, problems: list[str]) -> list[KernelSpec]:
     if not opts.kernels:
         raise ConfigError(["no kernels: give kernel files, or a kernel config with -k/--kernel-config"])
     kernels: list[KernelSpec] = []
     ktype = (opts.type or "hip")
     for i, f in enumerate(opts.kernels):
-        path = Path(f).expanduser().resolve()
+        path = _resolve(cwd, f)
         if not path.is_file():
             problems.append(f"kernel file {f}: not found")
             continue
         kid = path.stem if mode == "analyze" else f"kernel_{i}_{path.stem}"
         kernels.append(KernelSpec(index=i, id=kid, type=ktype, source_files=[path], working_dir=path.parent,
-                                  env={}, compile=[], testcase=[], prof=[], origin="command line"))
+                                  env={}, compile=[], testcase=[], prof=[], origin="command line",
+                                  working_dir_from="the kernel file's folder (as in Magpie)"))
     return kernels
 
 
-def _apply_entry_flags(k: KernelSpec, opts: CliOptions, from_config: bool, overrides: list[dict]) -> None:
+def _apply_entry_flags(k: KernelSpec, opts: CliOptions, from_config: bool, overrides: list[dict],
+                       warnings: list[str]) -> None:
     """Command-line flags that replace per-entry fields (recorded as overrides), then whether
     the entry runs in the harness."""
     if opts.testcase:
@@ -286,9 +439,9 @@ def _apply_entry_flags(k: KernelSpec, opts: CliOptions, from_config: bool, overr
         alias = {"torch": "pytorch", "py": "pytorch"}.get(opts.type, opts.type)
         _record(overrides, f"{k.id}.type", k.type, alias, "--type")
         k.type = alias
-    k.harness = (k.type in ("pytorch", "triton") and bool(k.source_files)
-                 and k.source_files[0].is_file()
-                 and follows_convention(k.source_files[0], k.get_inputs_func, k.model_class))
+    module = k.module_file
+    k.harness = (k.type in ("pytorch", "triton") and module is not None and module.is_file()
+                 and follows_convention(module, k.get_inputs_func, k.model_class))
 
 
 def _check_kernels(kernels: list[KernelSpec], problems: list[str]) -> None:
@@ -298,11 +451,6 @@ def _check_kernels(kernels: list[KernelSpec], problems: list[str]) -> None:
             problems.append(f"{k.origin}: id {k.id!r} is used twice (entries {seen[k.id]} and {k.index}); "
                             "ids name the log folders and report rows, so they must be unique")
         seen[k.id] = k.index
-        for src in k.source_files:
-            if not src.exists():
-                problems.append(f"{k.origin}: {k.id}.source_files: {src} does not exist")
-        if k.reference_file is not None and not k.reference_file.is_file():
-            problems.append(f"{k.origin}: {k.id}.reference_file: {k.reference_file} does not exist")
 
 
 def _select_only(kernels: list[KernelSpec], opts: CliOptions, overrides: list[dict],
@@ -329,9 +477,11 @@ def _select_only(kernels: list[KernelSpec], opts: CliOptions, overrides: list[di
 
 
 def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOptions, framework: dict,
-              overrides: list[dict], problems: list[str]) -> RunSettings:
+              overrides: list[dict], problems: list[str], notes: list[str], warnings: list[str],
+              cwd: Path) -> RunSettings:
     perf = cfg.performance if cfg else PerformanceSettings()
     corr = cfg.correctness if cfg else CorrectnessSettings()
+    lat = cfg.latency if cfg else None
     fw_perf = framework.get("performance") or {}
     s = RunSettings()
     s.perf_backend = perf.backend if perf.backend != "auto" else fw_perf.get("backend", "auto") or "auto"
@@ -353,6 +503,9 @@ def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOp
     s.n_seeds = corr.seeds or DEFAULT_SEEDS
     s.correctness_backend = corr.backend
     s.iteration_count = corr.iteration_count
+    if lat is not None:
+        _latency_settings(lat, perf, s, notes, warnings)
+    _accordo_settings(cfg, doc, corr, framework, s, problems, warnings, cwd)
 
     def cli(name: str, yaml_value: Any, value: Any, flag: str) -> Any:
         if value is None:
@@ -362,7 +515,11 @@ def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOp
         return value
 
     s.repeats = cli("performance.repeats", s.repeats, opts.repeats, "--repeats")
-    s.warmup = cli("performance.warmup", s.warmup, opts.warmup, "--warmup")
+    s.warmup = cli("performance.warmup" if perf.warmup is not None else "latency.warmup_iters", s.warmup,
+                   opts.warmup, "--warmup")
+    if s.accordo is not None:
+        s.accordo["rtol"] = cli("correctness.accordo.rtol", s.accordo["rtol"], opts.rtol, "--rtol")
+        s.accordo["atol"] = cli("correctness.accordo.atol", s.accordo["atol"], opts.atol, "--atol")
     s.rtol = cli("correctness.rtol", s.rtol, opts.rtol, "--rtol")
     s.atol = cli("correctness.atol", s.atol, opts.atol, "--atol")
     if opts.tie_margin is not None:
@@ -370,6 +527,8 @@ def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOp
             problems.append(f"--tie-margin {opts.tie_margin}: give a fraction in [0, 1), e.g. 0.02 for 2%")
         s.tie_margin = cli("performance.tie_margin", s.tie_margin, opts.tie_margin, "--tie-margin")
     if opts.seed is not None:
+        if s.seed is not None and s.seed != opts.seed:
+            _record(overrides, "latency.seed", s.seed, opts.seed, "--seed")
         s.seed = opts.seed
     if opts.timeout is not None:
         for attr, name in (("compile_timeout_s", "compile"), ("correctness_timeout_s", "correctness.timeout_seconds"),
@@ -388,6 +547,153 @@ def _settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOp
         (framework.get("scheduler") or {}).get("max_workers") or 1
     s.workers = max(1, int(workers))
     return s
+
+
+def _latency_settings(lat: LatencySettings, perf: PerformanceSettings, s: RunSettings, notes: list[str],
+                      warnings: list[str]) -> None:
+    """Magpie's ``latency:`` keys that are settings of this tool's performance stage."""
+    if lat.warmup_iters is not None:
+        if perf.warmup is None:
+            s.warmup = lat.warmup_iters
+            notes.append(f"latency.warmup_iters {lat.warmup_iters} -> performance.warmup (untimed harness calls "
+                         "before timing)")
+        else:
+            warnings.append(f"latency.warmup_iters {lat.warmup_iters}: not used: performance.warmup {perf.warmup} "
+                            "is given")
+    if lat.seed is not None:
+        s.seed = lat.seed
+        notes.append(f"latency.seed {lat.seed} -> the harness's input seeds {lat.seed}, {lat.seed + 1}, ... "
+                     "(fixed, so not hidden from the kernels)")
+    if lat.timeout_seconds is not None:
+        if perf.timeout_seconds is None:
+            s.perf_timeout_s = float(lat.timeout_seconds)
+            notes.append(f"latency.timeout_seconds {lat.timeout_seconds:g} -> performance.timeout_seconds "
+                         "(each timing run)")
+        else:
+            warnings.append(f"latency.timeout_seconds {lat.timeout_seconds:g}: not used: "
+                            f"performance.timeout_seconds {perf.timeout_seconds:g} is given")
+    if lat.kernel_filter:
+        if not s.ncu_kernel_name:
+            s.ncu_kernel_name = f"regex:{lat.kernel_filter}"
+        if "--kernel-include-regex" not in s.rocprof_args:
+            s.rocprof_args += ["--kernel-include-regex", lat.kernel_filter]
+        notes.append(f"latency.kernel_filter {lat.kernel_filter!r} -> ncu --kernel-name regex:{lat.kernel_filter} "
+                     f"and rocprofv3 --kernel-include-regex {lat.kernel_filter}")
+
+
+def _latency(lat: LatencySettings, plan: Plan, warnings: list[str], notes: list[str]) -> None:
+    """The ``latency:`` keys that depend on the kernels: the method, the metric, Magpie's own
+    repetition knobs; each either maps onto the performance stage or is named with what is used."""
+    s = plan.settings
+    harness = [k.id for k in plan.kernels if k.harness]
+    others = [k.id for k in plan.kernels if not k.harness]
+    auto = ("the timing backend chosen per kernel (performance.backend auto: the harness for Python modules, "
+            "else the testcase's MAGPIE_TIMING_JSON line, ncu on NVIDIA, rocprofv3 on AMD)")
+    if lat.pythonpath:
+        notes.append(f"latency.pythonpath -> first on the PYTHONPATH of every kernel process: "
+                     f"{', '.join(str(p) for p in plan.kernels[0].pythonpath) if plan.kernels else ''}")
+        for p in plan.kernels[0].pythonpath if plan.kernels else []:
+            if not p.is_dir():
+                warnings.append(f"latency.pythonpath: {p} does not exist (relative entries are relative to the "
+                                f"current directory, as in Magpie; ${{{CONFIG_DIR_VARIABLE}}} names the YAML's folder)")
+    for k in plan.kernels:
+        if k.call_function and k.harness:
+            notes.append(f"{k.id}.bench_target -> the harness calls {k.model_class}(*{k.get_inputs_func}()) from "
+                         f"{k.module_file}")
+    if not lat.enabled:
+        warnings.append("latency.enabled false: kernels are still timed in the performance stage (this tool has no "
+                        "separate latency stage); give --no-perf to skip timing")
+    method = lat.method
+    if method == "cuda_graph":
+        if harness and s.timer == "auto":
+            s.timer = "graph"
+            notes.append(f"latency.method cuda_graph -> performance.timer graph (CUDA/HIP-graph replay) for "
+                         f"{', '.join(harness)}")
+        if others:
+            warnings.append(f"latency.method cuda_graph: {', '.join(others)} not run by the Python harness: timed by "
+                            f"{auto}; a MAGPIE_LATENCY_JSON line is not read (print MAGPIE_TIMING_JSON: "
+                            '{"samples_ms": [...]} instead)')
+    elif method in ("kernel_trace", "rocprof_timestamps"):
+        notes.append(f"latency.method {method} -> device-side kernel times: the harness's device trace "
+                     "(performance.timer trace) for Python modules, rocprofv3 kernel trace (AMD) / ncu (NVIDIA) "
+                     "around the testcase otherwise")
+    elif method == "both":
+        warnings.append("latency.method both: the wall-minus-kernel dispatch overhead and the rocprof cross-check "
+                        f"are not reported; kernels are timed once, by {auto}")
+    elif method == "none":
+        warnings.append("latency.method none: kernels are still timed in the performance stage; give --no-perf to "
+                        "skip timing")
+    if lat.primary_metric == "wall_median_ms":
+        warnings.append("latency.primary_metric wall_median_ms: not available; verdicts use the median of the timing "
+                        "backend's samples (device time on a GPU: the harness's trace or graph replay, ncu, "
+                        "rocprofv3)")
+    elif lat.primary_metric == "kernel_median_ms":
+        notes.append("latency.primary_metric kernel_median_ms -> the median of the timing backend's samples "
+                     "(device time on a GPU)")
+    instead = {"rep_ms": "the harness picks the calls per round itself (performance.repeats / --repeats)",
+               "n_retries": f"performance.rounds ({s.rounds}) interleaved rounds, the median over all their samples",
+               "estimate_reps": "the harness estimates a call's time in its warm-up",
+               "output_dir": "results are in the run folder (-o), under performance in the report"}
+    for key, what in instead.items():
+        value = getattr(lat, key)
+        if value is not None:
+            warnings.append(f"latency.{key} {value:g}: not used: {what}" if isinstance(value, float) else
+                            f"latency.{key} {value}: not used: {what}")
+    if lat.kernel_filter and harness:
+        warnings.append(f"latency.kernel_filter {lat.kernel_filter!r}: not used for {', '.join(harness)}: the Python "
+                        "harness times the whole call (every kernel it launches, on every stream)")
+
+
+def _ray_config(cfg: KernelConfigFile, doc: Optional[LocatedYaml], plan: Plan, warnings: list[str],
+                notes: list[str]) -> None:
+    rc = cfg.ray_config
+    where = doc.where(("ray_config",)) if doc is not None else "ray_config"
+    if plan.environment != "ray":
+        warnings.append(f"{where}: ray_config: not used: the kernels run in the {plan.environment!r} environment "
+                        "(-e/--environment or scheduler.environment says so)")
+        return
+    notes.append("ray_config -> environment ray (as in Magpie)")
+    notes.extend(rc.mapped())
+    for name, why in rc.unmapped():
+        at = doc.where(("ray_config", name.split(".", 1)[1])) if doc is not None else where
+        warnings.append(f"{at}: {name}: not used: {why}")
+
+
+def _accordo_settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, corr: CorrectnessSettings,
+                      framework: dict, s: RunSettings, problems: list[str], warnings: list[str], cwd: Path) -> None:
+    """correctness.backend accordo: Magpie's accordo block (the framework config's defaults, then the
+    kernel YAML's), checked now so a missing key fails before anything runs."""
+    fw = framework.get("correctness") or {}
+    backend = corr.backend
+    if backend == "auto" and fw.get("backend") in ("accordo", "testcase"):
+        backend = s.correctness_backend = fw["backend"]
+    where = doc.where(("correctness",)) if doc is not None else "correctness"
+    if backend != "accordo":
+        if corr.accordo is not None:
+            warnings.append(f"{where}: correctness.accordo: not used: correctness.backend is {backend!r} "
+                            "(set backend: accordo to validate with IntelliKit Accordo)")
+        return
+    from engine.config.kernel import AccordoSettings
+    merged = dict(fw.get("accordo") or {})
+    if corr.accordo is not None:
+        merged.update(corr.accordo.model_dump(exclude_unset=True))
+    try:
+        acc = AccordoSettings.model_validate(merged)
+    except Exception as exc:  # pydantic names the field (a framework-config value)
+        problems.append(f"{where}: correctness.accordo: {exc}")
+        return
+    missing = [k for k in ("kernel_name", "reference_binary", "optimized_binary") if not getattr(acc, k)]
+    if missing:
+        problems.append(f"{where}: correctness.backend accordo needs correctness.accordo.{', '.join(missing)} "
+                        "(the kernel to intercept and the two binaries it compares)")
+    s.accordo = acc.model_dump()
+    if acc.working_directory:
+        s.accordo["working_directory"] = str(_resolve(cwd, acc.working_directory))
+    if acc.kernel_args:
+        s.accordo["kernel_args"] = [list(a) for a in acc.kernel_args]
+    if corr.rtol is not None or corr.atol is not None:
+        warnings.append(f"{where}: correctness.rtol/atol: not used with backend accordo: "
+                        "correctness.accordo.rtol/atol are Accordo's tolerances")
 
 
 def _environment(cfg: KernelConfigFile | None, doc: LocatedYaml | None, opts: CliOptions, framework: dict,
@@ -440,6 +746,8 @@ def _choose_baseline(plan: Plan, opts: CliOptions, problems: list[str]) -> None:
 def _check_correctness_paths(plan: Plan, problems: list[str]) -> None:
     """An entry with no way to check its correctness is an error, not a pass."""
     backend = plan.settings.correctness_backend
+    if backend == "accordo":
+        return  # Accordo compares the two binaries of the accordo block for every kernel
     for k in plan.kernels:
         harness_ok = k.harness and backend != "testcase"
         if harness_ok:
@@ -451,7 +759,7 @@ def _check_correctness_paths(plan: Plan, problems: list[str]) -> None:
             continue
         if backend == "harness" and not k.harness:
             problems.append(f"{k.origin}: {k.id}: correctness.backend is 'harness' but "
-                            f"{k.source_files[0] if k.source_files else 'the entry'} does not define "
+                            f"{k.module_file or 'the entry'} does not define "
                             f"Model/ModelNew and {k.get_inputs_func}()")
             continue
         if k.harness and plan.mode == "analyze":

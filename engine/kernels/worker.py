@@ -397,6 +397,12 @@ class Worker:
     def _build_model(self, spec: LoadSpec, in_mod) -> None:
         same = Path(spec.kernel.module).resolve() == Path(spec.inputs.module).resolve()
         module = in_mod if same else _load_module(spec.kernel.module, "_magpie_kernel")
+        if spec.kernel.function:  # Magpie's bench_target: module.callable(*get_inputs())
+            fn = getattr(module, spec.kernel.model_class or "", None)
+            if not callable(fn):
+                raise AttributeError(f"{spec.kernel.module} defines no function {spec.kernel.model_class!r}")
+            self.model = fn
+            return
         cls = _pick_class(module, spec.kernel.model_class)
         get_init = getattr(in_mod, spec.inputs.get_init_inputs_func or "get_init_inputs", None) or \
             getattr(module, spec.kernel.get_init_inputs_func or "get_init_inputs", None)

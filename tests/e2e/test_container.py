@@ -112,7 +112,7 @@ class RunningEngine(FakeEngine):
 
 def _config(tmp_path: Path, container: dict, testcase: str = "./build/{id}") -> Path:
     (tmp_path / "kern.c").write_text(KERNEL_C)
-    kernels = [{"id": kid, "type": "hip", "working_dir": ".",
+    kernels = [{"id": kid, "type": "hip", "working_dir": "${MAGPIE_CONFIG_DIR}",
                 "compile_command": f"mkdir -p build && cc -O1 -o build/{kid} kern.c",
                 "testcase_command": testcase.format(id=kid)} for kid in ("base", "cand")]
     cfg = {"kernels": kernels, "scheduler": {"container": {"python": sys.executable, **container}}}

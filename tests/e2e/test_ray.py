@@ -56,7 +56,7 @@ def _kernel_dir(tmp_path: Path, kernels: list[dict], ray_settings: dict, name: s
 
 
 def _c_kernel(kid: str, variant: int, **extra) -> dict:
-    return {"id": kid, "type": "hip", "working_dir": ".",
+    return {"id": kid, "type": "hip", "working_dir": "${MAGPIE_CONFIG_DIR}",
             "compile_command": f"mkdir -p build && cc -O1 -DVARIANT={variant} -o build/{kid} kern.c",
             "testcase_command": f"./build/{kid}", **extra}
 

@@ -39,13 +39,24 @@ kernel:
   compile_command: nvcc -arch=$MAGPIE_TEST_ARCH k.cu -o k
   testcase_command: "./k ${MAGPIE_TEST_UNSET_VAR}"
 """)
-    plan = build_plan("analyze", CliOptions(kernel_config=str(p)))
+    # As in Magpie, a relative working_dir is relative to the current directory ...
+    with pytest.raises(ConfigError, match=r"k.yaml:6: k.working_dir src: folder .* does not exist \(a relative "
+                                          r"working_dir is relative to the current directory .*\$\{MAGPIE_CONFIG_DIR\}/src"):
+        build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path)))
+    plan = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(sub)))
     (k,) = plan.kernels
-    assert k.working_dir == (sub / "src").resolve()
+    assert k.working_dir == (sub / "src").resolve() and k.working_dir_from == "working_dir"
+    # ... and a relative source file is found in the working_dir, else next to the YAML.
     assert k.source_files == [(sub / "src" / "k.cu").resolve()]
+    assert any("src/k.cu is not in the working_dir" in w for w in plan.warnings)
     assert k.compile == ["nvcc -arch=sm_90 k.cu -o k"]
     assert k.testcase == ["./k ${MAGPIE_TEST_UNSET_VAR}"]
     assert any("MAGPIE_TEST_UNSET_VAR is not set" in w and f"{p}:8" in w for w in plan.warnings)
+    # ${MAGPIE_CONFIG_DIR} names the YAML's folder, wherever the command runs from.
+    p.write_text(p.read_text().replace("working_dir: src", "working_dir: ${MAGPIE_CONFIG_DIR}/src")
+                 .replace("[src/k.cu]", "[k.cu]"))
+    (k,) = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path))).kernels
+    assert k.working_dir == (sub / "src").resolve() and k.source_files == [(sub / "src" / "k.cu").resolve()]
 
 
 def test_errors_collect_every_problem_with_lines(tmp_path):
@@ -81,7 +92,7 @@ def test_plan_level_problems(tmp_path):
     with pytest.raises(ConfigError) as info:
         build_plan("compare", CliOptions(kernel_config=str(p)))
     problems = info.value.problems
-    assert any("missing.cu does not exist" in x and f"{p}:2" in x for x in problems)
+    assert any("missing.cu does not exist" in x and f"{p}:5: a.source_files" in x for x in problems)
     assert any("id 'a' is used twice" in x for x in problems)
 
 
@@ -115,7 +126,22 @@ def test_counter_backends_are_rejected_with_the_alternative(tmp_path):
         load_kernel_config(p)
     text = str(info.value)
     assert f"{p}:3: performance.backend" in text and "use 'rocprofv3'" in text
-    assert f"{p}:5: correctness.backend" in text and "use 'harness'" in text
+    assert "correctness" not in text  # Accordo is run (engine.kernels.accordo)
+
+
+def test_accordo_needs_its_kernel_and_binaries(tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text("kernel: {id: a, type: hip, testcase_command: x}\ncorrectness:\n  backend: accordo\n"
+                 "  accordo: {reference_binary: ./ref, atol: 1.0e-4, kernel_args: [[a, float*], 'n:int']}\n")
+    with pytest.raises(ConfigError, match=r"k.yaml:2: correctness.backend accordo needs correctness.accordo."
+                                          r"kernel_name, optimized_binary"):
+        build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path)))
+    p.write_text(p.read_text().replace("reference_binary: ./ref", "reference_binary: ./ref, optimized_binary: ./opt, "
+                                       "kernel_name: k"))
+    plan = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path), atol=1e-3))
+    acc = plan.settings.accordo
+    assert acc["atol"] == 1e-3 and acc["rtol"] == 1e-5 and acc["kernel_args"] == [["a", "float*"], ["n", "int"]]
+    assert {"field": "correctness.accordo.atol", "yaml": 1e-4, "cli": 1e-3, "flag": "--atol"} in plan.overrides
 
 
 def test_harness_modules_need_no_testcase_in_compare_but_a_reference_in_analyze(tmp_path):
@@ -169,3 +195,47 @@ def test_verdict_settings_from_yaml_and_flags(tmp_path):
     p.write_text("kernel: {id: a, type: pytorch, source_files: [m.py]}\nperformance: {timer: cupti}\n")
     with pytest.raises(ConfigError, match="timer"):
         build_plan("analyze", CliOptions(kernel_config=str(p)))
+
+
+def test_plan_describe_is_plain_data(tmp_path):
+    import json
+    from pathlib import Path
+    corpus = Path(__file__).resolve().parents[1] / "data" / "magpie_compat" / "kernel"
+    plan = build_plan("compare", CliOptions(kernel_config="configs/compare_triton_blocksize.yaml", cwd=str(corpus)))
+    d = json.loads(json.dumps(plan.describe()))
+    k = d["kernels"][1]
+    assert k["working_dir"] == str(corpus / "examples" / "simple_triton_test") and k["working_dir_from"] == "working_dir"
+    assert k["harness"]["function"] == "triton_vector_add_block1024" and k["timing"]["backend"] == "harness"
+    assert d["baseline"]["id"] == "triton_vector_add_block256" and d["cwd"] == str(corpus)
+    assert any(n.startswith("latency.seed 42") for n in d["notes"])
+    assert plan.plan_lines()[0].startswith("magpie compare --dry-run")
+    assert plan.effective_config()["kernels"][1]["bench_target"]["callable"] == "triton_vector_add_block1024"
+
+
+def test_latency_switches_and_bench_targets_that_do_not_apply_are_named(tmp_path):
+    (tmp_path / "m.py").write_text("def get_inputs(): return []\n")
+    p = tmp_path / "k.yaml"
+    p.write_text("kernels:\n"
+                 "  - {id: h, type: hip, testcase_command: 'true', bench_target: {module: m, callable: f}}\n"
+                 "  - {id: t, type: triton, testcase_command: 'true', bench_target: {module: nowhere, callable: f}}\n"
+                 "  - {id: u, type: triton, testcase_command: 'true', bench_target: {module: m, callable: f}}\n"
+                 "latency: {enabled: false, method: none, pythonpath: missing_dir}\n")
+    plan = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path)))
+    text = "\n".join(plan.warnings)
+    assert "h.bench_target: not used: the Python harness runs pytorch and triton kernels" in text
+    assert "t.bench_target: module nowhere not found" in text and "latency.pythonpath" in text
+    assert f"u.bench_target: {tmp_path / 'm.py'} defines no f() and get_inputs()" in text
+    assert "latency.enabled false: kernels are still timed" in text and "latency.method none" in text
+    assert f"latency.pythonpath: {tmp_path / 'missing_dir'} does not exist" in text
+    assert not any(k.harness for k in plan.kernels)
+
+
+def test_unknown_magpie_block_keys_are_errors_with_the_known_fields(tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text("kernel: {id: a, type: hip, testcase_command: x}\nlatency: {methd: auto}\n"
+                 "ray_config: {cluster_adress: auto}\n")
+    with pytest.raises(ConfigError) as info:
+        load_kernel_config(p)
+    text = str(info.value)
+    assert f"{p}:2: latency.methd: unknown field. Did you mean 'method'?" in text
+    assert f"{p}:3: ray_config.cluster_adress: unknown field. Did you mean 'cluster_address'?" in text
