@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rich.console import Console
@@ -39,6 +40,9 @@ def _add_kernel_flags(p: argparse.ArgumentParser, compare: bool) -> None:
                                             "for each run and written to the report)")
     p.add_argument("--rtol", type=float, help="relative tolerance of the output comparison (default by dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance of the output comparison (default by dtype)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check everything as for a run, print the plan (per kernel: working dir, files, commands, "
+                        "env, correctness and timing), start nothing and create no run folder")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,8 +220,12 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
         timeout=args.timeout, seed=args.seed, rtol=args.rtol, atol=args.atol, workers=args.workers,
         environment=args.environment, docker_image=args.docker_image, ray_address=args.ray_address,
         only=[i.strip() for i in args.only.split(",") if i.strip()] if args.only else None,
-        tie_margin=getattr(args, "tie_margin", None))
+        tie_margin=getattr(args, "tie_margin", None), cwd=str(Path.cwd()))
     prepared = request.prepare()
+    if args.dry_run:  # the plan, from the engine; nothing starts
+        for line in prepared.plan.plan_lines():
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+        return 0
     _print_prepared(prepared)
     cancel = CancelToken()
     install_signal_handlers(cancel)
