@@ -3,8 +3,9 @@
 Rules: paths resolve as Magpie resolves them: a relative ``working_dir`` against the current
 directory (``${MAGPIE_CONFIG_DIR}`` names the YAML's folder), an entry with commands and no
 ``working_dir`` runs them in the current directory; relative ``source_files`` / ``reference_file``
-against the working_dir where the file is there, else the YAML's folder. A CLI flag that
-conflicts with the YAML wins and is recorded in ``overrides``; a Magpie field that maps onto
+against the working_dir where the file is there, else the current directory, else the YAML's
+folder. A CLI flag that conflicts with the YAML wins and is recorded in ``overrides``; a Magpie
+field that maps onto
 this tool's own settings is recorded in ``notes``, one it does not honour is a warning naming
 it; anything that cannot be honoured at all is an error before anything runs, never a silent
 drop. ``Plan.describe()`` is the plan as plain data (``--dry-run``).
@@ -228,8 +229,8 @@ class _Where:
 
 def _find_file(raw: str, wd: Path, w: _Where, what: str, problems: list[str], warnings: list[str],
                kernel_id: str) -> Path:
-    """A relative source / reference file: in the working_dir when it is there, else next to the
-    YAML; missing from both: the working_dir's path, reported."""
+    """A relative source / reference file: in the working_dir when it is there, else in the current
+    directory, else next to the YAML; missing from all: the working_dir's path, reported."""
     p = Path(raw).expanduser()
     unset = _unset_note(raw, w.variables)
     if p.is_absolute() or unset:
@@ -239,6 +240,9 @@ def _find_file(raw: str, wd: Path, w: _Where, what: str, problems: list[str], wa
     in_wd = (wd / p).resolve()
     if in_wd.exists():
         return in_wd
+    in_cwd = (w.cwd / p).resolve()
+    if in_cwd.exists():  # a path as Magpie's process sees it (its template writes them so)
+        return in_cwd
     beside = (w.yaml_dir / p).resolve()
     if beside.exists():
         if wd != w.yaml_dir:
@@ -246,7 +250,8 @@ def _find_file(raw: str, wd: Path, w: _Where, what: str, problems: list[str], wa
                             f"({beside}). Magpie resolves it against the working_dir: write "
                             f"${{{CONFIG_DIR_VARIABLE}}}/{raw} to say where it is")
         return beside
-    looked = "" if wd == w.yaml_dir else f" (looked in the working_dir {wd} and next to the YAML in {w.yaml_dir})"
+    looked = "" if wd == w.yaml_dir else (f" (looked in the working_dir {wd}, the current directory and next to "
+                                          f"the YAML in {w.yaml_dir})")
     problems.append(f"{w.at(what)}: {raw}: {in_wd} does not exist{looked}")
     return in_wd
 

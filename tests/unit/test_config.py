@@ -46,17 +46,20 @@ kernel:
     plan = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(sub)))
     (k,) = plan.kernels
     assert k.working_dir == (sub / "src").resolve() and k.working_dir_from == "working_dir"
-    # ... and a relative source file is found in the working_dir, else next to the YAML.
+    # ... and a relative source file is found in the working_dir, else the current directory ...
     assert k.source_files == [(sub / "src" / "k.cu").resolve()]
-    assert any("src/k.cu is not in the working_dir" in w for w in plan.warnings)
+    assert not any("is not in the working_dir" in w for w in plan.warnings)
     assert k.compile == ["nvcc -arch=sm_90 k.cu -o k"]
     assert k.testcase == ["./k ${MAGPIE_TEST_UNSET_VAR}"]
     assert any("MAGPIE_TEST_UNSET_VAR is not set" in w and f"{p}:8" in w for w in plan.warnings)
-    # ${MAGPIE_CONFIG_DIR} names the YAML's folder, wherever the command runs from.
-    p.write_text(p.read_text().replace("working_dir: src", "working_dir: ${MAGPIE_CONFIG_DIR}/src")
-                 .replace("[src/k.cu]", "[k.cu]"))
-    (k,) = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path))).kernels
+    # ${MAGPIE_CONFIG_DIR} names the YAML's folder, wherever the command runs from; a source found
+    # only next to the YAML is taken from there, with a warning.
+    p.write_text(p.read_text().replace("working_dir: src", "working_dir: ${MAGPIE_CONFIG_DIR}/src"))
+    plan = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path)))
+    (k,) = plan.kernels
     assert k.working_dir == (sub / "src").resolve() and k.source_files == [(sub / "src" / "k.cu").resolve()]
+    assert any("k.source_files: src/k.cu is not in the working_dir" in w and "${MAGPIE_CONFIG_DIR}/src/k.cu" in w
+               for w in plan.warnings)
 
 
 def test_errors_collect_every_problem_with_lines(tmp_path):
@@ -239,3 +242,18 @@ def test_unknown_magpie_block_keys_are_errors_with_the_known_fields(tmp_path):
     text = str(info.value)
     assert f"{p}:2: latency.methd: unknown field. Did you mean 'method'?" in text
     assert f"{p}:3: ray_config.cluster_adress: unknown field. Did you mean 'cluster_address'?" in text
+
+
+def test_sources_as_magpies_template_writes_them_are_found_in_the_current_directory(tmp_path):
+    # Magpie's kernel_config.yaml.example: working_dir ./kernels and source ./kernels/matmul.hip, both
+    # relative to where magpie runs.
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "matmul.hip").write_text("")
+    (tmp_path / "Magpie").mkdir()
+    p = tmp_path / "Magpie" / "kernel_config.yaml"
+    p.write_text('kernel:\n  id: m\n  type: hip\n  source_files: ["./kernels/matmul.hip"]\n  working_dir: "./kernels"\n'
+                 '  testcase_command: "./run_test.sh"\n  env: {HIP_VISIBLE_DEVICES: "0"}\n')
+    plan = build_plan("analyze", CliOptions(kernel_config="Magpie/kernel_config.yaml", cwd=str(tmp_path)))
+    (k,) = plan.kernels
+    assert k.working_dir == tmp_path / "kernels" and k.source_files == [tmp_path / "kernels" / "matmul.hip"]
+    assert not plan.warnings
