@@ -82,6 +82,8 @@ def _add_optimize_flags(p: argparse.ArgumentParser) -> None:
                    help="candidate files or folders: modules defining a function named after the op (or kernel())")
     p.add_argument("--no-library", dest="library", action="store_false",
                    help="leave out the bundled library's candidates")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the loop's config as for a real run, print its plan and start nothing")
 
 
 def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
@@ -156,6 +158,9 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("--run-mode", choices=["docker", "local"], help="where the server runs")
     b.add_argument("--docker-image", dest="bench_docker_image", help="server image for --run-mode docker")
     b.add_argument("--timeout", type=float, help="seconds for the whole run (default 3600)")
+    b.add_argument("--dry-run", action="store_true",
+                   help="check everything as for a real run, print the plan (server command and environment, image, "
+                        "GPUs, load and length bounds, profiling, run folder) and start nothing")
     b.add_argument("--compare-reports", nargs=2, metavar=("A", "B"),
                    help="per-metric deltas B - A of two benchmark reports (files or workspaces), with noise; "
                         "refused when the runs differ in more than the server's kernels")
@@ -365,7 +370,13 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
              "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}
     request = BenchmarkRequest(benchmark_config=args.benchmark_config, framework=args.framework, flags=flags,
                                batch=args.batch, environment=args.environment, ray_address=args.ray_address)
-    prepared = request.prepare()
+    prepared = request.prepare(plan_only=args.dry_run)
+    if args.dry_run:
+        from engine.bench.plan import benchmark_plan, format_plan
+        for line in format_plan(benchmark_plan(prepared, args.output_dir or "./results")):
+            print(line)
+        print("dry run: nothing was started")
+        return 0
     _print_prepared(prepared)
     cancel = CancelToken()
     install_signal_handlers(cancel)
@@ -386,6 +397,12 @@ def _run_optimize(args: argparse.Namespace, console: Console) -> int:
     request = LoopRequest(benchmark_config=args.benchmark_config, resume=args.resume, until=args.until,
                           kernel=args.kernel, candidates=args.candidates, library=args.library)
     prepared = request.prepare()
+    if args.dry_run:
+        from engine.loop.run import loop_plan_lines
+        for line in loop_plan_lines(prepared, args.output_dir):
+            print(line)
+        print("dry run: nothing was started")
+        return 0
     for line in notices(prepared):
         print(line, file=sys.stderr)
     cancel = CancelToken()

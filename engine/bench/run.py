@@ -189,6 +189,13 @@ def _finish_report(run: BenchRun, state: str, started: float) -> None:
     try:
         if cfg.profiler.torch_profiler.enabled and run.trace_dir is not None and state == RunState.COMPLETED:
             _analyse_traces(cfg, run.ws, run.trace_dir, report, run.log)
+            report["analysis_errors"] = analysis_errors(report)
+            if report["analysis_errors"]:
+                # The load's numbers stand; the diagnosis it was profiled for did not come out.
+                state = RunState.COMPLETED_WITH_ERRORS
+                report["success"] = report["reward_eligible"] = False
+                for e in report["analysis_errors"]:
+                    run.log(f"error: {e}")
         if cfg.framework == "builtin":  # additive: the weight-read floor of a decode step, TPOT against it
             from engine.serve.floor import builtin_floor
             report["floor"] = builtin_floor(cfg.server.size, cfg.gpu_arch,
@@ -767,8 +774,27 @@ def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report
         report["errors"].append(f"trace analysis: {type(exc).__name__}: {exc}")
 
 
+def analysis_errors(report: dict) -> list[str]:
+    """Every failure of a profiled run's analysis stages (profiling, kernel summary, gap analysis,
+    TraceLens and each of its inference stages), one line each, named by stage."""
+    out = [e for e in report.get("errors", []) if e.startswith(("profiling:", "trace analysis:"))]
+    tl = report.get("tracelens_analysis") or {}
+    if tl.get("enabled"):
+        out += [f"tracelens: {e}" for e in tl.get("errors") or []]
+        for stage, result in (tl.get("stage_results") or {}).items():
+            if isinstance(result, dict) and result.get("error"):
+                out.append(f"tracelens {stage}: {result['error']}")
+    ga = report.get("gap_analysis") or {}
+    if ga.get("enabled"):
+        out += [f"gap analysis: {e}" for e in ga.get("errors") or []]
+    return out
+
+
 def summary_text(report: dict) -> str:
     lines = [line for line in (_all_failed_line(report),) if line]
+    if report.get("analysis_errors"):
+        lines.append(f"COMPLETED WITH ERRORS: the load was measured, {len(report['analysis_errors'])} analysis "
+                     f"stage(s) failed: {report['analysis_errors'][0].splitlines()[0][:200]}")
     lines += [f"magpie benchmark: {report['framework']} {report['model']} — {report.get('state')}",
              f"run kind: {report['run_kind']}; profiling: {report['profiling_enabled']}; "
              f"workspace: {report['workspace_dir']}"]
@@ -791,10 +817,15 @@ def summary_text(report: dict) -> str:
         lines += capacity_table(report["capacity"])
     if report.get("lengths"):
         lines.append(f"lengths: {format_lengths(report['lengths'])}")
+    if (report.get("tracelens_analysis") or {}).get("skipped"):
+        lines.append(f"tracelens: skipped: {report['tracelens_analysis']['skipped']}")
     for name in report.get("top_bottlenecks", [])[:5]:
         lines.append(f"bottleneck: {name[:100]}")
     for e in report.get("errors", []):
         lines.append(f"error: {e.splitlines()[0] if e else e}")
+    for e in report.get("analysis_errors") or []:
+        if e not in report.get("errors", []):
+            lines.append(f"error: {e.splitlines()[0] if e else e}")
     lines.append(f"elapsed: {report.get('execution_time', 0):.1f} s")
     return "\n".join(lines) + "\n"
 

@@ -94,14 +94,16 @@ class BenchmarkRequest(_Request):
     environment: Optional[str] = Field(None, description="batch points: local (one after another) or ray")
     ray_address: Optional[str] = None
 
-    def prepare(self) -> Any:
+    def prepare(self, plan_only: bool = False) -> Any:
+        """Checked and resolved. ``plan_only`` (a dry run): what only this machine lacks (the
+        transformers package for the model's tokenizer) is listed in ``machine_problems``, not raised."""
         if self.environment == "container":
             raise ConfigError(["magpie benchmark -e container: the server runs in a container with --run-mode docker "
                                "(and --docker-image); -e container is for analyze / compare"])
         if self.batch or self.environment == "ray" or self._config_asks_ray():
             from engine.cluster.batch import prepare_batch
-            return prepare_batch(self)
-        return self._prepare_one()
+            return prepare_batch(self, plan_only)
+        return self._prepare_one(plan_only)
 
     def _config_asks_ray(self) -> bool:
         """Magpie's ``run_mode: ray`` in the YAML (and no --run-mode saying otherwise): the point runs
@@ -112,9 +114,9 @@ class BenchmarkRequest(_Request):
         cfg, _doc = load_benchmark_config(self.benchmark_config)
         return cfg.run_mode == "ray"
 
-    def _prepare_one(self) -> "PreparedBenchmark":
+    def _prepare_one(self, plan_only: bool = False) -> "PreparedBenchmark":
         from engine.config.benchmark import (BenchmarkConfig, apply_cli_overrides, load_benchmark_config,
-                                             resolve_defaults)
+                                             prompt_problems, resolve_defaults)
         warnings: list[str] = []
         flags = dict(self.flags)
         if self.benchmark_config:
@@ -136,13 +138,16 @@ class BenchmarkRequest(_Request):
             flags["tracelens"] = flags["gap_analysis"] = False  # nothing to analyse without traces
         if flags.get("gap_analysis") and not (flags.get("torch_profiler") or cfg.profiler.torch_profiler.enabled):
             flags["torch_profiler"] = True  # the analysis needs traces
-        cfg, overrides = apply_cli_overrides(cfg, flags)
+        cfg, overrides = apply_cli_overrides(cfg, flags, machine_checks=not plan_only)
+        machine = [p for p in prompt_problems(cfg) if p not in prompt_problems(cfg, machine=False)] \
+            if plan_only else []
         if cfg.run_mode == "ray":
             raise ConfigError(["benchmark.run_mode ray: a Ray point is started through prepare() (the batch path); "
                                "give --run-mode local to run it here"])
         warnings += resolve_defaults(cfg)
         label = cfg.framework if cfg.framework != "builtin" else f"builtin-{cfg.server.size}"
-        return PreparedBenchmark(request=self, config=cfg, label=label, warnings=warnings, overrides=overrides)
+        return PreparedBenchmark(request=self, config=cfg, label=label, warnings=warnings, overrides=overrides,
+                                 machine_problems=machine)
 
 
 class TraceRequest(_Request):
@@ -305,6 +310,8 @@ class PreparedBenchmark:
     label: str
     warnings: list[str] = field(default_factory=list)
     overrides: list[dict] = field(default_factory=list)
+    # A dry run's: what would stop the run on this machine though the config is right.
+    machine_problems: list[str] = field(default_factory=list)
 
 
 @dataclass

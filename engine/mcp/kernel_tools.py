@@ -252,25 +252,35 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                 "files_read": index.files_read, "kernels": kernels}
 
     def validate_config(config_path: str, kind: str = "auto") -> dict:
-        """Check a config as a run would, without running it: kind kernel (kernel:/kernels:), benchmark
-        (benchmark:), or auto (by its top-level key). Problems name the file, the line and the fix."""
-        from engine.config.benchmark import load_benchmark_config
+        """Check a config as a run would, without running it (magpie ... --dry-run): kind kernel (kernel:/
+        kernels:), benchmark (benchmark:), or auto (by its top-level key). Problems name the file, the line
+        and the fix; a valid config comes with its plan (benchmark: the server's command line and
+        environment, image, GPUs, points with their length bounds, profiling; kernel: each kernel's folder,
+        commands, correctness and timing) and what only this machine lacks (machine_problems)."""
+        from engine.bench.plan import benchmark_plan
         from engine.config.yamlfile import ConfigError, load_located_yaml
+        from engine.jobs.requests import BenchmarkRequest
         path = state.path(config_path, "config_path")
         if kind == "auto":
             data = load_located_yaml(path).data
             kind = "benchmark" if isinstance(data, dict) and "benchmark" in data else "kernel"
-        warnings: list[str] = []
+        if kind not in ("benchmark", "kernel"):
+            raise AccessRefused(f"kind {kind!r}: one of auto, kernel, benchmark")
         try:
             if kind == "benchmark":
-                load_benchmark_config(path, warnings)
-            elif kind == "kernel":
-                KernelRequest(mode="compare" if _entries(path) > 1 else "analyze", kernel_config=str(path)).prepare()
+                prepared = BenchmarkRequest(benchmark_config=str(path)).prepare(plan_only=True)
+                plan = benchmark_plan(prepared, str(state.results))
+                warnings = list(prepared.warnings)
             else:
-                raise AccessRefused(f"kind {kind!r}: one of auto, kernel, benchmark")
+                from engine.kernels.describe import describe_plan
+                request = KernelRequest(mode="compare" if _entries(path) > 1 else "analyze", kernel_config=str(path),
+                                        cwd=str(state.roots.first))
+                prepared_k = request.prepare()
+                plan, warnings = describe_plan(prepared_k.plan), list(prepared_k.warnings)
         except ConfigError as exc:
-            return {"valid": False, "kind": kind, "path": str(path), "problems": exc.problems, "warnings": warnings}
-        return {"valid": True, "kind": kind, "path": str(path), "problems": [], "warnings": warnings}
+            return {"valid": False, "kind": kind, "path": str(path), "problems": exc.problems, "warnings": []}
+        return {"valid": True, "kind": kind, "path": str(path), "problems": [], "warnings": warnings, "plan": plan,
+                "machine_problems": plan.get("machine_problems", []) if isinstance(plan, dict) else []}
 
     for fn in (hardware_spec, analyze, compare, create_kernel_config, discover_kernels, validate_config):
         add_tool(app, fn)

@@ -62,14 +62,17 @@ class RunState:
     PENDING: Final = "pending"
     RUNNING: Final = "running"
     COMPLETED: Final = "completed"
+    # The measurement completed, a stage after it did not (a profiled run's trace analysis): the
+    # numbers stand, the run is not a success.
+    COMPLETED_WITH_ERRORS: Final = "completed_with_errors"
     FAILED: Final = "failed"
     CANCELLED: Final = "cancelled"
     TIMEOUT: Final = "timeout"
     LOST: Final = "lost"
 
 
-FINISHED_RUN_STATES: Final = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED,
-                                        RunState.TIMEOUT, RunState.LOST})
+FINISHED_RUN_STATES: Final = frozenset({RunState.COMPLETED, RunState.COMPLETED_WITH_ERRORS, RunState.FAILED,
+                                        RunState.CANCELLED, RunState.TIMEOUT, RunState.LOST})
 
 
 class Verdict:

@@ -721,10 +721,27 @@ class BenchmarkReportScreen(Screen):
     def action_roofline(self) -> None:
         from magpie_tui.screens.roofline import RooflineScreen
         if not (self.info.path / "tracelens").is_dir():
-            self.notify("this run has no tracelens/ analysis (run it profiled with tracelens on)",
+            self.notify(f"this run has no tracelens/ analysis: {_no_roofline_reason(self.info.report_path)}",
                         severity="warning")
             return
         self.app.push_screen(RooflineScreen(self.info))
+
+
+def _no_roofline_reason(report_path: Path | None) -> str:
+    """Why a run has no roofline, from its own report: the analysis skipped (a CPU-only trace) or
+    failed with its error, else it was not asked for."""
+    report: dict[str, Any] = {}
+    if report_path is not None:
+        try:
+            report = json.loads(Path(report_path).read_text())
+        except (OSError, ValueError):
+            report = {}
+    tl = report.get("tracelens_analysis") or {}
+    if tl.get("skipped"):
+        return str(tl["skipped"])
+    if tl.get("errors"):
+        return f"the analysis failed: {str(tl['errors'][0]).splitlines()[0]}"
+    return "run it profiled with tracelens on"
 
 
 @dataclass

@@ -26,7 +26,8 @@ from magpie_tui.widgets.data_grid import Column, DataGrid
 from magpie_tui.widgets.footer import KeysFooter
 
 # Row colour per state (a DataGrid row class, resolved from the active theme when drawn).
-STATE_CLASSES = {"running": "running", "completed": "correct", "failed": "incorrect", "lost": "incorrect",
+STATE_CLASSES = {"running": "running", "completed": "correct", "completed_with_errors": "incorrect",
+                 "failed": "incorrect", "lost": "incorrect",
                  "timeout": "incorrect", "cancelled": "muted", "pending": "muted"}
 # Kept for importers that colour Rich text by state.
 STATE_VARIABLES = STATE_CLASSES

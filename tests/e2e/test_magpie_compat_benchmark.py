@@ -238,3 +238,34 @@ def test_a_record_whose_pid_was_reused_is_never_signalled(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.slow
+def test_a_profiled_run_whose_analysis_fails_says_so_everywhere(tmp_path, monkeypatch):
+    """The built-in server profiled for real; the trace analysis then fails (injected): the run is
+    'completed_with_errors', not a success, and summary.txt and the log say which stage failed."""
+    import engine.trace.analyze as analyze
+    from engine.bench import run as bench_run
+    from engine.config.benchmark import load_benchmark_config
+    from engine.runs.process import CancelToken
+    from engine.runs.workspace import Workspace
+
+    def broken(*_a, **_k):
+        raise RuntimeError("the stage split found no steady state")
+
+    monkeypatch.setattr(analyze, "run_trace_analysis", broken)
+    p = tmp_path / "prof.yaml"
+    p.write_text("benchmark:\n  framework: builtin\n  envs: {CONC: 2, ISL: 16, OSL: 4, NUM_PROMPTS: 4, "
+                 "RANDOM_RANGE_RATIO: 1}\n  client: {warmup: 1}\n  profiler:\n    gpu_monitor: {enabled: false}\n"
+                 "    torch_profiler: {enabled: true, num_steps: 8}\n    tracelens: {enabled: true}\n")
+    cfg, _ = load_benchmark_config(p)
+    logged: list[str] = []
+    code, report = bench_run.run_benchmark(cfg, Workspace(tmp_path / "run"), CancelToken(), overrides=[],
+                                           warnings=[], log=logged.append)
+    assert report["throughput"]["completed_requests"] == 4  # the load's numbers stand
+    assert report["state"] == "completed_with_errors" and report["success"] is False and code == 1
+    assert report["analysis_errors"] == ["trace analysis: RuntimeError: the stage split found no steady state"]
+    summary = (tmp_path / "run" / "summary.txt").read_text()
+    assert summary.splitlines()[0].startswith("COMPLETED WITH ERRORS: the load was measured, 1 analysis stage(s) "
+                                              "failed: trace analysis: RuntimeError")
+    assert "error: trace analysis: RuntimeError: the stage split found no steady state" in logged

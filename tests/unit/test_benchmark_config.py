@@ -19,11 +19,13 @@ def test_defaults_and_envs(tmp_path):
     assert cfg.effective_run_kind() == "measurement"
 
 
-def test_missing_framework_is_an_error_with_its_line(tmp_path):
+def test_missing_framework_is_sglang_as_in_magpie_and_said_with_its_line(tmp_path):
     p = _write(tmp_path, "benchmark:\n  model: meta-llama/Llama-3.1-8B\n")
-    with pytest.raises(ConfigError) as info:
-        load_benchmark_config(p)
-    assert f"{p}:1: benchmark.framework: required field is missing (Magpie defaulted to sglang" in str(info.value)
+    warnings: list[str] = []
+    cfg, _ = load_benchmark_config(p, warnings)
+    assert cfg.framework == "sglang"
+    assert f"{p}:1: benchmark.framework: not given: sglang, as Magpie defaults it; name the framework to " \
+           "silence this" in warnings
 
 
 def test_errors_name_file_line_and_field(tmp_path):
