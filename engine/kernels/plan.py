@@ -670,8 +670,10 @@ def _accordo_settings(cfg: KernelConfigFile | None, doc: LocatedYaml | None, cor
     kernel YAML's), checked now so a missing key fails before anything runs."""
     fw = framework.get("correctness") or {}
     backend = corr.backend
-    if backend == "auto" and fw.get("backend") in ("accordo", "testcase"):
-        backend = s.correctness_backend = fw["backend"]
+    # The framework config's backend: accordo is taken; Magpie's default "testcase" is this tool's
+    # auto (the testcase's exit code, plus the harness's output comparison where it can run).
+    if backend == "auto" and fw.get("backend") == "accordo":
+        backend = s.correctness_backend = "accordo"
     where = doc.where(("correctness",)) if doc is not None else "correctness"
     if backend != "accordo":
         if corr.accordo is not None:

@@ -257,3 +257,18 @@ def test_sources_as_magpies_template_writes_them_are_found_in_the_current_direct
     (k,) = plan.kernels
     assert k.working_dir == tmp_path / "kernels" and k.source_files == [tmp_path / "kernels" / "matmul.hip"]
     assert not plan.warnings
+
+
+def test_framework_config_accordo_defaults_under_the_kernel_yaml(tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text("kernel: {id: a, type: hip, testcase_command: x}\ncorrectness:\n"
+                 "  accordo: {kernel_name: k, reference_binary: ./r, optimized_binary: ./o, atol: 1.0e-4}\n")
+    framework = {"correctness": {"backend": "accordo", "accordo": {"atol": 1e-6, "timeout_seconds": 30}}}
+    plan = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path)), framework)
+    assert plan.settings.correctness_backend == "accordo"
+    assert plan.settings.accordo["atol"] == 1e-4 and plan.settings.accordo["timeout_seconds"] == 30
+    # Magpie's default "testcase" is this tool's auto: the harness still compares outputs where it can.
+    plan = build_plan("analyze", CliOptions(kernel_config=str(p), cwd=str(tmp_path)),
+                      {"correctness": {"backend": "testcase"}})
+    assert plan.settings.correctness_backend == "auto" and plan.settings.accordo is None
+    assert any("correctness.accordo: not used" in w for w in plan.warnings)
