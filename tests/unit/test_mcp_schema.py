@@ -40,6 +40,11 @@ MAPPED = {
     ("benchmark", "stages"): [("gap_analysis", "stages")],
     ("benchmark", "gpu_arch"): [("benchmark", "gpu_arch"), ("gap_analysis", "gpu_arch")],
     ("benchmark", "output_dir"): [("benchmark", "output_dir"), ("gap_analysis", "output_dir")],
+    # A dry run is validate_config: the same checks, the plan returned, nothing started.
+    ("analyze", "dry_run"): [("validate_config", "config_path")],
+    ("compare", "dry_run"): [("validate_config", "config_path")],
+    ("benchmark", "dry_run"): [("validate_config", "config_path")],
+    ("optimize", "dry_run"): [("validate_config", "config_path")],
     ("optimize", "resume"): [("optimize_resume", "loop_dir")],
     ("optimize", "status"): [("optimize_status", "loop_dir")],
     ("optimize", "until"): [("optimize", "until"), ("optimize_resume", "until")],

@@ -108,6 +108,16 @@ def test_validate_config_names_file_and_line(call, tmp_path):
     assert any("bad.yaml:4" in p and "source_file" in p for p in out["problems"]), out["problems"]
     out = call("validate_config", {"config_path": str(REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml")})
     assert out == {**out, "valid": True, "kind": "benchmark"}
+    # a Magpie config: the same plan as --dry-run (extra args on the command line, Magpie's length bounds)
+    magpie = tmp_path / "magpie.yaml"
+    magpie.write_text("benchmark:\n  framework: vllm\n  model: org/m\n  envs: {CONC: 4, ISL: 100, OSL: 10, "
+                      "RANDOM_RANGE_RATIO: 0.8, VOCAB_SIZE: 1000, EXTRA_VLLM_ARGS: '--block-size 16', "
+                      "VLLM_ROCM_USE_AITER: 1}\n")
+    out = call("validate_config", {"config_path": str(magpie)})
+    assert out["valid"] is True and out["plan"]["server"]["argv"][-2:] == ["--block-size", "16"]
+    assert out["plan"]["server"]["env"]["VLLM_ROCM_USE_AITER"] == "1"
+    assert out["plan"]["server"]["run_mode"] == "docker"  # Magpie's default when run_mode is not given
+    assert out["plan"]["points"][0]["lengths"]["input"] == [80, 100]
 
 
 def test_roofline_table_and_suggestions_come_from_the_csvs(call):
