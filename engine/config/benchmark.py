@@ -759,7 +759,7 @@ def magpie_file_notes(cfg: BenchmarkConfig, doc: LocatedYaml) -> list[str]:
     for fw, key in EXTRA_ARGS_KEYS.items():
         if key in cfg.envs and fw != cfg.framework:
             note(f"envs.{raw_envs.get(key, key)}", f"for {fw} servers; this config runs {cfg.framework}: not used")
-    if "profiler" not in bench:
+    if "profiler" not in bench and cfg.framework != "builtin":  # the built-in server is no Magpie framework
         note("profiler", "not given: Magpie turns the torch profiler on when the block is omitted; here it stays off "
                          "(a measurement run): set profiler.torch_profiler.enabled: true to profile")
     elif cfg.profiler.system_profiler.enabled:
