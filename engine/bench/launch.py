@@ -76,6 +76,8 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
     elif fw == "vllm":
         argv = ["vllm", "serve", cfg.model, "--host", host, "--port", str(port),
                 "--tensor-parallel-size", tp]
+        if envs.get("MODEL_REVISION"):  # Magpie's pinned model revision
+            argv += ["--revision", envs["MODEL_REVISION"]]
         if "MAX_MODEL_LEN" in envs:
             argv += ["--max-model-len", envs["MAX_MODEL_LEN"]]
         if "GPU_MEMORY_UTILIZATION" in envs:
@@ -91,6 +93,8 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
     elif fw == "sglang":
         argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", cfg.model, "--host", host,
                 "--port", str(port), "--tp", tp]
+        if envs.get("MODEL_REVISION"):
+            argv += ["--revision", envs["MODEL_REVISION"]]
         if "MAX_MODEL_LEN" in envs:
             argv += ["--context-length", envs["MAX_MODEL_LEN"]]
         if profile_dir is not None:

@@ -756,6 +756,15 @@ def magpie_file_notes(cfg: BenchmarkConfig, doc: LocatedYaml) -> list[str]:
     for key, text in MAGPIE_ENV_NOTES.items():
         if key in cfg.envs:
             note(f"envs.{raw_envs.get(key, key)}", f"not exported to the server: {text}")
+    for key in sorted(k for k in cfg.envs if k.startswith("MAGPIE_EVAL_")):
+        note(f"envs.{raw_envs.get(key, key)}", "a setting of Magpie's lm-eval gate, which is not provided: exported "
+                                              "to the server's environment, read by nothing here")
+    if cfg.envs.get("MODEL_REVISION") and cfg.framework not in ("vllm", "sglang"):
+        note(f"envs.{raw_envs.get('MODEL_REVISION', 'MODEL_REVISION')}",
+             f"{cfg.framework} is not passed a revision here: the server loads what the hub or its cache holds")
+    if "run_mode" not in bench and cfg.framework != "builtin" and not cfg.client.base_url:
+        note("run_mode", "not given: docker, as Magpie defaults it (set run_mode: local to start the server on "
+                         "this host)")
     for fw, key in EXTRA_ARGS_KEYS.items():
         if key in cfg.envs and fw != cfg.framework:
             note(f"envs.{raw_envs.get(key, key)}", f"for {fw} servers; this config runs {cfg.framework}: not used")

@@ -256,8 +256,10 @@ def _model_fields(out: dict[str, Any], cfg: Any) -> None:
         return
     given = (cfg.envs or {}).get("MODEL_REVISION")
     if given:
-        _put(out, "model_revision", given, "", source="envs.MODEL_REVISION as given (this tool does not pass it to "
-                                                       "the server: add --revision to server_args to pin it)")
+        pinned = cfg.framework in ("vllm", "sglang")
+        _put(out, "model_revision", given, "", source="envs.MODEL_REVISION" + (
+            ", passed to the server as --revision" if pinned else
+            f" as given ({cfg.framework} is not passed a revision: add its own flag to EXTRA_*_ARGS to pin it)"))
         return
     _put(out, "model_revision", None, "a hub id without a revision (server_args --revision, or envs.MODEL_REVISION): "
                                       "whatever the hub or the local cache held at the server's start")

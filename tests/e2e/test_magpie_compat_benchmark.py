@@ -269,3 +269,22 @@ def test_a_profiled_run_whose_analysis_fails_says_so_everywhere(tmp_path, monkey
     assert summary.splitlines()[0].startswith("COMPLETED WITH ERRORS: the load was measured, 1 analysis stage(s) "
                                               "failed: trace analysis: RuntimeError")
     assert "error: trace analysis: RuntimeError: the stage split found no steady state" in logged
+
+
+def test_every_magpie_envs_key_has_its_meaning():
+    plan = _plan("vllm_every_env.yaml")
+    server = plan["server"]
+    argv = server["argv"]
+    # MODEL_REVISION pins the model on the server's command line; MAX_MODEL_LEN, GPU_MEMORY_UTILIZATION too
+    assert argv[argv.index("--revision") + 1] == "0123456789abcdef0123456789abcdef01234567"
+    assert argv[argv.index("--max-model-len") + 1] == "8192"
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.9"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert plan["gpus"]["policy"] == "pinned by HIP_VISIBLE_DEVICES" and server["env"]["HIP_VISIBLE_DEVICES"] == "2,3"
+    assert plan["client"]["endpoint"] == "chat"  # MAGPIE_BENCHMARK_ENDPOINT /v1/chat/completions
+    assert plan["points"][0] == {**plan["points"][0], "concurrency": 8, "num_prompts": 24, "input_len": 256,
+                                 "output_len": 64}
+    assert plan["points"][0]["lengths"]["input"] == [64, 256]
+    for key in ("TL_EXTENSION", "MAGPIE_BENCHMARK_BACKEND"):
+        assert _warned(plan, f"benchmark.envs.{key}: not exported to the server") and key not in server["env"]
+    assert _warned(plan, "benchmark.envs.MAGPIE_EVAL_LIMIT: a setting of Magpie's lm-eval gate")
