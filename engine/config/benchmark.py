@@ -61,6 +61,8 @@ MAGPIE_ENV_NOTES = {
     "GPU_MEM_UTIL": "Magpie's scripts read GPU_MEMORY_UTILIZATION (its docs misspell it); rename the key",
     "TL_EXTENSION": "TraceLens extensions are Magpie's TraceLens runtime; the reports here are built in",
     "MAGPIE_BENCHMARK_BACKEND": "the client's API comes from client.endpoint (completions or chat)",
+    "REQUEST_RATE": "the client's rate: client.request_rate (--request-rate), set from it",
+    "SEED": "the dataset's seed: client.seed (--seed), set from it",
 }
 _MAGPIE_ENV_REFUSED = {
     "RUN_EVAL": "the lm-eval accuracy gate (RUN_EVAL) is not provided: remove it, or run lm-eval on its own",
@@ -533,6 +535,12 @@ class BenchmarkConfig(_Strict):
         endpoint = str(envs.get("MAGPIE_BENCHMARK_ENDPOINT") or "").strip()
         if endpoint and not client.get("endpoint"):
             client["endpoint"] = "chat" if endpoint.rstrip("/").endswith("chat/completions") else "completions"
+        # Newer Magpie scripts read the client's rate and seed from envs too.
+        rate = str(envs.get("REQUEST_RATE") or "").strip().lower()
+        if rate and rate != "inf" and client.get("request_rate") is None:
+            client["request_rate"] = rate
+        if envs.get("SEED") not in (None, "") and client.get("seed") is None:
+            client["seed"] = envs["SEED"]
         return {**data, "client": client} if client else data
 
     @field_validator("run_mode", mode="before")
@@ -583,6 +591,11 @@ class BenchmarkConfig(_Strict):
             raise ValueError("lm_eval_runtime: the lm-eval accuracy gate is not provided; remove it")
         refused = [f"envs.{k}: {why}" for k, why in _MAGPIE_ENV_REFUSED.items()
                    if k in self.envs and str(self.envs[k]).strip().lower() not in ("", "0", "false", "no")]
+        multimodal = sorted(k for k in self.envs if k.startswith("MM_"))
+        if multimodal:
+            refused.append(f"envs.{', '.join(multimodal)}: a multimodal load (images / video per request) is not "
+                           "provided: the prompts here are text or token ids only, a different workload; remove the "
+                           "MM_* keys to benchmark text")
         if refused:
             raise ValueError("; ".join(refused))
         if self.run_mode is None:

@@ -137,6 +137,19 @@ def test_agentx_and_lm_eval_are_refused_by_name(tmp_path):
     p.write_text("benchmark:\n  framework: vllm\n  model: m\n  envs: {RUN_EVAL: 'true'}\n")
     with pytest.raises(ConfigError, match="lm-eval accuracy gate"):
         BenchmarkRequest(benchmark_config=str(p)).prepare(plan_only=True)
+    # a multimodal load would silently become a text load: refused, naming the keys
+    p.write_text("benchmark:\n  framework: vllm\n  model: m\n  envs: {MM_LIMIT_IMAGES: 1, MM_IMAGE_WIDTH: 256}\n")
+    with pytest.raises(ConfigError, match=r"MM_IMAGE_WIDTH, MM_LIMIT_IMAGES: a multimodal load"):
+        BenchmarkRequest(benchmark_config=str(p)).prepare(plan_only=True)
+
+
+def test_newer_magpie_client_envs_set_the_rate_and_seed(tmp_path):
+    p = tmp_path / "rate.yaml"
+    p.write_text("benchmark:\n  framework: vllm\n  model: m\n  envs: {REQUEST_RATE: 4.5, SEED: 42, VOCAB_SIZE: 100}\n")
+    prepared = BenchmarkRequest(benchmark_config=str(p)).prepare(plan_only=True)
+    assert prepared.config.client.request_rate == 4.5 and prepared.config.client.seed == 42
+    p.write_text("benchmark:\n  framework: vllm\n  model: m\n  envs: {REQUEST_RATE: inf, VOCAB_SIZE: 100}\n")
+    assert BenchmarkRequest(benchmark_config=str(p)).prepare(plan_only=True).config.client.request_rate is None
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
