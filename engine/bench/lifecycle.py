@@ -84,7 +84,7 @@ class KeptServer:
         self.path.unlink(missing_ok=True)
 
 
-def _records(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+def records(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
     out = []
     if not folder.is_dir():
         return out
@@ -151,7 +151,7 @@ def find_kept(folder: Path, settings: dict[str, Any], port: Optional[int], force
     notes: list[str] = []
     want = settings_hash(settings)
     candidates = []
-    for path, rec in _records(folder):
+    for path, rec in records(folder):
         if not is_alive(rec):
             path.unlink(missing_ok=True)
             notes.append(f"server_lifecycle: the server recorded in {path} is gone; record removed")

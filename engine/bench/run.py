@@ -31,7 +31,7 @@ from engine.eventloop import event_loop_name, run_coroutine
 from engine.bench.metrics import aggregate_repeats, detailed_lists, format_interval
 from engine.bench.server_metrics import ServerMetricsScraper
 from engine.bench.tokenizers import NO_VOCAB_FIX, TokenizerError, known_vocab, load_tokenizer
-from engine.config.benchmark import BenchmarkConfig
+from engine.config.benchmark import CLIENT_ENV_KEYS, BenchmarkConfig
 from engine.runs.process import CancelToken
 from engine.runs.provenance import benchmark_provenance, with_server
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, RunState, StageState
@@ -254,14 +254,15 @@ def _keeps_server(cfg: BenchmarkConfig) -> bool:
 
 def _lifecycle_settings(run: BenchRun) -> dict[str, Any]:
     """What makes this run's server the one it is, for finding a kept one (engine.bench.lifecycle):
-    the port only when the config fixes it, and no GPU pinning (the free GPUs change run to run)."""
+    the port only when the config fixes it, no GPU pinning (the free GPUs change run to run), and
+    none of the envs only the client reads (CONC, ISL, ...: one server serves any load)."""
     from engine.bench.docker_launch import CONTAINER_PORT
     from engine.bench.lifecycle import server_settings
     cfg = run.cfg
     docker = cfg.run_mode == "docker"
     cmd = server_command(cfg, CONTAINER_PORT if docker else int(cfg.envs.get("PORT", 0)), run.trace_dir,
                          host="0.0.0.0" if docker else "127.0.0.1")
-    cmd.env = {k: v for k, v in cmd.env.items() if k not in _PINNING_VARS}
+    cmd.env = {k: v for k, v in cmd.env.items() if k not in _PINNING_VARS and k not in CLIENT_ENV_KEYS}
     return server_settings(cfg.framework, cfg.model or cfg.server.size, cfg.run_mode, cmd, cfg.docker_image)
 
 

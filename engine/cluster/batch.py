@@ -256,19 +256,56 @@ def run_batch(prepared: PreparedBatch, ws: Any, cancel: Any, log: Callable[[str]
     return code, state, report
 
 
+def _share_servers(prepared: PreparedBatch) -> set[int]:
+    """server_lifecycle in a local batch: a point that would stop its server (cleanup: true) keeps it
+    for the points after it, which use it when their server settings are the same; the indexes of
+    the points changed so. The batch stops those servers at its end (``_stop_shared``)."""
+    enabled = [i for i, p in enumerate(prepared.prepared) if p.config.server_lifecycle.enabled]
+    changed = set()
+    for i in enabled[:-1]:
+        cfg = prepared.prepared[i].config
+        if cfg.server_lifecycle.cleanup:
+            cfg.server_lifecycle.cleanup = False
+            prepared.prepared[i].warnings.append("server_lifecycle: the server is kept for the next points of the batch "
+                                                 "(the batch stops it at its end)")
+            changed.add(i)
+    return changed
+
+
+def _stop_shared(prepared: PreparedBatch, folders: dict[int, str]) -> None:
+    """Stop the servers the batch kept for its own points (never one a point was asked to keep)."""
+    from engine.bench import lifecycle
+    dirs = {lifecycle.pid_dir(p.config.server_lifecycle.pid_dir) for p in prepared.prepared
+            if p.config.server_lifecycle.enabled}
+    mine = set(folders.values())
+    for folder in dirs:
+        for path, rec in lifecycle.records(folder):
+            if rec.get("kept_by_run") in mine:
+                lifecycle.stop_kept(rec)
+                path.unlink(missing_ok=True)
+
+
 def _run_here(prepared: PreparedBatch, ws: Any, cancel: Any, rows: list[dict], log: Callable[[str], None]) -> None:
     from engine.jobs.modes import run_benchmark
     from engine.runs.workspace import Workspace
-    for row, point in zip(rows, prepared.points):
-        if cancel.cancelled:
-            break
-        folder = ws.path("points", row["label"])
-        folder.mkdir(parents=True, exist_ok=True)
-        row["state"] = "running"
-        ws.events.emit("progress", phase="batch", done=row["index"], total=len(rows), point_index=row["index"])
-        outcome = run_benchmark(point, cancel=cancel, workspace=Workspace(folder), log=log)
-        row.update(state=outcome.state, exit_code=outcome.exit_code, folder=str(folder))
-        _fill(row, outcome.report)
+    shared = _share_servers(prepared)
+    folders: dict[int, str] = {}
+    try:
+        for row, point, ready in zip(rows, prepared.points, prepared.prepared):
+            if cancel.cancelled:
+                break
+            folder = ws.path("points", row["label"])
+            folder.mkdir(parents=True, exist_ok=True)
+            if row["index"] in shared:
+                folders[row["index"]] = str(folder)
+            row["state"] = "running"
+            ws.events.emit("progress", phase="batch", done=row["index"], total=len(rows), point_index=row["index"])
+            outcome = run_benchmark(point, cancel=cancel, workspace=Workspace(folder), log=log, prepared=ready)
+            row.update(state=outcome.state, exit_code=outcome.exit_code, folder=str(folder))
+            _fill(row, outcome.report)
+    finally:
+        if folders:
+            _stop_shared(prepared, folders)
     ws.events.emit("progress", phase="batch", done=sum(r["state"] != "running" for r in rows), total=len(rows))
 
 

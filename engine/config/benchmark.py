@@ -53,6 +53,10 @@ _ENV_RULES: dict[str, tuple[type, float, bool, Optional[float], bool, str]] = {
 # Magpie's EXTRA_<FRAMEWORK>_ARGS: appended to that framework's server command line.
 EXTRA_ARGS_KEYS = {"vllm": "EXTRA_VLLM_ARGS", "sglang": "EXTRA_SGLANG_ARGS", "atom": "EXTRA_ATOM_ARGS"}
 
+# `envs` keys only the client reads (a server kept by server_lifecycle serves any of their values).
+CLIENT_ENV_KEYS = frozenset({"CONC", "ISL", "OSL", "NUM_PROMPTS", "RANDOM_RANGE_RATIO", "REQUEST_RATE", "SEED",
+                             "VOCAB_SIZE"})
+
 # `envs` keys Magpie's scripts read that mean something other than "export to the server":
 # what happens to them here. Every other key is exported to the server's environment.
 MAGPIE_ENV_NOTES = {

@@ -301,3 +301,23 @@ def test_every_magpie_envs_key_has_its_meaning():
     for key in ("TL_EXTENSION", "MAGPIE_BENCHMARK_BACKEND"):
         assert _warned(plan, f"benchmark.envs.{key}: not exported to the server") and key not in server["env"]
     assert _warned(plan, "benchmark.envs.MAGPIE_EVAL_LIMIT: a setting of Magpie's lm-eval gate")
+
+
+@pytest.mark.slow
+def test_a_local_batch_shares_one_server_across_its_points_then_stops_it(tmp_path):
+    """server_lifecycle in a batch: the first point's server serves the later points with the same server
+    settings (other client loads), and the batch stops it at its end."""
+    base = _lifecycle_yaml(tmp_path, True)
+    batch = tmp_path / "batch.yaml"
+    batch.write_text(f"sweep:\n  config: {base.name}\n  over: {{concurrency: [1, 2, 3]}}\n")
+    proc = run_magpie("benchmark", "--batch", batch, "-o", tmp_path / "out", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ws = only_workspace(tmp_path / "out")
+    reports = [json.loads(p.read_text()) for p in sorted((ws / "points").glob("*/benchmark_report.json"))]
+    assert len(reports) == 3 and all(r["success"] for r in reports)
+    assert reports[0]["server"]["launched"] is True
+    assert [r["server"]["launched"] for r in reports[1:]] == [False, False]
+    assert {r["server"]["base_url"] for r in reports} == {reports[0]["server"]["base_url"]}
+    assert not list((tmp_path / "pids").glob("*.json"))  # stopped and its record removed at the batch's end
+    from engine.bench.launch import _get
+    assert _get(reports[0]["server"]["base_url"] + "/health", timeout=2.0)[0] == 0
