@@ -22,6 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from engine.cluster.settings import MagpieRayConfig
 from engine.config.yamlfile import (
     ConfigError, LocatedYaml, expand_env_vars, format_loc, load_located_yaml, validate_located,
 )
@@ -270,60 +271,18 @@ class ServerLifecycle(_Strict):
     server_ready_timeout_s: float = Field(default=2700.0, gt=0)
 
 
-class MagpieRayConfig(_Strict):
+class BenchmarkRayConfig(MagpieRayConfig):
     """Magpie's ``ray_config`` of a ``run_mode: ray`` benchmark: the point runs as a Ray task."""
-    cluster_address: Optional[str] = "auto"
-    shared_storage_path: Optional[str] = None
-    entrypoint_num_gpus: Optional[float] = Field(default=None, ge=0)
-    entrypoint_num_cpus: Optional[float] = Field(default=None, gt=0)
-    multi_node: bool = False
-    total_num_gpus: Optional[int] = Field(default=None, ge=1)
-    num_nodes: Optional[int] = Field(default=None, ge=1)
-    gpus_per_node: Optional[int] = Field(default=None, ge=1)
-    pip_packages: list[str] = Field(default_factory=list)
-    env_vars: dict[str, str] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    install_magpie: Optional[bool] = None
-    magpie_install_path: Optional[str] = None
 
     @model_validator(mode="after")
-    def _single_node(self) -> "MagpieRayConfig":
+    def _single_node(self) -> "BenchmarkRayConfig":
         if self.multi_node or (self.num_nodes or 1) > 1:
             raise ValueError("multi-node serving (one server over several Ray nodes) is not provided: a point runs "
                              "on one node, holding TP GPUs; remove multi_node / num_nodes")
         return self
 
-    def ray_settings(self) -> dict[str, Any]:
-        """This tool's RaySettings fields for these keys (engine/cluster/settings.py)."""
-        out: dict[str, Any] = {}
-        if self.cluster_address:
-            out["address"] = self.cluster_address
-        if self.shared_storage_path:
-            out["shared_storage"] = True
-        if self.entrypoint_num_cpus:
-            out["num_cpus"] = self.entrypoint_num_cpus
-        if self.env_vars:
-            out["env_vars"] = {str(k): str(v) for k, v in self.env_vars.items()}
-        if self.install_magpie is not None:
-            out["ship_engine"] = bool(self.install_magpie)
-        return out
-
     def notes(self) -> list[tuple[str, str]]:
-        """(field, what happens) for the keys with no counterpart here."""
-        out = []
-        if self.entrypoint_num_gpus:
-            out.append(("ray_config.entrypoint_num_gpus", "the point's task holds TP GPUs (envs.TP) on its node"))
-        for key in ("total_num_gpus", "gpus_per_node"):
-            if getattr(self, key) is not None:
-                out.append((f"ray_config.{key}", "Ray's own resources say what each node has"))
-        if self.pip_packages:
-            out.append(("ray_config.pip_packages", "install them in the nodes' Python environment (no per-task "
-                        "pip install here)"))
-        if self.metadata:
-            out.append(("ray_config.metadata", "recorded in the effective config only"))
-        if self.magpie_install_path:
-            out.append(("ray_config.magpie_install_path", "this tool is shipped to the tasks (install_magpie)"))
-        return out
+        return self.unmapped("the point's task holds TP GPUs (envs.TP) on its node")
 
 
 class BuiltinServer(_Strict):
@@ -500,7 +459,7 @@ class BenchmarkConfig(_Strict):
     # Magpie keys for its InferenceX scripts / Ray / lm-eval paths, which this tool does not have.
     benchmark_script: Optional[str] = None
     inferencex_path: Optional[str] = Field(default=None, alias="inferencemax_path")
-    ray_config: Optional[MagpieRayConfig] = None
+    ray_config: Optional[BenchmarkRayConfig] = None
     lm_eval_runtime: Optional[dict] = None
     run_cmd: Optional[str] = None
     # Magpie's agentic-coding benchmark (AgentX); named so the error can say why.

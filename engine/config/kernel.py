@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from engine.cluster.settings import ContainerSettings, RaySettings
+from engine.cluster.settings import ContainerSettings, MagpieRayConfig, RaySettings
 from engine.config.yamlfile import ConfigError, LocatedYaml, load_located_yaml, validate_located
 
 KERNEL_TYPES = ("hip", "cuda", "triton", "pytorch")
@@ -183,86 +183,6 @@ class LatencySettings(_Strict):
         return [] if v is None else v
 
 
-class KernelRayConfig(_Strict):
-    """Magpie's top-level ``ray_config`` of a kernel YAML: its presence selects the Ray environment.
-    ``ray_settings`` maps the keys that have a counterpart in ``scheduler.ray``
-    (engine.cluster.settings.RaySettings); ``unmapped`` names the others and why."""
-    cluster_address: Optional[str] = None
-    shared_storage_path: Optional[str] = None
-    entrypoint_num_gpus: Optional[float] = Field(default=None, ge=0)
-    entrypoint_num_cpus: Optional[float] = Field(default=None, gt=0)
-    multi_node: Optional[bool] = None
-    total_num_gpus: Optional[int] = Field(default=None, ge=1)
-    num_nodes: Optional[int] = Field(default=None, ge=1)
-    gpus_per_node: Optional[int] = Field(default=None, ge=1)
-    pip_packages: list[str] = Field(default_factory=list)
-    env_vars: dict[str, str] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    install_magpie: Optional[bool] = None
-    magpie_install_path: Optional[str] = None
-
-    @field_validator("env_vars", mode="before")
-    @classmethod
-    def _env_strings(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {str(k): ("" if val is None else str(val)) for k, val in v.items()}
-        return v
-
-    def ray_settings(self) -> dict[str, Any]:
-        """``scheduler.ray`` keys for the ones that map: (RaySettings field -> value)."""
-        out: dict[str, Any] = {}
-        if self.cluster_address:
-            out["address"] = self.cluster_address
-        if self.shared_storage_path:
-            out["shared_storage"] = True
-        if self.entrypoint_num_cpus:
-            out["num_cpus"] = self.entrypoint_num_cpus
-        if self.env_vars:
-            out["env_vars"] = dict(self.env_vars)
-        if self.install_magpie is not None:
-            out["ship_engine"] = bool(self.install_magpie)
-        return out
-
-    def mapped(self) -> list[str]:
-        """One line per key that maps, saying onto what."""
-        lines = []
-        if self.cluster_address:
-            lines.append(f"ray_config.cluster_address {self.cluster_address} -> scheduler.ray.address")
-        if self.shared_storage_path:
-            lines.append(f"ray_config.shared_storage_path {self.shared_storage_path} -> scheduler.ray.shared_storage: "
-                         "true (tasks read and write the run folder and the kernels' folders in place: they must "
-                         "be on the shared storage, at the same paths on every node)")
-        if self.entrypoint_num_cpus:
-            lines.append(f"ray_config.entrypoint_num_cpus {self.entrypoint_num_cpus:g} -> scheduler.ray.num_cpus "
-                         "(CPUs each task holds)")
-        if self.env_vars:
-            lines.append(f"ray_config.env_vars ({', '.join(self.env_vars)}) -> scheduler.ray.env_vars")
-        if self.install_magpie is not None:
-            lines.append(f"ray_config.install_magpie {str(self.install_magpie).lower()} -> scheduler.ray.ship_engine "
-                         "(this tool is uploaded to the tasks)")
-        return lines
-
-    def unmapped(self) -> list[tuple[str, str]]:
-        """(field, what is done instead) for the keys with no counterpart here."""
-        out = []
-        if self.entrypoint_num_gpus is not None:
-            out.append(("ray_config.entrypoint_num_gpus", "each timing task holds one scheduler.ray.gpu_resource and "
-                        "each check task scheduler.ray.check_gpus of one"))
-        for key in ("multi_node", "total_num_gpus", "num_nodes", "gpus_per_node"):
-            if getattr(self, key) is not None:
-                out.append((f"ray_config.{key}", "a kernel task runs on one node with one GPU; Ray's own resources "
-                            "say what each node has"))
-        if self.pip_packages:
-            out.append(("ray_config.pip_packages", "install them in the nodes' Python environment (no per-task pip "
-                        "install here)"))
-        if self.metadata:
-            out.append(("ray_config.metadata", "recorded in the effective config only; the run folder names the job"))
-        if self.magpie_install_path:
-            out.append(("ray_config.magpie_install_path", "this tool ships its own source to the tasks "
-                        "(install_magpie / scheduler.ray.ship_engine)"))
-        return out
-
-
 class SchedulerSettings(_Strict):
     environment: Literal["local", "container", "ray"] = "local"
     max_workers: Optional[int] = Field(default=None, ge=1)
@@ -332,7 +252,7 @@ class KernelConfigFile(_Strict):
     performance: PerformanceSettings = Field(default_factory=PerformanceSettings)
     correctness: CorrectnessSettings = Field(default_factory=CorrectnessSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
-    ray_config: Optional[KernelRayConfig] = None
+    ray_config: Optional[MagpieRayConfig] = None
     latency: Optional[LatencySettings] = None
 
     @model_validator(mode="after")
@@ -356,7 +276,7 @@ _MODEL_AT = {
     ("scheduler",): SchedulerSettings, ("performance", "ncu"): NcuSettings,
     ("performance", "rocprofv3"): RocprofSettings, ("scheduler", "ray"): RaySettings,
     ("scheduler", "container"): ContainerSettings, ("correctness", "accordo"): AccordoSettings,
-    ("latency",): LatencySettings, ("latency", "bench_target"): BenchTarget, ("ray_config",): KernelRayConfig,
+    ("latency",): LatencySettings, ("latency", "bench_target"): BenchTarget, ("ray_config",): MagpieRayConfig,
     ("kernel", "bench_target"): BenchTarget, ("kernels", int, "bench_target"): BenchTarget,
 }
 
