@@ -448,14 +448,18 @@ def detect_devices(runner: Runner | None = None, which: Which | None = None) -> 
     """(vendor, the GPUs the runtime would see, driver), or None when no tool reports a GPU: what
     ``detect_gpu`` finds without the compiler and profiler versions it adds (those cost seconds),
     for callers that need only names and the driver (a report's provenance)."""
-    runner = runner or run_tool
-    which = which or find_tool
+    seen = _seen_devices(runner or run_tool, which or find_tool)
+    return (seen[0], seen[1], seen[2].driver) if seen is not None else None
+
+
+def _seen_devices(runner: Runner, which: Which) -> tuple[str, list[GpuDevice], Any] | None:
+    """(vendor, the visible GPUs, what the vendor tool found), or None when none is seen."""
     found = _detect_nvidia(runner, which) or _detect_amd(runner, which)
     if found is None:
         return None
     vendor = found.devices[0].vendor
     devices = _visible_devices(found.devices, vendor, os.environ)
-    return (vendor, devices, found.driver) if devices else None
+    return (vendor, devices, found) if devices else None
 
 
 def detect_gpu(runner: Runner | None = None, which: Which | None = None) -> GpuInfo | None:
@@ -467,13 +471,10 @@ def detect_gpu(runner: Runner | None = None, which: Which | None = None) -> GpuI
     """
     runner = runner or run_tool
     which = which or find_tool
-    found = _detect_nvidia(runner, which) or _detect_amd(runner, which)
-    if found is None:
+    seen = _seen_devices(runner, which)
+    if seen is None:
         return None
-    vendor = found.devices[0].vendor
-    devices = _visible_devices(found.devices, vendor, os.environ)
-    if not devices:
-        return None
+    vendor, devices, found = seen
     tools = _tool_infos((COMPILERS[vendor], *PROFILERS[vendor]), runner, which)
     compiler = next((t for t in tools if t.name == COMPILERS[vendor]), None)
     runtime = found.runtime
