@@ -106,14 +106,20 @@ class DockerServer:
         except Exception:  # the container went away; what was copied stays
             return
 
-    def _wait_ready(self) -> None:
-        def exited() -> Optional[str]:
+    def exited(self) -> Optional[str]:
+        """Why the server container is gone (its exit code), None while it runs."""
+        if self.container is None:
+            return None
+        try:
             self.container.reload()
-            if self.container.status not in ("exited", "dead"):
-                return None
-            return f"the server container exited with code {self.container.attrs.get('State', {}).get('ExitCode')}"
+        except Exception as exc:  # noqa: BLE001 - removed under us, or the engine went away
+            return f"the server container is gone ({type(exc).__name__})"
+        if self.container.status not in ("exited", "dead"):
+            return None
+        return f"the server container exited with code {self.container.attrs.get('State', {}).get('ExitCode')}"
 
-        self.model_id, self.ready_s = wait_ready(self.base_url, exited=exited, cancelled=self.cancelled,
+    def _wait_ready(self) -> None:
+        self.model_id, self.ready_s = wait_ready(self.base_url, exited=self.exited, cancelled=self.cancelled,
                                                  timeout_s=self.ready_timeout_s, log_path=self.log_path)
 
     def stop(self) -> None:

@@ -287,14 +287,14 @@ class LocalServer:
         except OSError:
             return ""
 
-    def _wait_ready(self) -> None:
-        def exited() -> Optional[str]:
-            assert self.proc is not None
-            if self.proc.poll() is None:
-                return None
-            return f"the server exited with code {self.proc.returncode}"
+    def exited(self) -> Optional[str]:
+        """Why the server is gone (its exit code), None while it runs."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return f"the server exited with code {self.proc.returncode}"
 
-        self.model_id, self.ready_s = wait_ready(self.command.base_url, exited=exited, cancelled=self.cancelled,
+    def _wait_ready(self) -> None:
+        self.model_id, self.ready_s = wait_ready(self.command.base_url, exited=self.exited, cancelled=self.cancelled,
                                                  timeout_s=self.ready_timeout_s, log_path=self.log_path,
                                                  tail=self._tail)
 

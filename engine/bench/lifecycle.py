@@ -76,6 +76,9 @@ class KeptServer:
     def base_url(self) -> str:
         return str(self.record["base_url"])
 
+    def exited(self) -> Optional[str]:
+        return None if is_alive(self.record) else "the kept server is gone"
+
     def stop(self) -> None:
         if self.stopped or not self.stop_at_end:
             return

@@ -105,7 +105,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
             report["server"] = {"base_url": cfg.client.base_url.rstrip("/"), "launched": False}
         else:
             chosen = _select_gpus(cfg, report, log)
-            server = _start_server(run, chosen)
+            server = run.server = _start_server(run, chosen)
         monitor = _start_monitor(cfg, chosen)
         target = _load_target(run, server, prompts)
         # The server's /metrics once a second, in a thread of its own: off the load generator's event loop.
@@ -120,7 +120,11 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     if cancel.cancelled:
         state = RunState.CANCELLED  # also when the cancel interrupted the server's start
     _finish_report(run, state, started)
-    ws.write_text("summary.txt", summary_text(report))
+    try:
+        ws.write_text("summary.txt", summary_text(report))
+    except OSError as exc:
+        report["errors"].append(f"{ws.root / 'summary.txt'}: cannot write: [Errno {exc.errno}] {exc.strerror}")
+        report["success"] = report["reward_eligible"] = False
     code = 130 if report["state"] == RunState.CANCELLED else (0 if report["success"] else 1)
     return code, report
 
@@ -187,7 +191,8 @@ def _finish_report(run: BenchRun, state: str, started: float) -> None:
     """Trace analysis and the floor (never losing the report to them), then the report and summary."""
     cfg, report = run.cfg, run.report
     try:
-        if cfg.profiler.torch_profiler.enabled and run.trace_dir is not None and state == RunState.COMPLETED:
+        if cfg.profiler.torch_profiler.enabled and run.trace_dir is not None and \
+                state in (RunState.COMPLETED, RunState.COMPLETED_WITH_ERRORS):
             _analyse_traces(cfg, run.ws, run.trace_dir, report, run.log)
             report["analysis_errors"] = analysis_errors(report)
             if report["analysis_errors"]:
@@ -204,9 +209,26 @@ def _finish_report(run: BenchRun, state: str, started: float) -> None:
         _record_crash(run, exc)
         state = RunState.FAILED
         report["success"] = report["reward_eligible"] = False
+    if run.ws.events.write_error:
+        report["errors"].append(f"the event log is incomplete: {run.ws.events.write_error}")
     report["state"] = state
     report["execution_time"] = round(time.time() - started, 3)
-    run.ws.write_json(BENCHMARK_REPORT, report)
+    write_report(run.ws, BENCHMARK_REPORT, report)
+
+
+def write_report(ws: Workspace, name: str, report: dict) -> bool:
+    """Write the report; when it cannot be written (a full disk, a read-only folder) the run is not a
+    success, the error names the file and the errno, and the report stays in memory for the caller
+    to print. True when it was written."""
+    try:
+        ws.write_json(name, report)
+        return True
+    except OSError as exc:
+        report["success"] = report["reward_eligible"] = False
+        report["errors"].insert(0, f"{ws.root / name}: cannot write the report: [Errno {exc.errno}] {exc.strerror}")
+        if report.get("state") == RunState.COMPLETED:
+            report["state"] = RunState.COMPLETED_WITH_ERRORS
+        return False
 
 
 @dataclass
@@ -220,6 +242,12 @@ class BenchRun:
     log: Callable[[str], None]
     envs: dict[str, str]
     trace_dir: Optional[Path]  # where the server writes torch traces; None when not profiled
+    server: Optional[Server] = None  # the server this run launched or reused (None: client.base_url)
+    # Why the server stopped serving during the load ("the server exited with code -9 after 3.2 s"):
+    # the load stops at once, and the run is not a success.
+    server_gone: Optional[str] = None
+    # Files of measured data that could not be written (each names the file and the errno).
+    save_errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -423,6 +451,8 @@ def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
         return _run_capacity(run, target)
     sweep_results = []
     for index, point in enumerate(_points(run.cfg)):
+        if run.server_gone:
+            break
         shape = _Shape.of(point, run.cfg, run.envs)
         lengths = shape.lengths(run.cfg)
         if lengths is not None:
@@ -441,7 +471,7 @@ def _run_capacity(run: BenchRun, target: LoadTarget) -> list[dict]:
                             ceiling=cl.capacity_max or DEFAULT_CEILING, max_steps=cl.capacity_steps)
     results: list[dict] = []
     index = 0
-    while not run.cancel.cancelled:
+    while not run.cancel.cancelled and not run.server_gone:
         level = search.next_level()
         if level is None:
             break
@@ -513,10 +543,10 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
     profiled = cfg.profiler.torch_profiler.enabled and index == 0
     runs: list[dict] = []
     for rep in range(cfg.client.repeats):
-        if cancel.cancelled:
+        if cancel.cancelled or run.server_gone:
             break
         lg = _load_generator(run, target, point, shape, rep)
-        cancel_watch = _watch_cancel(cancel, lg)
+        cancel_watch = _watch_cancel(cancel, lg, run)
         progress = ProgressTimer(lg, lambda **f: run.ws.events.emit("progress", **f),
                                  {"repeat": rep, "point": point, "point_index": index}).start()
         if profiled and rep == 0:
@@ -535,14 +565,21 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
             result["excluded_requests"] = result_obj.excluded
         errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
         result["errors"] = errors[:10]
+        result["failed_by_cause"] = failures_by_cause(result_obj.outputs)
+        if run.server_gone:
+            result["cut_short"] = True
+            result["server_exit"] = run.server_gone
+            if runs:  # a repeat the server's death cut short is no sample of the same load
+                break
         if cancel.cancelled and runs:
             # A repeat cut short is not a sample of the same workload: keep it out of the
             # statistics (the first repeat stays, marked, so a cancelled run still reports).
             run.log(f"repeat {rep + 1} cut short by the cancel: left out of the repeat statistics")
             break
-        result["cut_short"] = bool(cancel.cancelled)
-        # Per-request lists (vLLM's --save-detailed fields), for latency distributions.
-        run.ws.write_json(f"requests/point{index}_repeat{rep}.json", detailed_lists(result_obj.outputs))
+        result["cut_short"] = bool(cancel.cancelled or run.server_gone)
+        # Per-request lists (vLLM's --save-detailed fields), for latency distributions. A write that
+        # fails (a full disk) loses these lists only: the run's numbers stay in memory for the report.
+        _save(run, f"requests/point{index}_repeat{rep}.json", detailed_lists(result_obj.outputs))
         runs.append(result)
         run.log(f"point {point or 'default'} repeat {rep + 1}/{cfg.client.repeats}: "
                 f"{result['completed']} ok, {result['failed']} failed, "
@@ -634,11 +671,48 @@ def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
     report["repeats"] = sweep_results[0]["repeats"] if sweep_results else None
     report["sweep"] = sweep_results if len(sweep_results) > 1 else None
     report["lengths"] = sweep_results[0]["point"].get("lengths") if sweep_results else None
-    report["success"] = bool(first) and first.get("completed", 0) > 0 and not cancel.cancelled
+    failures = _failures(sweep_results)
+    report["failures"] = failures
+    if run.server_gone:
+        report["server_exit"] = run.server_gone
+    report["success"] = (bool(first) and first.get("completed", 0) > 0 and not cancel.cancelled
+                         and not failures["requests"] and not run.server_gone and not run.save_errors)
     report["reward_eligible"] = report["success"] and report["run_kind"] == "measurement"
-    if first.get("failed"):
-        report["errors"].append(f"{first['failed']} request(s) failed: {'; '.join(first.get('errors', []))}")
-    return RunState.CANCELLED if cancel.cancelled else (RunState.COMPLETED if report["success"] else RunState.FAILED)
+    reasons = []
+    if run.server_gone:
+        reasons.append(f"the server stopped serving: {run.server_gone}")
+    if failures["requests"]:
+        causes = "; ".join(f"{n} x {cause}" for cause, n in list(failures["by_cause"].items())[:5])
+        reasons.append(f"{failures['requests']} of {failures['sent']} measured request(s) failed: {causes}")
+    report["errors"][:0] = reasons + list(run.save_errors)  # the reasons first
+    if cancel.cancelled:
+        return RunState.CANCELLED
+    if run.server_gone or not (bool(first) and first.get("completed", 0) > 0):
+        return RunState.FAILED
+    # Every request measured but some failed, or a file of it could not be saved: the numbers are
+    # there, the run is not a success.
+    return RunState.COMPLETED if report["success"] else RunState.COMPLETED_WITH_ERRORS
+
+
+NEVER_SENT = "cancelled before sending"  # the load generator's error for a request a stop kept queued
+
+
+def _failures(sweep_results: list[dict]) -> dict[str, Any]:
+    """Measured requests over every point and repeat: sent, failed (by cause) and never sent (queued
+    when the load stopped: not a failure of the server, not a request it saw)."""
+    sent = failed = never = 0
+    by_cause: dict[str, int] = {}
+    for point in sweep_results:
+        for r in point["runs"]:
+            causes = dict(r.get("failed_by_cause") or {})
+            unsent = causes.pop(NEVER_SENT, 0)
+            never += unsent
+            failed += (r.get("failed") or 0) - unsent
+            sent += (r.get("completed") or 0) + (r.get("failed") or 0) - unsent
+            for cause, n in causes.items():
+                by_cause[cause] = by_cause.get(cause, 0) + n
+    return {"requests": failed, "sent": sent, "never_sent": never,
+            "by_cause": dict(sorted(by_cause.items(), key=lambda kv: -kv[1]))}
 
 
 _PINNING_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -712,19 +786,55 @@ def _run(lg: LoadGenerator | ClientPool):
     return run_coroutine(lg.run(), lg.config.event_loop)
 
 
-def _watch_cancel(cancel: CancelToken, lg: LoadGenerator | ClientPool) -> Callable[[], None]:
-    """Forward a cancel (Ctrl-C, SIGTERM) to the load generator; returns a stop function."""
+SERVER_POLL_S = 0.5
+
+
+def _watch_cancel(cancel: CancelToken, lg: LoadGenerator | ClientPool,
+                  run: Optional["BenchRun"] = None) -> Callable[[], None]:
+    """Forward a cancel (Ctrl-C, SIGTERM) to the load generator, and stop the load when the server
+    this run started dies (``run.server_gone``: the run fails fast instead of sending every
+    remaining request to nothing); returns a stop function."""
     import threading
     done = threading.Event()
+    exited = getattr(run.server, "exited", None) if run is not None else None
+    started = time.monotonic()
 
     def watch() -> None:
+        last_poll = 0.0
         while not done.wait(0.1):
             if cancel.cancelled:
                 lg.cancel()
                 return
+            if exited is not None and time.monotonic() - last_poll >= SERVER_POLL_S:
+                last_poll = time.monotonic()
+                why = exited()
+                if why:
+                    run.server_gone = f"{why} after {time.monotonic() - started:.1f} s of load"
+                    run.log(f"error: {run.server_gone}: stopping the load")
+                    lg.cancel()
+                    return
 
     threading.Thread(target=watch, daemon=True).start()
     return done.set
+
+
+def _save(run: "BenchRun", name: str, obj: Any) -> None:
+    """Write a file of measured data; a failure (full disk, read-only folder) is recorded by file
+    and errno, and the run goes on: what was measured stays in memory for the report."""
+    try:
+        run.ws.write_json(name, obj)
+    except OSError as exc:
+        run.save_errors.append(f"{run.ws.root / name}: cannot write: [Errno {exc.errno}] {exc.strerror}")
+
+
+def failures_by_cause(outputs: Any) -> dict[str, int]:
+    """Failed requests counted by cause (the first line of each error, at most 120 characters)."""
+    counts: dict[str, int] = {}
+    for o in outputs:
+        if not o.success:
+            cause = (o.error or "unknown error").splitlines()[0][:120] or "unknown error"
+            counts[cause] = counts.get(cause, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def _magpie_ratio(cfg: BenchmarkConfig) -> float:
@@ -842,9 +952,19 @@ def format_lengths(lengths: dict[str, Any]) -> str:
 
 
 def _all_failed_line(report: dict) -> str:
-    """One line for the top of summary.txt when every measured request failed (else "")."""
+    """One line for the top of summary.txt when the run is not a success because of its load: every
+    measured request failed, the server stopped serving, or some requests failed (else "")."""
     result = report.get("result") or {}
     failed, completed = result.get("failed") or 0, result.get("completed") or 0
+    if report.get("server_exit"):
+        f = report.get("failures") or {}
+        return (f"SERVER EXITED DURING THE RUN: {report['server_exit']}; {f.get('requests', failed)} of "
+                f"{f.get('sent', failed + completed)} measured request(s) failed; see server.log")
+    if failed and completed:
+        f = report.get("failures") or {}
+        cause = next(iter((f.get("by_cause") or {}).items()), None)
+        return (f"NOT A SUCCESS: {f.get('requests', failed)} of {f.get('sent', failed + completed)} measured "
+                "request(s) failed" + (f" ({cause[1]} x {cause[0]})" if cause else ""))
     if not failed or completed:
         return ""
     first = (result.get("errors") or [""])[0]

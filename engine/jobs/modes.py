@@ -180,8 +180,17 @@ def run_benchmark(request: BenchmarkRequest, output_dir: Union[Path, str, None] 
         state = report.get("state", "failed")
     finally:
         _end(ws, state, code, BENCHMARK_REPORT)
-    return JobOutcome(code, state, ws.root, BENCHMARK_REPORT, report,
-                      display=[(ws.root / "summary.txt").read_text()] if (ws.root / "summary.txt").is_file() else [])
+    return JobOutcome(code, state, ws.root, BENCHMARK_REPORT, report, display=_benchmark_display(ws, report))
+
+
+def _benchmark_display(ws: Workspace, report: dict) -> list[str]:
+    """summary.txt, or the summary made from the report in memory when the file could not be written
+    (a full disk): what was measured still reaches the terminal."""
+    from engine.bench.run import summary_text
+    try:
+        return [(ws.root / "summary.txt").read_text()]
+    except OSError:
+        return [summary_text(report)] if report.get("framework") else []
 
 
 # --------------------------------------------------------------------------- trace analysis

@@ -16,7 +16,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import yaml
 from pydantic import ValidationError
@@ -59,6 +59,9 @@ class EventLog:
         self._fh = open(path, "a", encoding="utf-8", buffering=1)
         # In-process observers (the CLI's progress lines); the file is the contract for others.
         self.listeners: list[Callable[[dict], None]] = []
+        # The first write that failed (a full disk): later events still reach the listeners, and the
+        # run's report says the event log is incomplete.
+        self.write_error: Optional[str] = None
 
     def emit(self, event: str, **fields: Any) -> None:
         """Append one event. A known kind (``engine.runs.schema.EVENT_MODELS``) is validated
@@ -76,14 +79,20 @@ class EventLog:
                 raise ValueError(f"event {event!r} does not match {model.__name__}: {exc}") from None
         line = json.dumps(record, default=str)
         with self._lock:
-            if not self._fh.closed:
-                self._fh.write(line + "\n")
+            if not self._fh.closed and self.write_error is None:
+                try:
+                    self._fh.write(line + "\n")
+                except OSError as exc:
+                    self.write_error = f"{self.path}: cannot write: [Errno {exc.errno}] {exc.strerror}"
             for listener in self.listeners:
                 listener(record)
 
     def close(self) -> None:
         with self._lock:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as exc:  # the last buffered line could not be written
+                self.write_error = self.write_error or f"{self.path}: cannot write: [Errno {exc.errno}] {exc.strerror}"
 
 
 class Workspace:

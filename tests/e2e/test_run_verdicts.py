@@ -1,0 +1,121 @@
+"""A benchmark's verdict is what happened: failed requests, a server that died, a file of measured data
+that could not be written: none of them is a success, each is named first, and what was measured is
+kept."""
+
+import errno
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from bench_server import BenchServer, Script
+
+from engine.bench import run as bench_run
+from engine.config.benchmark import BenchmarkConfig
+from engine.runs.process import CancelToken
+from engine.runs.workspace import Workspace
+
+
+def _client_cfg(url: str, n: int = 30) -> BenchmarkConfig:
+    return BenchmarkConfig.model_validate({
+        "framework": "vllm", "model": "m", "client": {"base_url": url, "warmup": 0, "tokenizer": "none",
+                                                      "vocab_size": 1000},
+        "envs": {"CONC": 3, "ISL": 8, "OSL": 4, "NUM_PROMPTS": n, "RANDOM_RANGE_RATIO": 1},
+        "profiler": {"gpu_monitor": {"enabled": False}}})
+
+
+def test_a_server_failing_some_requests_is_not_a_success(tmp_path):
+    def script(rid: str, _body: dict) -> Script:
+        return Script(tokens=4, status=500 if int(rid.rsplit("-", 1)[-1]) % 3 == 0 else 200)
+
+    with BenchServer(script) as srv:
+        code, report = bench_run.run_benchmark(_client_cfg(srv.url), Workspace(tmp_path / "run"), CancelToken(),
+                                               overrides=[], warnings=[])
+    assert code == 1 and report["success"] is False and report["reward_eligible"] is False
+    assert report["state"] == "completed_with_errors"  # the numbers are there, the run is not a success
+    f = report["failures"]
+    assert f["requests"] == 10 and f["sent"] == 30 and sum(f["by_cause"].values()) == 10
+    assert report["errors"][0].startswith("10 of 30 measured request(s) failed: 10 x ")
+    summary = (tmp_path / "run" / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("NOT A SUCCESS: 10 of 30 measured request(s) failed")
+    assert report["throughput"]["completed_requests"] == 20
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_run_fails_fast_and_says_so(tmp_path, monkeypatch):
+    original = bench_run.SERVER_LAUNCHERS["local"]
+    killed = {}
+
+    def launch_then_kill(run, ready_timeout, chosen):
+        launched = original(run, ready_timeout, chosen)
+        pid = launched.server.proc.pid
+
+        def kill() -> None:
+            time.sleep(1.5)
+            killed["at"] = time.monotonic()
+            os.killpg(pid, signal.SIGKILL)
+        threading.Thread(target=kill, daemon=True).start()
+        return launched
+
+    monkeypatch.setitem(bench_run.SERVER_LAUNCHERS, "local", launch_then_kill)
+    cfg = BenchmarkConfig.model_validate({
+        "framework": "builtin", "client": {"warmup": 0, "repeats": 3},
+        "envs": {"CONC": 2, "ISL": 16, "OSL": 64, "NUM_PROMPTS": 4000, "RANDOM_RANGE_RATIO": 1},
+        "profiler": {"gpu_monitor": {"enabled": False}}})
+    t0 = time.monotonic()
+    code, report = bench_run.run_benchmark(cfg, Workspace(tmp_path / "run"), CancelToken(), overrides=[],
+                                           warnings=[])
+    assert code == 1 and report["success"] is False and report["state"] == "failed"
+    assert report["server_exit"].startswith("the server exited with code -9 after ")
+    assert report["errors"][0].startswith("the server stopped serving: the server exited with code -9")
+    # fail fast: the load stopped within seconds of the death, far short of 4000 requests x 3 repeats
+    assert time.monotonic() - killed["at"] < 10
+    assert report["failures"]["sent"] < 4000 and report["failures"]["never_sent"] > 0
+    assert len(report["repeats"] or [None]) == 1
+    summary = (tmp_path / "run" / "summary.txt").read_text()
+    assert summary.startswith("SERVER EXITED DURING THE RUN: the server exited with code -9")
+    assert time.monotonic() - t0 < 60
+
+
+def test_measured_data_that_cannot_be_written_is_named_and_the_numbers_kept(tmp_path, monkeypatch):
+    real = Workspace.write_json
+
+    def full_disk(self, name, obj):
+        if name.startswith("requests/"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, name, obj)
+
+    monkeypatch.setattr(Workspace, "write_json", full_disk)
+    with BenchServer(Script(tokens=4)) as srv:
+        code, report = bench_run.run_benchmark(_client_cfg(srv.url, 12), Workspace(tmp_path / "run"), CancelToken(),
+                                               overrides=[], warnings=[])
+    assert code == 1 and report["success"] is False and report["state"] == "completed_with_errors"
+    assert report["throughput"]["completed_requests"] == 12  # the measurement is kept
+    assert report["errors"][0] == (f"{tmp_path / 'run' / 'requests' / 'point0_repeat0.json'}: cannot write: "
+                                   "[Errno 28] No space left on device")
+    on_disk = json.loads((tmp_path / "run" / "benchmark_report.json").read_text())
+    assert on_disk["errors"] == report["errors"]
+
+
+def test_a_report_that_cannot_be_written_still_reaches_the_terminal(tmp_path, monkeypatch):
+    from engine.jobs import BenchmarkRequest, run_request
+    real = Workspace.write_json
+
+    def full_disk(self, name, obj):
+        if name == "benchmark_report.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, name, obj)
+
+    monkeypatch.setattr(Workspace, "write_json", full_disk)
+    with BenchServer(Script(tokens=4)) as srv:
+        request = BenchmarkRequest(framework="vllm", flags={
+            "model": "m", "base_url": srv.url, "tokenizer": "none", "vocab_size": 1000, "concurrency": 2,
+            "input_len": 8, "output_len": 4, "num_prompts": 6, "warmup": 0, "range_ratio": 1.0})
+        outcome = run_request(request, str(tmp_path / "out"))
+    assert outcome.exit_code == 1 and outcome.report["success"] is False
+    assert outcome.report["errors"][0].endswith("benchmark_report.json: cannot write the report: [Errno 28] "
+                                                "No space left on device")
+    assert "requests: 6 completed" in outcome.display[0]  # the numbers, from memory, on the terminal
