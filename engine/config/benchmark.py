@@ -298,6 +298,14 @@ class BuiltinServer(_Strict):
     # Prompt + output cap and the length of each KV-cache slot; none: the model's max_seq_len.
     max_model_len: Optional[int] = Field(default=None, ge=16)
 
+    @field_validator("size")
+    @classmethod
+    def _known_size(cls, v: str) -> str:
+        from engine.serve.shapes import PRESETS  # no torch: the presets are plain shapes
+        if v not in PRESETS:
+            raise ValueError(f"unknown built-in model size {v!r}; one of {', '.join(PRESETS)}")
+        return v
+
     @field_validator("cuda_graph_batch_sizes")
     @classmethod
     def _graph_sizes(cls, v: Optional[list[int]]) -> Optional[list[int]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -63,10 +64,32 @@ class KernelRequest(_Request):
         "the current directory the request was made in: relative paths (kernel_config, a working_dir, "
         "latency.pythonpath) resolve against it, as Magpie resolves them; default: the current directory"))
 
+    def value_problems(self) -> list[str]:
+        """Numbers that cannot mean anything, named by their flag (the CLI, MCP and the workbench all
+        build this request): a kernel must never be judged under them."""
+        out = []
+        if self.repeats is not None and self.repeats < 3:
+            out.append(f"--repeats {self.repeats}: at least 3 repeats are needed for a median and its spread")
+        if self.timeout is not None and not (math.isfinite(self.timeout) and self.timeout > 0):
+            out.append(f"--timeout {self.timeout}: seconds allowed for each command: give a number > 0")
+        for flag, value in (("--rtol", self.rtol), ("--atol", self.atol)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                out.append(f"{flag} {value}: a tolerance is a finite number >= 0")
+        if self.tie_margin is not None and not (math.isfinite(self.tie_margin) and 0 <= self.tie_margin < 1):
+            out.append(f"--tie-margin {self.tie_margin}: a share in [0, 1), e.g. 0.02")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            out.append(f"--seed {self.seed}: seeds are integers in [0, 2**32) (NumPy and torch take no larger one)")
+        if self.warmup is not None and self.warmup < 0:
+            out.append(f"--warmup {self.warmup}: warm-up calls are >= 0")
+        if self.workers is not None and self.workers < 1:
+            out.append(f"--workers {self.workers}: at least 1 worker")
+        return out
+
     def prepare(self) -> "PreparedKernels":
         from engine.kernels.plan import CliOptions, build_plan
-        if self.repeats is not None and self.repeats < 3:
-            raise ConfigError([f"--repeats {self.repeats}: at least 3 repeats are needed for a median and its spread"])
+        problems = self.value_problems()
+        if problems:
+            raise ConfigError(problems)
         warnings: list[str] = []
         framework = load_framework_config(self.framework_config, warnings)
         # The request carries every flag of CliOptions under the same name; compare's own flags

@@ -119,3 +119,28 @@ def test_a_report_that_cannot_be_written_still_reaches_the_terminal(tmp_path, mo
     assert outcome.report["errors"][0].endswith("benchmark_report.json: cannot write the report: [Errno 28] "
                                                 "No space left on device")
     assert "requests: 6 completed" in outcome.display[0]  # the numbers, from memory, on the terminal
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--timeout", "0"], "--timeout 0.0: seconds allowed for each command: give a number > 0"),
+    (["--timeout", "-5"], "--timeout -5.0: seconds allowed for each command: give a number > 0"),
+    (["--rtol", "nan"], "--rtol nan: a tolerance is a finite number >= 0"),
+    (["--atol=-1e-3"], "--atol -0.001: a tolerance is a finite number >= 0"),
+    (["--seed", "999999999999999999999999"], "--seed 999999999999999999999999: seeds are integers in [0, 2**32)"),
+])
+def test_values_that_mean_nothing_are_configuration_errors_not_incorrect_kernels(tmp_path, flags, expected):
+    from conftest import REPO, run_magpie
+    proc = run_magpie("analyze", "-k", REPO / "examples" / "kernels" / "rmsnorm_pytorch" / "analyze.yaml", *flags,
+                      "-o", tmp_path / "o", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_unknown_builtin_size_is_named_as_such(tmp_path):
+    from conftest import run_magpie
+    p = tmp_path / "b.yaml"
+    p.write_text("benchmark:\n  framework: builtin\n  server: {size: huge}\n")
+    proc = run_magpie("benchmark", "-b", p, "--dry-run", timeout=60)
+    assert proc.returncode == 2
+    assert f"{p}:3: benchmark.server.size: unknown built-in model size 'huge'; one of tiny, 1b, 8b" in proc.stderr

@@ -267,3 +267,9 @@ def test_configure_gpu_is_refused_by_name_with_the_reason(call):
                 error=True)
     assert "configure_gpu is not provided" in text and "root" in text and "nvidia-smi" in text
     assert "configure_gpu is not provided" in call("configure_gpu", {"reset": True}, error=True)
+
+
+def test_a_tolerance_that_means_nothing_is_refused_not_replaced(call):
+    text = call("analyze", {"kernel_config": str(REPO / "examples" / "kernels" / "rmsnorm_pytorch" / "analyze.yaml"),
+                            "rtol": "NaN"}, error=True)
+    assert "--rtol nan: a tolerance is a finite number >= 0" in text
