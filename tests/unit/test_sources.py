@@ -14,7 +14,7 @@ from engine.sources import (COLUMNS, SOURCE_COLUMNS, build_index, find_kernel_so
 from engine.sources.names import KINDS, LIBRARIES, simple_demangle
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sources"
-GOLDEN = Path("/work/shared/data/tracelens-golden/h200_real/pytorch/kernel_summary.csv")
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "tracelens-golden" / "h200_real" / "pytorch" / "kernel_summary.csv"
 NAME_CASES = json.loads((DATA / "kernel_names.json").read_text())
 
 # Magpie's KernelSourceInfo.csv_headers(), copied here so a change on either side is caught.
