@@ -29,7 +29,8 @@ def _add_kernel_flags(p: argparse.ArgumentParser, compare: bool) -> None:
         p.add_argument("--baseline", help="baseline kernel: index (0-based) or id; default: the entry marked "
                                           "'baseline: true', else the first")
         p.add_argument("--tie-margin", type=float, help="practical-equivalence margin: 'faster' only when the whole "
-                                                        "speedup interval lies above 1 + margin (default 0.02)")
+                                                        "speedup interval lies above 1 + margin (default 0.02 with a "
+                                                        "GPU timer, 0.10 with the CPU timer)")
     p.add_argument("--only", help="comma-separated kernel ids to run from -k (the baseline is always kept)")
     p.add_argument("--no-perf", action="store_true", help="check correctness only; no timing")
     p.add_argument("-o", "--output-dir", default="./results", help="results root (default ./results)")

@@ -313,9 +313,13 @@ def load_framework_config(path: Optional[str], warnings: list[str]) -> dict:
 
 def notices(prepared: Any) -> list[str]:
     """The lines a front end prints before a run starts: its warnings, then each flag that
-    replaced a config value."""
+    replaced a value of the config file (with no file, the flags are the config: nothing to say)."""
+    request = getattr(prepared, "request", None)
+    from_file = getattr(request, "benchmark_config", None) or getattr(request, "kernel_config", None) or \
+        getattr(request, "batch", None) or request is None
     return ([f"warning: {w}" for w in prepared.warnings]
-            + [f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})" for o in prepared.overrides])
+            + [f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})"
+               for o in (prepared.overrides if from_file else [])])
 
 
 @dataclass
