@@ -239,7 +239,17 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
                           sink=_KernelProgress(args.command, len(prepared.plan.kernels), args.verbose))
     for r in outcome.display:
         console.print(r, highlight=False)
+    _where_next(outcome)
     return outcome.exit_code
+
+
+def _where_next(outcome: Any) -> None:
+    """After a run: where its report and logs are, and the command that opens it in the workbench."""
+    report = Path(outcome.workspace) / outcome.report_name
+    print(f"report: {report}" if report.is_file() else f"run folder: {outcome.workspace} (no report was written)",
+          file=sys.stderr)
+    print(f"logs: {Path(outcome.workspace) / 'logs'}; open the run in the workbench: "
+          f"magpie-tui {Path(outcome.workspace).parent}", file=sys.stderr)
 
 
 def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
@@ -275,6 +285,7 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     if result.exit_code:
         print("error: no kernel events found in the trace window", file=sys.stderr)
     console.print(f"workspace: {outcome.workspace} ({result.report['elapsed_s']:.2f} s)", highlight=False)
+    _where_next(outcome)
     return result.exit_code
 
 
@@ -384,6 +395,7 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
     outcome = run_request(request, args.output_dir or "./results", cancel=cancel, prepared=prepared, log=_log)
     for text in outcome.display:
         console.print(text, highlight=False, markup=False)
+    _where_next(outcome)
     return outcome.exit_code
 
 
