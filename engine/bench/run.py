@@ -103,6 +103,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         prompts = _prompt_source(run)
         if cfg.client.base_url:
             report["server"] = {"base_url": cfg.client.base_url.rstrip("/"), "launched": False}
+            _check_reachable(cfg.client.base_url)
         else:
             chosen = _select_gpus(cfg, report, log)
             server = run.server = _start_server(run, chosen)
@@ -127,6 +128,22 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         report["success"] = report["reward_eligible"] = False
     code = 130 if report["state"] == RunState.CANCELLED else (0 if report["success"] else 1)
     return code, report
+
+
+def _check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
+    """A server given by URL must at least accept a connection: otherwise one clear error before any
+    request, instead of every request failing and a report of zeros."""
+    import socket
+    from urllib.parse import urlsplit
+    parts = urlsplit(base_url)
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise LaunchError(f"the server at {base_url} does not answer ({exc.strerror or exc}): nothing was sent; "
+                          "start it, or check --base-url") from None
 
 
 def _record_crash(run: BenchRun, exc: BaseException) -> None:

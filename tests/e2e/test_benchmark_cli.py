@@ -254,8 +254,10 @@ def test_an_unexpected_exception_still_writes_a_failed_report(tmp_path, monkeypa
         raise RuntimeError("the load generator exploded")
 
     monkeypatch.setattr(bench_run, "_run_points", broken)
-    request = BenchmarkRequest(framework="builtin", flags={"base_url": "http://127.0.0.1:9", "num_prompts": 2})
-    outcome = run_benchmark(request, tmp_path)
+    from bench_server import BenchServer
+    with BenchServer() as srv:  # a server that answers: the run gets as far as its load
+        request = BenchmarkRequest(framework="builtin", flags={"base_url": srv.url, "num_prompts": 2})
+        outcome = run_benchmark(request, tmp_path)
     assert outcome.exit_code == 1 and outcome.state == "failed"
     on_disk = json.loads((outcome.workspace / "benchmark_report.json").read_text())
     assert on_disk["state"] == "failed" and on_disk["success"] is False

@@ -144,3 +144,16 @@ def test_an_unknown_builtin_size_is_named_as_such(tmp_path):
     proc = run_magpie("benchmark", "-b", p, "--dry-run", timeout=60)
     assert proc.returncode == 2
     assert f"{p}:3: benchmark.server.size: unknown built-in model size 'huge'; one of tiny, 1b, 8b" in proc.stderr
+
+
+def test_a_server_that_does_not_answer_gets_one_clear_error_and_no_load(tmp_path):
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, report = bench_run.run_benchmark(_client_cfg(f"http://127.0.0.1:{port}"), Workspace(tmp_path / "run"),
+                                           CancelToken(), overrides=[], warnings=[])
+    assert code == 1 and report["success"] is False and report["state"] == "failed"
+    assert report["errors"] == [f"the server at http://127.0.0.1:{port} does not answer (Connection refused): "
+                                "nothing was sent; start it, or check --base-url"]
+    assert "result" not in report or not report.get("result")
