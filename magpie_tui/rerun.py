@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import LaunchRequest
 
@@ -35,11 +36,9 @@ class RerunError(ValueError):
 def _recorded_config(info: RunInfo) -> dict:
     path = info.path / "config.yaml"
     try:
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RerunError(f"{path}: cannot read the recorded config ({exc.strerror or exc})") from exc
-    except yaml.YAMLError as exc:
-        raise RerunError(f"{path}: not valid YAML ({exc})") from exc
+        cfg = load_yaml_file(path)
+    except ConfigError as exc:  # missing, not a regular file, too large, not valid YAML
+        raise RerunError(f"cannot read the recorded config: {exc}") from exc
     if not isinstance(cfg, dict):
         raise RerunError(f"{path}: expected a mapping, the run's recorded config")
     return cfg
@@ -146,8 +145,8 @@ def _kernel_configs(project_dir: Path) -> Iterator[tuple[Path, list[str], set[st
             if not name.endswith((".yaml", ".yml")):
                 continue
             try:
-                data = yaml.safe_load((folder / name).read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                data = load_yaml_file(folder / name)
+            except ConfigError:
                 continue
             entries = data.get("kernels") if isinstance(data, dict) else None
             if not isinstance(entries, list):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
 from engine.runs.workspace import atomic_write_text
 
@@ -63,9 +64,9 @@ class Settings:
         data: dict = {}
         if path.exists():
             try:
-                loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+                loaded = load_yaml_file(path, what="a settings file")
                 data = loaded if isinstance(loaded, dict) else {}
-            except (OSError, yaml.YAMLError):
+            except ConfigError:
                 return  # never overwrite a file we could not read
         data["theme"] = theme
         atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
@@ -79,8 +80,8 @@ def load_settings(project_dir: Path | str, results_dirs: list[Path] | None = Non
     data: dict = {}
     if path.exists():
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
+            loaded = load_yaml_file(path, what="a settings file")
+        except ConfigError as exc:
             settings.problems.append(f"{path}: not read ({exc}); using defaults")
             loaded = {}
         if loaded is not None and not isinstance(loaded, dict):

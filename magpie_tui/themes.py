@@ -10,9 +10,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable
 
-import yaml
 from textual.theme import Theme
 
+from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
 
 DEFAULT_THEME = "magpie-dark"
@@ -29,9 +29,9 @@ class ThemeFileError(MagpieError, ValueError):
 
 def theme_from_file(path: Path) -> Theme:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ThemeFileError(f"{path}: not valid YAML ({exc})") from exc
+        data = load_yaml_file(path, what="a theme file") or {}
+    except ConfigError as exc:  # not valid YAML, or not a file to read (a FIFO, too large)
+        raise ThemeFileError(str(exc)) from exc
     if not isinstance(data, dict) or "name" not in data or "primary" not in data:
         raise ThemeFileError(f"{path}: a theme needs at least 'name' and 'primary' (see themes/magpie-dark.yaml)")
     unknown = set(data) - set(_THEME_FIELDS) - {"name", "variables"}

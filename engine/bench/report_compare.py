@@ -50,8 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
+from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
 from engine.runs.schema import BENCHMARK_REPORT
 
@@ -212,8 +211,8 @@ def load_side(path: Path | str) -> RunSide:
         note = f"{cfg_path} not available: compared on the report's own keys"
     else:
         try:
-            doc = yaml.safe_load(cfg_path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
+            doc = load_yaml_file(cfg_path)
+        except ConfigError as exc:  # also a FIFO, a huge file or an alias bomb under the name
             doc, note = None, f"{cfg_path} could not be read ({type(exc).__name__}): compared on the report's own keys"
         if isinstance(doc, dict) and isinstance(doc.get("benchmark"), dict):
             config = doc["benchmark"]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 import yaml
 
-from engine.config.yamlfile import ConfigError
+from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
 from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
 from engine.loop.schema import LOOP_FILE, MIN_REPEATS, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
@@ -161,11 +161,11 @@ class Loop:
 
     def clean_yaml(self) -> dict:
         """The clean benchmark YAML of ``-b`` as written (plain data)."""
-        return yaml.safe_load(Path(self.loop.config).read_text(encoding="utf-8")) or {}
+        return load_yaml_file(self.loop.config) or {}
 
     def run_config(self, run_dir: Optional[str]) -> dict:
         """The effective ``benchmark`` config a step's run recorded (its config.yaml)."""
-        cfg = yaml.safe_load((self.root / str(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+        cfg = load_yaml_file(self.root / str(run_dir) / "config.yaml")
         return cfg["benchmark"]
 
     def _step_bottlenecks(self, step: LoopStep) -> dict:
@@ -389,7 +389,7 @@ def loop_plan_lines(prepared: Any, output_dir: Optional[str]) -> list[str]:
              "baseline and re-benchmark (clean):"]
     clean = BenchmarkRequest(benchmark_config=prepared.config).prepare(plan_only=True)
     lines += format_plan(benchmark_plan(clean, "<loop folder>"), "  ")
-    raw = yaml.safe_load(Path(prepared.config).read_text())
+    raw = load_yaml_file(prepared.config)
     lines.append("profiled twin (diagnostic; differs from the clean run only in):")
     twin = profiled_twin(raw)
     for d in config_diff(raw.get("benchmark") or {}, twin.get("benchmark") or {}):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 
+from engine.config.yamlfile import load_yaml_file
 from engine.loop.bottlenecks import analyze_trace
 from engine.runs.schema import BENCHMARK_REPORT
 
@@ -42,7 +43,7 @@ def step_rebenchmark(loop: "Loop", step: "LoopStep") -> dict:
     result: dict[str, Any] = {"report": str(report_path.relative_to(loop.root)), "repeats": prepared.config.client.repeats,
                               "metrics": _metrics(outcome.report)}
     # A short profiled run with the winner: the op's new time and share, and what is on top now.
-    raw = yaml.safe_load(config.read_text(encoding="utf-8"))
+    raw = load_yaml_file(config)
     twin = loop.root / "integrate" / PROFILED_AFTER
     twin.write_text("# The profiled twin of the integrated config, derived by magpie optimize.\n"
                     + yaml.safe_dump(profiled_twin(raw), sort_keys=False), encoding="utf-8")

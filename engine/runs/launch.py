@@ -8,6 +8,7 @@ command line, shown to the user; the run itself is the typed request, not those 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,9 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
-from engine.config.yamlfile import ConfigError
+from engine.config.yamlfile import ConfigError, YamlSyntaxError, load_yaml_file
 
 SOURCE_SUFFIXES = {".py": "python", ".cu": "cuda", ".cuh": "cuda", ".hip": "hip", ".cpp": "cpp", ".cc": "cpp",
                    ".cxx": "cpp", ".c": "c", ".h": "cpp", ".hpp": "cpp"}
@@ -65,11 +64,11 @@ def classify(path: Path) -> str:
         # or launch as it stands; the Runs list re-runs it.
         return "run record"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        return "other"
-    except yaml.YAMLError:
-        return "yaml"  # broken YAML: check_config reports where
+        data = load_yaml_file(path)
+    except ConfigError:
+        # Broken YAML, or a file refused before it is parsed (not a regular file, too large,
+        # binary, an alias bomb): check_config reports why. Gone meanwhile: not a config.
+        return "yaml" if os.path.lexists(path) else "other"
     if isinstance(data, dict):
         if "benchmark" in data:
             return "benchmark"
@@ -87,11 +86,15 @@ def check_config(path: Path | str) -> ConfigCheck:
     check = ConfigCheck(path=path, kind=kind)
     if kind == "yaml":
         try:
-            yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-            check.problems.append(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})")
+            load_yaml_file(path)
+        except YamlSyntaxError as exc:
+            if exc.limit:
+                check.problems.extend(exc.problems)
+            else:
+                where = f"{path}:{exc.line}" if exc.line is not None else str(path)
+                check.problems.append(f"{where}: not valid YAML ({exc.problem})")
+        except ConfigError as exc:  # refused before parsing: not a regular file, too large, binary
+            check.problems.extend(exc.problems)
     elif kind == "benchmark":
         from engine.config.benchmark import load_benchmark_config
         try:
@@ -137,8 +140,8 @@ def _root_causes(problems: list[str]) -> list[str]:
 
 def _kernel_entries(path: Path) -> int:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = load_yaml_file(path)
+    except ConfigError:
         return 0
     kernels = data.get("kernels") if isinstance(data, dict) else None
     return len(kernels) if isinstance(kernels, list) else 1

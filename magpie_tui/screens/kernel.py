@@ -9,14 +9,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
+from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import check_config, classify
+from engine.safeio import read_json
 from magpie_tui.screens.reports import resolve_config_file
 from magpie_tui.screens.roofline import load_csv
 from magpie_tui.widgets.code_view import CodeView
@@ -59,8 +60,8 @@ def source_repos(info: RunInfo, project: Path) -> list[Path]:
     """Folders to search for kernel sources: the run's --kernel-source-repos, then the project."""
     repos: list[Path] = []
     try:
-        cfg = yaml.safe_load((info.path / "config.yaml").read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        cfg = load_yaml_file(info.path / "config.yaml") or {}
+    except ConfigError:
         cfg = {}
     for repo in ((cfg.get("options") or {}).get("kernel_source_repos") or []) if isinstance(cfg, dict) else []:
         if Path(repo).is_dir():
@@ -122,8 +123,8 @@ def candidate_kernels(project: Path, op_name: str, kernel_names: list[str], sour
 
 def _kernel_sources(config: Path) -> dict[str, Path]:
     try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        data = load_yaml_file(config) or {}
+    except ConfigError:
         return {}
     entries = data.get("kernels") or ([data["kernel"]] if data.get("kernel") else [])
     out = {}
@@ -140,16 +141,15 @@ def _kernel_sources(config: Path) -> dict[str, Path]:
 
 def latest_result(config: Path, kernel_id: str, runs: list[RunInfo]) -> dict[str, Any]:
     """The newest finished analyze/compare run of ``config``: this kernel's correctness, median, verdict."""
-    import json
     for info in runs:  # newest first
         if info.mode not in ("compare", "analyze") or not info.is_finished or info.report_path is None:
             continue
         try:
-            cfg = yaml.safe_load((info.path / "config.yaml").read_text(encoding="utf-8")) or {}
+            cfg = load_yaml_file(info.path / "config.yaml") or {}
             if resolve_config_file(info.path, cfg.get("config_file")) != config.resolve():
                 continue
-            report = json.loads(info.report_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, yaml.YAMLError):
+            report = read_json(info.report_path)
+        except (OSError, ValueError, ConfigError):
             continue
         for kr in (report.get("results") or {}).get("kernel_results") or []:
             if kr.get("kernel_id") == kernel_id:

@@ -210,10 +210,10 @@ class CompareReportScreen(Screen):
 
 
 def _config_file_of(info: RunInfo) -> Path | None:
-    import yaml
+    from engine.config.yamlfile import ConfigError, load_yaml_file
     try:
-        cfg = yaml.safe_load((info.path / "config.yaml").read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        cfg = load_yaml_file(info.path / "config.yaml") or {}
+    except ConfigError:
         return None
     path = cfg.get("config_file") if isinstance(cfg, dict) else None
     return resolve_config_file(info.path, path)

@@ -140,10 +140,10 @@ def arch_of(run_dir: Path) -> dict | None:
 def trace_file_of(run_dir: Path) -> Path | None:
     """The profiler trace a trace-analysis run read (its config.yaml ``trace_dir``: a file, or a
     folder of ``*.json``/``*.json.gz``), when it is still on disk."""
-    import yaml
+    from engine.config.yamlfile import ConfigError, load_yaml_file
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        cfg = load_yaml_file(run_dir / "config.yaml") or {}
+    except ConfigError:
         return None
     recorded = cfg.get("trace_dir") if isinstance(cfg, dict) else None
     if not recorded:

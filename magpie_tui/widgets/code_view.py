@@ -10,6 +10,9 @@ from textual.highlight import highlight
 from textual.widgets import Static
 
 from engine.runs.launch import SOURCE_SUFFIXES
+from engine.safeio import FileTooLarge, NotRegularFile, read_text
+
+MAX_SHOWN_BYTES = 4 << 20  # a larger file (or a FIFO, a device) is refused, never read whole
 
 # Pygments lexer names; HIP is C++ with CUDA-like qualifiers.
 _LEXERS = {"python": "python", "cuda": "cuda", "hip": "cuda", "cpp": "cpp", "c": "c"}
@@ -42,7 +45,10 @@ class CodeView(VerticalScroll):
     def show(self, path: Path, line: int | None = None) -> None:
         """Open ``path`` and scroll so that ``line`` (1-based) is near the top and marked."""
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = read_text(path, MAX_SHOWN_BYTES, "a file shown here", errors="replace")
+        except (NotRegularFile, FileTooLarge) as exc:  # the text names the file
+            self.query_one(".code-view--text", Static).update(Content(f"not shown: {exc}"))
+            return
         except OSError as exc:
             self.query_one(".code-view--text", Static).update(Content(f"cannot read {path}: {exc}"))
             return
