@@ -17,6 +17,8 @@ handles these too; their text names the file and what it is.
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import stat
@@ -32,19 +34,27 @@ MAX_SMALL_TEXT_BYTES = 16 * MiB
 
 
 class NotRegularFile(OSError):
-    """The name is a FIFO, a device, a socket or a directory, not a file to read."""
+    """The name is a FIFO, a device, a socket or a directory, not a file to read. ``strerror``
+    says what it is; ``str()`` names the file too."""
 
     def __init__(self, path: PathLike, kind: str) -> None:
+        super().__init__(errno.EINVAL, f"not a regular file ({kind}); refused", str(path))
         self.path, self.kind = str(path), kind
-        super().__init__(f"{path}: not a regular file ({kind}); refused")
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.strerror}"
 
 
 class FileTooLarge(OSError):
     """A file larger than the caller reads into memory."""
 
     def __init__(self, path: PathLike, size: int, limit: int, what: str = "the file") -> None:
+        super().__init__(errno.EFBIG, f"{human_size(size)}, larger than the {limit_text(limit)} {what} may be",
+                         str(path))
         self.path, self.size, self.limit = str(path), size, limit
-        super().__init__(f"{path}: {human_size(size)}, larger than the {limit_text(limit)} {what} may be")
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.strerror}"
 
 
 def file_kind(mode: int) -> str:
@@ -144,6 +154,12 @@ def read_json(path: PathLike, max_bytes: int = MAX_REPORT_BYTES, what: str = "a 
         raise ValueError(f"{path}: JSON nested too deeply") from None
 
 
+def open_text(path: PathLike, encoding: str = "utf-8", errors: str = "strict", newline: Optional[str] = None
+              ) -> io.TextIOWrapper:
+    """``open_regular`` for text (a CSV read row by row): never blocks on a FIFO or reads a device."""
+    return io.TextIOWrapper(open_regular(path), encoding=encoding, errors=errors, newline=newline)
+
+
 def read_tail(path: PathLike, max_bytes: int, errors: str = "replace") -> str:
     """The last ``max_bytes`` of a regular file (a log shown in full only when it is small)."""
     with open_regular(path) as fh:
@@ -154,5 +170,5 @@ def read_tail(path: PathLike, max_bytes: int, errors: str = "replace") -> str:
 
 
 __all__ = ["FileTooLarge", "MAX_REPORT_BYTES", "MAX_SMALL_TEXT_BYTES", "MiB", "NotRegularFile", "check_regular",
-           "file_kind", "human_size", "is_regular_file", "limit_text", "open_regular", "read_bytes", "read_json",
+           "file_kind", "human_size", "is_regular_file", "limit_text", "open_regular", "open_text", "read_bytes", "read_json",
            "read_tail", "read_text"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from engine.runs.catalog import RunCatalog
+from engine.safeio import open_regular
 from magpie_tui.messages import ConfigsChanged, RunsChanged
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -54,7 +55,7 @@ class FileTail:
         thread, and from one thread at a time."""
         self.more = False
         try:
-            with open(self.path, "rb") as fh:
+            with open_regular(self.path) as fh:  # a FIFO or a device is refused, never waited on
                 fh.seek(self.offset)
                 data = fh.read(max_bytes)
         except OSError:
@@ -106,11 +107,13 @@ class RunsWatcher:
         self.titles: dict[Path, str] = {}  # run folder -> what the Runs list calls it (read once)
         self._first = True
         self._lock = threading.Lock()
+        self._told: set[str] = set()  # skipped-folder notes already shown
 
     def poll(self) -> None:
         with self._lock:
             before = set(self.catalog.runs)
             changed = self.catalog.refresh()
+            self._tell_skipped()
             gone = before - set(self.catalog.runs)  # deleted or archived folders leave the list too
             for path in gone:
                 self.titles.pop(path, None)
@@ -131,6 +134,16 @@ class RunsWatcher:
                 self.target.post_message(RunsChanged(self.catalog.sorted_runs(), titled))
 
 
+    def _tell_skipped(self) -> None:
+        """A folder the scan left out (its events.jsonl a FIFO, a device...) is said once."""
+        notify = getattr(self.target, "notify", None)
+        for note in self.catalog.skipped.values():
+            if note not in self._told:
+                self._told.add(note)
+                if callable(notify):
+                    notify(note, title="Runs", severity="warning", timeout=10)
+
+
 async def watch_configs(root: Path, target, stop_event=None, debounce_ms: int = 300) -> None:
     """Post ``ConfigsChanged`` for config and source files changed under ``root``."""
     from watchfiles import awatch
@@ -149,11 +162,10 @@ def run_title(info) -> str:
     """A label that tells runs of one kind apart, from the run's recorded ``config.yaml``: a
     compare names its config and baseline, a benchmark its framework and load; else the label
     from the folder name. Blocking (a small YAML read): called from the scan thread."""
-    import yaml
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built: 10x faster
-    try:
-        cfg = yaml.load((info.path / "config.yaml").read_text(encoding="utf-8"), Loader=loader) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    from engine.config.yamlfile import ConfigError, load_yaml_file
+    try:  # the one safe YAML path: a FIFO, a huge file or an alias bomb is refused, never read
+        cfg = load_yaml_file(info.path / "config.yaml") or {}
+    except ConfigError:
         return info.label
     if not isinstance(cfg, dict):
         return info.label

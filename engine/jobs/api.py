@@ -17,7 +17,6 @@ the run folder's path, a cancel that is a call or a signal, never a closure.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -224,7 +223,8 @@ class Job:
     @property
     def record(self) -> dict:
         try:
-            return json.loads((self.run_dir / JOB_FILE).read_text())
+            from engine.safeio import MAX_SMALL_TEXT_BYTES, read_json
+            return read_json(self.run_dir / JOB_FILE, MAX_SMALL_TEXT_BYTES, "job.json")  # never a FIFO's wait
         except (OSError, ValueError):
             return {}
 
@@ -267,7 +267,8 @@ class Job:
         if path is None:
             return None
         try:
-            return json.loads(path.read_text())
+            from engine.safeio import read_json
+            return read_json(path)  # a regular file under the report size cap
         except (OSError, ValueError):
             return None
 

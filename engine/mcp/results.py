@@ -5,10 +5,10 @@ a run wrote, and says which."""
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any, Optional
 
+from engine import safeio
 from engine.errors import MagpieError
 from engine.runs.schema import BENCHMARK_REPORT, REPORT_FILES
 
@@ -25,7 +25,7 @@ class ResultError(MagpieError):
 
 def read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = safeio.read_json(path)  # a regular file under the report size cap: never a FIFO's wait
     except OSError as exc:
         raise ResultError(f"{path}: cannot read ({exc.strerror})") from None
     except ValueError as exc:
@@ -107,6 +107,8 @@ def roofline_rows(run_dir: Path, stage: Optional[str] = None) -> list[dict]:
         file_stage = f.name.split("_ISL")[0]
         if stage and file_stage != stage:
             continue
+        if not safeio.is_regular_file(f):
+            continue  # a FIFO or a device under a CSV's name: never opened
         with open(f, newline="") as fh:
             for row in csv.DictReader(fh):
                 rows.append({"stage": file_stage, "file": f.relative_to(run_dir).as_posix(), **row})

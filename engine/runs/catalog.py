@@ -9,7 +9,6 @@ polling many runs stays cheap.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -50,6 +49,7 @@ class RunInfo:
     events_read: int = 0
     _offset: int = field(default=0, repr=False)
     _partial: bytes = field(default=b"", repr=False)
+    _dropping: bool = field(default=False, repr=False)  # inside an events.jsonl line too long to be an event
 
     @property
     def name(self) -> str:
@@ -175,21 +175,14 @@ class RunCatalog:
     def __init__(self, roots: Iterable[Path]) -> None:
         self.roots = [Path(r).expanduser().resolve() for r in roots]
         self.runs: dict[Path, RunInfo] = {}
+        # Folders the last scan left out, with why (an events.jsonl that is a FIFO, a device...).
+        self.skipped: dict[Path, str] = {}
 
     def run_folders(self) -> list[Path]:
-        found: list[Path] = []
-        for root in self.roots:
-            if (root / "events.jsonl").is_file():
-                found.append(root)  # the root is itself a run
-                continue
-            try:
-                children = list(os.scandir(root))
-            except OSError:
-                continue
-            for entry in children:
-                if entry.is_dir() and not entry.name.startswith(".") and os.path.exists(
-                        os.path.join(entry.path, "events.jsonl")):
-                    found.append(Path(entry.path))
+        from engine.runs.scan import find_run_folders
+        skipped: dict[Path, str] = {}
+        found = find_run_folders(self.roots, skipped)
+        self.skipped = skipped
         return found
 
     def refresh(self) -> list[RunInfo]:
@@ -231,26 +224,16 @@ def _mtime(path: Path) -> float:
 
 
 def read_new_events(info: RunInfo) -> bool:
-    """Apply the events appended since the last read; a half-written last line waits for its end."""
-    path = info.path / "events.jsonl"
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(info._offset)
-            chunk = fh.read()
-    except OSError:
-        return False
-    if not chunk:
-        return False
-    info._offset += len(chunk)
-    data = info._partial + chunk
-    lines = data.split(b"\n")
-    info._partial = lines.pop()  # b"" when the chunk ended with a newline
+    """Apply the events appended since the last read; a half-written last line waits for its end.
+    Read in bounded chunks from a regular file only (engine.runs.scan): never blocks on a FIFO."""
+    from engine.runs.scan import decode_event_line, read_appended_lines
     changed = False
-    for line in lines:
-        if not line.strip():
+    for line in read_appended_lines(info):
+        record = decode_event_line(line)
+        if record is None:
             continue
         try:
-            event = parse_event(json.loads(line))
+            event = parse_event(record)
         except ValueError:
             continue  # a corrupt line never hides the rest of the run
         if event is not None and info.apply(event):  # None: a record that does not match its model

@@ -24,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Final, Optional, Union
 
@@ -444,7 +443,8 @@ def load_report(path: Path | str) -> Report:
     if path.name not in REPORT_MODELS:
         raise RunFileError(f"{path}: not a report file (known: {', '.join(REPORT_FILES)})")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        from engine.safeio import read_json
+        data = read_json(path)  # a regular file under the report size cap: never a FIFO's wait
     except (OSError, ValueError) as exc:
         raise RunFileError(f"{path}: cannot read the report ({exc})") from None
     try:

@@ -6,7 +6,6 @@ numbers on screen are tested without a terminal.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +23,7 @@ from engine.errors import MagpieError
 from engine.runs import schema
 from engine.runs.catalog import RunInfo
 from engine.runs.schema import Report, StageState, Verdict
+from engine.safeio import read_json
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
 from magpie_tui.widgets.footer import KeysFooter
@@ -346,7 +346,7 @@ def request_latencies(run_dir: Path) -> dict[str, list[float]]:
     """Per-request TTFT, ITL and E2EL (ms) of the first measured run, when the run kept them."""
     path = run_dir / "requests" / "point0_repeat0.json"
     try:
-        detail = json.loads(path.read_text(encoding="utf-8"))
+        detail = read_json(path)
     except (OSError, ValueError):
         return {}
     ok = [e is None or e == "" for e in detail.get("errors", [])] or [True] * len(detail.get("ttfts", []))
@@ -733,7 +733,7 @@ def _no_roofline_reason(report_path: Path | None) -> str:
     report: dict[str, Any] = {}
     if report_path is not None:
         try:
-            report = json.loads(Path(report_path).read_text())
+            report = read_json(report_path)
         except (OSError, ValueError):
             report = {}
     tl = report.get("tracelens_analysis") or {}

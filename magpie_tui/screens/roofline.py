@@ -4,7 +4,6 @@ op, category and bound), the roofline plot on log axes, and the GPU timeline wit
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from textual.widgets import Header, Input, Select, Static, TabbedContent, TabPan
 from textual.widgets.select import InvalidSelectValueError
 
 from engine.runs.catalog import RunInfo
+from engine.safeio import open_text, read_json
 from magpie_tui.widgets.footer import KeysFooter
 from magpie_tui.widgets.gpu_timeline import GpuTimeline
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
@@ -85,7 +85,7 @@ def analysed_step(run_dir: Path, stage: str) -> int | None:
     import re
     for name in ("trace_analysis_report.json", "benchmark_report.json"):
         try:
-            report = json.loads((run_dir / name).read_text(encoding="utf-8"))
+            report = read_json(run_dir / name)
         except (OSError, ValueError):
             continue
         result = ((report.get("tracelens_analysis") or {}).get("stage_results") or {}).get(stage) or {}
@@ -104,7 +104,7 @@ def _number(text: str) -> float | None:
 
 
 def load_roofline_rows(path: Path) -> list[dict[str, Any]]:
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open_text(path, newline="") as fh:  # a FIFO or a device under the name is refused
         rows = [row for row in csv.DictReader(line for line in fh if not line.startswith("#"))]
     for row in rows:
         for key in NUMERIC & row.keys():
@@ -114,7 +114,7 @@ def load_roofline_rows(path: Path) -> list[dict[str, Any]]:
 
 def load_csv(path: Path) -> list[dict[str, str]]:
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open_text(path, newline="") as fh:
             return list(csv.DictReader(line for line in fh if not line.startswith("#")))
     except OSError:
         return []
@@ -125,7 +125,7 @@ def arch_of(run_dir: Path) -> dict | None:
     from engine.trace.arch import resolve_arch
     for name in ("trace_analysis_report.json", "benchmark_report.json"):
         try:
-            report = json.loads((run_dir / name).read_text(encoding="utf-8"))
+            report = read_json(run_dir / name)
         except (OSError, ValueError):
             continue
         arch = (report.get("tracelens_analysis") or {}).get("gpu_arch")

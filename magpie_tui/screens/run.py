@@ -14,6 +14,7 @@ from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import find_console_log
+from engine.safeio import MAX_SMALL_TEXT_BYTES, read_text
 from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
@@ -141,7 +142,7 @@ class RunScreen(Screen):
             fresh = log_files(info)
             if info.is_finished:
                 try:
-                    summary = (info.path / "summary.txt").read_text(encoding="utf-8", errors="replace")
+                    summary = read_text(info.path / "summary.txt", MAX_SMALL_TEXT_BYTES, "summary.txt", errors="replace")
                 except OSError:
                     summary = None
         finally:

@@ -7,6 +7,7 @@ instead of hanging the suite."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -178,3 +179,117 @@ def test_mcp_validate_config_refuses_the_bomb(tmp_path):
     text = result.content[0].text
     assert "alias" in text and str(bomb) in text, text
     assert took < 10
+
+
+# ------------------------------------------------------------------------- run folders, scanned
+def _run_folder(root: Path, name: str, **finished) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    events = [{"event": "run_started", "ts": 1.0, "pid": 1, "mode": "analyze"}]
+    if finished:
+        events.append({"event": "run_finished", "ts": 2.0, **finished})
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return folder
+
+
+def hostile_results(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A results folder with one good run and the special files of the hostile tests: a FIFO
+    named events.jsonl, one linking to /dev/zero, a FIFO and a /dev/zero link under report
+    names, and an events.jsonl of one endless line."""
+    results = tmp_path / "results"
+    good = _run_folder(results, "analyze_good_20261206_120000_aaaaaa", state="completed", exit_code=0,
+                       report="analyze_report.json")
+    (good / "analyze_report.json").write_text(json.dumps({"mode": "analyze", "results": []}))
+    fifo_run = results / "analyze_fifo_20261206_120001_bbbbbb"
+    fifo_run.mkdir()
+    os.mkfifo(fifo_run / "events.jsonl")
+    zero_run = results / "analyze_zero_20261206_120002_cccccc"
+    zero_run.mkdir()
+    (zero_run / "events.jsonl").symlink_to(DEV_ZERO)
+    fifo_report = _run_folder(results, "compare_fiforeport_20261206_120003_dddddd", state="completed",
+                              exit_code=0, report="compare_report.json")
+    os.mkfifo(fifo_report / "compare_report.json")
+    os.mkfifo(fifo_report / "summary.txt")
+    (fifo_report / "config.yaml").symlink_to(DEV_ZERO)
+    long_line = _run_folder(results, "analyze_longline_20261206_120004_eeeeee")
+    with open(long_line / "events.jsonl", "ab") as fh:
+        fh.write(b"x" * (3 << 20))  # a line with no end, longer than any event
+    return results, [fifo_run / "events.jsonl", fifo_report / "compare_report.json", fifo_report / "summary.txt"]
+
+
+@needs_fifo
+@needs_dev_zero
+def test_catalog_skips_special_files_with_a_note(tmp_path):
+    from engine.runs.catalog import RunCatalog
+    results, fifos = hostile_results(tmp_path)
+    catalog = RunCatalog([results])
+    _, took = within(10, catalog.refresh, fifos=fifos)
+    names = {r.name.split("_")[1]: r for r in catalog.sorted_runs()}
+    assert set(names) == {"good", "fiforeport", "longline"}, names
+    assert names["good"].state == "completed" and names["longline"].events_read == 1
+    notes = "\n".join(catalog.skipped.values())
+    assert "analyze_fifo_" in notes and "a FIFO" in notes, notes
+    assert "analyze_zero_" in notes and "a character device" in notes, notes
+    assert took < 5
+    # A later refresh (the workbench polls) stays as quick and the run list stays whole.
+    _, took = within(10, catalog.refresh, fifos=fifos)
+    assert took < 5 and len(catalog.runs) == 3
+
+
+@needs_fifo
+@needs_dev_zero
+def test_job_api_and_workbench_watcher_never_block(tmp_path):
+    from engine.jobs import attach
+    from magpie_tui.bridge import FileTail, RunsWatcher, run_title
+    results, fifos = hostile_results(tmp_path)
+    fifo_report = results / "compare_fiforeport_20261206_120003_dddddd"
+    job = attach(fifo_report)
+    assert within(10, job.result, fifos=fifos)[0] is None  # a FIFO under the report's name: no report
+    assert within(10, job.state, fifos=fifos)[0] in ("completed", "lost")
+    assert within(10, attach(results / "analyze_fifo_20261206_120001_bbbbbb").state, fifos=fifos)[0] != "completed"
+
+    class Target:
+        def __init__(self):
+            self.messages, self.notes = [], []
+
+        def post_message(self, message):
+            self.messages.append(message)
+
+        def notify(self, text, **_kw):
+            self.notes.append(text)
+    target = Target()
+    watcher = RunsWatcher([results], target)
+    _, took = within(15, watcher.poll, fifos=fifos)
+    assert took < 10 and target.messages and len(target.messages[0].runs) == 3
+    assert any("a FIFO" in n for n in target.notes) and any("a character device" in n for n in target.notes)
+    info = next(r for r in watcher.catalog.runs.values() if "fiforeport" in r.name)
+    assert within(10, run_title, info, fifos=fifos)[0] == info.label  # config.yaml -> /dev/zero: not read
+    tail = FileTail(fifo_report / "summary.txt")
+    assert within(10, tail.read_lines, fifos=fifos)[0] == []
+
+
+@needs_fifo
+@needs_dev_zero
+def test_mcp_job_list_and_status_keep_working(tmp_path):
+    import anyio
+    from mcp import Client
+
+    from engine.mcp.server import ServerOptions, build_server
+    results, fifos = hostile_results(tmp_path)
+    app = build_server(ServerOptions(roots=[tmp_path], output_dir=results))
+
+    def call(tool: str, args: dict):
+        async def go():
+            async with Client(app) as client:
+                return await client.call_tool(tool, args)
+        return anyio.run(go)
+    for _ in range(3):  # the hang used to pile up: every call after it waited too
+        result, took = within(20, call, "job_list", {}, fifos=fifos)
+        assert not result.is_error and took < 10, result.content[0].text
+    listed = json.loads(result.content[0].text)
+    jobs = listed["jobs"] if isinstance(listed, dict) else listed
+    assert {j["job_id"].split("_")[1] for j in jobs} == {"good", "fiforeport", "longline"}, jobs
+    result, _ = within(20, call, "job_status", {"job_id": "compare_fiforeport_20261206_120003_dddddd"}, fifos=fifos)
+    assert not result.is_error, result.content[0].text
+    result, _ = within(20, call, "job_result", {"job_id": "compare_fiforeport_20261206_120003_dddddd"}, fifos=fifos)
+    assert "compare_fiforeport" in result.content[0].text
