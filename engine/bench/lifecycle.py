@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.bench.launch import LaunchError, ServerCommand, _get
+from engine.runs.process import process_start_time
 
 DEFAULT_PID_DIR = Path("~/.cache/magpie/server")
 # Keys of the settings that do not make a different server: the run's own port choice aside.
@@ -32,20 +33,6 @@ _STOP_GRACE_S = 15.0
 
 def pid_dir(configured: Optional[str]) -> Path:
     return Path(configured or DEFAULT_PID_DIR).expanduser()
-
-
-def process_start_time(pid: int) -> Optional[int]:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), None when
-    it does not exist or cannot be read (no /proc: identity cannot be checked)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    # fields[0] is field 3 (state); field 22 is fields[19]
-    if len(fields) < 20 or fields[0] == "Z":
-        return None
-    return int(fields[19])
 
 
 def server_settings(framework: str, model: str, run_mode: str, command: ServerCommand,

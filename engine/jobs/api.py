@@ -31,8 +31,8 @@ from typing import Any, Iterator, Optional, Protocol, Union
 from engine.errors import MagpieError
 from engine.jobs.modes import JobOutcome, request_file_for, run_request, workspace_for
 from engine.jobs.requests import parse_request
-from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_alive, read_new_events
-from engine.runs.process import CancelToken, engine_pythonpath
+from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_gone, read_new_events, run_gone
+from engine.runs.process import CancelToken, engine_pythonpath, process_identity
 
 JOB_FILE = "job.json"
 JOB_SCHEMA_VERSION = 1
@@ -66,6 +66,7 @@ class _ThreadExecution:
     def __init__(self, request: Any, run_dir: Path, prepared: Any) -> None:
         from engine.runs.workspace import Workspace
         self.pid: Optional[int] = os.getpid()
+        self.identity = process_identity()
         self.token = CancelToken()
         self.outcome: Optional[JobOutcome] = None
         self.error: Optional[BaseException] = None
@@ -111,6 +112,8 @@ class _ProcessExecution:
     def __init__(self, proc: subprocess.Popen, console_log: Path, argv: list[str]) -> None:
         self.process, self.console_log, self.argv = proc, console_log, argv
         self.pid: Optional[int] = proc.pid
+        # Read while the child is ours and not reaped: its pid cannot have been reused yet.
+        self.identity = process_identity(proc.pid)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -250,11 +253,25 @@ class Job:
                 return info.state
             self._refresh()
             return info.state if info.is_finished else "lost"
-        pid = info.pid if info.pid is not None else self.record.get("pid")
-        if isinstance(pid, int) and not process_alive(pid):
+        if self._process_gone() is not None:
             self._refresh()
             return info.state if info.is_finished else "lost"
         return info.state
+
+    def _process_gone(self) -> Optional[str]:
+        """Why the job's recorded process is no longer it (None while it is, or none is known): the
+        pid of run_started, else the one job.json recorded at submission, each checked with the
+        start time recorded beside it (a reused pid is another process)."""
+        if self._info.pid is not None:
+            return run_gone(self._info)
+        record = self.record
+        pid = record.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            return None
+        start = record.get("start_time")
+        pgid = record.get("pgid")
+        return process_gone(pid, start if isinstance(start, int) else None, pgid if isinstance(pgid, int) else None,
+                            self.run_dir / "events.jsonl")
 
     def progress(self) -> Progress:
         info = self._refresh()
@@ -316,7 +333,9 @@ def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor:
     (run_dir / request_file).write_text(request.to_json() + "\n")
     execution = executor.start(request, run_dir, request_file, prepared)
     record = {"schema_version": JOB_SCHEMA_VERSION, "id": run_dir.name, "mode": request.mode,
-              "executor": executor.name, "pid": execution.pid, "host": socket.gethostname(),
+              "executor": executor.name, "pid": execution.pid,
+              **{k: v for k, v in (getattr(execution, "identity", None) or {}).items() if k != "pid"},
+              "host": socket.gethostname(),
               "submitted": round(time.time(), 3), "request": request_file, **getattr(executor, "record", {})}
     from engine.runs.workspace import atomic_write_json
     atomic_write_json(run_dir / JOB_FILE, record)

@@ -260,8 +260,9 @@ class LoopRequest(_Request):
         if self.resume:
             root = Path(self.resume).expanduser().resolve()
             loop = load_loop_file(root)  # a LoopFileError naming the file when it is not a loop
-            from engine.runs.catalog import process_alive
-            busy = [s for s in loop.steps if s.state == "running" and s.pid is not None and process_alive(s.pid)]
+            # The step's process, checked by pid and start time: a pid since given to another process
+            # (after a reboot, pid 1) is not a loop still running.
+            busy = [s for s in loop.steps if s.state == "running" and s.pid is not None and s.process_alive(root)]
             if busy:
                 raise ConfigError([f"--resume {self.resume}: step {busy[0].name} is running in process {busy[0].pid}; "
                                    "wait for it or stop it first"])

@@ -25,8 +25,7 @@ from engine.errors import MagpieError
 from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
 from engine.loop.schema import LOOP_FILE, MIN_REPEATS, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
 from engine.loop.window import describe as describe_window
-from engine.runs.catalog import process_alive
-from engine.runs.process import CancelToken
+from engine.runs.process import CancelToken, process_start_time
 from engine.runs.schema import BENCHMARK_REPORT
 from engine.runs.workspace import Workspace, atomic_write_json
 
@@ -94,8 +93,8 @@ class Loop:
         self.ws.events.emit("stage", stage=step.name, state="RUNNING", index=index)
         self.ws.events.emit("progress", done=index, total=len(STEP_NAMES), phase=f"step {index + 1}/{len(STEP_NAMES)}: "
                             f"{step.name}")
-        self._set(step, state="running", pid=os.getpid(), started=time.time(), finished=None, error=None, reason=None,
-                  attempts=step.attempts + 1, result={})
+        self._set(step, state="running", pid=os.getpid(), start_time=process_start_time(os.getpid()),
+                  started=time.time(), finished=None, error=None, reason=None, attempts=step.attempts + 1, result={})
         try:
             result = STEPS[step.name](self, step)
         except Exception as exc:
@@ -270,7 +269,7 @@ def run_loop(prepared: Any, ws: Workspace, log: Callable[[str], None],
         loop = load_loop_file(ws.root)
         for step in loop.steps:
             if step.state == "running":
-                if step.pid is not None and step.pid != os.getpid() and process_alive(step.pid):
+                if step.pid is not None and step.pid != os.getpid() and step.process_alive(ws.root):
                     raise LoopError(f"step {step.name} is running in process {step.pid}", hint="wait for it, or stop it")
                 step.state, step.reason = "pending", f"restarted: the process {step.pid} that ran it is gone"
             elif step.state == "failed":
@@ -322,7 +321,7 @@ def format_status(loop_dir: str) -> str:
     lines = [f"loop {root}", f"config {loop.config}"]
     for i, s in enumerate(loop.steps, 1):
         state = s.state
-        if state == "running" and s.pid is not None and not process_alive(s.pid):
+        if state == "running" and s.pid is not None and not s.process_alive(root):
             state = f"running (process {s.pid} is gone: --resume restarts it)"
         elapsed = f"{s.elapsed_s:.1f} s" if s.elapsed_s is not None else "-"
         detail = s.error or s.reason or _short(s)

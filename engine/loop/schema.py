@@ -5,7 +5,8 @@ The loop folder ``<results>/loop_<label>_<stamp>_<hex>/`` holds ``loop.json``, i
 folder per step that ran, each an ordinary run workspace of its mode (``baseline/benchmark_...``)
 or a plain folder for a step that is an analysis (``bottlenecks/``). ``loop.json`` is rewritten
 atomically after every state change; a loop killed mid-step leaves that step ``running`` with
-the pid of a process that is gone, which ``--status`` reports and ``--resume`` restarts.
+the pid (and start time) of a process that is gone, which ``--status`` reports and ``--resume``
+restarts; a pid now held by another process (its start time differs) counts as gone.
 
 Models allow extra keys and carry ``schema_version`` (1), as the run files of
 ``engine/runs/schema.py`` do; a file without the key is version 0 and still loads.
@@ -43,6 +44,7 @@ class LoopStep(BaseModel):
     state: StepState = "pending"
     run_dir: Optional[str] = None  # relative to the loop folder
     pid: Optional[int] = None  # the loop process that ran (or runs) the step
+    start_time: Optional[int] = None  # that process's start time (engine.runs.process): its identity beside the pid
     started: Optional[float] = None  # epoch seconds
     finished: Optional[float] = None
     result: dict[str, Any] = Field(default_factory=dict)  # a short summary; the step's folder has the rest
@@ -55,6 +57,18 @@ class LoopStep(BaseModel):
         if self.started is None:
             return None
         return (self.finished or time.time()) - self.started
+
+    def process_gone(self, loop_root: Path) -> Optional[str]:
+        """None while the process recorded for this step is still that process (pid and start
+        time; a step written before start times were kept: a process holding the loop's
+        events.jsonl open for writing), else why not. A reused pid never counts as the step's."""
+        if self.pid is None:
+            return "no process recorded"
+        from engine.runs.catalog import process_gone
+        return process_gone(self.pid, self.start_time, None, Path(loop_root) / "events.jsonl")
+
+    def process_alive(self, loop_root: Path) -> bool:
+        return self.process_gone(loop_root) is None
 
 
 class LoopFile(BaseModel):

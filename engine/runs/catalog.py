@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from engine.errors import MagpieError
+from engine.runs.process import holds_open_for_writing, same_process, signal_proven
 from engine.runs.schema import (
     FINISHED_RUN_STATES, REPORT_FILES, Event, ProgressEvent, RunFinished, RunStarted, RunState, StageEvent, parse_event,
 )
@@ -38,6 +39,8 @@ class RunInfo:
     finished: Optional[float] = None
     last_event: Optional[float] = None
     pid: Optional[int] = None
+    start_time: Optional[int] = None  # the process's identity beside its pid (run_started)
+    pgid: Optional[int] = None
     stage: str = ""
     done: Optional[int] = None
     total: Optional[int] = None
@@ -61,8 +64,11 @@ class RunInfo:
 
     @property
     def report_path(self) -> Optional[Path]:
-        if self.report_name and (self.path / self.report_name).exists():
-            return self.path / self.report_name
+        """The report in the run folder: the name run_finished gave (a file name of the folder, never a
+        path elsewhere), else the first of the known report names present."""
+        name = self.report_name
+        if name and Path(name).name == name and name not in (".", "..") and (self.path / name).exists():
+            return self.path / name
         for name in REPORT_NAMES:
             if (self.path / name).exists():
                 return self.path / name
@@ -107,7 +113,7 @@ class RunInfo:
             self.started = self.last_event
             self.finished = self.exit_code = None  # a resumed run (a loop) starts again
             self.mode = ev.mode or self.mode
-            self.pid = ev.pid
+            self.pid, self.start_time, self.pgid = ev.pid, ev.start_time, ev.pgid
             if ev.label:
                 self.label = ev.label
             self.kernels = list(ev.kernels or [])
@@ -143,6 +149,7 @@ def parse_run_name(name: str) -> tuple[str, str]:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether some process has this pid now: not whether it is a run's (see ``run_gone``)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -160,13 +167,37 @@ def _not_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def is_magpie_process(pid: int) -> bool:
-    """True when ``pid`` still runs our command line: a recycled pid must never be signalled."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return process_alive(pid)  # no /proc: best effort
-    return "magpie" in cmdline or "engine.cli" in cmdline or "engine.jobs" in cmdline
+def _has_proc() -> bool:
+    return Path("/proc/self/stat").is_file()
+
+
+def process_gone(pid: int, start_time: Optional[int], pgid: Optional[int], events_file: Path) -> Optional[str]:
+    """None while the process recorded for a run (or a loop step) is still that process, else why
+    it is not. With a start time (every run folder written since it is recorded) the pid must still
+    have that start time (and process group): a reused pid is another process. Without one (a run
+    folder from before), only a process that holds the run's ``events.jsonl`` open for writing, as
+    the engine process of that folder does for its whole life, counts as the run's: a pid alone
+    proves nothing. Where /proc cannot be read (macOS), a live pid is all there is to go on."""
+    if not _has_proc():
+        return None if process_alive(pid) else f"process {pid} ended without writing run_finished"
+    if not process_alive(pid):
+        return f"process {pid} ended without writing run_finished"
+    if start_time is not None:
+        if same_process(pid, start_time, pgid):
+            return None
+        return (f"process {pid} ended without writing run_finished (pid {pid} now belongs to another "
+                "process: its start time differs from the one recorded)")
+    if holds_open_for_writing(pid, events_file):
+        return None
+    return (f"process {pid} is not this run's (no start time recorded, and it does not hold the run's "
+            "events.jsonl open): the run's process ended without writing run_finished")
+
+
+def run_gone(info: "RunInfo") -> Optional[str]:
+    """``process_gone`` for a run's recorded process; None too when no pid is known yet."""
+    if info.pid is None:
+        return None
+    return process_gone(info.pid, info.start_time, info.pgid, info.path / "events.jsonl")
 
 
 class RunCatalog:
@@ -199,14 +230,17 @@ class RunCatalog:
                 changed.append(info)
             if read_new_events(info) and info not in changed:
                 changed.append(info)
-            if info.state == RunState.RUNNING and info.pid is not None and not process_alive(info.pid):
-                # Gone without run_finished: killed hard, or the machine went down.
-                read_new_events(info)  # it may have finished between the two reads
-                if info.state == RunState.RUNNING:
-                    info.state = RunState.LOST
-                    info.error = f"process {info.pid} ended without writing run_finished"
-                    if info not in changed:
-                        changed.append(info)
+            if info.state == RunState.RUNNING and info.pid is not None:
+                why = run_gone(info)
+                if why is not None:
+                    # Gone without run_finished: killed hard, the machine went down, or the pid
+                    # now names another process.
+                    read_new_events(info)  # it may have finished between the two reads
+                    if info.state == RunState.RUNNING:
+                        info.state = RunState.LOST
+                        info.error = why
+                        if info not in changed:
+                            changed.append(info)
         for gone in [p for p in self.runs if p not in seen]:
             del self.runs[gone]
         return changed
@@ -243,20 +277,42 @@ def read_new_events(info: RunInfo) -> bool:
 
 
 class CancelRefused(MagpieError, RuntimeError):
-    """A run that cannot be cancelled (finished, or no live magpie process to signal)."""
+    """A run that cannot be cancelled (finished, or no process proven to be the run's to signal)."""
 
     title = "cannot cancel run"
 
 
 def cancel_run(info: RunInfo) -> None:
     """Ask a running run to stop: SIGTERM to its own process, which cancels its children's
-    process groups and still writes its report (state ``cancelled``)."""
+    process groups and still writes its report (state ``cancelled``).
+
+    The signal goes only to a process proven to be the run's: the pid recorded in ``run_started``
+    with the same start time (and process group), which also holds the run's ``events.jsonl``
+    open for writing, as the engine process of a run does from start to finish. The process is
+    pinned (a pidfd) before that proof, so a pid reused in between never gets the signal. A pid
+    that now names another process (the MCP server, another user's run, a ``sleep``) is never
+    signalled, whatever the events file says; nor is the caller's own process."""
     if info.is_finished:
         raise CancelRefused(f"{info.name} has already finished ({info.state})")
     if info.pid is None:
         raise CancelRefused(f"{info.name}: no process id in events.jsonl, so it cannot be signalled")
-    if not process_alive(info.pid):
-        raise CancelRefused(f"{info.name}: process {info.pid} is not running")
-    if not is_magpie_process(info.pid):
-        raise CancelRefused(f"{info.name}: process {info.pid} is no longer a magpie run (pid reused); not signalled")
-    os.kill(info.pid, signal.SIGTERM)
+    pid = info.pid
+    if pid == os.getpid():
+        raise CancelRefused(f"{info.name}: its recorded process {pid} is this process; not signalled")
+    events = info.path / "events.jsonl"
+
+    def proof() -> Optional[str]:
+        why = run_gone(info)
+        if why is not None:
+            return f"{info.name}: {why}; not signalled"
+        held = holds_open_for_writing(pid, events)
+        if held is None:
+            return (f"{info.name}: cannot check that process {pid} is the run's (its open files cannot be read "
+                    "here); not signalled")
+        if not held:
+            return (f"{info.name}: process {pid} does not hold the run's events.jsonl open, so it is not the run's "
+                    "process; not signalled")
+        return None
+    why = signal_proven(pid, signal.SIGTERM, proof)
+    if why is not None:
+        raise CancelRefused(why if why.startswith(info.name) else f"{info.name}: {why}")

@@ -9,6 +9,12 @@ runs no cleanup of its own, and a child in its own session outlives it. So every
 process starts is also told to a watchdog (``GroupWatchdog``): a small process of its own,
 reading a pipe from its parent, that stops the groups still registered when that pipe
 closes, that is, when the parent is gone, however it went.
+
+A process recorded by a run (its pid in ``run_started``, a loop step's pid) is named by its pid
+*and* its start time (``process_start_time``) with its process group: a pid alone names whichever
+process the kernel gave it to last. ``same_process`` checks both; ``signal_proven`` pins the
+process (a pidfd) before checking whatever proof the caller asks for, so a signal never reaches
+a process that only inherited the number.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence, Union
+from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 
 # A command is either a shell command line (quotes, pipes and && work) or an argv list.
 Command = Union[str, Sequence[str]]
@@ -270,6 +276,129 @@ def child_groups_watched(interval_s: float = 0.25) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(5)
+
+
+# --------------------------------------------------------------------------- process identity
+# A pid names a process only while it runs: once it has ended the kernel hands the number to the
+# next process. What a run records is therefore the pid *with* the process's start time (and its
+# process group); a pid whose start time differs is another process, never the run's.
+
+def process_start_time(pid: int) -> Optional[int]:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), None when
+    it does not exist, is a zombie or cannot be read (no /proc: identity cannot be checked)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    # fields[0] is field 3 (state); field 22 is fields[19]
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    try:
+        return int(fields[19])
+    except ValueError:
+        return None
+
+
+def process_group(pid: int) -> Optional[int]:
+    try:
+        return os.getpgid(pid)
+    except (OSError, ValueError):
+        return None
+
+
+def process_identity(pid: Optional[int] = None) -> dict[str, int]:
+    """``pid``, ``start_time`` and ``pgid`` of a process (this one by default); the keys that
+    cannot be read are left out."""
+    pid = os.getpid() if pid is None else pid
+    out = {"pid": pid}
+    start, group = process_start_time(pid), process_group(pid)
+    if start is not None:
+        out["start_time"] = start
+    if group is not None:
+        out["pgid"] = group
+    return out
+
+
+def same_process(pid: int, start_time: Optional[int], pgid: Optional[int] = None) -> bool:
+    """True when ``pid`` is still the process recorded with ``start_time`` (and, when recorded, in
+    process group ``pgid``). False for a reused pid, a process that is gone or a zombie, and when
+    no start time was recorded or none can be read: identity unproven is not identity."""
+    if start_time is None:
+        return False
+    now = process_start_time(pid)
+    if now is None or now != start_time:
+        return False
+    if pgid is not None:
+        group = process_group(pid)
+        if group is not None and group != pgid:
+            return False
+    return True
+
+
+def holds_open_for_writing(pid: int, path: Path | str) -> Optional[bool]:
+    """Whether process ``pid`` has the file ``path`` open for writing (Linux: ``/proc/PID/fd``
+    and the flags in ``/proc/PID/fdinfo``), compared by device and inode, not by name. None when
+    that cannot be read (no /proc, another user's process)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    key = (st.st_dev, st.st_ino)
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except FileNotFoundError:
+        return False if Path("/proc/self/fd").is_dir() else None
+    except OSError:
+        return None
+    for name in names:
+        try:
+            s = os.stat(f"{fd_dir}/{name}")
+        except OSError:
+            continue
+        if (s.st_dev, s.st_ino) != key:
+            continue
+        try:
+            info = Path(f"/proc/{pid}/fdinfo/{name}").read_text()
+        except OSError:
+            continue
+        for line in info.splitlines():
+            if line.startswith("flags:"):
+                if int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY:
+                    return True
+                break
+    return False
+
+
+def signal_proven(pid: int, sig: int, proof: Callable[[], Optional[str]]) -> Optional[str]:
+    """Send ``sig`` to ``pid`` only if ``proof()`` (None: proven; else why not) holds for the
+    process that has that pid. On Linux the process is pinned first (a pidfd), so a pid reused
+    between the proof and the signal cannot receive it. Returns None when sent, else the reason."""
+    fd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return f"process {pid} is not running"
+        except OSError:
+            fd = None  # a kernel without pidfds: the proof and the signal are a few microseconds apart
+    try:
+        why = proof()
+        if why:
+            return why
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        return f"process {pid} ended"
+    except PermissionError:
+        return f"process {pid} belongs to another user; not signalled"
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return None
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float = _TERM_GRACE_S) -> None:

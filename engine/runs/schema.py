@@ -143,6 +143,11 @@ class Event(RunFile):
 class RunStarted(Event):
     mode: Optional[str] = None  # analyze | compare | benchmark | trace_analysis
     pid: Optional[int] = None
+    # The identity of that process: a pid alone names whichever process has it now. Start time in
+    # clock ticks since boot (/proc/PID/stat field 22) and the process group; absent in run folders
+    # written before they were recorded, and where /proc cannot be read.
+    start_time: Optional[int] = None
+    pgid: Optional[int] = None
     workspace: Optional[str] = None
     label: Optional[str] = None
     kernels: Optional[list[str]] = None  # analyze / compare

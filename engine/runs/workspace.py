@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import yaml
 from pydantic import ValidationError
 
+from engine.runs.process import process_identity
 from engine.runs.schema import EVENT_MODELS, SCHEMA_VERSION
 
 
@@ -67,9 +68,16 @@ class EventLog:
         """Append one event. A known kind (``engine.runs.schema.EVENT_MODELS``) is validated
         through its model first, so a field of the wrong type fails here, in the writer, and
         never reaches a reader; unknown kinds pass through. The line holds the fields as given
-        (the model is a check, not a rewrite); ``run_started`` also gets ``schema_version``."""
+        (the model is a check, not a rewrite); ``run_started`` also gets ``schema_version`` and,
+        with its ``pid``, that process's ``start_time`` and ``pgid`` (the process that has the pid
+        as the event is written; writers name their own), so that readers can tell the run's
+        process from a later one given the same pid."""
         if event == "run_started":
             fields.setdefault("schema_version", SCHEMA_VERSION)
+            pid = fields.get("pid")
+            if isinstance(pid, int) and not isinstance(pid, bool):
+                for key, value in process_identity(pid).items():
+                    fields.setdefault(key, value)
         record = {"ts": round(time.time(), 6), "event": event, **fields}
         model = EVENT_MODELS.get(event)
         if model is not None:

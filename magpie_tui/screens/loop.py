@@ -35,7 +35,7 @@ from textual.widgets import DataTable, Header, Select, Static, TabbedContent, Ta
 
 from engine.errors import MagpieError
 from engine.loop.schema import LOOP_FILE, LoopFile, LoopStep, load_loop_file
-from engine.runs.catalog import CancelRefused, RunCatalog, RunInfo, cancel_run, process_alive
+from engine.runs.catalog import CancelRefused, RunCatalog, RunInfo, cancel_run
 from magpie_tui.errors import error_text
 from magpie_tui.screens.reports import VERDICT_CLASS
 from magpie_tui.screens.runs import format_elapsed, theme_style
@@ -509,7 +509,7 @@ class LoopReader:
         dead, live = set(), {}
         for step in loop.steps:
             if step.state == "running" and step.pid is not None:
-                if process_alive(step.pid):
+                if step.process_alive(self.root):  # pid and start time: a reused pid is not the loop
                     live[step.name] = step.pid
                 else:
                     dead.add(step.name)

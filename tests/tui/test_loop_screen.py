@@ -22,6 +22,7 @@ from tui.conftest import build_app, wait_for, wait_screen
 
 from engine.jobs.requests import LoopRequest
 from engine.loop.schema import STEP_NAMES, LoopFile, LoopStep
+from engine.runs.process import process_identity, process_start_time
 from engine.runs.workspace import Workspace, atomic_write_json
 from magpie_tui.screens.configs import ConfigsScreen
 from magpie_tui.screens.help import all_bindings
@@ -151,6 +152,9 @@ def mixed_steps(pid: int) -> list[dict]:
 
 
 def write_loop(root: Path, steps: list[dict]) -> None:
+    for s in steps:  # as the loop records a step's process: its pid with its start time
+        if s.get("pid") is not None:
+            s["start_time"] = process_start_time(s["pid"])
     atomic_write_json(root / "loop.json", {"schema_version": 1, "kind": "optimize_loop",
                                            "config": "/work/clean.yaml", "label": "builtin-tiny", "created": T0,
                                            "until": None, "overrides": [], "steps": steps})
@@ -163,7 +167,7 @@ def make_loop(project: Path, steps: list[dict], pid: int, finished: bool) -> Pat
     shutil.copytree(project / "runs" / COMPARE_RUN, root / "candidates" / COMPARE_RUN)
     (root / "bottlenecks").mkdir()
     (root / "bottlenecks" / "bottlenecks.json").write_text(json.dumps(BOTTLENECKS))
-    events = [{"ts": T0, "event": "run_started", "pid": pid, "workspace": str(root), "mode": "loop",
+    events = [{"ts": T0, "event": "run_started", **process_identity(pid), "workspace": str(root), "mode": "loop",
                "label": "builtin-tiny", "schema_version": 1}]
     if finished:
         events.append({"ts": T0 + 66, "event": "run_finished", "state": "completed", "exit_code": 0,

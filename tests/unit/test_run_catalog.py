@@ -12,6 +12,7 @@ import pytest
 
 from engine.config.yamlfile import ConfigError
 from engine.runs.catalog import CancelRefused, RunCatalog, cancel_run, parse_run_name
+from engine.runs.process import process_identity
 from engine.runs.launch import LaunchRequest, check_config, effective_config, find_console_log, start_run
 from engine.runs.workspace import Workspace
 
@@ -59,7 +60,7 @@ def test_half_written_line_waits_for_its_end(tmp_path):
     run = tmp_path / "benchmark_x_20260101_000000_abc123"
     run.mkdir()
     events = run / "events.jsonl"
-    line = json.dumps({"ts": 1.0, "event": "run_started", "mode": "benchmark", "pid": os.getpid()})
+    line = json.dumps({"ts": 1.0, "event": "run_started", "mode": "benchmark", **process_identity()})
     events.write_text(line[:20])
     cat = RunCatalog([tmp_path])
     cat.refresh()
@@ -91,7 +92,7 @@ def test_cancel_refuses_a_process_that_is_not_a_run(tmp_path):
         ws.events.emit("run_started", mode="analyze", pid=sleeper.pid, workspace=str(ws.root))
         cat = RunCatalog([tmp_path])
         cat.refresh()
-        with pytest.raises(CancelRefused, match="no longer a magpie run"):
+        with pytest.raises(CancelRefused, match="not the run's process; not signalled"):
             cancel_run(cat.runs[ws.root])
         assert sleeper.poll() is None  # untouched
     finally:

@@ -17,6 +17,7 @@ from engine.kernels.plan import CliOptions, build_plan
 from engine.kernels.report import build_analyze_report, build_compare_report
 from engine.runs import schema
 from engine.runs.catalog import RunCatalog
+from engine.runs.process import process_identity
 from engine.runs.schema import (
     COMPARE_REPORT, REPORT_FILES, SCHEMA_VERSION, AnalyzeReport, BenchmarkReport, CompareReport, RunFileError,
     RunStarted, StageEvent, StageState, TraceAnalysisReport, load_report, parse_report, validate_event,
@@ -139,7 +140,7 @@ def test_events_are_validated_when_written_and_run_started_is_versioned(tmp_path
 def test_catalog_skips_a_line_that_does_not_match_its_model(tmp_path):
     run = tmp_path / "benchmark_x_20260101_000000_abc123"
     run.mkdir()
-    good = {"ts": 1.0, "event": "run_started", "mode": "benchmark", "pid": os.getpid()}
+    good = {"ts": 1.0, "event": "run_started", "mode": "benchmark", **process_identity()}
     bad = {"ts": 2.0, "event": "run_finished", "state": "completed", "exit_code": "zero"}
     (run / "events.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     cat = RunCatalog([tmp_path])
