@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from engine.errors import MagpieError, format_error
-from engine.mcp.security import TOKEN_ENV, BearerAuth, check_bind, is_loopback, new_token
+from engine.mcp.security import TOKEN_ENV, BearerAuth, check_bind, new_token, transport_security
 
 EXIT_USAGE = 2
 
@@ -64,16 +64,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def serve_http(app, host: str, port: int, path: str) -> int:
     import anyio
     import uvicorn
-    from mcp.server.transport_security import TransportSecuritySettings
 
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         token = new_token()
         print(f"magpie mcp: generated token (shown once; set {TOKEN_ENV} to choose one): {token}", file=sys.stderr,
               flush=True)
-    # On loopback the SDK checks Host/Origin against DNS rebinding; on another address the bearer token
-    # is the gate (a browser page cannot add it).
-    security = None if is_loopback(host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    # On loopback (any loopback address) Host/Origin are checked against DNS rebinding; on another
+    # address the bearer token is the gate (a browser page cannot add it).
+    security = transport_security(host)
     asgi = BearerAuth(app.streamable_http_app(streamable_http_path=path, host=host, transport_security=security), token)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -8,8 +8,10 @@ command lines; these checks are the reason this one can be left running on a sha
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import secrets
+import socket
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -111,13 +113,73 @@ class BearerAuth:
         await send({"type": "http.response.body", "body": body})
 
 
+class NotAnAddress(AccessRefused):
+    """A --host that is neither an IP address nor a name that resolves."""
+
+
+def host_addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses ``host`` stands for: itself when it is an IP address (IPv6 may be written in
+    brackets), else every address the name resolves to. AccessRefused when it resolves to none."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    try:
+        return [ipaddress.ip_address(text.split("%", 1)[0])]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError, OSError) as exc:
+        raise NotAnAddress(f"--host {host}: not an IP address, and the name does not resolve ({exc})",
+                           hint="give an address (127.0.0.1, ::1) or a name that resolves") from None
+    found = []
+    for info in infos:
+        try:
+            found.append(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]))
+        except ValueError:
+            continue
+    if not found:
+        raise NotAnAddress(f"--host {host}: the name resolves to no IP address")
+    return list(dict.fromkeys(found))
+
+
 def is_loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+    """True when every address ``host`` stands for is a loopback address (all of 127.0.0.0/8,
+    ::1, an IPv4-mapped 127.x): checked as addresses, never as a string prefix. A name is
+    resolved first; a name that does not resolve raises AccessRefused."""
+    addresses = host_addresses(host)
+    return all(a.is_loopback or (isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None
+                                 and a.ipv4_mapped.is_loopback) for a in addresses)
 
 
 def check_bind(host: str, allow_remote: bool) -> Optional[str]:
     """None when the bind is allowed, else the refusal's text."""
-    if is_loopback(host) or allow_remote:
+    try:
+        loopback = is_loopback(host)
+    except AccessRefused as exc:
+        return exc.message
+    if loopback or allow_remote:
         return None
     return (f"--host {host}: binding anything but loopback exposes the tools to the network; add --allow-remote "
             "if that is intended (a bearer token is still required)")
+
+
+def _host_header(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def transport_security(host: str) -> Any:
+    """The SDK's Host/Origin checks (DNS rebinding protection) for a server bound to ``host``.
+
+    On loopback (any loopback address, not only the three the SDK knows, whose own default turns
+    the checks off for every other address) they are on: a request must name the bound address,
+    127.0.0.1, localhost or [::1] in Host, and an Origin, when sent, must be one of those over http.
+    On another address (``--allow-remote``) they are off and the bearer token is the gate: Host
+    names vary with the network, and a browser page cannot add the token."""
+    from mcp.server.transport_security import TransportSecuritySettings
+    if not is_loopback(host):
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    names = list(dict.fromkeys([_host_header(host.strip()), "127.0.0.1", "localhost", "[::1]"]))
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=[f"{n}:*" for n in names],
+                                     allowed_origins=[f"http://{n}:*" for n in names])
