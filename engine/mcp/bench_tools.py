@@ -14,6 +14,7 @@ from mcp.server.mcpserver import Context
 
 from engine.jobs import BenchmarkRequest, LoopRequest, TraceRequest
 from engine.mcp import results as res
+from engine.mcp.confine import COMMAND_KEYS  # noqa: F401 - the keys of an inline config that are command lines
 from engine.mcp.jobs import describe, run_file_uri
 from engine.mcp.security import AccessRefused
 from engine.mcp.server import State, add_tool, dump_yaml, wait_with_progress
@@ -21,8 +22,6 @@ from engine.runs.catalog import RunCatalog
 from engine.runs.schema import BENCHMARK_REPORT
 from engine.runs.workspace import atomic_write_json
 
-# Keys of an inline benchmark config that start or change processes; such a config is a command line.
-COMMAND_KEYS = ("run_cmd", "server_args", "server_env", "benchmark_script", "envs")
 BATCH_NOTE = ("the Ray batch executor is not available to this server: the points run one after another as "
               "local-process jobs, queued in this server process (a point not yet started when the server "
               "stops does not start; started points keep running)")
@@ -40,7 +39,7 @@ FLAG_ARGS = ("model", "precision", "run_mode", "tp", "concurrency", "input_len",
 _FLAG_KEYS = {"gap_analysis_enabled": "gap_analysis", "timeout_seconds": "timeout"}
 
 
-def benchmark_flags(state: State, values: dict) -> dict:
+def benchmark_flags(state: State, values: dict, where: str = "") -> dict:
     """The flags dict of ``BenchmarkRequest``, keyed as the command line keys it (engine/cli.py);
     empty strings are "not given", like an absent flag."""
     from engine.cli import _parse_goodput, _parse_sweep  # the command line's own parsers: the same syntax
@@ -51,8 +50,10 @@ def benchmark_flags(state: State, values: dict) -> dict:
     flags["sweep"] = _parse_sweep(flags["sweep"])
     flags["goodput"] = _parse_goodput(flags["goodput"])
     flags["find_capacity"] = _parse_goodput(flags["find_capacity"], "find_capacity")
+    prefix = f"{where}." if where else ""
     if flags["dataset_path"]:
-        flags["dataset_path"] = str(state.path(flags["dataset_path"], "dataset_path"))
+        flags["dataset_path"] = str(state.path(flags["dataset_path"], f"{prefix}dataset_path"))
+    state.confine.flags(flags, where)  # tokenizer, model, gpu_arch: a local path lies under a root
     return flags
 
 
@@ -72,7 +73,7 @@ class Batches:
         p = self.path(batch_id)
         if not p.is_file():
             raise res.ResultError(f"no batch {batch_id!r} in {self.folder}")
-        record = res.read_json(p)
+        record = self.state.read_json(p, f"batch_id {batch_id}")
         for point in record["jobs"]:
             if point.get("job_id"):
                 point["state"] = describe(self.state.book.find(point["job_id"]))["state"]
@@ -136,10 +137,16 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         (magpie benchmark --batch), its points run locally or, with environment ray, as Ray tasks."""
         flags = benchmark_flags(state, locals())
         cfg = str(state.path(benchmark_config, "benchmark_config")) if benchmark_config else None
+        if cfg:
+            state.confine.benchmark_file(Path(cfg), "benchmark_config")
+        batch_file = state.path(batch, "batch") if batch else None
+        if batch_file is not None:
+            state.confine.batch_file(batch_file, "batch")
         request = BenchmarkRequest(benchmark_config=cfg, framework=framework or None, flags=flags,
-                                   batch=str(state.path(batch, "batch")) if batch else None,
+                                   batch=str(batch_file) if batch_file else None,
                                    environment=environment or None, ray_address=ray_address or None)
         prepared = request.prepare()
+        state.confine.prepared(prepared, "benchmark")
         job = state.book.submit(request, state.output_dir(output_dir))
         return {**describe(job), "warnings": prepared.warnings, "overrides": prepared.overrides,
                 "next": "poll job_status(job_id, wait_s=5); job_result(job_id) when finished"}
@@ -168,7 +175,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         batch_file = folder / "mcp.yaml"
         batch_file.write_text(dump_yaml({"batch": points}))
         request = BenchmarkRequest(batch=str(batch_file), environment="ray", ray_address=ray_cluster_address or None)
-        request.prepare()
+        state.confine.prepared(request.prepare(), "configs")
         job = state.book.submit(request, state.output_dir(""))
         return {**describe(job), "batch_file": str(batch_file), "points": len(points),
                 "next": "poll job_status(job_id, wait_s=5); job_result(job_id) is the batch report"}
@@ -191,7 +198,12 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
             raise AccessRefused("generate_clamped_traces: clamped trace export is not provided",
                                 hint="use start_pct/end_pct to analyse a window of the trace")
         target = state.path(trace_dir, "trace_dir")
+        if target.is_dir():
+            state.confine.files_under(target, "trace_dir")  # a trace that links out of the roots is not read
         repos = [str(p) for p in state.roots.resolve_all(kernel_source_repos or [], "kernel_source_repos")]
+        for i, repo in enumerate(repos):
+            state.confine.files_under(Path(repo), f"kernel_source_repos[{i}]")
+        state.confine.named(gpu_arch, "gpu_arch")
         request = TraceRequest(trace_dir=str(target), stages=stages, top_k=top_k, start_pct=start_pct,
                                end_pct=end_pct, min_duration_us=min_duration_us, categories=categories,
                                ignore_categories=ignore_categories, rank_csv=rank_csv,
@@ -214,8 +226,14 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         folder = state.output_dir(output_dir)
         catalog = RunCatalog([folder])
         catalog.refresh()
-        runs = [r for r in catalog.sorted_runs() if r.mode == "benchmark"]
-        rows = [{**res.benchmark_summary(r.path), "job_state": r.state} for r in runs[:max(1, limit)]]
+        runs = [r for r in catalog.sorted_runs() if r.mode == "benchmark" and state.roots.contains(r.path.resolve())]
+
+        def read(path: Path) -> dict:
+            try:
+                return state.read_json(path, f"{path.parent.name}/{path.name}")
+            except AccessRefused:
+                return {"errors": [f"{path.name} links out of the allowed roots: not read"]}
+        rows = [{**res.benchmark_summary(r.path, read), "job_state": r.state} for r in runs[:max(1, limit)]]
         return {"output_dir": str(folder), "total_found": len(runs), "showing": len(rows), "runs": rows}
 
     def get_benchmark_result(workspace_dir: str, include_kernel_summary: bool = True, include_raw_result: bool = False,
@@ -224,7 +242,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         torch traces, and every TraceLens output, the inference-mode tracelens/ stage folders included."""
         run_dir = state.run_dir(workspace_dir, "workspace_dir")
         path = run_dir / BENCHMARK_REPORT
-        report = res.read_json(path) if path.is_file() else None
+        report = state.read_json(path, f"workspace_dir {BENCHMARK_REPORT}") if path.is_file() else None
         if report is None:
             raise res.ResultError(f"{run_dir}: no {BENCHMARK_REPORT} (yet)", hint="job_status says whether it still runs")
         out = {k: v for k, v in report.items() if k not in ("result", "repeats", "sweep", "kernel_summary")}
@@ -232,15 +250,15 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
             out["kernel_summary"] = report.get("kernel_summary")
         if include_raw_result:
             out.update({k: report.get(k) for k in ("result", "repeats", "sweep")})
-        summary = run_dir / "summary.txt"
-        out["summary_text"] = summary.read_text() if summary.is_file() else None
+        out["summary_text"] = state.read_text(run_dir / "summary.txt", "workspace_dir summary.txt")
         out["workspace_dir"] = str(run_dir)
         traces = run_dir / "torch_trace"
         out["torch_trace_files"] = sorted(p.relative_to(run_dir).as_posix() for p in traces.rglob("*")
                                           if p.is_file()) if traces.is_dir() else []
         if include_tracelens_files:
             out["tracelens_files"] = res.tracelens_files(run_dir)
-        out["resources"] = [run_file_uri(run_dir, rel) for rel in res.run_files(run_dir, limit=200)]
+        out["resources"] = [run_file_uri(run_dir, rel) for rel in res.run_files(run_dir, limit=200,
+                                                                                 inside=state.roots.contains)]
         return out
 
     def compare_benchmark_reports(workspace_dirs: list[str], labels: Optional[list[str]] = None,
@@ -294,9 +312,9 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                                     "element of its results list")
             return res.suggest_from_kernel_result(analysis_result)
         run_dir = state.run_dir(workspace_dir, "workspace_dir")
-        rows = res.roofline_rows(run_dir)
+        rows = res.roofline_rows(run_dir, check=state.file)
         report_path = res.report_in(run_dir)
-        report = res.read_json(report_path) if report_path else {}
+        report = state.read_json(report_path, f"workspace_dir {report_path.name}") if report_path else {}
         items = res.suggest_from_roofline(rows, max(1, top)) + res.suggest_from_gaps(report)
         out = {"workspace_dir": str(run_dir), "suggestions": items, "roofline_rows_read": len(rows),
                "method": res.HEADROOM_NOTE}
@@ -309,7 +327,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         """The compact roofline rows (TraceLens *_kernel_roofline_simple.csv) of a run, largest kernel time
         first: op, stage, time share, roofline bound, % of roofline, achieved TFLOP/s and TB/s."""
         run_dir = state.run_dir(workspace_dir, "workspace_dir")
-        rows = res.roofline_rows(run_dir, stage or None)
+        rows = res.roofline_rows(run_dir, stage or None, check=state.file)
         keep = ("stage", "op_name", "param_signature", "operation_count", "kernel_time_ms_sum", "time_pct",
                 "roofline_bound", "pct_roofline_mean", "arithmetic_intensity_flops_per_byte", "achieved_tflops_mean",
                 "achieved_tbps_mean", "compute_spec", "has_perf_model", "file")
@@ -322,16 +340,21 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         """Start the optimization loop on a clean benchmark YAML: baseline, profiled twin, bottlenecks, harness,
         candidates, correctness-gated compare, integration, re-benchmark, verdict. Returns the loop's job id at
         once; until stops after a step; optimize_status shows the chain."""
-        request = LoopRequest(benchmark_config=str(state.path(benchmark_config, "benchmark_config")),
-                              until=until or None, kernel=kernel or None,
-                              candidates=[str(p) for p in state.roots.resolve_all(candidates or [], "candidates")],
-                              library=library)
+        config = state.path(benchmark_config, "benchmark_config")
+        state.confine.benchmark_file(config, "benchmark_config")
+        chosen = state.roots.resolve_all(candidates or [], "candidates")
+        for i, c in enumerate(chosen):
+            if c.is_dir():
+                state.confine.files_under(c, f"candidates[{i}]")
+        request = LoopRequest(benchmark_config=str(config), until=until or None, kernel=kernel or None,
+                              candidates=[str(p) for p in chosen], library=library)
         job = state.book.submit(request, state.output_dir(output_dir))
         return {**describe(job), "loop_dir": str(job.run_dir)}
 
     def optimize_resume(loop_dir: str, until: str = "") -> dict:
         """Continue a loop where it stopped (a killed step restarts); a job like optimize."""
         folder = state.run_dir(loop_dir, "loop_dir")
+        _check_loop(state, folder)
         job = state.book.submit(LoopRequest(resume=str(folder), until=until or None), None)
         return {**describe(job), "loop_dir": str(folder)}
 
@@ -339,8 +362,8 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         """The loop's chain of steps (state, time, run folder, result) as loop.json records it."""
         from engine.loop.run import format_status
         folder = state.run_dir(loop_dir, "loop_dir")
-        return {"loop_dir": str(folder), "status_text": format_status(str(folder)),
-                "loop": res.read_json(folder / "loop.json")}
+        loop = state.read_json(folder / "loop.json", "loop_dir loop.json")
+        return {"loop_dir": str(folder), "status_text": format_status(str(folder)), "loop": loop}
 
     for fn in (benchmark, benchmark_batch, batch_status, gap_analysis, list_benchmark_results, get_benchmark_result,
                compare_benchmark_reports, suggest_optimizations, roofline_table, optimize, optimize_resume,
@@ -355,22 +378,22 @@ def _batch_request(state: State, index: int, item: dict) -> tuple[BenchmarkReque
     if "benchmark_config" in item:
         rest = {k: v for k, v in item.items() if k != "benchmark_config"}
         cfg = state.path(str(item["benchmark_config"]), f"{where}.benchmark_config")
+        state.confine.benchmark_file(cfg, f"{where}.benchmark_config")
         framework = rest.pop("framework", None)
         unknown = sorted(set(rest) - set(FLAG_ARGS))
         if unknown:
             raise AccessRefused(f"{where}: unknown argument(s) {', '.join(unknown)}",
                                 hint="the benchmark tool's arguments are accepted beside benchmark_config")
-        request = BenchmarkRequest(benchmark_config=str(cfg), framework=framework, flags=benchmark_flags(state, rest))
+        request = BenchmarkRequest(benchmark_config=str(cfg), framework=framework, flags=benchmark_flags(state, rest, where))
     else:
         body = item.get("benchmark", item)
-        risky = [k for k in COMMAND_KEYS if body.get(k)]
-        if risky:
-            state.commands(**{f"{where}.{k}": body[k] for k in risky})
+        # Commands, code (a kernel override that is not a bundled one) and every path it names.
+        state.confine.benchmark_body(body, where, inline=True)
         cfg = state.scratch("configs")
         cfg = cfg.with_name(f"batch_{cfg.name}")
         cfg.write_text(dump_yaml({"benchmark": body}))
         request = BenchmarkRequest(benchmark_config=str(cfg))
-    request.prepare()  # every point checked before any starts
+    state.confine.prepared(request.prepare(), where)  # every point checked before any starts
     return request, cfg
 
 
@@ -380,7 +403,9 @@ def _report_side(state: State, value: str, argument: str) -> tuple[Path, dict]:
         path = state.path(value, argument)
     else:
         path = state.run_dir(value, argument) / BENCHMARK_REPORT
-    report = res.read_json(path)
+    report = state.read_json(path, argument)
+    if (path.parent / "config.yaml").exists():
+        state.file(path.parent / "config.yaml", f"{argument} config.yaml")  # the comparison reads it too
     side = report.get("repeats") or report.get("result")
     if not side:
         raise res.ResultError(f"{path}: no measured result in this report (state: {report.get('state')})")
@@ -403,6 +428,19 @@ def _export(folder: Path, comparisons: list[dict], fmt: str) -> Path:
                 w.writerow([c["a"], c["b"], metric, d["a"], d["b"], d["delta"], d["rel_delta"], ci[0], ci[1],
                             d["noise"], d["verdict"]])
     return target
+
+
+def _check_loop(state: State, folder: Path) -> None:
+    """What a loop to resume names (loop.json: the clean config and the candidates) lies under a root."""
+    loop = state.read_json(folder / "loop.json", "loop_dir loop.json")
+    if loop.get("config"):
+        config = state.path(str(loop["config"]), "loop_dir loop.json config")
+        if config.is_file():
+            state.confine.benchmark_file(config, "loop_dir loop.json config")
+    for i, c in enumerate(loop.get("candidates") or []):
+        path = state.path(str(c), f"loop_dir loop.json candidates[{i}]")
+        if path.is_dir():
+            state.confine.files_under(path, f"loop_dir loop.json candidates[{i}]")
 
 
 __all__ = ["register"]

@@ -1,13 +1,15 @@
 """Job tools: status, result, cancel, list, and Magpie's Ray task tools mapped onto them."""
 
+from pathlib import Path
 from typing import Any, Optional
 
 import anyio
 from mcp.server.mcpserver import Context
 
 from engine.mcp.jobs import describe
+from engine.mcp.results import ResultError
 from engine.mcp.server import State, add_tool, wait_with_progress
-from engine.runs.catalog import CancelRefused
+from engine.runs.catalog import CancelRefused, RunInfo
 
 
 def register(app: Any, state: State) -> None:
@@ -24,13 +26,19 @@ def register(app: Any, state: State) -> None:
         trace_analysis_report.json, loop.json), with its state; report is null while it runs."""
         job = state.book.find(job_id)
         out = describe(job)
-        report = job.result()
+        # Every file read back must resolve inside the roots: a report or summary.txt that links out
+        # of them is refused by name, never read.
+        report = None
+        path = RunInfo(path=job.run_dir, report_name=Path(out["report"]).name if out.get("report") else None).report_path
+        if path is not None:
+            try:
+                report = state.read_json(path, f"{job_id}/{path.name}")
+            except ResultError:
+                report = None  # being written, or not JSON: as job.result() says
         if report is None and out["mode"] == "loop" and (job.run_dir / "loop.json").is_file():
-            from engine.mcp.results import read_json
-            report = read_json(job.run_dir / "loop.json")
+            report = state.read_json(job.run_dir / "loop.json", f"{job_id}/loop.json")
         out["report"] = report if include_report else None
-        summary = job.run_dir / "summary.txt"
-        out["summary_text"] = summary.read_text() if summary.is_file() else None
+        out["summary_text"] = state.read_text(job.run_dir / "summary.txt", f"{job_id}/summary.txt")
         return out
 
     def job_cancel(job_id: str, reason: str = "cancelled through MCP") -> dict:

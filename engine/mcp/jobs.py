@@ -9,6 +9,7 @@ cancel go through the executor.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -17,17 +18,30 @@ from typing import Any, Optional
 from engine.errors import MagpieError
 from engine.jobs import Job, attach, submit
 from engine.jobs.api import JobError
+from engine.mcp.security import AccessRefused
 from engine.runs.catalog import FINISHED_STATES, RunCatalog, RunInfo, read_new_events
 
 EXECUTOR = "local-process"  # a detached child: a job outlives the tool call and the server
 
 
 class JobBook:
-    def __init__(self, results_dirs: list[Path], cwd: Path) -> None:
+    def __init__(self, results_dirs: list[Path], cwd: Path, roots: Any = None) -> None:
         self._lock = threading.Lock()
         self.results_dirs: list[Path] = list(results_dirs)
         self.cwd = cwd
+        self.roots = roots  # security.Roots: a run folder (and its event files) must resolve inside them
         self.jobs: dict[str, Job] = {}
+
+    def _inside(self, path: Path) -> bool:
+        return self.roots is None or self.roots.contains(path.resolve())
+
+    def check_run_dir(self, run_dir: Path, job_id: str) -> None:
+        """A run folder found under a results folder is used only when it, and the files its state
+        is read from, resolve inside the roots: a link out of them is refused by name."""
+        for p in (run_dir, run_dir / "events.jsonl", run_dir / "job.json"):
+            if os.path.lexists(p) and not self._inside(p):
+                raise AccessRefused(f"job_id {job_id}: {p} resolves to {p.resolve()}, outside the allowed roots",
+                                    hint="a run folder that links out of the roots is not read; remove the link")
 
     def remember_dir(self, folder: Path) -> None:
         with self._lock:
@@ -54,6 +68,7 @@ class JobBook:
         if job_id and "/" not in job_id and job_id not in (".", ".."):
             for d in dirs:
                 if (d / job_id).is_dir():
+                    self.check_run_dir(d / job_id, job_id)
                     job = attach(d / job_id)
                     with self._lock:
                         self.jobs[job_id] = job
@@ -89,6 +104,8 @@ class JobBook:
         catalog.refresh()
         out = []
         for info in catalog.sorted_runs():
+            if not (self._inside(info.path) and self._inside(info.path / "events.jsonl")):
+                continue  # a link out of the roots: not listed
             if mode and info.mode != mode:
                 continue
             if state and info.state != state:

@@ -63,9 +63,9 @@ class KernelTools:
         path.write_text(dump_yaml(doc))
         return path
 
-    def _check_plan_paths(self, request: KernelRequest) -> list[str]:
+    def _check_plan_paths(self, request: KernelRequest, prepared: Any = None) -> list[str]:
         """Every file and folder the plan will use lies under a root (a config on disk may name others)."""
-        prepared = request.prepare()
+        prepared = prepared if prepared is not None else request.prepare()
         for k in prepared.plan.kernels:
             for src in k.source_files:
                 self.state.roots.check_inside(src, f"{k.id}.source_files")
@@ -242,6 +242,8 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                 if not include_examples and any(part in ("examples", "example") for part in Path(d.path).parts):
                     continue
                 source = root / d.path
+                if not state.roots.contains(source.resolve()):
+                    continue  # a file linked in from outside the roots: not this project's
                 ktype = "triton" if d.kind == "triton" else ("hip" if source.suffix == ".hip" or kernel_type == "hip"
                                                              else "cuda")
                 kernels.append({"name": name, "kind": d.kind, "source_file": str(source), "line": d.line,
@@ -261,6 +263,11 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         from engine.config.yamlfile import ConfigError, load_located_yaml
         from engine.jobs.requests import BenchmarkRequest
         path = state.path(config_path, "config_path")
+        if kind in ("auto", "benchmark"):
+            # What the config names lies under a root, checked before the loader opens any of it.
+            data = load_located_yaml(path).data
+            if isinstance(data, dict) and "benchmark" in data:
+                state.confine.benchmark_body(data["benchmark"], f"config_path ({path})", inline=False)
         if kind == "auto":
             data = load_located_yaml(path).data
             kind = "benchmark" if isinstance(data, dict) and "benchmark" in data else "kernel"
@@ -276,6 +283,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                 request = KernelRequest(mode="compare" if _entries(path) > 1 else "analyze", kernel_config=str(path),
                                         cwd=str(state.roots.first))
                 prepared_k = request.prepare()
+                tools._check_plan_paths(request, prepared_k)
                 plan, warnings = describe_plan(prepared_k.plan), list(prepared_k.warnings)
         except ConfigError as exc:
             return {"valid": False, "kind": kind, "path": str(path), "problems": exc.problems, "warnings": []}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from engine import safeio
 from engine.errors import MagpieError
@@ -42,12 +42,15 @@ def report_in(run_dir: Path) -> Optional[Path]:
     return None
 
 
-def run_files(run_dir: Path, limit: int = 500) -> list[str]:
-    """The folder's files a client may read as resources, relative to the folder."""
+def run_files(run_dir: Path, limit: int = 500, inside: Optional[Callable[[Path], bool]] = None) -> list[str]:
+    """The folder's files a client may read as resources, relative to the folder; with ``inside``,
+    only those whose target (after links) it accepts."""
     out: list[str] = []
     for p in sorted(run_dir.rglob("*")):
         if p.is_file() and p.suffix in RESOURCE_SUFFIXES and not any(part.startswith(".") for part in
                                                                     p.relative_to(run_dir).parts):
+            if inside is not None and not inside(p.resolve()):
+                continue
             out.append(p.relative_to(run_dir).as_posix())
             if len(out) >= limit:
                 break
@@ -72,10 +75,11 @@ def tracelens_files(run_dir: Path) -> dict[str, list[str]]:
     }
 
 
-def benchmark_summary(run_dir: Path) -> dict:
-    """One row of list_benchmark_results (Magpie's keys)."""
+def benchmark_summary(run_dir: Path, read: Callable[[Path], dict] = read_json) -> dict:
+    """One row of list_benchmark_results (Magpie's keys); ``read`` reads the report (the server's
+    confined reader)."""
     path = run_dir / BENCHMARK_REPORT
-    report = read_json(path) if path.is_file() else {}
+    report = read(path) if path.is_file() else {}
     tl = tracelens_files(run_dir)
     return {
         "workspace": str(run_dir), "job_id": run_dir.name, "framework": report.get("framework"),
@@ -97,9 +101,11 @@ def _num(value: Any) -> Optional[float]:
         return None
 
 
-def roofline_rows(run_dir: Path, stage: Optional[str] = None) -> list[dict]:
+def roofline_rows(run_dir: Path, stage: Optional[str] = None,
+                  check: Optional[Callable[[Path, str], Path]] = None) -> list[dict]:
     """The rows of the run's compact roofline CSVs (TraceLens ``*_kernel_roofline_simple.csv``),
-    each with its stage and file, largest kernel time first."""
+    each with its stage and file, largest kernel time first. ``check(path, what)`` vets each file
+    before it is read (the server's confinement)."""
     base = run_dir / "tracelens"
     files = sorted(base.glob(f"*{ROOFLINE_SUFFIX}")) if base.is_dir() else []
     rows: list[dict] = []
@@ -107,6 +113,10 @@ def roofline_rows(run_dir: Path, stage: Optional[str] = None) -> list[dict]:
         file_stage = f.name.split("_ISL")[0]
         if stage and file_stage != stage:
             continue
+        if check is not None:
+            check(f, f"tracelens/{f.name}")
+        if not safeio.is_regular_file(f):
+            continue  # a FIFO or a device under a CSV's name: never opened
         if not safeio.is_regular_file(f):
             continue  # a FIFO or a device under a CSV's name: never opened
         with open(f, newline="") as fh:

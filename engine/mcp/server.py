@@ -17,6 +17,7 @@ same ones the command line builds), and results are the reports the runs wrote.
 import functools
 import inspect
 import json
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from engine import __version__
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
 from engine.mcp import results as res
+from engine.mcp.confine import Confinement
 from engine.mcp.jobs import JobBook, describe, run_file_uri
 from engine.mcp.security import AccessRefused, Roots, require_commands
 
@@ -59,9 +61,10 @@ class State:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.roots = Roots(options.roots)
+        self.confine = Confinement(self.roots, options.allow_commands)
         self.results = self.roots.resolve(options.output_dir or (self.roots.first / "results"), "--output-dir")
         self.results.mkdir(parents=True, exist_ok=True)
-        self.book = JobBook([self.results], self.roots.first)
+        self.book = JobBook([self.results], self.roots.first, self.roots)
 
     def output_dir(self, value: str) -> Path:
         return self.roots.resolve(value, "output_dir") if value else self.results
@@ -72,6 +75,19 @@ class State:
     def commands(self, **arguments: Any) -> None:
         require_commands(self.options.allow_commands, arguments)
 
+    def file(self, path: Path, argument: str) -> Path:
+        """A file a tool reads back: inside a root after links, or AccessRefused naming it."""
+        return self.confine.file(path, argument)
+
+    def read_text(self, path: Path, argument: str) -> Optional[str]:
+        """The text of a file a tool reads back, None when there is none; confined like ``file``."""
+        if not path.is_file():
+            return None
+        return self.file(path, argument).read_text(errors="replace")
+
+    def read_json(self, path: Path, argument: str) -> dict:
+        return res.read_json(self.file(path, argument))
+
     def scratch(self, kind: str, suffix: str = ".yaml") -> Path:
         """A file the server writes for a run (a generated config), beside the results."""
         folder = self.results / ".mcp" / kind
@@ -80,7 +96,7 @@ class State:
 
     def run_dir(self, value: str, argument: str) -> Path:
         """A run folder: a job id (found under the results folders) or a path under a root."""
-        if value and "/" not in value and not Path(self.roots.first / value).exists():
+        if value and "/" not in value and not os.path.lexists(self.roots.first / value):
             return self.book.find(value).run_dir
         p = self.path(value, argument)
         if not p.is_dir():
@@ -129,7 +145,7 @@ class MagpieServer(MCPServer):
             out = []
             for run in self.state.book.list(limit=20):
                 run_dir = Path(run["run_dir"])
-                for rel in res.run_files(run_dir, limit=100):
+                for rel in res.run_files(run_dir, limit=100, inside=self.state.roots.contains):
                     out.append(MCPResource(uri=run_file_uri(run_dir, rel), name=f"{run_dir.name}/{rel}",
                                            mime_type=_mime(rel)))
             return out
@@ -180,6 +196,8 @@ def _register_resources(app: MCPServer, state: State) -> None:
         target = (run_dir / path).resolve()
         if not target.is_relative_to(run_dir.resolve()) or not target.is_file():
             raise ResourceError(f"{run_id}: no file {path!r} in the run folder")
+        if not state.roots.contains(target):
+            raise ResourceError(f"{run_id}/{path}: resolves to {target}, outside the allowed roots")
         if target.suffix not in res.RESOURCE_SUFFIXES or target.stat().st_size > res.MAX_RESOURCE_BYTES:
             raise ResourceError(f"{path}: not offered as a resource (only {', '.join(res.RESOURCE_SUFFIXES)} "
                                 f"files up to {res.MAX_RESOURCE_BYTES >> 20} MiB)")
