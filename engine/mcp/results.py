@@ -117,8 +117,6 @@ def roofline_rows(run_dir: Path, stage: Optional[str] = None,
             check(f, f"tracelens/{f.name}")
         if not safeio.is_regular_file(f):
             continue  # a FIFO or a device under a CSV's name: never opened
-        if not safeio.is_regular_file(f):
-            continue  # a FIFO or a device under a CSV's name: never opened
         with open(f, newline="") as fh:
             for row in csv.DictReader(fh):
                 rows.append({"stage": file_stage, "file": f.relative_to(run_dir).as_posix(), **row})
