@@ -265,10 +265,13 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
         gpu_arch=args.gpu_arch)
     prepared = request.prepare()
     opts = prepared.options
-    outcome = run_request(request, args.output_dir, prepared=prepared, log=_log)
+    cancel = CancelToken()
+    install_signal_handlers(cancel)  # SIGTERM / Ctrl-C: a cancelled report, as in the other modes
+    outcome = run_request(request, args.output_dir, prepared=prepared, log=_log, cancel=cancel)
     result = outcome.details
     if result is None:
-        print(f"error: {outcome.report.get('error')}", file=sys.stderr)
+        print(f"{'cancelled' if outcome.state == 'cancelled' else 'error'}: {outcome.report.get('error')}",
+              file=sys.stderr)
         return outcome.exit_code
     table = Table(title=f"GPU kernel time, top {opts.top_k} ({opts.start_pct:g}-{opts.end_pct:g}% of the trace)")
     for col in ("Name", "Calls", "Self CUDA (us)", "Avg (us)", "% Total"):

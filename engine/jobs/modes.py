@@ -199,7 +199,7 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
               workspace: Optional[Workspace] = None, prepared: Optional[PreparedTrace] = None,
               log: Callable[[str], None] = lambda s: None) -> JobOutcome:
     from engine.trace.analyze import run_trace_analysis
-    from engine.trace.load import TraceError
+    from engine.trace.load import TraceCancelled, TraceError
     prepared = prepared or request.prepare()
     target, opts = prepared.target, prepared.options
     ws = workspace or workspace_for(prepared, output_dir)
@@ -209,21 +209,27 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
            {"mode": "trace_analysis", "trace_dir": str(target), "options": opts.to_dict()},
            request_name=request_name, mode="trace_analysis", target=str(target))
 
-    def failed(exc: BaseException, error: str, state: str = "failed") -> dict:
+    def failed(exc: BaseException, error: str, state: str = "failed", code: int = EXIT_FAIL) -> dict:
         from engine.runs.provenance import trace_provenance
         report = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
-                  "state": "failed", "error": error, "provenance": trace_provenance(ws.root)}
+                  "state": state, "error": error, "provenance": trace_provenance(ws.root)}
+        if state == "cancelled":
+            report["cancel_reason"] = (cancel.reason if cancel is not None and cancel.cancelled else "") or error
         ws.write_json(name, report)
-        _end(ws, state, EXIT_FAIL, name, error=str(exc))
+        _end(ws, state, code, name, error=str(exc))
         return report
 
     try:
-        result = run_trace_analysis(target, opts, ws, log)
+        result = run_trace_analysis(target, opts, ws, log, cancel=cancel)
+    except (TraceCancelled, KeyboardInterrupt) as exc:  # a SIGTERM / Ctrl-C: the report says cancelled
+        error = str(exc) or "interrupted"
+        report = failed(exc, error, "cancelled", EXIT_CANCELLED)
+        return JobOutcome(EXIT_CANCELLED, "cancelled", ws.root, name, report, display=[f"cancelled: {error}"])
     except (FileNotFoundError, ValueError, TraceError) as exc:
         report = failed(exc, str(exc))
         return JobOutcome(EXIT_FAIL, "failed", ws.root, name, report, display=[f"error: {exc}"])
     except BaseException as exc:
-        failed(exc, f"{type(exc).__name__}: {exc}", "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed")
+        failed(exc, f"{type(exc).__name__}: {exc}")
         raise
     result.report["workspace_dir"] = str(ws.root)
     result.report["state"] = "completed" if result.exit_code == 0 else "failed"

@@ -20,7 +20,7 @@ from engine.trace.gaps import (
     DEFAULT_CATEGORIES, DEFAULT_IGNORE, GAP_COLUMNS, GAP_EXTRA_COLUMNS, aggregate_kernels, gap_rows, idle_analysis,
     merge_ranks, step_launch_analysis, trace_window,
 )
-from engine.trace.load import Trace, load_trace
+from engine.trace.load import Trace, TraceCancelled, load_trace
 from engine.trace.timeline import gpu_timeline
 from engine.trace.tree import EventTree, build_tree
 
@@ -196,8 +196,15 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
     return section
 
 
+def _stop_if_cancelled(cancel: Any, where: str) -> None:
+    if cancel is not None and cancel.cancelled:
+        raise TraceCancelled(f"trace analysis cancelled {where} ({cancel.reason or 'cancelled'})")
+
+
 def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
-                       log: Callable[[str], None] = lambda s: None) -> AnalysisResult:
+                       log: Callable[[str], None] = lambda s: None, cancel: Any = None) -> AnalysisResult:
+    """The analysis of ``target``'s traces. ``cancel`` (a ``CancelToken``) is looked at while each
+    trace loads and between the stages: ``TraceCancelled`` once it is set."""
     t0 = time.perf_counter()
     traces = discover_traces(target)
     ws.events.emit("stage", stage="discover", state=StageState.SUCCESS, traces=[str(p) for _, p in traces])
@@ -210,8 +217,9 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     idle_files: list[str] = []
     rank0_trace = rank0_tree = None
     for rank, path in traces:
+        _stop_if_cancelled(cancel, f"before loading rank {rank}")
         ws.events.emit("stage", stage=f"load rank {rank}", state=StageState.RUNNING, trace=str(path))
-        trace = load_trace(path)
+        trace = load_trace(path, cancel)
         window = trace_window(trace, opts.start_pct, opts.end_pct)
         windows[str(rank)] = window.to_dict()
         per_rank[rank] = aggregate_kernels(trace, window, categories=opts.categories,
@@ -233,6 +241,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
                 timeline_rows = gpu_timeline(linked)
         ws.events.emit("stage", stage=f"load rank {rank}", state=StageState.SUCCESS, events=len(trace.events))
         log(f"rank {rank}: {len(trace.events)} events, {len(tree.gpu_events)} GPU events ({path})")
+    _stop_if_cancelled(cancel, "after loading the traces")
     n_kernels = sum(len(a.durations) for aggs in per_rank.values() for a in aggs.values())
     gap, rows = _gap_section(per_rank, traces, opts, gap_dir, windows)
     gap["idle"] = {str(r): {"total_idle_us": i["total_idle_us"], "host_bound_idle_us": i["host_bound_idle_us"],
@@ -246,6 +255,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
                               "gap_analysis": gap,
                               "options": opts.to_dict(), "provenance": trace_provenance(ws.root)}
     tl: dict[str, Any] = {"enabled": False}
+    _stop_if_cancelled(cancel, "before TraceLens")
     if opts.tracelens and rank0_trace is not None and rank0_tree is not None:
         if not rank0_tree.linked_gpu_events and not n_kernels:
             # A CPU-only run: no GPU roofline exists to report. Said, not an error of the analysis.

@@ -6,8 +6,11 @@ Ranks come from the file name (``-rank-N.``, ``rank_N``, ``rankN``) or a parent 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+
+from engine.safeio import file_kind
 
 _RANK_FILE = re.compile(r"(?:^|[-_.])rank[-_]?(\d+)(?:[-_.]|$)", re.IGNORECASE)
 _RANK_DIR = re.compile(r"^rank[-_]?(\d+)$", re.IGNORECASE)
@@ -44,6 +47,9 @@ def discover_traces(target: Path) -> list[tuple[int, Path]]:
     if target.is_file():
         return [(rank_of(target, target.parent) or 0, target)]
     if not target.is_dir():
+        if os.path.exists(target):  # a FIFO, a device: never opened
+            raise FileNotFoundError(f"{target}: not a regular file ({file_kind(os.stat(target).st_mode)}); "
+                                    "a trace must be a file or a folder of traces")
         raise FileNotFoundError(f"{target}: no such trace file or folder")
     root = target / "torch_trace" if (target / "torch_trace").is_dir() else target
 

@@ -12,7 +12,13 @@ decodes thousands of events per call; an event's args stay as their JSON text (p
 op signature every step is one copy) and are decoded on first use. Whatever msgspec cannot take
 (a window boundary inside a string, a bad event) goes through ``json.raw_decode`` one event at a
 time, which also pins down errors: a truncated or malformed file raises ``TraceError`` naming the
-file, the character offset and the index of the event.
+file, the character and byte offset and the index of the event.
+
+Junk gives up within seconds, whatever its size: a parse error in the middle of a window is an
+error at once (only a value cut by the window's end is read on, in doubling windows, and no single
+value may pass ``MAX_VALUE_CHARS``); JSON nested deeper than ``MAX_JSON_DEPTH`` is refused; and
+once loaded, events whose ``ts``/``dur`` are not finite or are absurd (NaN, inf, a negative
+duration, |ts| over ``MAX_ABS_TS`` or dur over ``MAX_DUR``) refuse the trace, with their count.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import codecs
 import gc
 import gzip
 import json
+import math
 import re
 import sys
 import weakref
 from array import array
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Sequence
 
@@ -47,6 +55,47 @@ class TraceError(MagpieError):
     """A trace file that cannot be read or is not a trace; the message names the file."""
 
     title = "unreadable trace"
+
+
+class TraceCancelled(MagpieError):
+    """Loading stopped because the run was cancelled (a SIGTERM, a Ctrl-C, a cancel call)."""
+
+    title = "cancelled"
+
+
+# Limits that make junk fail fast. No real trace comes near them: an event is a few kB, its
+# args nest 4-5 levels (shapes in lists), its times are microseconds (or nanoseconds) since boot
+# or the epoch.
+MAX_VALUE_CHARS = 64 << 20  # one event or top-level value; beyond this it is no trace event
+MAX_JSON_DEPTH = 100  # nesting of one event (or top-level value)
+MAX_ABS_TS = 1e19  # |ts|: 300+ years in ns since the epoch
+MAX_DUR = 1e15  # dur: 31 years in us, 11 days in ns
+_CANCEL_EVERY = 16  # windows read between two looks at the cancel token
+
+
+def _depth_of_text(raw: bytes | str) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text (strings skipped), without parsing it."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    brackets = _JSON_STRING.sub(b'""', raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_BRACKET_STEP = [0] * 256
+_BRACKET_STEP[ord("[")] = _BRACKET_STEP[ord("{")] = 1
+_BRACKET_STEP[ord("]")] = _BRACKET_STEP[ord("}")] = -1
+
+
+def _too_deep(raw: bytes | str) -> bool:
+    """Nested deeper than ``MAX_JSON_DEPTH`` (a cheap count first: most texts have few brackets)."""
+    if isinstance(raw, str):
+        if raw.count("[") + raw.count("{") <= MAX_JSON_DEPTH:
+            return False
+    elif raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    return _depth_of_text(raw) > MAX_JSON_DEPTH
 
 
 # Kept in the id columns (correlation, External id) or dropped (per-event counters no analysis reads).
@@ -498,7 +547,10 @@ class _Appender:
             if -_MAX_EXACT <= v <= _MAX_EXACT:
                 return float(v), flags | int_flag
             self.t.odd[(column, uid)] = v
-            return float(v), flags | HAS_ODD
+            try:
+                return float(v), flags | HAS_ODD
+            except OverflowError:  # beyond any float: refused with the other absurd times
+                return (math.inf if v > 0 else -math.inf), flags | HAS_ODD
         return (float(v) if v is not None else 0.0), flags
 
     def _odd_id(self, uid: int, column: str, v: Any, flags: int) -> tuple[int, int]:
@@ -562,7 +614,10 @@ def _window_args(app: _Appender, items: list) -> tuple[list, list, list[int]]:
         corr = ext = None
         pooled = -1
         if raw[:1] == b"{" and raw != b"{}":  # args that are not an object read as None
-            ids = decode_ids(raw)
+            try:
+                ids = decode_ids(raw)
+            except RecursionError:
+                raise ValueError(f"args nest deeper than {MAX_JSON_DEPTH} levels, the most a trace event may") from None
             corr, ext = ids.corr, ids.ext
             if r.cat in keep_args or r.ph == "M":
                 # (Plain replaces of the known values: several times cheaper than a regex.)
@@ -573,7 +628,9 @@ def _window_args(app: _Appender, items: list) -> tuple[list, list, list[int]]:
                 if type(ids.idx) is int:
                     raw = raw.replace(b'"Ev Idx": %d' % ids.idx, b'"Ev Idx": 0', 1)
                 pooled = args_index.get(raw, -1)
-                if pooled < 0:
+                if pooled < 0:  # a text not seen before: decoded later, so checked now
+                    if _too_deep(raw):
+                        raise ValueError(f"args nest deeper than {MAX_JSON_DEPTH} levels, the most a trace event may")
                     pooled = app.pooled(raw, raw)
         corrs.append(corr)
         exts.append(ext)
@@ -646,7 +703,15 @@ def _last_event_end(buf: str, start: int) -> int:
 
 
 def _open_text(path: Path) -> tuple[BinaryIO, Any]:
-    fh = open(path, "rb")
+    from engine.safeio import NotRegularFile, open_regular
+    try:
+        fh = open_regular(path)  # a FIFO or a device is refused, never waited on or read forever
+    except FileNotFoundError:
+        raise TraceError(f"{path}: trace file not found") from None
+    except NotRegularFile as exc:
+        raise TraceError(f"{path}: not a regular file ({exc.kind}); a trace must be a file") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror or exc})") from None
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":
@@ -657,32 +722,50 @@ def _open_text(path: Path) -> tuple[BinaryIO, Any]:
 class _Reader:
     """A growing text window over the (decompressed) file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, cancel: Any = None) -> None:
         self.path = path
         self.fh, self.decoder = _open_text(path)
+        self.gz = isinstance(self.fh, gzip.GzipFile)
         self.buf = ""
         self.pos = 0  # position in buf
         self.offset = 0  # characters dropped before buf[0]
+        self.byte_offset = 0  # bytes (of the decompressed text) dropped before buf[0]
         self.eof = False
+        self.cancel = cancel
+        self._fills = 0
 
-    def fill(self) -> bool:
+    def fill(self, size: int = _CHUNK) -> bool:
         if self.eof:
             return False
+        self._fills += 1
+        if self.cancel is not None and self._fills % _CANCEL_EVERY == 0 and self.cancel.cancelled:
+            raise TraceCancelled(f"{self.path}: loading cancelled ({self.cancel.reason or 'cancelled'})")
         try:
-            raw = self.fh.read(_CHUNK)
+            raw = self.fh.read(size)
         except (OSError, EOFError) as exc:  # bad gzip stream
             raise TraceError(f"{self.path}: cannot read after character {self.offset + len(self.buf)}: {exc}") from None
         try:
             text = self.decoder.decode(raw, final=not raw)
         except UnicodeDecodeError as exc:
-            raise TraceError(f"{self.path}: not UTF-8 text near character {self.offset + len(self.buf)}: {exc}") from None
+            raise TraceError(f"{self.path}: not UTF-8 text near character {self.offset + len(self.buf)} "
+                             f"(byte {self.byte_at(len(self.buf)) + exc.start}): {exc.reason}") from None
         if not raw:
             self.eof = True
         # Drop what was consumed so the window stays one chunk or so long.
+        if self.pos:
+            self.byte_offset += len(self.buf[:self.pos].encode("utf-8", "surrogatepass"))
         self.buf = self.buf[self.pos:] + text
         self.offset += self.pos
         self.pos = 0
         return bool(text) or not self.eof
+
+    def byte_at(self, pos: int) -> int:
+        """The byte offset (in the decompressed text) of ``buf[pos]``."""
+        return self.byte_offset + len(self.buf[:pos].encode("utf-8", "surrogatepass"))
+
+    def where(self, pos: int) -> str:
+        """``character N (byte M)`` of ``buf[pos]``, as errors name a place."""
+        return f"character {self.offset + pos} (byte {self.byte_at(pos)}{' of the decompressed text' if self.gz else ''})"
 
     def skip_ws(self, extra: str = "") -> str:
         """Skip whitespace (and commas when ``extra`` == ','); return the next char or '' at EOF."""
@@ -695,17 +778,31 @@ class _Reader:
                 return ""
 
     def value(self, what: str) -> Any:
+        """The next JSON value. A parse error at the window's end may be a value the window cut:
+        the window then doubles, up to ``MAX_VALUE_CHARS``; an error anywhere else is one at once."""
         self.skip_ws()
         while True:
             try:
                 obj, end = _DECODER.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as exc:
-                if not self.eof:  # most likely the value runs past the window: read more, retry
-                    self.fill()
+                at_end = exc.pos >= len(self.buf.rstrip()) - 64 or exc.msg.startswith("Unterminated")
+                if at_end and not self.eof:  # most likely the value runs past the window: read more, retry
+                    if len(self.buf) - self.pos > MAX_VALUE_CHARS:
+                        raise TraceError(f"{self.path}: {what} at {self.where(self.pos)} runs on past "
+                                         f"{MAX_VALUE_CHARS >> 20} MiB: not a trace event (junk after the trace?)") from None
+                    self.fill(max(_CHUNK, len(self.buf) - self.pos))
                     continue
                 truncated = exc.pos >= len(self.buf.rstrip()) - 1 or exc.msg.startswith("Unterminated")
                 raise TraceError(f"{self.path}: {'truncated' if truncated else 'malformed'} JSON in {what} "
-                                 f"at character {self.offset + exc.pos}: {exc.msg}") from None
+                                 f"at {self.where(exc.pos)}: {exc.msg}") from None
+            except RecursionError:
+                raise TraceError(f"{self.path}: {what} at {self.where(self.pos)} nests deeper than "
+                                 f"{MAX_JSON_DEPTH} levels, the most a trace event may") from None
+            except ValueError as exc:  # an integer of thousands of digits
+                raise TraceError(f"{self.path}: malformed JSON in {what} at {self.where(self.pos)}: {exc}") from None
+            if isinstance(obj, (dict, list)) and _too_deep(self.buf[self.pos:end]):
+                raise TraceError(f"{self.path}: {what} at {self.where(self.pos)} nests deeper than "
+                                 f"{MAX_JSON_DEPTH} levels, the most a trace event may")
             self.pos = end
             return obj
 
@@ -744,7 +841,7 @@ def _read_events(reader: _Reader, app: _Appender) -> None:
                 try:
                     items = _FAST.decode("[" + buf[pos:j + 1] + "]")
                     break
-                except _FAST_ERRORS:
+                except (*_FAST_ERRORS, RecursionError):
                     j = _last_event_end(buf[:j], pos)
             if items is None:
                 # A bad event or an odd string: go event by event through this window.
@@ -752,39 +849,50 @@ def _read_events(reader: _Reader, app: _Appender) -> None:
             else:
                 try:
                     _add_window(app, items)
-                except (TypeError, ValueError) as exc:
+                except (TypeError, ValueError, ArithmeticError) as exc:
                     raise TraceError(f"{reader.path}: event {len(trace.kind)}: {exc}") from None
                 reader.pos = j + 1
                 continue
         try:
             raw, end = decode(buf, pos)
-        except json.JSONDecodeError:
+            if _too_deep(buf[pos:end]):
+                raise RecursionError
+        except (ValueError, RecursionError):  # JSONDecodeError, a number too long, too deep
             reader.pos = pos
             raw = reader.value(f"event {len(trace.kind)}")  # refills, or raises with the offset
             end = reader.pos
         reader.pos = end
         try:
             _add_dict(app, raw)
-        except (TypeError, ValueError) as exc:
-            raise TraceError(f"{reader.path}: event {len(trace.kind)} (character {reader.offset + pos}): {exc}") from None
+        except (TypeError, ValueError, ArithmeticError) as exc:
+            raise TraceError(f"{reader.path}: event {len(trace.kind)} ({reader.where(pos)}): {exc}") from None
 
 
-def load_trace(path: Path | str) -> Trace:
+def load_trace(path: Path | str, cancel: Any = None) -> Trace:
     """Load a trace. The cyclic GC is paused while loading: the msgspec windows make many small
-    objects that never form cycles, and collections would only cost time."""
+    objects that never form cycles, and collections would only cost time. ``cancel`` (a
+    ``CancelToken``) is looked at every few windows: ``TraceCancelled`` once it is set."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load(Path(path))
+        return _load(Path(path), cancel)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _load(path: Path) -> Trace:
-    if not path.is_file():
-        raise TraceError(f"{path}: trace file not found")
-    reader = _Reader(path)
+def _load(path: Path, cancel: Any = None) -> Trace:
+    reader = _Reader(path, cancel)
+    try:
+        trace = _read_trace(path, reader)
+    finally:
+        reader.fh.close()
+    _check_times(trace)
+    trace._read_names()
+    return trace
+
+
+def _read_trace(path: Path, reader: _Reader) -> Trace:
     trace = Trace(path)
     app = _Appender(trace)
     c = reader.skip_ws()
@@ -817,10 +925,39 @@ def _load(path: Path) -> Trace:
     elif c == "":
         raise TraceError(f"{path}: empty file")
     else:
-        raise TraceError(f"{path}: not a JSON trace (starts with {c!r})")
-    reader.fh.close()
-    trace._read_names()
+        raise TraceError(f"{path}: not a JSON trace (starts with {c!r}): a trace is a JSON object or a list of events")
     return trace
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 32 else f"{text[:16]}...({len(text)} digits)"
+
+
+def _check_times(trace: Trace) -> None:
+    """Refuse a trace with events whose ts or dur are NaN, infinite, a negative duration, or past
+    ``MAX_ABS_TS`` / ``MAX_DUR``: every sum, gap and percentage built on them would be garbage."""
+    n = len(trace.kind)
+    if not n:
+        return
+    try:
+        import numpy as np
+        ts = np.frombuffer(trace.ts, dtype=np.float64)
+        dur = np.frombuffer(trace.dur, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(ts) <= MAX_ABS_TS) | ~((dur >= 0.0) & (dur <= MAX_DUR))
+        count = int(bad.sum())
+        first = int(bad.argmax()) if count else -1
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        flags = [not (abs(t) <= MAX_ABS_TS and 0.0 <= d <= MAX_DUR) for t, d in zip(trace.ts, trace.dur)]
+        count = sum(flags)
+        first = flags.index(True) if count else -1
+    if count:
+        raise TraceError(f"{trace.path}: {count} event(s) with a time stamp or duration that is not finite or is absurd "
+                         f"(NaN, inf, a negative dur, |ts| over {MAX_ABS_TS:g}, dur over {MAX_DUR:g}); the first is "
+                         f"event {first} ({trace.name_of(first)[:80]!r}: ts={_short(trace.ts_of(first))}, "
+                         f"dur={_short(trace.dur_of(first))}); "
+                         "refused rather than analysed")
 
 
 def peak_rss_mb() -> float:

@@ -7,15 +7,19 @@ instead of hanging the suite."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import run_magpie
+from conftest import REPO, run_magpie
 
 from engine.config.yamlfile import (
     MAX_ALIAS_NODES, MAX_CONFIG_BYTES, MAX_YAML_DEPTH, ConfigError, load_located_yaml, load_yaml_file,
@@ -293,3 +297,148 @@ def test_mcp_job_list_and_status_keep_working(tmp_path):
     assert not result.is_error, result.content[0].text
     result, _ = within(20, call, "job_result", {"job_id": "compare_fiforeport_20261206_120003_dddddd"}, fifos=fifos)
     assert "compare_fiforeport" in result.content[0].text
+
+
+# ------------------------------------------------------------------------------------- traces
+_EVENT = {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 1, "tid": 7, "ts": 1.0, "dur": 2.0,
+          "args": {"correlation": 1, "stream": 7}}
+
+
+def _trace(path: Path, events: list[dict]) -> Path:
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def _kernels(n: int) -> list[dict]:
+    return [{**_EVENT, "name": f"k{i}", "ts": 10.0 * i, "args": {"correlation": i, "stream": 7}} for i in range(n)]
+
+
+def trace_refused(path: Path, *needles: str) -> str:
+    from engine.trace.load import TraceError, load_trace
+
+    def attempt() -> str:
+        try:
+            load_trace(path)
+        except TraceError as exc:
+            return str(exc)
+        raise AssertionError(f"{path} was not refused")
+    text, took = within(10, attempt)
+    assert str(path) in text, text
+    for needle in needles:
+        assert needle in text, text
+    assert took < 5, f"took {took:.1f} s to refuse"
+    return text
+
+
+def test_junk_after_a_valid_first_line_is_refused_quickly(tmp_path):
+    """A valid start, then 50 MB of junk: refused at the junk, not after reading it all (the
+    1.4 GB original hung for minutes, re-decoding a growing window)."""
+    junk = tmp_path / "junk.pt.trace.json"
+    with open(junk, "w") as fh:
+        fh.write('{"traceEvents": [' + json.dumps(_EVENT) + ",\n")
+        block = '"' + "a" * (1 << 20)  # an unterminated string: the worst case, a value that never ends
+        fh.write(block)
+        for _ in range(49):
+            fh.write("a" * (1 << 20))
+    assert junk.stat().st_size > 50 << 20
+    text = trace_refused(junk, "event 1", "byte ")
+    assert "Unterminated string" in text or "runs on past" in text
+    brace = tmp_path / "brace.json"
+    brace.write_text('{"traceEvents": [' + json.dumps(_EVENT) + ",\n{" + "x" * (4 << 20))
+    trace_refused(brace, "malformed JSON in event 1", "byte 1")
+    started = time.monotonic()
+    proc = run_magpie("benchmark", "--trace-dir", junk, "-o", tmp_path / "out", timeout=120)
+    assert proc.returncode == 1 and "event 1" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_deeply_nested_trace_json_is_refused_not_a_traceback(tmp_path):
+    from engine.trace.load import MAX_JSON_DEPTH
+    deep_event = tmp_path / "deep_event.json"
+    deep_event.write_text('{"traceEvents": [' + json.dumps(_EVENT) + ", " + "[" * 10_000 + "]" * 10_000 + "]}")
+    trace_refused(deep_event, f"deeper than {MAX_JSON_DEPTH} levels")
+    deep_args = tmp_path / "deep_args.json"
+    events = _kernels(3)
+    text = json.dumps({"traceEvents": events})
+    deep_args.write_text(text.replace('"stream": 7}', '"stream": ' + "[" * 10_000 + "]" * 10_000 + "}", 1))
+    trace_refused(deep_args, f"deeper than {MAX_JSON_DEPTH} levels")
+    medium = tmp_path / "medium.json"  # deeper than the limit, shallower than Python's recursion limit
+    medium.write_text(text.replace('"stream": 7}', '"stream": ' + "[" * 300 + "]" * 300 + "}", 1))
+    trace_refused(medium, f"deeper than {MAX_JSON_DEPTH} levels")
+    deep_top = tmp_path / "deep_top.json"
+    deep_top.write_text('{"meta": ' + "{\"a\": " * 5000 + "1" + "}" * 5000 + ', "traceEvents": []}')
+    trace_refused(deep_top, f"deeper than {MAX_JSON_DEPTH} levels")
+
+
+@pytest.mark.parametrize("value, shown", [("1e308", "dur=1e+308"), ("NaN", "dur=nan"), ("-5", "dur=-5"),
+                                          ("Infinity", "dur=inf"), ("9" * 400, "(400 digits)")])
+def test_absurd_durations_are_refused_with_their_count(tmp_path, value, shown):
+    text = json.dumps({"traceEvents": _kernels(20)})
+    for i in (3, 11):
+        text = text.replace(f'"ts": {10.0 * i}, "dur": 2.0', f'"ts": {10.0 * i}, "dur": {value}')
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    msg = trace_refused(path, "2 event(s)", "event 3", shown)
+    assert "refused" in msg
+    ts = tmp_path / "bad_ts.json"
+    ts.write_text(json.dumps({"traceEvents": _kernels(5)}).replace('"ts": 20.0', '"ts": 1e400'))
+    trace_refused(ts, "1 event(s)", "ts=inf")
+
+
+@needs_fifo
+@needs_dev_zero
+def test_special_files_as_traces_are_refused(tmp_path):
+    fifo = tmp_path / "rank0.pt.trace.json"
+    os.mkfifo(fifo)
+    trace_refused(fifo, "a FIFO")
+    proc = run_magpie("benchmark", "--trace-dir", DEV_ZERO, "-o", tmp_path / "out", timeout=60)
+    assert proc.returncode != 0 and "a character device" in proc.stderr and "Traceback" not in proc.stderr
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / "rank0.pt.trace.json").symlink_to(DEV_ZERO)
+    os.mkfifo(folder / "rank1.pt.trace.json")
+    _trace(folder / "rank2.pt.trace.json", _kernels(5))
+    from engine.trace.discover import discover_traces
+    assert [p.name for _, p in discover_traces(folder)] == ["rank2.pt.trace.json"]
+
+
+def _slow_trace(path: Path, copies: int = 400) -> Path:
+    """A gzip trace of ``copies`` x 2,500 events (a few MB on disk): seconds of loading."""
+    block = ",".join(json.dumps({**_EVENT, "ts": 10.0 * i}) for i in range(2500)).encode() + b","
+    packed = gzip.compress(block, compresslevel=1)
+    with open(path, "wb") as fh:
+        fh.write(gzip.compress(b'{"traceEvents": ['))
+        for _ in range(copies):
+            fh.write(packed)
+        fh.write(gzip.compress(json.dumps(_EVENT).encode() + b"]}"))
+    return path
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_trace_analysis_writes_a_cancelled_report(tmp_path, sig):
+    trace = _slow_trace(tmp_path / "slow.pt.trace.json.gz")
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "benchmark", "--trace-dir", str(trace), "-o", str(out)],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # signal once the trace is loading
+            events = list(out.glob("*/events.jsonl"))
+            if events and "load rank 0" in events[0].read_text():
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the trace analysis never started loading")
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "cancelled" in err, err
+    (ws,) = [p for p in out.iterdir() if p.is_dir()]
+    report = json.loads((ws / "trace_analysis_report.json").read_text())
+    assert report["state"] == "cancelled" and report["cancel_reason"], report
+    finished = [json.loads(line) for line in (ws / "events.jsonl").read_text().splitlines()][-1]
+    assert finished["event"] == "run_finished" and finished["state"] == "cancelled" and finished["exit_code"] == 130
