@@ -49,8 +49,11 @@ class FileTooLarge(OSError):
     """A file larger than the caller reads into memory."""
 
     def __init__(self, path: PathLike, size: int, limit: int, what: str = "the file") -> None:
-        super().__init__(errno.EFBIG, f"{human_size(size)}, larger than the {limit_text(limit)} {what} may be",
-                         str(path))
+        if size < 2 * limit:  # close to the limit: exact bytes, or "1.0 MB, larger than 1 MiB" reads wrong
+            text = f"{size:,} bytes, larger than the {limit_text(limit)} ({limit:,} bytes) {what} may be"
+        else:
+            text = f"{human_size(size)}, larger than the {limit_text(limit)} {what} may be"
+        super().__init__(errno.EFBIG, text, str(path))
         self.path, self.size, self.limit = str(path), size, limit
 
     def __str__(self) -> str:

@@ -66,7 +66,7 @@ class TraceCancelled(MagpieError):
 # Limits that make junk fail fast. No real trace comes near them: an event is a few kB, its
 # args nest 4-5 levels (shapes in lists), its times are microseconds (or nanoseconds) since boot
 # or the epoch.
-MAX_VALUE_CHARS = 64 << 20  # one event or top-level value; beyond this it is no trace event
+MAX_VALUE_CHARS = 16 << 20  # one event or top-level value; beyond this it is no trace event
 MAX_JSON_DEPTH = 100  # nesting of one event (or top-level value)
 MAX_ABS_TS = 1e19  # |ts|: 300+ years in ns since the epoch
 MAX_DUR = 1e15  # dur: 31 years in us, 11 days in ns
@@ -865,7 +865,7 @@ def _read_events(reader: _Reader, app: _Appender) -> None:
         try:
             _add_dict(app, raw)
         except (TypeError, ValueError, ArithmeticError) as exc:
-            raise TraceError(f"{reader.path}: event {len(trace.kind)} ({reader.where(pos)}): {exc}") from None
+            raise TraceError(f"{reader.path}: event {len(trace.kind)} at {reader.where(pos)}: {exc}") from None
 
 
 def load_trace(path: Path | str, cancel: Any = None) -> Trace:
