@@ -413,6 +413,54 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float = _TERM_GRACE_S) -
     proc.wait()
 
 
+# A command's output kept in its log: the first and the last this many bytes of each stream, the
+# bytes between them counted (a kernel printing a gigabyte must not fill the disk or the memory).
+LOG_HEAD_BYTES = 8 << 20
+LOG_TAIL_BYTES = 8 << 20
+
+
+class _CappedLog(threading.Thread):
+    """Copies a child's pipe into its log file: the head as it comes, the tail kept in memory and
+    written at the end, the middle counted and named in one line."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        super().__init__(name=f"log-{path.name}", daemon=True)
+        self.fd, self.path = fd, path
+        self.dropped = 0
+
+    def run(self) -> None:
+        from collections import deque
+        head_left = LOG_HEAD_BYTES
+        tail: deque[bytes] = deque()
+        tail_bytes = 0
+        with open(self.path, "ab") as out:
+            while True:
+                try:
+                    chunk = os.read(self.fd, 1 << 16)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                if head_left:
+                    out.write(chunk[:head_left])
+                    chunk, head_left = chunk[head_left:], max(0, head_left - len(chunk))
+                if chunk:
+                    tail.append(chunk)
+                    tail_bytes += len(chunk)
+                    while tail and tail_bytes - len(tail[0]) >= LOG_TAIL_BYTES:
+                        tail_bytes -= len(tail[0])
+                        self.dropped += len(tail.popleft())
+            rest = b"".join(tail)
+            if len(rest) > LOG_TAIL_BYTES:
+                self.dropped += len(rest) - LOG_TAIL_BYTES
+                rest = rest[-LOG_TAIL_BYTES:]
+            if self.dropped:
+                out.write(f"\n[magpie: {self.dropped} bytes of output left out here: the first {LOG_HEAD_BYTES} "
+                          f"and the last {LOG_TAIL_BYTES} bytes are kept]\n".encode())
+            out.write(rest)
+        os.close(self.fd)
+
+
 def run_process(
     cmd: Command,
     *,
@@ -434,15 +482,29 @@ def run_process(
     result = ProcessResult(command=text, cwd=str(cwd), returncode=None, duration_s=0.0,
                            stdout_path=out_path, stderr_path=err_path)
     start = time.monotonic()
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+    out_path.write_bytes(b"")
+    err_path.write_bytes(b"")
+    with contextlib.ExitStack() as stack:
         WATCHDOG.ready()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         try:
-            proc = subprocess.Popen(_argv(cmd), cwd=str(cwd), env=full_env, stdout=out, stderr=err,
+            proc = subprocess.Popen(_argv(cmd), cwd=str(cwd), env=full_env, stdout=out_w, stderr=err_w,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
             result.error = str(exc)
-            err.write(f"could not start: {exc}\n".encode())
+            err_path.write_bytes(f"could not start: {exc}\n".encode())
             return result
+        os.close(out_w)  # the child holds the write ends now
+        os.close(err_w)
+        readers = [_CappedLog(out_r, out_path), _CappedLog(err_r, err_path)]
+        for r in readers:
+            r.start()
+        # The logs are complete once the group is gone (a grandchild that escaped the group and
+        # still holds a pipe is not waited for long).
+        stack.callback(lambda: [r.join(timeout=5.0) for r in readers])
         WATCHDOG.watch(proc.pid)
         try:
             while True:
@@ -469,6 +531,6 @@ def run_process(
         WATCHDOG.forget(proc.pid)
     result.duration_s = time.monotonic() - start
     result.returncode = proc.returncode
-    result.stdout = out_path.read_text(errors="replace")
+    result.stdout = out_path.read_text(errors="replace")  # at most the kept head and tail
     result.stderr = err_path.read_text(errors="replace")
     return result

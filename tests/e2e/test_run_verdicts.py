@@ -157,3 +157,20 @@ def test_a_server_that_does_not_answer_gets_one_clear_error_and_no_load(tmp_path
     assert report["errors"] == [f"the server at http://127.0.0.1:{port} does not answer (Connection refused): "
                                 "nothing was sent; start it, or check --base-url"]
     assert "result" not in report or not report.get("result")
+
+
+def test_a_command_printing_a_flood_keeps_head_and_tail_in_a_capped_log(tmp_path):
+    import sys
+    from engine.runs import process
+    code = ("import sys\nsys.stdout.write('FIRST\\n')\nline = 'x' * 1023 + '\\n'\n"
+            "for _ in range(40 * 1024): sys.stdout.write(line)\nsys.stdout.write('LAST\\n')\n")
+    result = process.run_process([sys.executable, "-c", code], cwd=tmp_path, log_stem=tmp_path / "logs" / "flood")
+    assert result.returncode == 0
+    log = tmp_path / "logs" / "flood.stdout.log"
+    size = log.stat().st_size
+    assert size < process.LOG_HEAD_BYTES + process.LOG_TAIL_BYTES + 4096  # 40 MiB printed, 16 MiB kept
+    text = log.read_text()
+    assert text.startswith("FIRST\n") and text.endswith("LAST\n")
+    dropped = 40 * 1024 * 1024 + 11 - process.LOG_HEAD_BYTES - process.LOG_TAIL_BYTES
+    assert f"[magpie: {dropped} bytes of output left out here" in text
+    assert result.stdout.endswith("LAST\n")
