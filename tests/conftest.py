@@ -39,6 +39,22 @@ def run_magpie(*args, cwd=None, timeout=600, env=None):
                           capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def mcp_http_url(proc: subprocess.Popen, timeout_s: float = 60.0) -> tuple[str | None, list[str]]:
+    """The URL an MCP server started with --transport http prints on stderr, and the lines read
+    until then (None when it exited or did not print it in time)."""
+    import time
+    url, lines = None, []
+    deadline = time.monotonic() + timeout_s
+    while url is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "serving streamable HTTP on " in line:
+            url = line.rsplit(" ", 1)[1].strip()
+    return url, lines
+
+
 def only_workspace(out_dir: Path) -> Path:
     dirs = [p for p in Path(out_dir).iterdir() if p.is_dir()]
     assert len(dirs) == 1, f"expected one workspace in {out_dir}, found {dirs}"

@@ -21,7 +21,7 @@ import httpx2
 import pytest
 from mcp import Client
 
-from conftest import REPO
+from conftest import REPO, mcp_http_url
 
 from engine.jobs.requests import LoopRequest
 from engine.mcp.confine import Confinement, is_bundled_kernel
@@ -330,15 +330,7 @@ def _http_server(tmp_path: Path, host: str, out_name: str = "results"):
     proc = subprocess.Popen([sys.executable, "-m", "engine.mcp", "--transport", "http", "--host", host, "--port", "0",
                              "--root", str(root), "-o", str(root / out_name)], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url, lines = None, []
-    deadline = time.monotonic() + 60
-    while url is None and time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "serving streamable HTTP on " in line:
-            url = line.rsplit(" ", 1)[1].strip()
+    url, lines = mcp_http_url(proc)
     if url is None:
         proc.kill()
         proc.wait()

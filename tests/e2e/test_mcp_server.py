@@ -18,7 +18,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from conftest import EXAMPLES, REPO, local_ray_head, only_workspace, run_magpie
+from conftest import EXAMPLES, REPO, local_ray_head, mcp_http_url, only_workspace, run_magpie
 
 RMSNORM = EXAMPLES / "rmsnorm_pytorch" / "compare.yaml"
 TINY_BENCH = REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"
@@ -43,15 +43,7 @@ def _stdio_client(tmp_path: Path) -> Client:
 def http_server(tmp_path):
     proc = subprocess.Popen([sys.executable, *_server_args(tmp_path, "--transport", "http", "--port", "0")], cwd=REPO,
                             env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url, lines = None, []
-    deadline = time.monotonic() + 60
-    while url is None and time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "serving streamable HTTP on " in line:
-            url = line.rsplit(" ", 1)[1].strip()
+    url, lines = mcp_http_url(proc)
     assert url, "".join(lines)
     yield url, lines
     proc.terminate()
