@@ -856,10 +856,55 @@ def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any],
     except ValidationError as exc:
         raise ConfigError([f"command line: {format_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
                            for e in exc.errors()]) from None
-    problems = prompt_problems(new, machine_checks)
+    problems = prompt_problems(new, machine_checks) + (load_problems(new) if machine_checks else [])
     if problems:
         raise ConfigError(problems)
     return new, overrides
+
+
+# File descriptors kept free for the client's own files, logs and the server's pipes.
+_FD_RESERVE = 256
+# Python's cost of one random prompt token held in memory before the run (a list of ints).
+_BYTES_PER_PROMPT_TOKEN = 40
+
+
+def load_problems(cfg: BenchmarkConfig) -> list[str]:
+    """A load this machine cannot hold, said before anything starts (not a run killed for memory or
+    out of file descriptors): every in-flight request holds a socket, and the prompts are made in
+    memory before the load."""
+    import resource
+    conc_levels = [int(c) for c in cfg.client.sweep.get("concurrency", [])] or [int(cfg.effective_envs()["CONC"])]
+    out = []
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    most = max(conc_levels)
+    per_process = -(-most // cfg.client.client_procs)  # the client processes share the sockets
+    if soft != resource.RLIM_INFINITY and per_process > soft - _FD_RESERVE:
+        out.append(f"benchmark.envs.CONC {most}: every in-flight request holds a socket, and a client process may "
+                   f"open {soft} files (ulimit -n): give at most {max(1, soft - _FD_RESERVE) * cfg.client.client_procs}"
+                   ", or raise the limit (ulimit -n) first, or share the load over --client-procs")
+    envs = cfg.effective_envs()
+    if cfg.client.dataset_name == "random" and cfg.client.duration is None:
+        prompts = int(envs["NUM_PROMPTS"]) if "concurrency" not in cfg.client.sweep else 10 * most
+        longest = max([int(envs["ISL"])] + [int(v) for v in cfg.client.sweep.get("input_len", [])])
+        need = prompts * (longest + cfg.client.prefix_len) * _BYTES_PER_PROMPT_TOKEN
+        avail = _available_memory()
+        if avail is not None and need > avail // 2:
+            out.append(f"benchmark.envs.NUM_PROMPTS {prompts} x ISL {longest}: the prompts take about "
+                       f"{need / 2**30:.1f} GiB in memory before the load, more than half of the "
+                       f"{avail / 2**30:.1f} GiB available here: send fewer prompts, or bound the run by time "
+                       "(client.duration, --duration S)")
+    return out
+
+
+def _available_memory() -> Optional[int]:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def prompt_problems(cfg: BenchmarkConfig, machine: bool = True) -> list[str]:

@@ -139,7 +139,7 @@ class BenchmarkRequest(_Request):
 
     def _prepare_one(self, plan_only: bool = False) -> "PreparedBenchmark":
         from engine.config.benchmark import (BenchmarkConfig, apply_cli_overrides, load_benchmark_config,
-                                             prompt_problems, resolve_defaults)
+                                             load_problems, prompt_problems, resolve_defaults)
         warnings: list[str] = []
         flags = dict(self.flags)
         if self.benchmark_config:
@@ -163,7 +163,7 @@ class BenchmarkRequest(_Request):
             flags["torch_profiler"] = True  # the analysis needs traces
         cfg, overrides = apply_cli_overrides(cfg, flags, machine_checks=not plan_only)
         machine = [p for p in prompt_problems(cfg) if p not in prompt_problems(cfg, machine=False)] \
-            if plan_only else []
+            + load_problems(cfg) if plan_only else []
         if cfg.run_mode == "ray":
             raise ConfigError(["benchmark.run_mode ray: a Ray point is started through prepare() (the batch path); "
                                "give --run-mode local to run it here"])

@@ -174,3 +174,17 @@ def test_a_command_printing_a_flood_keeps_head_and_tail_in_a_capped_log(tmp_path
     dropped = 40 * 1024 * 1024 + 11 - process.LOG_HEAD_BYTES - process.LOG_TAIL_BYTES
     assert f"[magpie: {dropped} bytes of output left out here" in text
     assert result.stdout.endswith("LAST\n")
+
+
+def test_a_load_the_machine_cannot_hold_is_refused_before_anything_starts(tmp_path):
+    import resource
+    from conftest import run_magpie
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    proc = run_magpie("benchmark", "builtin", "--concurrency", "100000000", "-o", tmp_path / "o", timeout=60)
+    assert proc.returncode == 2 and not (tmp_path / "o").exists()
+    if soft != resource.RLIM_INFINITY:
+        assert (f"benchmark.envs.CONC 100000000: every in-flight request holds a socket, and a client process may "
+                f"open {soft} files (ulimit -n)") in proc.stderr
+    proc = run_magpie("benchmark", "builtin", "--num-prompts", "1000000000", "--input-len", "4096", timeout=60)
+    assert proc.returncode == 2 and "benchmark.envs.NUM_PROMPTS 1000000000 x ISL 4096: the prompts take about" \
+        in proc.stderr
