@@ -62,7 +62,7 @@ def server_plan(cfg: BenchmarkConfig, trace_dir: Optional[Path]) -> dict[str, An
         return {"launched": False, "base_url": cfg.client.base_url,
                 "why": "client.base_url (or envs.BENCHMARK_BASE_URL): a server that is already running"}
     docker = cfg.run_mode == "docker"
-    port = int(cfg.envs["PORT"]) if "PORT" in cfg.envs else None
+    port = cfg.fixed_port()
     from engine.bench.docker_launch import CONTAINER_PORT
     cmd = server_command(cfg, CONTAINER_PORT if docker else (port or 0), trace_dir,
                          host="0.0.0.0" if docker else "127.0.0.1")

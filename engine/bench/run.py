@@ -183,7 +183,7 @@ def _keep(run: BenchRun, server: Server) -> bool:
         return True  # an earlier run's: its record stays
     section = run.report.setdefault("server", {})
     folder = lifecycle.pid_dir(run.cfg.server_lifecycle.pid_dir)
-    port = int(run.cfg.envs["PORT"]) if "PORT" in run.cfg.envs else None
+    port = run.cfg.fixed_port()
     try:
         settings = _lifecycle_settings(run)
         if isinstance(server, DockerServer) and server.container is not None:
@@ -305,7 +305,7 @@ def _lifecycle_settings(run: BenchRun) -> dict[str, Any]:
     from engine.bench.lifecycle import server_settings
     cfg = run.cfg
     docker = cfg.run_mode == "docker"
-    cmd = server_command(cfg, CONTAINER_PORT if docker else int(cfg.envs.get("PORT", 0)), run.trace_dir,
+    cmd = server_command(cfg, CONTAINER_PORT if docker else (cfg.fixed_port() or 0), run.trace_dir,
                          host="0.0.0.0" if docker else "127.0.0.1")
     cmd.env = {k: v for k, v in cmd.env.items() if k not in _PINNING_VARS and k not in CLIENT_ENV_KEYS}
     return server_settings(cfg.framework, cfg.model or cfg.server.size, cfg.run_mode, cmd, cfg.docker_image)
@@ -316,7 +316,7 @@ def _kept_server(run: BenchRun) -> Optional[Server]:
     from engine.bench import lifecycle
     lc = run.cfg.server_lifecycle
     settings = _lifecycle_settings(run)
-    port = int(run.cfg.envs["PORT"]) if "PORT" in run.cfg.envs else None
+    port = run.cfg.fixed_port()
     kept, notes = lifecycle.find_kept(lifecycle.pid_dir(lc.pid_dir), settings, port, lc.force_reuse,
                                       stop_at_end=lc.cleanup)
     for note in notes:
@@ -330,7 +330,8 @@ def _kept_server(run: BenchRun) -> Optional[Server]:
 
 def server_port(cfg: BenchmarkConfig) -> int:
     """Magpie's envs.PORT when the config gives one, else a free port of this host."""
-    return int(cfg.envs["PORT"]) if "PORT" in cfg.envs else free_port()
+    port = cfg.fixed_port()
+    return port if port is not None else free_port()
 
 
 def _start_server(run: BenchRun, chosen: list[GpuState]) -> Server:

@@ -600,6 +600,10 @@ class BenchmarkConfig(_Strict):
             return "not given: the built-in server runs on this host"
         return "not given: docker, Magpie's default"
 
+    def fixed_port(self) -> Optional[int]:
+        """The server's port when the config fixes it (Magpie's envs.PORT), else None (a free one)."""
+        return int(self.envs["PORT"]) if "PORT" in self.envs else None
+
     def extra_server_args(self) -> list[str]:
         """Magpie's EXTRA_<FRAMEWORK>_ARGS for this framework, split as a shell splits words."""
         key = EXTRA_ARGS_KEYS.get(self.framework)
