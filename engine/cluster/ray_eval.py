@@ -38,6 +38,30 @@ _WAIT_S = 0.2
 
 
 # ---------------------------------------------------------------------- connection
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_reachable(address: Optional[str]) -> None:
+    """An address given as HOST:PORT (or ray://HOST:PORT) must accept a connection within seconds:
+    ray.init itself retries an unreachable head for minutes, deaf to signals meanwhile. ``auto``
+    and no address (a local instance) are Ray's own to find."""
+    if not address or address == "auto":
+        return
+    import socket
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # not HOST:PORT: Ray reports what it makes of it
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ClusterError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (nothing answered on "
+                           f"{host}:{port} within {RAY_CONNECT_TIMEOUT_S:g} s)",
+                           hint="start one with 'ray start --head' and give --ray-address HOST:6379 (or "
+                                "scheduler.ray.address)") from None
+
+
 def connect(settings: Any) -> dict:
     """Join the cluster (``address``; $RAY_ADDRESS; else a Ray instance for this run), with
     this tool shipped to the workers unless told not to. Returns what cluster.json records."""
@@ -47,6 +71,7 @@ def connect(settings: Any) -> dict:
         if settings.ship_engine:
             runtime_env["py_modules"] = [str(Path(__file__).resolve().parents[1])]
         address = settings.address or os.environ.get("RAY_ADDRESS") or None
+        _check_reachable(address)
         # ray.init installs its own SIGTERM/SIGINT handlers (exit at once); the run's handlers,
         # which cancel and still write the report, are put back after it.
         saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} \

@@ -188,3 +188,18 @@ def test_a_load_the_machine_cannot_hold_is_refused_before_anything_starts(tmp_pa
     proc = run_magpie("benchmark", "builtin", "--num-prompts", "1000000000", "--input-len", "4096", timeout=60)
     assert proc.returncode == 2 and "benchmark.envs.NUM_PROMPTS 1000000000 x ISL 4096: the prompts take about" \
         in proc.stderr
+
+
+def test_an_unreachable_ray_address_fails_within_seconds(tmp_path):
+    import socket
+    from conftest import EXAMPLES, run_magpie
+    pytest.importorskip("ray")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    proc = run_magpie("-e", "ray", "--ray-address", f"127.0.0.1:{port}", "compare", "-k",
+                      EXAMPLES / "softmax_triton" / "compare.yaml", "-o", tmp_path, timeout=120)
+    assert time.monotonic() - t0 < 30  # Ray itself retried an unreachable head for minutes
+    assert proc.returncode != 0
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused" in proc.stdout + proc.stderr
