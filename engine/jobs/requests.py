@@ -168,6 +168,9 @@ class BenchmarkRequest(_Request):
             raise ConfigError(["benchmark.run_mode ray: a Ray point is started through prepare() (the batch path); "
                                "give --run-mode local to run it here"])
         warnings += resolve_defaults(cfg)
+        if not self.benchmark_config and cfg.run_mode_why() == "not given: docker, Magpie's default":
+            warnings.append(f"--run-mode not given: the {cfg.framework} server runs in docker, as Magpie runs it "
+                            "(--run-mode local starts it on this host)")
         label = cfg.framework if cfg.framework != "builtin" else f"builtin-{cfg.server.size}"
         return PreparedBenchmark(request=self, config=cfg, label=label, warnings=warnings, overrides=overrides,
                                  machine_problems=machine)
