@@ -127,7 +127,9 @@ class RunScreen(Screen):
         status = self.query_one("#run-status", Static)
         status.update("  ·  ".join(p for p in parts if p))
         for state in ("running", "completed", "failed", "lost", "cancelled"):
-            status.set_class(info.state == state, f"-{state}")
+            # completed_with_errors: the numbers are there, the run is not a success: shown as a failure
+            status.set_class(info.state == state or (state == "failed" and info.state == "completed_with_errors"),
+                             f"-{state}")
         if not self._scanning:  # one scan at a time; a slow disk skips ticks
             self._scanning = True
             self._scan_files(info)
