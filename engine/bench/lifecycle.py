@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.bench.launch import LaunchError, ServerCommand, _get
-from engine.runs.process import process_start_time
+from engine.runs.process import process_identity, same_process
 
 DEFAULT_PID_DIR = Path("~/.cache/magpie/server")
-# Keys of the settings that do not make a different server: the run's own port choice aside.
 _STOP_GRACE_S = 15.0
 
 
@@ -99,7 +98,7 @@ def is_alive(record: dict[str, Any]) -> bool:
         except Exception:  # noqa: BLE001 - no engine, no container: not alive
             return False
     pid, start = record.get("pid"), record.get("start_time")
-    return isinstance(pid, int) and start is not None and process_start_time(pid) == start
+    return isinstance(pid, int) and start is not None and same_process(pid, start, record.get("pgid"))
 
 
 def stop_kept(record: dict[str, Any]) -> None:
@@ -189,7 +188,7 @@ def keep(folder: Path, settings: dict[str, Any], *, base_url: str, port: Optiona
         record.update(container_id=container_id, docker_url=docker_url)
     else:
         assert pid is not None
-        record.update(pid=pid, pgid=os.getpgid(pid), start_time=process_start_time(pid))
+        record.update(process_identity(pid))  # pid, start time, group: what is_alive checks
     path = folder / f"{settings['framework']}_{digest[:16]}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=2))

@@ -97,9 +97,9 @@ def _lifecycle(cfg: BenchmarkConfig) -> str:
 
 def _gpus(cfg: BenchmarkConfig) -> dict[str, Any]:
     import os
+    from engine.bench.run import _PINNING_VARS  # the run's own rule for pinned GPUs (_select_gpus)
     envs = cfg.effective_envs()
-    pinned = [v for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-              if v in os.environ or v in envs]
+    pinned = [v for v in _PINNING_VARS if v in os.environ or v in envs]
     if cfg.client.base_url:
         return {"policy": "none: the server is not started here"}
     if pinned:
@@ -159,10 +159,6 @@ def _machine_notes(cfg: BenchmarkConfig) -> list[str]:
     except Exception as exc:  # noqa: BLE001 - any failure to reach the engine says the same
         return [f"run_mode docker: no Docker engine answers here ({type(exc).__name__})"]
     return []
-
-
-def _span(lo_hi: list[int]) -> str:
-    return str(lo_hi[0]) if lo_hi[0] == lo_hi[1] else f"{lo_hi[0]}-{lo_hi[1]}"
 
 
 def format_plan(plan: dict[str, Any], indent: str = "") -> list[str]:

@@ -35,7 +35,7 @@ from engine.config.benchmark import CLIENT_ENV_KEYS, BenchmarkConfig
 from engine.runs.process import CancelToken
 from engine.runs.provenance import benchmark_provenance, with_server
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, RunState, StageState
-from engine.runs.workspace import Workspace
+from engine.runs.workspace import Workspace, write_error
 
 SERVER_METRICS_FILE = "server_metrics.jsonl"  # the server's /metrics, one scrape a line
 
@@ -124,7 +124,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     try:
         ws.write_text("summary.txt", summary_text(report))
     except OSError as exc:
-        report["errors"].append(f"{ws.root / 'summary.txt'}: cannot write: [Errno {exc.errno}] {exc.strerror}")
+        report["errors"].append(write_error(ws.root / "summary.txt", exc))
         report["success"] = report["reward_eligible"] = False
     code = 130 if report["state"] == RunState.CANCELLED else (0 if report["success"] else 1)
     return code, report
@@ -242,7 +242,7 @@ def write_report(ws: Workspace, name: str, report: dict) -> bool:
         return True
     except OSError as exc:
         report["success"] = report["reward_eligible"] = False
-        report["errors"].insert(0, f"{ws.root / name}: cannot write the report: [Errno {exc.errno}] {exc.strerror}")
+        report["errors"].insert(0, write_error(ws.root / name, exc, "the report"))
         if report.get("state") == RunState.COMPLETED:
             report["state"] = RunState.COMPLETED_WITH_ERRORS
         return False
@@ -585,7 +585,6 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
         result["errors"] = errors[:10]
         result["failed_by_cause"] = failures_by_cause(result_obj.outputs)
         if run.server_gone:
-            result["cut_short"] = True
             result["server_exit"] = run.server_gone
             if runs:  # a repeat the server's death cut short is no sample of the same load
                 break
@@ -693,8 +692,9 @@ def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
     report["failures"] = failures
     if run.server_gone:
         report["server_exit"] = run.server_gone
-    report["success"] = (bool(first) and first.get("completed", 0) > 0 and not cancel.cancelled
-                         and not failures["requests"] and not run.server_gone and not run.save_errors)
+    measured = bool(first) and first.get("completed", 0) > 0
+    report["success"] = (measured and not cancel.cancelled and not failures["requests"] and not run.server_gone
+                         and not run.save_errors)
     report["reward_eligible"] = report["success"] and report["run_kind"] == "measurement"
     reasons = []
     if run.server_gone:
@@ -705,7 +705,7 @@ def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
     report["errors"][:0] = reasons + list(run.save_errors)  # the reasons first
     if cancel.cancelled:
         return RunState.CANCELLED
-    if run.server_gone or not (bool(first) and first.get("completed", 0) > 0):
+    if run.server_gone or not measured:
         return RunState.FAILED
     # Every request measured but some failed, or a file of it could not be saved: the numbers are
     # there, the run is not a success.
@@ -842,7 +842,7 @@ def _save(run: "BenchRun", name: str, obj: Any) -> None:
     try:
         run.ws.write_json(name, obj)
     except OSError as exc:
-        run.save_errors.append(f"{run.ws.root / name}: cannot write: [Errno {exc.errno}] {exc.strerror}")
+        run.save_errors.append(write_error(run.ws.root / name, exc))
 
 
 def failures_by_cause(outputs: Any) -> dict[str, int]:

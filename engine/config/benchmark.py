@@ -607,7 +607,7 @@ class BenchmarkConfig(_Strict):
     def extra_server_args(self) -> list[str]:
         """Magpie's EXTRA_<FRAMEWORK>_ARGS for this framework, split as a shell splits words."""
         key = EXTRA_ARGS_KEYS.get(self.framework)
-        text = self.effective_envs().get(key, "") if key else ""
+        text = self.envs.get(key, "") if key else ""  # never one of the defaults
         return shlex.split(text) if text.strip() else []
 
     def server_environment(self) -> dict[str, str]:

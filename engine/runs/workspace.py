@@ -51,6 +51,11 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def write_error(path: Path | str, exc: OSError, what: str = "") -> str:
+    """A write that failed, said by file and errno: ``PATH: cannot write[ WHAT]: [Errno 28] No space ...``."""
+    return f"{path}: cannot write{' ' + what if what else ''}: [Errno {exc.errno}] {exc.strerror}"
+
+
 class EventLog:
     """Append-only ``events.jsonl``; safe to call from worker threads."""
 
@@ -91,7 +96,7 @@ class EventLog:
                 try:
                     self._fh.write(line + "\n")
                 except OSError as exc:
-                    self.write_error = f"{self.path}: cannot write: [Errno {exc.errno}] {exc.strerror}"
+                    self.write_error = write_error(self.path, exc)
             for listener in self.listeners:
                 listener(record)
 
@@ -100,7 +105,7 @@ class EventLog:
             try:
                 self._fh.close()
             except OSError as exc:  # the last buffered line could not be written
-                self.write_error = self.write_error or f"{self.path}: cannot write: [Errno {exc.errno}] {exc.strerror}"
+                self.write_error = self.write_error or write_error(self.path, exc)
 
 
 class Workspace:

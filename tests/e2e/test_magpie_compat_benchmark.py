@@ -238,7 +238,8 @@ def test_a_record_whose_pid_was_reused_is_never_signalled(tmp_path):
     try:
         folder = tmp_path / "pids"
         folder.mkdir()
-        start = lifecycle.process_start_time(other.pid)
+        from engine.runs.process import process_start_time
+        start = process_start_time(other.pid)
         rec = {"settings_hash": "x", "settings": {"framework": "builtin"}, "base_url": "http://127.0.0.1:9",
                "port": None, "pid": other.pid, "pgid": other.pid, "start_time": start - 1}
         (folder / "builtin_x.json").write_text(json.dumps(rec))
