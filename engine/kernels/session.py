@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 from engine.errors import MagpieError
 from engine.kernels.harness import LoadSpec
-from engine.runs.process import WATCHDOG, CancelToken, stop_process_group
+from engine.runs.process import WATCHDOG, CancelToken, read_escaped, stop_process_group, supervised
 
 
 class WorkerError(MagpieError):
@@ -65,7 +65,12 @@ class WorkerProcess:
         full_env.setdefault("MALLOC_TRIM_THRESHOLD_", str(4 << 30))
         self._out = open(self.stdout_path, "ab")
         self._err = open(self.stderr_path, "ab")
-        argv = [python, "-m", "engine.kernels.worker", str(to_child_r), str(from_child_w), str(scratch)]
+        # Under reaper.py: a process the kernel's code leaves behind outside its group is stopped
+        # and recorded here (the session rejects such a kernel).
+        self.escaped_path = log_stem.with_name(log_stem.name + ".escaped.jsonl")
+        self.escaped_path.unlink(missing_ok=True)
+        argv = supervised([python, "-m", "engine.kernels.worker", str(to_child_r), str(from_child_w), str(scratch)],
+                          self.escaped_path)
         WATCHDOG.ready()  # the worker's group is stopped even if this process is killed outright
         try:
             self.proc = subprocess.Popen(argv, cwd=str(cwd), env=full_env, stdout=self._out, stderr=self._err,
@@ -147,6 +152,10 @@ class WorkerProcess:
         os.close(self._r)
         self._out.close()
         self._err.close()
+
+    def escaped(self) -> list[dict]:
+        """Processes the worker's descendants left running outside its group, stopped so far."""
+        return read_escaped(self.escaped_path)
 
     def close(self) -> None:
         if self.closed:
@@ -287,6 +296,7 @@ class HarnessSession:
             for m in self._everyone():
                 if m.worker is not None:
                     m.worker.close()
+                    self._check_escaped(m)
             for p in self._scratch.glob("*"):
                 p.unlink(missing_ok=True)
             self._scratch.rmdir()
@@ -449,7 +459,23 @@ class HarnessSession:
         t = self.s.timer
         return "trace" if t == "auto" else t
 
+    def _check_escaped(self, m: Member) -> None:
+        """A kernel whose code left a process running outside its worker (fork, setsid, fork) did
+        work where no guard and no clock sees it: rejected, the process already stopped."""
+        if m.worker is None:
+            return
+        found = m.worker.escaped()
+        if found:
+            shown = ", ".join(f"pid {e.get('pid')} `{str(e.get('command', ''))[:80]}`" for e in found[:3])
+            _add_new(m.rejections, [{
+                "guard": "processes",
+                "message": f"the kernel's code left {len(found)} process(es) running outside its worker after their "
+                           f"parent ended ({shown}): work in a detached process escapes the timed window and the "
+                           "checks; they were stopped"}])
+
     def _timing(self) -> None:
+        for m in self._everyone():
+            self._check_escaped(m)
         for m in self.members:
             # A kernel that is out can hold memory or run threads: stop it before anything is timed.
             if m.worker is not None and m is not self.reference and (m.state == "failed" or m.rejections):

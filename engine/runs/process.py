@@ -36,6 +36,8 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence, Union
 Command = Union[str, Sequence[str]]
 
 _POLL_S = 0.05
+# The parent of every command and worker (Linux): it stops what escapes the process group.
+REAPER = Path(__file__).with_name("reaper.py")
 _TERM_GRACE_S = 3.0
 _TAIL_CHARS = 4000
 
@@ -92,6 +94,8 @@ class ProcessResult:
     error: str | None = None  # the command could not be started at all
     stdout: str = field(default="", repr=False)
     stderr: str = field(default="", repr=False)
+    # Processes that left the command's group, outlived their parent and were stopped (reaper.py).
+    escaped: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -121,6 +125,8 @@ class ProcessResult:
             "error": self.error,
             "stdout_log": str(self.stdout_path) if self.stdout_path else None,
             "stderr_log": str(self.stderr_path) if self.stderr_path else None,
+            "escaped_processes": [{"pid": e.get("pid"), "command": str(e.get("command", ""))[:300]}
+                                  for e in self.escaped[:20]],
         }
 
 
@@ -133,6 +139,47 @@ def _argv(cmd: Command) -> list[str]:
         shell = shutil.which("bash") or "/bin/sh"
         return [shell, "-c", cmd]
     return [str(a) for a in cmd]
+
+
+def _not_runnable(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> Optional[str]:
+    """Why ``argv[0]`` cannot be executed, as ``Popen`` would say it, or None. Asked before the
+    command starts under ``reaper.py``, where the failure would otherwise be an exit code 127."""
+    exe = str(argv[0]) if argv else ""
+    if not exe:
+        return "no command"
+    if os.sep in exe:
+        path = exe if os.path.isabs(exe) else os.path.join(str(cwd), exe)
+        if not os.path.exists(path):
+            return f"[Errno 2] No such file or directory: {exe!r}"
+        if os.path.isdir(path) or not os.access(path, os.X_OK):
+            return f"[Errno 13] Permission denied: {exe!r}"
+        return None
+    if shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
+        return f"[Errno 2] No such file or directory: {exe!r}"
+    return None
+
+
+def supervised(argv: Sequence[str], record: Optional[Path]) -> list[str]:
+    """``argv`` run under ``reaper.py``: a descendant that leaves the command's process group
+    (``setsid``) and outlives its parent is stopped and written to ``record`` (JSON lines)."""
+    argv = [str(a) for a in argv]
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-I", "-S", str(REAPER), str(record or ""), "--", *argv]
+
+
+def read_escaped(record: Optional[Path]) -> list[dict]:
+    """The processes ``reaper.py`` found outliving their parent (and stopped), from ``record``."""
+    import json
+    found = []
+    try:
+        with open(record, encoding="utf-8", errors="replace") as f:
+            for line in f.read(1 << 20).splitlines():
+                with contextlib.suppress(ValueError):
+                    found.append(json.loads(line))
+    except (OSError, TypeError):
+        pass
+    return [e for e in found if isinstance(e, dict)]
 
 
 def _kill_group(pgid: int, sig: int) -> None:
@@ -475,6 +522,7 @@ def run_process(
     log_stem.parent.mkdir(parents=True, exist_ok=True)
     out_path = log_stem.with_name(log_stem.name + ".stdout.log")
     err_path = log_stem.with_name(log_stem.name + ".stderr.log")
+    escaped_path = log_stem.with_name(log_stem.name + ".escaped.jsonl")
     text = command_text(cmd)
     full_env = dict(os.environ)
     if env:
@@ -488,9 +536,16 @@ def run_process(
         WATCHDOG.ready()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        escaped_path.unlink(missing_ok=True)
         try:
-            proc = subprocess.Popen(_argv(cmd), cwd=str(cwd), env=full_env, stdout=out_w, stderr=err_w,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            argv = _argv(cmd)
+            if not Path(cwd).is_dir():
+                raise FileNotFoundError(2, "No such file or directory", str(cwd))
+            why = _not_runnable(argv, full_env, cwd)
+            if why:
+                raise OSError(why)
+            proc = subprocess.Popen(supervised(argv, escaped_path), cwd=str(cwd), env=full_env, stdout=out_w,
+                                    stderr=err_w, stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
@@ -533,4 +588,5 @@ def run_process(
     result.returncode = proc.returncode
     result.stdout = out_path.read_text(errors="replace")  # at most the kept head and tail
     result.stderr = err_path.read_text(errors="replace")
+    result.escaped = read_escaped(escaped_path)
     return result

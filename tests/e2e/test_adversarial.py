@@ -79,7 +79,9 @@ def test_manifest_is_complete_and_consistent():
 def compare_run(request, tmp_path_factory):
     rel = request.param
     out = tmp_path_factory.mktemp(Path(rel).stem)
-    proc = run_magpie("compare", "-k", SUITE / rel, "-o", out, "--seed", "1", timeout=1500)
+    # A kernel that detaches a process (detached_process.py) writes its pid here.
+    proc = run_magpie("compare", "-k", SUITE / rel, "-o", out, "--seed", "1", timeout=1500,
+                      env={"MAGPIE_ADVERSARIAL_PIDFILE": str(out / "detached.pids")})
     return rel, proc, out
 
 
@@ -111,6 +113,25 @@ def test_every_case_gets_its_verdict(compare_run):
         if flag and flag not in [f.get("guard") for f in (r.get("guards") or {}).get("flags") or []]:
             problems.append(f"{case['id']}: no guard flag {flag!r}; flags {r.get('guards')!r}")
     assert not problems, f"{rel}:\n" + "\n".join(problems)
+
+
+def test_no_detached_process_outlives_the_run(compare_run):
+    """A grandchild that left the worker's process group with setsid is stopped, not left behind."""
+    rel, proc, out = compare_run
+    pidfile = out / "detached.pids"
+    detaches = any(k["source_files"] == ["detached_process.py"] for k in _yaml_kernels(rel))
+    assert pidfile.is_file() == detaches, (rel, proc.stderr[-2000:])
+    if not detaches:
+        return
+    pids = [int(x) for x in pidfile.read_text().split()]
+    assert pids
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", f"pid {pid} (a detached grandchild) still runs after the compare"
 
 
 def test_report_level_expectations(compare_run):

@@ -56,6 +56,44 @@ def test_timeout_kills_the_whole_group_and_only_it(tmp_path):
         bystander.wait()
 
 
+_DETACH = ("import os, sys, time\n"
+           "if os.fork() == 0:\n"
+           "    os.setsid()\n"
+           "    if os.fork() == 0:\n"
+           "        open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)\n"
+           "    os._exit(0)\n"
+           "time.sleep(float(sys.argv[2]))\n")
+
+
+def _wait_gone(pid, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_a_grandchild_that_leaves_the_group_with_setsid_is_stopped_and_recorded(tmp_path):
+    """fork, setsid, fork: the grandchild is in no group the run started; it is stopped once its
+    parent has ended, recorded in the result, and the command's own exit code is kept."""
+    pid_file = tmp_path / "escaped"
+    r = run_process([sys.executable, "-c", _DETACH + "sys.exit(5)", str(pid_file), "0.3"], cwd=tmp_path,
+                    log_stem=tmp_path / "logs" / "e")
+    assert r.returncode == 5 and not r.error
+    escaped = int(pid_file.read_text())
+    assert _wait_gone(escaped, 0.5), "the detached grandchild outlived the command"
+    assert [e["pid"] for e in r.escaped] == [escaped]
+    assert "outlived its parent" in r.stderr
+    assert r.to_dict()["escaped_processes"][0]["pid"] == escaped
+
+
+def test_a_detached_grandchild_of_a_timed_out_command_is_stopped(tmp_path):
+    pid_file = tmp_path / "escaped"
+    r = run_process([sys.executable, "-c", _DETACH, str(pid_file), "60"], cwd=tmp_path,
+                    log_stem=tmp_path / "logs" / "t", timeout_s=1.5)
+    assert r.timed_out and r.returncode == -signal.SIGTERM
+    assert _wait_gone(int(pid_file.read_text()))
+
+
 def test_cancel_stops_a_running_child(tmp_path):
     token = CancelToken()
     threading.Timer(0.5, token.cancel).start()
