@@ -455,6 +455,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.command == "benchmark":
             if args.compare_reports:
                 return _compare_reports(args.compare_reports, console, args.allow_different_workloads)
+            if args.allow_different_workloads:
+                raise ConfigError(["--allow-different-workloads applies only to --compare-reports A B: add "
+                                   "--compare-reports, or drop the flag"])
             if args.trace_dir:
                 return _run_trace_analysis(args, console)
             return _run_benchmark(args, console)

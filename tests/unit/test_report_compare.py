@@ -222,3 +222,10 @@ def test_unreadable_or_unmeasured_reports_are_config_errors(tmp_path, capsys, ba
     assert main(["benchmark", "--compare-reports", str(RUN), str(path)]) == 2
     err = capsys.readouterr().err
     assert ("cannot read a benchmark report" if bad == "missing" else "no measured result") in err
+
+
+def test_cli_refuses_the_workloads_flag_without_two_reports(capsys):
+    # Silently ignored, it would let a user believe a benchmark had been compared with something.
+    assert main(["benchmark", "-b", "whatever.yaml", "--allow-different-workloads"]) == 2
+    err = capsys.readouterr().err
+    assert "--allow-different-workloads applies only to --compare-reports" in err and "nothing was run" in err
