@@ -25,6 +25,7 @@ from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, TRACE_ANALYSIS_
 from engine.runs.workspace import Workspace
 
 EXIT_OK, EXIT_FAIL, EXIT_CANCELLED = 0, 1, 130
+EXIT_NOT_JUDGED = 2  # nothing could be judged on this machine (as a configuration error: fix, then rerun)
 
 # An event listener: called in this process with each event dict as it is written. It is a
 # convenience for a front end in the same process; the run folder's events.jsonl is the contract.
@@ -69,13 +70,21 @@ def kernel_workspace_label(plan: Any) -> str:
     return plan.kernels[0].id if plan.kernels else plan.mode
 
 
+def _not_judged(o: Any) -> bool:
+    """Only a failure of the machine (no GPU, out of memory, a missing tool) kept ``o`` from a verdict."""
+    return bool(o.environment) and not o.correctness.errors and not o.rejections
+
+
 def _kernel_exit_code(plan: Any, outcomes: list, cancelled: bool) -> int:
     if cancelled:
         return EXIT_CANCELLED
     if plan.mode == "analyze":
-        return EXIT_OK if all(o.correct for o in outcomes) else EXIT_FAIL
-    if not outcomes[plan.baseline_index].correct:
-        return EXIT_FAIL
+        if all(o.correct for o in outcomes):
+            return EXIT_OK
+        return EXIT_NOT_JUDGED if not any(o.correct for o in outcomes) and all(map(_not_judged, outcomes)) else EXIT_FAIL
+    base = outcomes[plan.baseline_index]
+    if not base.correct:
+        return EXIT_NOT_JUDGED if _not_judged(base) else EXIT_FAIL
     if plan.settings.perf_enabled and not [o for o in outcomes if o.timing]:
         return EXIT_FAIL
     return EXIT_OK

@@ -312,6 +312,7 @@ class Evaluator:
             "input_sets": len(m.load.get("set_meta", [])), "checked_timed_calls": m.checked_calls,
         }
         corr.errors.extend(m.errors)
+        o.environment.extend(e for e in m.environment if e not in o.environment)  # not judged: the machine failed
         # A guard tripped before timing (tampering, background threads) fails correctness; one that
         # tripped while timing (the hardware floor, the clock check) rejects the measured kernel.
         corr.errors.extend(r["message"] for r in m.rejections)

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import MagpieError
+from engine.kernels.environment import EnvironmentCause
+from engine.kernels.environment import classify as classify_environment
 from engine.kernels.harness import LoadSpec
 from engine.runs.process import WATCHDOG, CancelToken, read_escaped, stop_process_group, supervised
 
@@ -180,6 +182,8 @@ class Member:
     load: dict = field(default_factory=dict)
     seeds: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # correctness failures
+    # Failures of the machine (out of memory, no GPU, a missing package): the kernel was not judged.
+    environment: list[str] = field(default_factory=list)
     # Guard violations, each {"guard": name, "message": text}: before timing (never timed) and
     # while timing (never ranked).
     rejections: list[dict] = field(default_factory=list)
@@ -196,6 +200,12 @@ class Member:
     flops: Optional[int] = None  # per call, counted when this member ran as a reference (its own, or the judge)
     adopted: Optional[bool] = None
     clock_audit: Optional[dict] = None  # the judge's own timing of a few calls (Session._clock_audit)
+
+
+def environment_cause(exc: BaseException) -> Optional[EnvironmentCause]:
+    """The failure of the machine an exception from a worker shows (its message, its traceback,
+    or a dead worker's log tail), or None."""
+    return classify_environment(f"{exc}\n{getattr(exc, 'traceback', '')}")
 
 
 def _add_new(dst: list, items: list) -> None:
@@ -305,8 +315,25 @@ class HarnessSession:
                     if m.state in ("pending", "checked", "timing"):
                         m.cancelled_in = "correctness" if m.state == "pending" else "performance"
 
-    def _fail(self, m: Member, message: str) -> None:
-        m.errors.append(message)
+    def _fail(self, m: Member, message: str, exc: Optional[BaseException] = None) -> None:
+        """``m`` is out. When ``exc`` (what the worker raised, or its log's tail when it died)
+        shows a failure of the machine, it was not judged: an environment failure, not an error."""
+        cause = environment_cause(exc) if exc is not None else None
+        if cause is not None:
+            where = message.split(":", 1)[0]
+            m.environment.append(cause.message() + (f" ({where})" if where != "harness failed" else ""))
+        else:
+            m.errors.append(message)
+        m.state = "failed"
+
+    def _fail_with_ref(self, m: Member, ref: Member, what: str) -> None:
+        """``m`` cannot be judged because its reference failed: not judged when the reference hit a
+        failure of the machine, else an error naming the reference's."""
+        if ref.environment and not ref.errors:
+            m.environment.append(f"the {self._ref_name()} could not run here ({ref.environment[0]})")
+        else:
+            m.errors.append(f"cannot compare outputs with the reference: {what} "
+                            f"({ref.errors[0] if ref.errors else 'see its log'})")
         m.state = "failed"
 
     def _start(self) -> None:
@@ -330,7 +357,7 @@ class HarnessSession:
             try:
                 m.load = m.worker.receive("load", self.s.load_timeout_s)
             except (KernelRaised, WorkerError) as exc:
-                self._fail(m, f"harness failed: could not load the kernel: {exc}")
+                self._fail(m, f"harness failed: could not load the kernel: {exc}", exc)
                 continue
             for i, meta in enumerate(m.load.get("set_meta", [])):
                 meta["seed"] = self.s.seeds[i] if meta["shape"] == "main" else self.s.seeds[0]
@@ -342,7 +369,7 @@ class HarnessSession:
                 try:
                     m.adopted = m.worker.request("adopt", self.s.load_timeout_s, state=ref.load["state"])["adopted"]
                 except (KernelRaised, WorkerError) as exc:
-                    self._fail(m, f"harness failed: could not take the reference's weights: {exc}")
+                    self._fail(m, f"harness failed: could not take the reference's weights: {exc}", exc)
 
     # ------------------------------------------------------------ correctness
     def _classify(self, m: Member, reply: dict) -> list[str]:
@@ -355,8 +382,7 @@ class HarnessSession:
         if ref is not None and ref.state == "failed":
             for m in judged:
                 if m.state != "failed":
-                    self._fail(m, "cannot compare outputs with the reference: it did not load "
-                                  f"({ref.errors[0] if ref.errors else 'see its log'})")
+                    self._fail_with_ref(m, ref, "it did not load")
         judges = [ref] if ref is not None else []
         selfs = [m for m in self.members if m.role == "self"]
         sets = (ref.load if ref is not None and ref.state != "failed" else
@@ -368,7 +394,7 @@ class HarnessSession:
             if ref is not None and ref.state == "failed":
                 for m in judged:
                     if m.state != "failed":
-                        self._fail(m, "cannot compare outputs with the reference: it failed its own checks")
+                        self._fail_with_ref(m, ref, "it failed its own checks")
                 break
             for m in judged:
                 if m.state == "failed" or self.cancel.cancelled:
@@ -388,7 +414,7 @@ class HarnessSession:
         try:
             r = j.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="reference")
         except (KernelRaised, WorkerError) as exc:
-            self._fail(j, f"harness failed: {exc}")
+            self._fail(j, f"harness failed: {exc}", exc)
             return
         errs = self._classify(j, r)
         entry = {"seed": meta["seed"], "shape": meta["shape"], **r.get("self_check", {})}
@@ -416,12 +442,12 @@ class HarnessSession:
                                      atol=self.s.atol, inplace=bool(getattr(m.spec, "inplace", False)))
             m.worker.request("release", self.s.correctness_timeout_s, handles=[c["handle"]])
         except KernelRaised as exc:
-            self._fail(m, f"the kernel raised on seed {meta['seed']} ({meta['shape']} inputs): {exc}")
+            self._fail(m, f"the kernel raised on seed {meta['seed']} ({meta['shape']} inputs): {exc}", exc)
             return True
         except WorkerError as exc:
             if self.cancel.cancelled:
                 return False
-            self._fail(m, f"harness failed: {exc}")
+            self._fail(m, f"harness failed: {exc}", exc)
             return True
         m.output_bytes = max(m.output_bytes, int(c.get("output_bytes", 0)))
         entry = {"seed": meta["seed"], "shape": meta["shape"],
@@ -521,7 +547,7 @@ class HarnessSession:
             w = m.worker.request("warm", self.s.perf_timeout_s, warmup=self.s.warmup, l2_flush=self.s.l2_flush,
                                  timer=timer)
         except (KernelRaised, WorkerError) as exc:
-            self._timing_failed(m, f"warm-up failed: {exc}")
+            self._timing_failed(m, f"warm-up failed: {exc}", exc)
             return None
         _add_new(m.rejections, w.get("guard_errors", []))
         est_s = max(w["estimate_ms"] / 1e3, 1e-7)
@@ -552,7 +578,7 @@ class HarnessSession:
                 rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
                                        keep=1 if judge is not None else 0)
             except (KernelRaised, WorkerError) as exc:
-                if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}"):
+                if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}", exc):
                     return False
                 continue
             _add_new(m.timing_rejections, rep.get("guard_errors", []))
@@ -580,10 +606,14 @@ class HarnessSession:
                 self._judge_kept(m, kept)
         return True
 
-    def _timing_failed(self, m: Member, why: str) -> bool:
+    def _timing_failed(self, m: Member, why: str, exc: Optional[BaseException] = None) -> bool:
         """Record why ``m`` could not be timed; True when the run was cancelled (stop timing)."""
         if self.cancel.cancelled:
             return True
+        cause = environment_cause(exc) if exc is not None else None
+        if cause is not None:
+            m.environment.append(f"{cause.message()} (timing)")
+            why = f"{why.split(':', 1)[0]}: {cause.message()}"
         m.timing = {"error": why}
         m.state = "failed_timing"
         return False
@@ -656,7 +686,7 @@ class HarnessSession:
                 kept += rep.get("kept", [])
         except (KernelRaised, WorkerError) as exc:
             if not self.cancel.cancelled:
-                self._fail(m, f"harness failed during the clock audit: {exc}")
+                self._fail(m, f"harness failed during the clock audit: {exc}", exc)
             return
         if self.reference is not None and m is not self.reference:
             self._judge_kept(m, kept)
@@ -709,7 +739,7 @@ class HarnessSession:
             m.worker.request("release", self.s.correctness_timeout_s, handles=handles)
         except (KernelRaised, WorkerError) as exc:
             if not self.cancel.cancelled:
-                self._fail(m, f"harness failed while judging timed outputs: {exc}")
+                self._fail(m, f"harness failed while judging timed outputs: {exc}", exc)
 
     def _finish_timing(self, m: Member, plan: dict) -> None:
         import statistics

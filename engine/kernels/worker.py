@@ -21,8 +21,18 @@ What makes its numbers hard to game:
 
 from __future__ import annotations
 
+import os as _os  # noqa: I001
+import sys as _sys
+
+# ``-m`` put the working directory first on the import path: a kernel folder's copy.py would be
+# imported by torch as the standard ``copy``. It comes back (first) when the kernel's modules are
+# loaded, after torch and the standard library are in.
+_WORKDIR_ON_PATH = bool(_sys.path) and _sys.path[0] in ("", _os.getcwd())
+if _WORKDIR_ON_PATH:
+    _sys.path.pop(0)
+
 # Bound first: nothing a kernel module does later can change what these names refer to.
-import time as _time_module
+import time as _time_module  # noqa: E402
 
 _perf_counter = _time_module.perf_counter
 _monotonic = _time_module.monotonic
@@ -331,6 +341,8 @@ class Worker:
             torch.set_num_threads(1)
         self.inplace = spec.inplace
         info = self._describe_device()
+        if _WORKDIR_ON_PATH and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # the kernel may import modules of its working directory
         in_mod = _load_module(spec.inputs.module, "_magpie_inputs")
         get_inputs = getattr(in_mod, spec.inputs.get_inputs_func or "get_inputs", None)
         if get_inputs is None:
