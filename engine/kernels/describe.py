@@ -107,10 +107,14 @@ def _timing(plan: Any, k: Any) -> dict:
     s = plan.settings
     if not s.perf_enabled:
         return {"backend": "none", "how": "not timed (--no-perf or performance.backend none)"}
+    own = f"in {s.rounds} processes, interleaved round by round with the other kernels that time themselves"
     if s.perf_backend != "auto":
-        return {"backend": s.perf_backend, "how": f"performance.backend {s.perf_backend}"}
+        how = f"performance.backend {s.perf_backend}"
+        if s.perf_backend in ("timing_json", "prof_command"):
+            how += f", {own}"
+        return {"backend": s.perf_backend, "how": how}
     if k.prof:
-        return {"backend": "prof_command", "how": "the entry's prof_command (its MAGPIE_TIMING_JSON line)"}
+        return {"backend": "prof_command", "how": f"the entry's prof_command (its MAGPIE_TIMING_JSON line), {own}"}
     if k.harness and s.correctness_backend in ("auto", "harness"):
         timer = {"auto": "trace", "trace": "trace"}.get(s.timer, s.timer)
         return {"backend": "harness", "how": f"the Python harness, {s.rounds} interleaved rounds; on a GPU timer "
@@ -119,8 +123,8 @@ def _timing(plan: Any, k: Any) -> dict:
         return {"backend": "unavailable", "how": "nothing to time: no testcase_command, prof_command or harness module"}
     ncu, rocprof = shutil.which("ncu"), shutil.which("rocprofv3")
     found = ", ".join(f"{n} {'found' if p else 'not on PATH'}" for n, p in (("ncu", ncu), ("rocprofv3", rocprof)))
-    return {"backend": "auto", "how": "the testcase's MAGPIE_TIMING_JSON line if it prints one, else ncu (NVIDIA) or "
-                                      f"rocprofv3 (AMD) around the first testcase command ({found})"}
+    return {"backend": "auto", "how": f"the testcase's MAGPIE_TIMING_JSON line if it prints one ({own}), else ncu "
+                                      f"(NVIDIA) or rocprofv3 (AMD) around the first testcase command ({found})"}
 
 
 def describe_plan(plan: Any) -> dict:

@@ -47,6 +47,7 @@ class KernelOutcome:
     timing: Optional[dict] = None  # summarize() of the samples
     samples_ms: list[float] = field(default_factory=list)
     testcase_stdout: str = ""
+    timing_command: int = 0  # the testcase command (0-based) whose output carried the MAGPIE_TIMING_JSON line
     sample_rounds: list[list[float]] = field(default_factory=list)  # interleaved rounds of samples_ms
     rejections: list[dict] = field(default_factory=list)  # guard violations {guard, message}: never ranked
     flags: list[dict] = field(default_factory=list)  # guard findings that did not reject
@@ -167,6 +168,8 @@ class Evaluator:
                 r = self._run(k, cmd, f"testcase_{i}{suffix}", self.s.correctness_timeout_s)
                 runs.append(r.to_dict())
                 stdout.append(r.stdout)
+                if TIMING_MARKER in r.stdout:
+                    o.timing_command = i - 1
                 if r.cancelled:
                     o.cancelled_stage = "correctness"
                     break
@@ -409,24 +412,12 @@ class Evaluator:
 
         if not self.cancel.cancelled:
             self.harness_all(order, base)
-        for o in order:  # serial: every timing run that is not the harness's own
-            if o.compile.state == FAILED:
-                o.correctness = StageResult(SKIPPED, details={"reason": "compile failed"})
-                o.performance = StageResult(SKIPPED, details={"reason": "compile failed"})
-                continue
-            if o.compile.state == CANCELLED:
-                continue
-            if o.cancelled_stage == "correctness":
-                o.correctness.state = CANCELLED
-                o.correctness.details["reason"] = f"interrupted: run {self.cancel.reason}"
-                continue
-            if self._checks_finished(o):
-                self.finish_correctness(o)
-            if o.cancelled_stage == "performance":
-                o.performance.state = CANCELLED
-                o.performance.details["reason"] = f"interrupted: run {self.cancel.reason}"
-                continue
-            if self.cancel.cancelled:
+        ready = [o for o in order if self._finish_checks(o)]
+        if not self.cancel.cancelled:  # kernels that time themselves: their processes interleaved
+            from engine.kernels.command_timing import time_interleaved
+            time_interleaved(self, ready)
+        for o in ready:  # serial: every timing run that is not the harness's own
+            if self.cancel.cancelled or o.performance.state == CANCELLED:
                 continue
             self.performance(o)
         if self.cancel.cancelled:
@@ -435,6 +426,26 @@ class Evaluator:
                     if stage.state == SKIPPED and not stage.details.get("reason"):
                         stage.details["reason"] = f"not reached: run {self.cancel.reason}"
         return self.outcomes
+
+    def _finish_checks(self, o: KernelOutcome) -> bool:
+        """Settle the kernel's correctness (or why it has none); True when it goes on to be timed."""
+        if o.compile.state == FAILED:
+            o.correctness = StageResult(SKIPPED, details={"reason": "compile failed"})
+            o.performance = StageResult(SKIPPED, details={"reason": "compile failed"})
+            return False
+        if o.compile.state == CANCELLED:
+            return False
+        if o.cancelled_stage == "correctness":
+            o.correctness.state = CANCELLED
+            o.correctness.details["reason"] = f"interrupted: run {self.cancel.reason}"
+            return False
+        if self._checks_finished(o):
+            self.finish_correctness(o)
+        if o.cancelled_stage == "performance":
+            o.performance.state = CANCELLED
+            o.performance.details["reason"] = f"interrupted: run {self.cancel.reason}"
+            return False
+        return True
 
     def _checks_finished(self, o: KernelOutcome) -> bool:
         """Every correctness check this kernel needs ran to its end (a cancel may have cut it)."""
@@ -488,23 +499,10 @@ class ProfCommandBackend(TimingBackend):
         return bool(o.spec.prof)
 
     def measure(self, ev: Evaluator, o: KernelOutcome) -> tuple[list[float], dict]:
-        k = o.spec
-        if not k.prof:
+        if not o.spec.prof:
             raise MeasurementError("performance.backend is prof_command but the entry has no prof_command")
-        out, runs = [], []
-        for i, cmd in enumerate(k.prof, 1):
-            r = ev._run(k, cmd, f"prof_{i}", ev.s.perf_timeout_s)
-            runs.append(r.to_dict())
-            if not r.ok:
-                raise MeasurementError(f"prof_command {i}/{len(k.prof)} failed: {r.describe_failure()}\n"
-                                       f"{r.stderr_tail(1000)}")
-            out.append(r.stdout)
-        text = "\n".join(out)
-        extra = {"commands": runs, "custom_profiling_complete": True}
-        if TIMING_MARKER in text:
-            return parse_timing_json(text), extra
-        extra["note"] = f"prof_command ran; it printed no {TIMING_MARKER} line, so there is no timing to rank on"
-        return [], extra
+        from engine.kernels.command_timing import take_command_timing
+        return take_command_timing(ev, o, self.name)
 
 
 class HarnessBackend(TimingBackend):
@@ -525,7 +523,9 @@ class HarnessBackend(TimingBackend):
 
 
 class TimingJsonBackend(TimingBackend):
-    """The testcase's own MAGPIE_TIMING_JSON line (see parse_timing_json)."""
+    """The testcase's own MAGPIE_TIMING_JSON line (see parse_timing_line), printed by
+    ``performance.rounds`` processes of the testcase command that printed it, interleaved with
+    the other kernels' (engine.kernels.command_timing)."""
 
     name = "timing_json"
 
@@ -533,18 +533,11 @@ class TimingJsonBackend(TimingBackend):
         return TIMING_MARKER in o.testcase_stdout
 
     def measure(self, ev: Evaluator, o: KernelOutcome) -> tuple[list[float], dict]:
-        k = o.spec
-        stdout = o.testcase_stdout
-        if not stdout or ev.s.workers > 1:
-            # Time in the serial phase, never while other kernels' testcases run.
-            if not k.testcase:
-                raise MeasurementError("backend timing_json needs a testcase_command that prints "
-                                       f"'{TIMING_MARKER} {{...}}'")
-            r = ev._run(k, k.testcase[0], "timing", ev.s.perf_timeout_s)
-            if not r.ok:
-                raise MeasurementError(f"timing run failed: {r.describe_failure()}")
-            stdout = r.stdout
-        return parse_timing_json(stdout), {"command": command_text(k.testcase[0]) if k.testcase else None}
+        if not o.spec.testcase:
+            raise MeasurementError("backend timing_json needs a testcase_command that prints "
+                                   f"'{TIMING_MARKER} {{...}}'")
+        from engine.kernels.command_timing import take_command_timing
+        return take_command_timing(ev, o, self.name)
 
 
 class ProfilerBackend(TimingBackend):
@@ -710,9 +703,15 @@ class MeasurementError(MagpieError):
 
 
 def parse_timing_json(text: str) -> list[float]:
+    """The samples of parse_timing_line, in milliseconds."""
+    return parse_timing_line(text)[0]
+
+
+def parse_timing_line(text: str) -> tuple[list[float], dict]:
     """The testcase's own timing: one ``MAGPIE_TIMING_JSON: {"samples_ms": [...]}`` line (or
-    samples_us / samples_ns). The last such line wins. Fewer than 2 samples is an error:
-    a single number has no spread and cannot support a verdict."""
+    samples_us / samples_ns), optionally with ``"clock": "cpu"`` or ``"device"``. The last such
+    line wins. Returns the samples in milliseconds and the line's whole object. Fewer than 2
+    samples is an error: a single number has no spread and cannot support a verdict."""
     matches = _TIMING_LINE.findall(text)
     if not matches:
         raise MeasurementError(f"no '{TIMING_MARKER} {{...}}' line in the testcase output")
@@ -720,6 +719,8 @@ def parse_timing_json(text: str) -> list[float]:
         data = json.loads(matches[-1])
     except json.JSONDecodeError as exc:
         raise MeasurementError(f"{TIMING_MARKER} line is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise MeasurementError(f"{TIMING_MARKER} needs a JSON object, e.g. {{\"samples_ms\": [...]}}")
     for key, scale in (("samples_ms", 1.0), ("samples_us", 1e-3), ("samples_ns", 1e-6)):
         if key in data:
             vals = data[key]
@@ -728,6 +729,6 @@ def parse_timing_json(text: str) -> list[float]:
             if len(vals) < 2:
                 raise MeasurementError(f"{TIMING_MARKER} {key} has {len(vals)} sample(s); print at least 2 "
                                        "(repeats of the timed region) so the spread can be reported")
-            return [float(v) * scale for v in vals]
+            return [float(v) * scale for v in vals], data
     raise MeasurementError(f"{TIMING_MARKER} needs a samples_ms, samples_us or samples_ns list (got keys "
                            f"{sorted(data)})")

@@ -185,6 +185,9 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     }
     renderables: list[Any] = [_summary_table(plan, outcomes, {})]
     renderables += _problem_lines(outcomes)
+    timing_line = command_timing_line(outcomes)
+    if timing_line:
+        renderables.append(timing_line)
     if degenerate:
         renderables.append(degenerate)
     renderables.append(f"state: {state}; all correct: {not incorrect and not not_judged}" +
@@ -213,10 +216,37 @@ def effective_tie_margin(plan: Plan, base: KernelOutcome) -> float:
     """The margin set in the YAML or with --tie-margin; else 2% with a device timer and 10% with
     the CPU timer, where two processes running the same code differ by that much (memory layout,
     the other load of a shared machine)."""
+    return tie_margin_and_reason(plan, base)[0]
+
+
+def tie_margin_and_reason(plan: Plan, base: KernelOutcome) -> tuple[float, str]:
+    """effective_tie_margin, and why: the setting, or the clock the baseline's samples came from
+    (the harness's timer; for a kernel that times itself, the clock its timing line declared or,
+    with none declared, the machine's: no GPU means CPU times; engine.kernels.command_timing)."""
     if plan.settings.tie_margin is not None:
-        return plan.settings.tie_margin
-    backend = str(base.performance.details.get("backend", ""))
-    return CPU_TIE_MARGIN if "cpu" in backend else DEFAULT_TIE_MARGIN
+        return plan.settings.tie_margin, "set by performance.tie_margin or --tie-margin"
+    details = base.performance.details
+    backend = str(details.get("backend", ""))
+    if "cpu" in backend:
+        return CPU_TIE_MARGIN, f"CPU clock: the baseline was timed with the harness's CPU timer ({backend})"
+    clock, why = details.get("clock"), details.get("clock_reason")
+    if clock == "cpu":
+        return CPU_TIE_MARGIN, f"CPU clock: {why}"
+    if clock == "device":
+        return DEFAULT_TIE_MARGIN, f"device clock: {why}"
+    return DEFAULT_TIE_MARGIN, f"device clock: the baseline was timed with {backend or 'a device timer'}"
+
+
+def command_timing_line(outcomes: list[KernelOutcome]) -> Optional[str]:
+    """How the kernels that time themselves were run (processes, rounds), or None when none did."""
+    timed = [o for o in outcomes if o.performance.state == SUCCESS and "processes" in o.performance.details]
+    if not timed:
+        return None
+    counts = sorted({o.performance.details["processes"] for o in timed})
+    shared = len(timed) > 1 and all(o.performance.details.get("interleaved") for o in timed)
+    return (f"Timing: {', '.join(o.spec.id for o in timed)}: their own MAGPIE_TIMING_JSON samples from "
+            f"{'/'.join(map(str, counts))} {'process' if counts == [1] else 'processes'} each" +
+            (", interleaved round by round (one process of each per round)" if shared else ""))
 
 
 def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool = False,
@@ -307,6 +337,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "winner_id": ids[winner] if winner is not None else None,
         "winner_reason": cmp["winner_reason"],
         "tie_margin": effective_tie_margin(plan, outcomes[plan.baseline_index]),
+        "tie_margin_reason": tie_margin_and_reason(plan, outcomes[plan.baseline_index])[1],
         "degenerate_test": degenerate,
         "workspace_dir": ws_dir,
         "overrides": plan.overrides,
@@ -317,6 +348,9 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     }
     renderables: list[Any] = [_summary_table(plan, outcomes, speed)]
     renderables += _problem_lines(outcomes)
+    timing_line = command_timing_line(outcomes)
+    if timing_line:
+        renderables.append(timing_line + f"; tie margin {report['tie_margin']:g} ({report['tie_margin_reason']})")
     renderables += [f"{o.spec.id}: {f['message']}" for o in outcomes for f in o.flags]
     renderables.append(f"Winner: {ids[winner] if winner is not None else 'none'} — {cmp['winner_reason']}")
     return report, renderables

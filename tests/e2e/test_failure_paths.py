@@ -307,8 +307,10 @@ def test_workers_and_framework_config(tmp_path, write_yaml):
     report = read_report(tmp_path / "out")
     assert report["settings"]["workers"] == 3
     assert any("framework config gpu: hardware not used" in w for w in report["warnings"])
-    # Timing reran serially (the parallel testcase runs are never used as measurements).
+    # Timing reran serially (the parallel testcase runs are never used as measurements), in
+    # performance.rounds processes per kernel.
     ws = only_workspace(tmp_path / "out")
-    assert all((ws / "logs" / k / "timing.stdout.log").exists() for k in "abc")
+    rounds = report["settings"]["rounds"]
+    assert all((ws / "logs" / k / f"timing_r{r}.stdout.log").exists() for k in "abc" for r in (1, rounds))
     assert [k["verdict"] for k in report["results"]["kernel_results"]] == ["baseline", "slower", "slower"]
     assert "[a] performance (timing_json): SUCCESS" in proc.stderr
