@@ -9,6 +9,7 @@ import sys
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Optional
 
 import anyio
 import httpx2
@@ -205,6 +206,93 @@ def test_long_benchmark_returns_at_once_reports_progress_and_cancels(http_server
     report = result["report"]
     assert report["state"] == "cancelled" and report["success"] is False, report.get("state")
     assert any(j["job_id"] == final["job_id"] and j["state"] == "cancelled" for j in listed["jobs"])
+
+
+# --------------------------------------------------------------------------- idle sessions
+PROTOCOL = "2025-06-18"
+IDLE_S = 2.0
+
+
+class _RawSession:
+    """A streamable-HTTP session driven by hand: initialize, no GET stream, no DELETE (the client can
+    go away), every answer read to its end."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+        self.http, self.url, self.id, self.n = http, url, None, 0
+
+    async def post(self, method: str, params: Optional[dict] = None, notify: bool = False) -> httpx2.Response:
+        body: dict = {"jsonrpc": "2.0", "method": method, **({"params": params} if params is not None else {})}
+        if not notify:
+            self.n += 1
+            body["id"] = self.n
+        headers = {"Accept": "application/json, text/event-stream"}
+        if self.id:
+            headers.update({"mcp-session-id": self.id, "mcp-protocol-version": PROTOCOL})
+        return await self.http.post(self.url, json=body, headers=headers)
+
+    async def open(self) -> "_RawSession":
+        r = await self.post("initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
+                                           "clientInfo": {"name": "raw", "version": "0"}})
+        assert r.status_code == 200, r.text
+        self.id = r.headers["mcp-session-id"]
+        assert (await self.post("notifications/initialized", notify=True)).status_code == 202
+        return self
+
+    async def call(self, tool: str, args: dict) -> dict:
+        r = await self.post("tools/call", {"name": tool, "arguments": args})
+        assert r.status_code == 200, r.text
+        data = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+        result = [d for d in data if d.get("id") == self.n][0]["result"]
+        assert not result.get("isError"), result
+        return json.loads(result["content"][0]["text"])
+
+
+def test_an_abandoned_session_expires_and_sessions_in_use_and_jobs_do_not(tmp_path):
+    """--session-idle-timeout: a session left without DELETE answers 404 once idle that long; a session
+    whose call outlasts the timeout and one that holds its GET stream open are kept; the job the
+    abandoned session started runs to its end."""
+    kernel = tmp_path / "k.hip"
+    kernel.write_text("// built by the compile command below\n")
+    proc = subprocess.Popen([sys.executable, *_server_args(tmp_path, "--transport", "http", "--port", "0",
+                                                           "--allow-commands", "--session-idle-timeout", str(IDLE_S))],
+                            cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url, lines = mcp_http_url(proc)
+    try:
+        assert url, "".join(lines)
+
+        async def go():
+            async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"},
+                                          timeout=httpx2.Timeout(30.0, read=60.0)) as http:
+                gone = await _RawSession(http, url).open()
+                job = await gone.call("analyze", {"kernel_path": str(kernel), "compile_command": "sleep 8",
+                                                  "testcase_command": "true", "check_performance": False})
+                # gone is abandoned from here on. The SDK's client holds a GET stream open.
+                async with _http_client(url) as streaming:
+                    busy = await _RawSession(http, url).open()
+                    t0 = time.monotonic()
+                    during = await busy.call("job_status", {"job_id": job["job_id"], "wait_s": 5})
+                    long_call = time.monotonic() - t0
+                    after_busy = await busy.post("tools/list")
+                    after_gone = await gone.post("tools/list")
+                    after_stream = await _call(streaming, "job_status", {"job_id": job["job_id"]})
+                    final = await _wait(streaming, job["job_id"], timeout=120)
+                return during, long_call, after_busy, after_gone, after_stream, final
+        during, long_call, after_busy, after_gone, after_stream, final = anyio.run(go)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # The call stayed in flight past the timeout and got its answer, the session it came on is kept.
+    assert long_call > 2 * IDLE_S and not during["finished"], (long_call, during)
+    assert after_busy.status_code == 200, after_busy.text
+    # The abandoned session is gone: the SDK's "session not found".
+    assert after_gone.status_code == 404 and "Session not found" in after_gone.text, after_gone.text
+    assert after_stream["job_id"] == final["job_id"]
+    # Its job was the server's, not the session's: it ran to its end.
+    assert final["state"] == "completed" and final["exit_code"] == 0, final
 
 
 @pytest.fixture
