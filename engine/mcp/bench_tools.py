@@ -146,7 +146,8 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                                    batch=str(batch_file) if batch_file else None,
                                    environment=environment or None, ray_address=ray_address or None)
         prepared = request.prepare()
-        state.confine.prepared(prepared, "benchmark")
+        # An image given here is the caller's: the engine's own for the framework, or --allow-commands.
+        state.confine.prepared(prepared, "benchmark", image_from="docker_image" if flags["docker_image"] else None)
         job = state.book.submit(request, state.output_dir(output_dir))
         return {**describe(job), "warnings": prepared.warnings, "overrides": prepared.overrides,
                 "next": "poll job_status(job_id, wait_s=5); job_result(job_id) when finished"}
@@ -385,15 +386,18 @@ def _batch_request(state: State, index: int, item: dict) -> tuple[BenchmarkReque
             raise AccessRefused(f"{where}: unknown argument(s) {', '.join(unknown)}",
                                 hint="the benchmark tool's arguments are accepted beside benchmark_config")
         request = BenchmarkRequest(benchmark_config=str(cfg), framework=framework, flags=benchmark_flags(state, rest, where))
+        image_from = f"{where}.docker_image" if request.flags.get("docker_image") else None
     else:
         body = item.get("benchmark", item)
-        # Commands, code (a kernel override that is not a bundled one) and every path it names.
+        # Commands, code (a kernel override that is not a bundled one, an image not the engine's: checked
+        # once prepared, on the effective framework) and every path it names.
         state.confine.benchmark_body(body, where, inline=True)
         cfg = state.scratch("configs")
         cfg = cfg.with_name(f"batch_{cfg.name}")
         cfg.write_text(dump_yaml({"benchmark": body}))
         request = BenchmarkRequest(benchmark_config=str(cfg))
-    state.confine.prepared(request.prepare(), where)  # every point checked before any starts
+        image_from = f"{where}.docker_image"  # the whole config is the caller's, its image too
+    state.confine.prepared(request.prepare(), where, image_from)  # every point checked before any starts
     return request, cfg
 
 

@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output-dir", help="results root for new runs (default ROOT/results, under a root)")
     p.add_argument("--allow-remote", action="store_true", help="allow an HTTP bind address other than loopback")
     p.add_argument("--allow-commands", action="store_true",
-                   help="run compile/testcase command lines given as tool arguments (default: only configs on disk)")
+                   help="run caller-given code: compile/testcase command lines given as tool arguments, the "
+                        "command keys and non-bundled kernel overrides of inline benchmark configs, and docker "
+                        "images other than the engine's own (default: only configs on disk)")
     p.add_argument("--session-idle-timeout", type=_idle_seconds, default=None, metavar="SECONDS",
                    help="HTTP: close a session with no request in flight (no call being served, no open event "
                         f"stream) for this long; its id then answers 404 (default {DEFAULT_SESSION_IDLE_TIMEOUT_S}, "

@@ -14,6 +14,15 @@ bundled library's kernels (``engine.library.CATALOG``) or the server's own defau
 caller's code; any other value (a module, a ``file.py:function``) in an inline config needs
 ``--allow-commands``, as ``run_cmd`` and the other command keys do, and a file must in any case
 lie under a root.
+
+A docker image is code too: a container runs whatever its image holds. An image the caller names (a
+tool's ``docker_image`` argument, or ``docker_image`` in an inline config) runs only on a server
+started with ``--allow-commands``, unless it is one of the engine's own images for the effective
+config's framework (``engine.bench.docker_launch.IMAGES``, the image the engine would choose for
+some GPU arch; an exact match of the name and tag, after ``$VAR`` expansion). Kernel containers
+(analyze / compare with environment container) have no image of their own, so any image named there
+is the caller's. A config file under a root keeps the trust it has for ``run_cmd``: its image is run
+as it is, unless a tool argument replaces it.
 """
 
 from __future__ import annotations
@@ -55,6 +64,17 @@ def bundled_kernels() -> frozenset[str]:
     paths = {k.path for k in CATALOG} | set(TRITON_DEFAULTS.values())
     paths |= {f"engine.serve.kernels:{fn.__name__}" for fn in _DEFAULTS.values()}
     return frozenset(paths)
+
+
+def engine_images(framework: Optional[str]) -> tuple[str, ...]:
+    """The images the engine itself runs ``framework``'s server in (one per GPU arch family), in the
+    table's order; none for a framework without one (the built-in server) or for kernels (None)."""
+    from engine.bench.docker_launch import IMAGES
+    return tuple(dict.fromkeys(IMAGES.get(framework or "", {}).values()))
+
+
+def is_engine_image(image: str, framework: Optional[str]) -> bool:
+    return _text(image) in engine_images(framework)
 
 
 def is_bundled_kernel(value: str) -> bool:
@@ -134,6 +154,26 @@ class Confinement:
                 hint="restart the server with --allow-commands, name a library kernel (engine.library: "
                      "e.g. engine.library.rmsnorm:rmsnorm_triton), or put the config in a file under a root")
 
+    def docker_image(self, image: Any, framework: Optional[str], argument: str) -> None:
+        """An image the caller chose: refused unless commands are allowed or it is one of the engine's
+        own images for ``framework`` (None: a kernel container, which has none)."""
+        text = _text(image)
+        if not text or self.allow_commands or is_engine_image(text, framework):
+            return
+        own = engine_images(framework)
+        if own:
+            what, leave = (f"not one of the engine's {framework} images",
+                           f"leave docker_image unset (the engine picks its {framework} image for the GPU arch: "
+                           f"{', '.join(own)}), ")
+        else:
+            what = (f"an image chosen by the caller (the engine has no image of its own for {framework})" if framework
+                    else "an image chosen by the caller (kernel containers have no engine image)")
+            leave = ""
+        raise AccessRefused(
+            f"{argument}: {text!r} is {what}; a container made from it runs code given by the caller, which this "
+            "server does not do",
+            hint=f"restart the server with --allow-commands, {leave}or put the image in a config file under a root")
+
     def commands(self, arguments: dict[str, Any]) -> None:
         from engine.mcp.security import require_commands
         require_commands(self.allow_commands, arguments)
@@ -198,16 +238,21 @@ class Confinement:
             self.benchmark_file(resolved, at)
             self.flags(flags, at)
 
-    def prepared(self, prepared: Any, where: str) -> None:
-        """The effective config(s) of a prepared benchmark (after flags): what they name."""
+    def prepared(self, prepared: Any, where: str, image_from: Optional[str] = None) -> None:
+        """The effective config(s) of a prepared benchmark (after flags): what they name. With
+        ``image_from`` (the argument, or inline config field, it came from) the effective
+        ``docker_image`` is the caller's, checked against the effective framework's images."""
         points = getattr(prepared, "prepared", None)
         configs = [p.config for p in points] if points is not None else [prepared.config]
         for i, cfg in enumerate(configs):
             at = f"{where}[point {i}]" if points is not None else where
             self.benchmark_body(cfg.model_dump(by_alias=True), at, inline=False)
+            if image_from:
+                self.docker_image(cfg.docker_image, cfg.framework, image_from)
 
     def paths(self, values: Iterable[Any], argument: str) -> list[Path]:
         return [self.path(v, f"{argument}[{i}]") for i, v in enumerate(values)]
 
 
-__all__ = ["COMMAND_KEYS", "Confinement", "bundled_kernels", "is_bundled_kernel"]
+__all__ = ["COMMAND_KEYS", "Confinement", "bundled_kernels", "engine_images", "is_bundled_kernel",
+           "is_engine_image"]

@@ -86,6 +86,8 @@ class KernelTools:
                      warmup: Optional[int], timeout: Optional[float], seed: Optional[int], rtol: Optional[float],
                      atol: Optional[float], workers: Optional[int], docker_image: str,
                      only: Optional[list[str]], ray_address: str = "") -> dict:
+        # Kernel containers have no image of the engine's: any image named here is the caller's code.
+        self.state.confine.docker_image(docker_image, None, "docker_image")
         return {"no_perf": not check_performance, "environment": environment or None,
                 "framework_config": str(self.state.path(framework_config, "framework_config")) if framework_config
                 else None, "repeats": repeats, "warmup": warmup, "timeout": timeout, "seed": seed, "rtol": rtol,

@@ -250,6 +250,54 @@ def test_an_inline_kernel_override_is_code_and_needs_allow_commands(pg):
     assert not is_bundled_kernel(f"{pg.inside_kernel}:rmsnorm") and not is_bundled_kernel("os:system")
 
 
+def test_a_docker_image_the_caller_names_is_code_and_needs_allow_commands(pg, monkeypatch):
+    from engine.bench.docker_launch import IMAGES
+    from engine.jobs import BenchmarkRequest
+    app = _server(pg)
+    vllm = {"framework": "vllm", "model": "facebook/opt-125m", "vocab_size": 1000}
+    on_disk = pg.config("vllm.yaml", {"framework": "vllm", "model": "facebook/opt-125m", "client": {"vocab_size": 1000},
+                                      "docker_image": "someone/else:1"})
+    monkeypatch.setenv("MAGPIE_TEST_IMAGE", "someone/else:2")
+    cases = [  # (tool, arguments, the argument or config field the refusal names)
+        ("benchmark", {**vllm, "docker_image": "someone/else:1"}, "docker_image"),
+        # The engine's image for another framework is not this framework's.
+        ("benchmark", {**vllm, "docker_image": IMAGES["sglang"]["nvidia"]}, "docker_image"),
+        # A flag replaces the image of a config on disk: the caller's again.
+        ("benchmark", {"benchmark_config": on_disk, "docker_image": "someone/else:3"}, "docker_image"),
+        ("benchmark_batch", {"configs": [{"benchmark_config": on_disk, "docker_image": "someone/else:3"}]},
+         "configs[0].docker_image"),
+        ("benchmark_batch", {"configs": [{"framework": "vllm", "model": "m", "client": {"vocab_size": 1000},
+                                          "docker_image": "$MAGPIE_TEST_IMAGE"}]}, "configs[0].docker_image"),
+        ("benchmark_batch", {"configs": [{"benchmark": {"framework": "builtin", "run_mode": "docker",
+                                                        "docker_image": "someone/else:4"}}]}, "configs[0].docker_image"),
+        # Kernel containers have no engine image: any image named is the caller's.
+        ("analyze", {"kernel_config": str(pg.root / "kernels" / "analyze.yaml"), "environment": "container",
+                     "docker_image": "python:3.11"}, "docker_image"),
+        ("compare", {"kernel_config": str(pg.root / "kernels" / "compare.yaml"), "docker_image": "python:3.11"},
+         "docker_image"),
+    ]
+    for tool, args, argument in cases:
+        is_error, text = call(app, tool, args)
+        assert is_error, f"{tool} {args}: not refused: {text[:400]}"
+        assert f"refused: {argument}: " in text and "runs code given by the caller" in text, text
+        assert "--allow-commands" in text, text
+    assert "someone/else:2" in call(app, *cases[4][:2])[1]  # named after $VAR expansion
+    assert "vllm/vllm-openai:v0.19.1" in call(app, *cases[0][:2])[1]  # the hint names the engine's own
+    assert not [p for p in pg.results.iterdir() if not p.name.startswith(".")]  # nothing was started
+    # The engine's own images for the framework pass, a config on disk keeps its image, and a server
+    # started with --allow-commands runs any image.
+    confine = Confinement(Roots([pg.root]), allow_commands=False)
+    for image in IMAGES["vllm"].values():
+        prepared = BenchmarkRequest(framework="vllm", flags={"model": "m", "vocab_size": 1000,
+                                                             "docker_image": image}).prepare()
+        confine.prepared(prepared, "benchmark", image_from="docker_image")
+    confine.prepared(BenchmarkRequest(benchmark_config=on_disk).prepare(), "benchmark")
+    Confinement(Roots([pg.root]), allow_commands=True).docker_image("someone/else:1", "vllm", "docker_image")
+    Confinement(Roots([pg.root]), allow_commands=True).docker_image("python:3.11", None, "docker_image")
+    with pytest.raises(AccessRefused, match="docker_image"):
+        confine.docker_image("docker.io/vllm/vllm-openai:v0.19.1", "vllm", "docker_image")  # names match exactly
+
+
 # --------------------------------------------------------------------------- files read back
 def _run_with_links(pg: Playground, name: str = RUN_NAME) -> Path:
     """A run folder in the results whose summary.txt and report lead out of the root."""
