@@ -166,6 +166,11 @@ def summarise(problem: str, run: int, code: int | None, wall_s: float, timed_out
         "ref_correctness": (ref or {}).get("correctness_state"),
         "copy_correctness": (copy or {}).get("correctness_state"),
         "errors": [str(e)[:300] for k in (ref, copy) for e in ((k or {}).get("errors") or [])][:4],
+        "input_gib": _gib(((ref or {}).get("peak_memory") or {}).get("input_bytes")),
+        "ref_peak_gib": _gib(((ref or {}).get("peak_memory") or {}).get("device_bytes")),
+        "copy_peak_gib": _gib(((copy or {}).get("peak_memory") or {}).get("device_bytes")),
+        "ref_peak_by_request": ((ref or {}).get("peak_memory") or {}).get("device_bytes_by_request"),
+        "environment": [str(e)[:300] for k in (ref, copy) for e in ((k or {}).get("environment_problems") or [])][:2],
     })
     if report.get("error"):
         row["error"] = str(report["error"])[:300]
@@ -173,6 +178,10 @@ def summarise(problem: str, run: int, code: int | None, wall_s: float, timed_out
         row["report_verdict"], row["verdict"] = row["verdict"], "timeout"
         row["status"] = "timeout"
     return row
+
+
+def _gib(v) -> float | None:
+    return round(v / 2**30, 2) if isinstance(v, (int, float)) else None
 
 
 def _num(v, fmt: str) -> str:
@@ -185,7 +194,7 @@ def _ratio(v) -> str:
 
 def format_table(rows: list[dict]) -> str:
     header = f"{'problem':<22} {'run':>3} {'verdict':<12} {'speedup [95% CI]':<24} {'median ms ref/copy':<23} " \
-             f"{'floor ms':>9} {'timer':<26} {'rc':>4} {'wall s':>7}"
+             f"{'floor ms':>9} {'timer':<26} {'rc':>4} {'wall s':>7} {'in GiB':>7} {'peak GiB ref/copy':>17}"
     lines = [header, "-" * len(header)]
     for r in rows:
         ci = r.get("speedup_ci")
@@ -197,7 +206,8 @@ def format_table(rows: list[dict]) -> str:
         rc = "-" if r.get("exit_code") is None else str(r["exit_code"])
         lines.append(f"{r['problem'][:22]:<22} {r['run']:>3} {str(r.get('verdict') or r['status'])[:12]:<12} "
                      f"{sp[:24]:<24} {med[:23]:<23} {_num(r.get('floor_ms'), '.4g'):>9} {timer[:26]:<26} {rc:>4} "
-                     f"{r['wall_s']:>7.1f}")
+                     f"{r['wall_s']:>7.1f} {_num(r.get('input_gib'), '.2f'):>7} "
+                     f"{_num(r.get('ref_peak_gib'), '.2f') + '/' + _num(r.get('copy_peak_gib'), '.2f'):>17}")
     ties = sum(1 for r in rows if r.get("verdict") == "tie")
     lines.append(f"{ties}/{len(rows)} runs called the identical copy a tie")
     return "\n".join(lines)

@@ -55,6 +55,8 @@ class KernelOutcome:
     # Problems of the machine, not of the kernel (a compiler, a testcase program or the accordo CLI
     # that is not there): a kernel with one is "not judged", never incorrect.
     environment: list[str] = field(default_factory=list)
+    # The most memory the kernel's harness worker held (device bytes by request, host RSS), or None.
+    peak_memory: Optional[dict] = None
 
     @property
     def correct(self) -> bool:
@@ -316,6 +318,8 @@ class Evaluator:
         }
         corr.errors.extend(m.errors)
         o.environment.extend(e for e in m.environment if e not in o.environment)  # not judged: the machine failed
+        if m.worker is not None:
+            o.peak_memory = {**m.worker.peak_memory(), "input_bytes": m.load.get("input_bytes")}
         # A guard tripped before timing (tampering, background threads) fails correctness; one that
         # tripped while timing (the hardware floor, the clock check) rejects the measured kernel.
         corr.errors.extend(r["message"] for r in m.rejections)

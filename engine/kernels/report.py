@@ -56,6 +56,7 @@ def kernel_state(o: KernelOutcome) -> dict:
         "timing": o.timing,
         "guards": o.guards,
         "environment_problems": list(o.environment),
+        "peak_memory": o.peak_memory,
         "extra": {"kernel_id": k.id, "kernel_type": k.type, "index": k.index, "baseline": k.baseline,
                   "origin": k.origin},
     }

@@ -87,6 +87,8 @@ class WorkerProcess:
         self._buf = b""
         self._sent_at = time.monotonic()
         self.closed = False
+        self.peak_device_by_op: dict[str, int] = {}
+        self.peak_host_rss = 0
 
     def send(self, op: str, **fields: Any) -> None:
         if self.closed:
@@ -117,9 +119,29 @@ class WorkerProcess:
         line, self._buf = self._buf.split(b"\n", 1)
         reply = json.loads(line)
         reply["_wall_s"] = time.monotonic() - started
+        self._note_peak(op, reply.get("peak_memory"))
         if not reply.get("ok"):
             raise KernelRaised(reply.get("error", "error"), reply.get("traceback", ""))
         return reply
+
+    def _note_peak(self, op: str, peak: Any) -> None:
+        if not isinstance(peak, dict):
+            return
+        dev = peak.get("device_bytes")
+        if isinstance(dev, int):
+            self.peak_device_by_op[op] = max(self.peak_device_by_op.get(op, 0), dev)
+        rss = peak.get("host_rss_bytes")
+        if isinstance(rss, int):
+            self.peak_host_rss = max(self.peak_host_rss, rss)
+
+    def peak_memory(self) -> dict:
+        """The most memory the worker held: on the device by request kind (load, run_set, time,
+        audit, ...) and overall, and its resident host peak; bytes."""
+        out: dict = {"host_rss_bytes": self.peak_host_rss or None}
+        if self.peak_device_by_op:
+            out["device_bytes"] = max(self.peak_device_by_op.values())
+            out["device_bytes_by_request"] = dict(self.peak_device_by_op)
+        return out
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict:
         self.send(op, **fields)

@@ -877,6 +877,22 @@ def _device_spans(trace: dict, n_calls: int) -> tuple[list[Optional[float]], int
     return out, len(other)
 
 
+def _reset_peak() -> None:
+    if _HAS_CUDA and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak() -> dict:
+    """The most memory this request held: on the device (torch's allocator, bytes) where there is
+    one, and the process's resident peak so far (bytes; the kernel's host memory on a CPU run)."""
+    import resource
+    out = {"host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if _HAS_CUDA and torch.cuda.is_initialized():
+        out["device_bytes"] = int(torch.cuda.max_memory_allocated())
+        out["device_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 3:
@@ -893,15 +909,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         op = req.get("op")
         if op == "exit":
             break
+        _reset_peak()
         try:
             reply = {"ok": True, **getattr(worker, f"op_{op}")(req)}
         except BaseException as exc:  # noqa: BLE001 - whatever user code raised goes back to the parent
             traceback.print_exc()
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:],
+                     "peak_memory": _peak()}
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 writer.write(_serialize(reply) + "\n")
                 writer.flush()
                 break
+        reply.setdefault("peak_memory", _peak())
         writer.write(_serialize(reply) + "\n")
         writer.flush()
     for h in list(worker.held):

@@ -85,7 +85,8 @@ async def _wait(client: Client, job_id: str, timeout: float = 300, progress=None
 
 # Keys whose values differ between any two runs of the same work: clocks, paths and hashes of the run folder.
 _VOLATILE = {"timestamp", "workspace_dir", "workspace", "elapsed_s", "duration_s", "started", "finished", "wall_s",
-             "log", "logs", "stdout_log", "stderr_log", "pid", "config_file", "kernel_config", "execution_time"}
+             "log", "logs", "stdout_log", "stderr_log", "pid", "config_file", "kernel_config", "execution_time",
+             "peak_memory"}  # measured, like the times
 
 
 def _stable(value):
