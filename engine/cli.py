@@ -13,6 +13,7 @@ from rich.console import Console
 from engine import __version__
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError, format_error
+from engine.extras import MissingExtra
 from engine.runs.process import CancelToken, install_signal_handlers
 
 EXIT_CONFIG = 2
@@ -469,6 +470,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         for p in exc.problems:
             print(f"  {p}", file=sys.stderr)
+        return EXIT_CONFIG
+    except MissingExtra as exc:  # this installation lacks a part: like a configuration error, nothing ran
+        print(format_error(exc), file=sys.stderr)
         return EXIT_CONFIG
     except MagpieError as exc:
         print(format_error(exc), file=sys.stderr)

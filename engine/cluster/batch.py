@@ -171,6 +171,8 @@ def prepare_batch(request: Any, plan_only: bool = False) -> PreparedBatch:
         ("ray" if scheduler.ray is not None or magpie_ray else "local")
     ray = None
     if environment == "ray":
+        from engine.extras import require_extra
+        require_extra("ray", "running benchmark points on Ray (-e ray)")
         ray = scheduler.ray or _ray_from_magpie(magpie_ray)
         if request.ray_address:
             ray = ray.model_copy(update={"address": request.ray_address})

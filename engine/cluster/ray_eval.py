@@ -8,6 +8,15 @@
   is re-timed beside every candidate on the GPU that times it, and a candidate's speedup is the
   ratio of the two on that GPU (paired rounds where the harness interleaves them).
 
+Where timing runs (``timing_placement``, ``scheduler.ray.device``): one kind of device per run,
+as a local run times on this machine's GPU or, with none, on its CPU. ``auto`` times on GPUs
+when any node offers ``gpu_resource`` (or the config asks for GPUs: ``gpu_type``, a custom
+``gpu_resource``), else on the CPU: a time task then holds all the CPUs of one node, pinned to
+it, so nothing else runs beside a timing, and checks hold no GPU share. On a mixed cluster GPU
+timing never lands on a CPU-only node (it holds a GPU), and ``device: cpu`` times CPU kernels
+on the CPU-only nodes only. A cluster that cannot run what is asked (GPU timing, no GPU node)
+runs nothing: every kernel is ``not run`` with the cause, never ``incorrect``.
+
 Results and each task's folder come back through the object store (or are written in place
 with ``shared_storage``) into the one run folder: ``tasks/<kind>_<kernel>/`` holds a task's
 logs, harness files and events; ``cluster.json`` the Ray job id, the address and every task
@@ -22,7 +31,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,6 +39,7 @@ from engine.cluster.raytasks import (
     CancelFlagImpl, ClusterError, benchmark_point_task, cluster_gpu_models, kernel_roots, kernel_task, pack_dir,
     rewrite_paths, unpack,
 )
+from engine.errors import MagpieError
 from engine.kernels.pipeline import CANCELLED, FAILED, SKIPPED, SUCCESS, Evaluator, KernelOutcome, StageResult
 from engine.runs.workspace import atomic_write_json
 
@@ -65,7 +75,11 @@ def _check_reachable(address: Optional[str]) -> None:
 def connect(settings: Any) -> dict:
     """Join the cluster (``address``; $RAY_ADDRESS; else a Ray instance for this run), with
     this tool shipped to the workers unless told not to. Returns what cluster.json records."""
-    import ray
+    try:
+        import ray
+    except ImportError as exc:
+        from engine.extras import missing_extra_error
+        raise missing_extra_error(exc, "ray", "running on Ray (-e ray)") or exc from None
     if not ray.is_initialized():
         runtime_env: dict = {"env_vars": {"PYTHONUNBUFFERED": "1", **settings.env_vars}}
         if settings.ship_engine:
@@ -99,8 +113,10 @@ def check_gpu_models(models: dict[str, list[str]], s: Any) -> dict[str, list[str
     """The GPU models timing may use (model -> node ids), or a ClusterError: no GPU node, the
     asked-for model missing, or several models with neither gpu_type nor allow_mixed_gpus."""
     if not models:
-        raise ClusterError(f"no node of the cluster offers the resource {s.gpu_resource!r} that timing tasks need",
-                           hint="add GPU nodes, or set scheduler.ray.gpu_resource to the resource they offer")
+        raise ClusterError(f"no node of the cluster offers the resource {s.gpu_resource!r} that GPU timing needs "
+                           f"({_why_gpu(s)})",
+                           hint="add GPU nodes, or set scheduler.ray.gpu_resource to the resource they offer; "
+                                "kernels that run on the CPU: scheduler.ray.device: cpu")
     if s.gpu_type:
         if s.gpu_type not in models:
             raise ClusterError(f"scheduler.ray.gpu_type {s.gpu_type}: no node has it (models: {', '.join(sorted(models))})")
@@ -110,6 +126,72 @@ def check_gpu_models(models: dict[str, list[str]], s: Any) -> dict[str, list[str
                            "different models cannot be ranked together",
                            hint="set scheduler.ray.gpu_type to one of them, or allow_mixed_gpus: true")
     return models
+
+
+def _why_gpu(s: Any) -> str:
+    if s.device == "gpu":
+        return "scheduler.ray.device: gpu"
+    if s.gpu_type:
+        return f"scheduler.ray.gpu_type: {s.gpu_type}"
+    if s.gpu_resource != "GPU":
+        return f"scheduler.ray.gpu_resource: {s.gpu_resource}"
+    return "the cluster offers GPUs"
+
+
+def _offers_gpu(node: dict, s: Any) -> bool:
+    res = node.get("Resources") or {}
+    return bool(res.get(s.gpu_resource) or res.get("GPU"))
+
+
+@dataclass
+class Placement:
+    """Where a run's time tasks go: ``device`` gpu (one ``gpu_resource`` each, on ``gpu_models``:
+    model -> node ids) or cpu (all the CPUs of one node of ``cpu_nodes``: (node id, CPUs),
+    pinned to it), and why."""
+    device: str
+    why: str
+    gpu_models: dict[str, list[str]] = field(default_factory=dict)
+    cpu_nodes: list[tuple[str, float]] = field(default_factory=list)
+
+    def record(self) -> dict:
+        """What cluster.json and the report say about it."""
+        out: dict = {"device": self.device, "why": self.why}
+        if self.device == "cpu":
+            out["cpu_nodes"] = [{"node_id": n, "cpus": c} for n, c in self.cpu_nodes]
+        return out
+
+
+def timing_placement(nodes: list[dict], s: Any) -> Placement:
+    """Where the time tasks of a run go (``scheduler.ray.device``), or a ClusterError when the
+    cluster cannot run what is asked: GPU timing (device gpu; auto with gpu_type, a custom
+    gpu_resource or any node offering one) needs a node with ``gpu_resource`` (and the GPU-model
+    rules of check_gpu_models); CPU timing (device cpu; auto on a cluster without GPUs) needs a
+    node with no GPU and at least ``num_cpus`` CPUs, and each time task holds all of one such node."""
+    alive = [n for n in nodes if n.get("Alive", True)]
+    models = cluster_gpu_models(alive, s.gpu_resource)
+    device, why = s.device, f"scheduler.ray.device: {s.device}"
+    if device == "auto":
+        if models:
+            device, why = "gpu", f"nodes offer {s.gpu_resource!r}: kernels are timed on GPUs, one whole GPU a task"
+        elif s.gpu_type or s.gpu_resource != "GPU":
+            device = "gpu"
+        else:
+            device, why = "cpu", ("no node of the cluster offers a GPU: kernels run on the CPU, as a local run on a "
+                                  "machine without one, each time task holding all the CPUs of one node")
+    if device == "gpu":
+        return Placement("gpu", why, gpu_models=check_gpu_models(models, s))
+    if s.gpu_type:
+        raise ClusterError(f"scheduler.ray.device: cpu with gpu_type {s.gpu_type}: CPU timing uses no GPU",
+                           hint="drop one of them")
+    cpu_nodes = sorted(((n.get("NodeID"), float((n.get("Resources") or {}).get("CPU", 0.0))) for n in alive
+                        if not _offers_gpu(n, s)), key=lambda nc: (-nc[1], str(nc[0])))
+    usable = [(n, c) for n, c in cpu_nodes if c >= s.num_cpus]
+    if not usable:
+        raise ClusterError("no node of the cluster can time kernels on the CPU: " + (
+            f"every node offers a GPU ({s.gpu_resource!r}), and CPU timing uses nodes without one"
+            if not cpu_nodes else f"no node without a GPU has {s.num_cpus:g} CPU(s) (scheduler.ray.num_cpus)"),
+            hint="add a node without GPUs, or time on the GPUs with scheduler.ray.device: auto or gpu")
+    return Placement("cpu", why, cpu_nodes=usable)
 
 
 def largest_node(nodes: list[dict], resource: str) -> float:
@@ -134,16 +216,25 @@ class TaskBoard:
     def write(self) -> None:
         atomic_write_json(self.run_dir / CLUSTER_FILE, {**self.cluster, "tasks": list(self.rows.values())})
 
-    def submit(self, key: str, fn: Any, payload: dict, resources: dict, info: dict) -> None:
-        opts: dict = {"num_cpus": self.settings.num_cpus, "max_retries": 0}
+    def submit(self, key: str, fn: Any, payload: dict, resources: dict, info: dict,
+               node: Optional[str] = None) -> None:
+        """Submit ``fn(payload)`` holding ``resources`` (a ``CPU`` key replaces ``num_cpus``), on
+        ``node`` only when one is given."""
+        opts: dict = {"num_cpus": resources.pop("CPU", self.settings.num_cpus), "max_retries": 0}
+        cpus = {"CPU": opts["num_cpus"]} if opts["num_cpus"] != self.settings.num_cpus else {}
         gpu = self.settings.gpu_resource
-        if gpu == "GPU":
-            opts["num_gpus"] = resources.pop("GPU", 0)
+        if gpu == "GPU" and resources.get("GPU") is not None:
+            opts["num_gpus"] = resources.pop("GPU")
         opts["resources"] = resources
+        if node is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
         ref = self.ray.remote(fn).options(name=f"magpie:{key}", **opts).remote({**payload, "flag": self.flag, "key": key})
         self.pending[ref] = key
         self.rows[key] = {"key": key, **info, "task_id": ref.task_id().hex(), "state": "submitted",
-                          "resources": {**resources, **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {})},
+                          "resources": {**cpus, **resources,
+                                        **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {})},
+                          **({"pinned_node": node} if node is not None else {}),
                           "submitted": round(time.time(), 3)}
         self.events.emit("ray_task", key=key, state="submitted", task_id=self.rows[key]["task_id"], **info)
         self.write()
@@ -251,6 +342,9 @@ class RayEvaluator:
         self.errors: dict[int, str] = {}
         self.execution: dict[int, dict] = {}
         self.board: Optional[TaskBoard] = None
+        self.placement = Placement("gpu", "not yet placed")
+        self._cpu_turn = 0
+        self.not_run: Optional[dict] = None  # {cause, hint, error} when the cluster could run nothing
 
     # ------------------------------------------------------------------ payloads
     def _needs_check(self, k: Any) -> bool:
@@ -271,30 +365,52 @@ class RayEvaluator:
 
     def _check_resources(self) -> dict:
         s = self.settings
+        if self.placement.device == "cpu":  # CPU kernels: their testcases need no GPU
+            return {}
         share = s.check_gpus
         if share is None:  # real GPUs: Ray hides them from a task that holds none, and testcases need one
             share = 0.25 if s.gpu_resource == "GPU" else 0.0
         return {s.gpu_resource: share} if share else {}
 
-    def _time_resources(self) -> dict:
+    def _time_resources(self) -> tuple[dict, Optional[str]]:
+        """What a time task holds, and the node it is pinned to (CPU timing: all of one node's CPUs,
+        the nodes taken in turn)."""
         s = self.settings
+        if self.placement.device == "cpu":
+            node, cpus = self.placement.cpu_nodes[self._cpu_turn % len(self.placement.cpu_nodes)]
+            self._cpu_turn += 1
+            return {"CPU": cpus}, node
         res = {s.gpu_resource: 1}
         if s.gpu_type:
             res[f"accelerator_type:{s.gpu_type}"] = 0.001
-        return res
+        return res, None
 
     # ------------------------------------------------------------------ driver
     def _preflight(self) -> None:
         import ray
-        self.gpu_models = {m: len(n) for m, n in
-                           check_gpu_models(cluster_gpu_models(ray.nodes(), self.settings.gpu_resource),
-                                            self.settings).items()}
+        self.placement = timing_placement(ray.nodes(), self.settings)
+        self.gpu_models = {m: len(n) for m, n in self.placement.gpu_models.items()}
+
+    def _not_run(self, exc: MagpieError) -> None:
+        """The cluster cannot run what is asked (or cannot be reached): every kernel is not run,
+        with the cause, a failure of the environment (never 'incorrect')."""
+        cause = str(exc)
+        self.not_run = {"cause": cause, "hint": exc.hint, "error": type(exc).__name__}
+        for o in self.outcomes:
+            o.environment.append(f"not run: {cause}")
+            for stage in (o.compile, o.correctness, o.performance):
+                stage.details["reason"] = "not run: the Ray cluster cannot run it"
 
     def run(self) -> list[KernelOutcome]:
+        try:
+            cluster = connect(self.settings)
+            self._preflight()
+        except MagpieError as exc:  # ClusterError, MissingExtra: nothing was submitted
+            self._not_run(exc)
+            raise
         import ray
-        cluster = connect(self.settings)
-        self._preflight()
         cluster["gpu_models"] = self.gpu_models
+        cluster["timing"] = self.placement.record()
         self.s.seeds  # drawn once here, so every task checks on the same hidden inputs  # noqa: B018
         board = self.board = TaskBoard(self.ws.root, cluster, self.settings, self.ws.events)
         refs = {} if self.settings.shared_storage else upload_roots(self.plan.kernels, ray.put)
@@ -326,9 +442,10 @@ class RayEvaluator:
                 if k.index in checked_ok:
                     waiting_time.remove(k)
                     specs = [self.plan.kernels[b], k] if b is not None else [k]
+                    resources, node = self._time_resources()
                     board.submit(f"time_{k.id}", kernel_task,
                                  self._payload("time", specs, refs, 0 if b is not None else None),
-                                 self._time_resources(), {"kernel": k.id, "kind": "time"})
+                                 resources, {"kernel": k.id, "kind": "time"}, node=node)
 
         submit_checks()
         submit_times()
@@ -471,7 +588,25 @@ class RayEvaluator:
             report["cluster"] = {**self.board.cluster, "file": CLUSTER_FILE,
                                  "tasks": {s: sum(1 for r in self.board.rows.values() if r["state"] == s)
                                            for s in ("finished", "failed", "cancelled")}}
+        if self.not_run is not None:
+            rend = self._not_run_report(plan, outcomes, report, rows)
         return report, rend
+
+    def _not_run_report(self, plan: Any, outcomes: list, report: dict, rows: list) -> list:
+        """The report of a run the cluster could not run: the cause first, each kernel ``not run``."""
+        cause, hint = self.not_run["cause"], self.not_run.get("hint")
+        report["not_run"] = dict(self.not_run)
+        for row in rows:
+            row["verdict"] = "not run"
+        if plan.mode == "compare":
+            report["winner_id"], report["results"]["winner"], report["results"]["rankings"] = None, None, []
+            report["winner_reason"] = f"not run: {cause}"
+            report["results"]["summary"] = f"Not run: {cause}\nWinner: none (not run)"
+        b = plan.baseline_index if plan.mode == "compare" else None
+        names = ", ".join(o.spec.id + (" (baseline)" if o.spec.index == b else "") for o in outcomes)
+        return ([f"not run: {cause}"] + ([f"hint: {hint}"] if hint else []) +
+                [f"kernels not run: {names} (none was judged: a failure of the environment, not of the kernels)"] +
+                (["Winner: none — nothing was run"] if plan.mode == "compare" else []))
 
     def _same_gpu(self, plan: Any, outcomes: list, state: str, report: dict, rend: list) -> None:
         """Each candidate's speedup from its own task: against the baseline timed beside it, on its GPU."""
@@ -527,7 +662,8 @@ class RayEvaluator:
         res["comparison_metrics"]["perf_scores"] = [speed[o.spec.index]["speedup"] if o.spec.index in speed else None
                                                     for o in outcomes]
         res["comparison_metrics"]["perf_score_definition"] = (
-            "speedup vs the baseline timed beside the candidate on the same GPU (higher is better)")
+            "speedup vs the baseline timed beside the candidate on the same "
+            + ("CPU node" if self.placement.device == "cpu" else "GPU") + " (higher is better)")
         res["rankings"] = [[i, v["speedup"]] for i, v in ranked]
         res["winner"] = winner
         report["winner_id"] = ids[winner] if winner is not None else None

@@ -12,6 +12,10 @@ The same actor carries the task's ``stage`` events (compile, testcase, correctne
 a benchmark point's server and load stages) to the driver while the task runs: each event is
 posted as the task's Evaluator emits it, and the driver writes it into the run's
 ``events.jsonl`` (with ``ray_task`` naming the task) on its next poll, as a local run would.
+
+A task never waits for Ray on its main thread (``_off_main``): Ray lends the CPUs of a task
+blocked there to other tasks, and a CPU timing holds all of its node's CPUs so that nothing
+runs beside it.
 """
 
 from __future__ import annotations
@@ -164,6 +168,26 @@ def cluster_gpu_models(nodes: list[dict], gpu_resource: str) -> dict[str, list[s
     return out
 
 
+def _off_main(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on a helper thread, waited for. A task whose main thread blocks in ``ray.get``
+    lends its CPUs back to Ray until it returns (Ray does so against deadlocks), so another task
+    could start beside a CPU timing that holds all of a node's CPUs; a helper thread's wait keeps
+    them held. Only for waits that cannot deadlock (the run's actor, objects already put)."""
+    box: dict = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised on the task's own thread
+            box["error"] = exc
+    t = threading.Thread(target=call, daemon=True, name="magpie-ray-wait")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 # ---------------------------------------------------------------------- the cancel flag
 class CancelFlagImpl:
     """One per run: the driver sets it; tasks poll it and say when they started, and post their
@@ -246,7 +270,7 @@ class _StageForwarder:
         import ray
         if self.sent:
             try:
-                ray.get(self.flag.post.remote(self.key, []), timeout=10)
+                _off_main(ray.get, self.flag.post.remote(self.key, []), timeout=10)
             except Exception:
                 pass
 
@@ -257,7 +281,7 @@ def _start(payload: dict) -> tuple[Any, dict, Optional[dict]]:
     import ray
 
     from engine.runs.process import CancelToken
-    is_set, reason = ray.get(payload["flag"].start.remote(payload["key"]))
+    is_set, reason = _off_main(ray.get, payload["flag"].start.remote(payload["key"]))
     info = node_info()
     return CancelToken(), info, ({"skipped": True, "reason": reason, "node": info} if is_set else None)
 
@@ -292,7 +316,7 @@ def _materialize(bundles: list[tuple[str, Any]], tmp: Path) -> list[tuple[str, s
     pairs = []
     for i, (root, ref) in enumerate(bundles):
         dest = tmp / f"src{i}"
-        unpack(ray.get(ref), dest)
+        unpack(_off_main(ray.get, ref), dest)
         pairs.append((root, str(dest)))
     return _sorted_pairs(pairs)
 

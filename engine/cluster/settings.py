@@ -15,7 +15,8 @@ class _Strict(BaseModel):
 
 # What one kernel task holds on Ray (the unmapped ray_config.entrypoint_num_gpus says so).
 KERNEL_TASK_GPUS = ("each timing task holds one scheduler.ray.gpu_resource and each check task "
-                    "scheduler.ray.check_gpus of one")
+                    "scheduler.ray.check_gpus of one (on a cluster without GPUs, a timing task holds all the CPUs "
+                    "of one node: scheduler.ray.device)")
 
 
 class MagpieRayConfig(_Strict):
@@ -110,7 +111,12 @@ class RaySettings(_Strict):
     check_gpus: Optional[float] = Field(None, ge=0, le=1, description=(
         "share of one GPU that a compile/correctness task holds (Ray hides the GPUs from a task that holds "
         "none); default 0.25 with gpu_resource GPU, 0 with a custom resource; 0: checks need no GPU"))
-    num_cpus: float = Field(1.0, gt=0, description="CPUs each task holds")
+    device: Literal["auto", "gpu", "cpu"] = Field("auto", description=(
+        "where kernels are timed: gpu (one gpu_resource a time task; a cluster with no node offering it runs "
+        "nothing, every kernel 'not run'), cpu (CPU kernels: a time task holds all the CPUs of one node without "
+        "GPUs; checks hold no GPU), auto (gpu when a node offers gpu_resource or gpu_type / a custom "
+        "gpu_resource is set, else cpu, as a local run uses the GPU or, with none, the CPU)"))
+    num_cpus: float = Field(1.0, gt=0, description="CPUs each task holds (a CPU time task: all of its node's)")
     gpu_type: Optional[str] = Field(None, description=(
         "time only on nodes with this accelerator (Ray's accelerator_type resource, e.g. H200, MI300X)"))
     allow_mixed_gpus: bool = Field(False, description=(

@@ -98,6 +98,9 @@ class KernelRequest(_Request):
         if self.mode != "compare":
             opts.baseline = opts.tie_margin = None
         plan = build_plan(self.mode, opts, framework)
+        if plan.environment == "ray":  # stop here, before a run folder, when Ray is not installed
+            from engine.extras import require_extra
+            require_extra("ray", "running kernels on Ray (-e ray)")
         if self.docker_image and plan.environment != "container" and self.environment != "container":
             warnings.append(f"--docker-image {self.docker_image} is not used: kernels run in the "
                             f"{plan.environment!r} environment")

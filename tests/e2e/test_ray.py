@@ -280,6 +280,101 @@ def test_several_gpu_models_are_refused_unless_chosen():
         check_gpu_models(models, RaySettings(gpu_type="MI300X"))
 
 
+def test_timing_placement_gpu_kernels_never_land_on_cpu_nodes():
+    """Where time tasks go: GPUs when the cluster has them (a mixed cluster's CPU-only nodes time
+    nothing), whole CPU nodes on a cluster without GPUs or with device cpu (CPU-only nodes only)."""
+    from engine.cluster.ray_eval import ClusterError, timing_placement
+    from engine.cluster.settings import RaySettings
+    gpu = {"NodeID": "g", "Alive": True, "Resources": {"CPU": 64, "GPU": 8, "accelerator_type:H100": 1}}
+    cpu_small = {"NodeID": "c1", "Alive": True, "Resources": {"CPU": 8}}
+    cpu_big = {"NodeID": "c2", "Alive": True, "Resources": {"CPU": 32}}
+    dead = {"NodeID": "d", "Alive": False, "Resources": {"CPU": 128}}
+    mixed = [gpu, cpu_small, cpu_big, dead]
+    auto = timing_placement(mixed, RaySettings())
+    assert (auto.device, auto.gpu_models, auto.cpu_nodes) == ("gpu", {"H100": ["g"]}, [])
+    cpu = timing_placement(mixed, RaySettings(device="cpu"))
+    assert (cpu.device, cpu.cpu_nodes) == ("cpu", [("c2", 32.0), ("c1", 8.0)])  # never the GPU node, never the dead one
+    only_cpu = timing_placement([cpu_small, dead], RaySettings())
+    assert (only_cpu.device, only_cpu.cpu_nodes) == ("cpu", [("c1", 8.0)]) and "no node" in only_cpu.why
+    for settings, match in [(RaySettings(device="gpu"), "that GPU timing needs .*device: gpu"),
+                            (RaySettings(gpu_type="H200"), "that GPU timing needs .*gpu_type: H200"),
+                            (RaySettings(gpu_resource="sim_gpu"), "'sim_gpu' that GPU timing needs"),
+                            (RaySettings(num_cpus=16), "no node without a GPU has 16 CPU")]:
+        with pytest.raises(ClusterError, match=match):
+            timing_placement([cpu_small, dead], settings)
+    with pytest.raises(ClusterError, match="every node offers a GPU"):
+        timing_placement([gpu], RaySettings(device="cpu"))
+    with pytest.raises(ClusterError, match="CPU timing uses no GPU"):
+        timing_placement(mixed, RaySettings(device="cpu", gpu_type="H100"))
+
+
+def _cpu_cluster_config(folder: Path, kernels: list[dict], ray_settings: dict) -> Path:
+    """A kernel YAML whose Ray block names no stand-in resource: the module's cluster has no GPU."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kern.c").write_text(KERNEL_C)
+    (folder / "k.yaml").write_text(yaml.safe_dump({"kernels": kernels, "scheduler": {"ray": ray_settings}},
+                                                  sort_keys=False))
+    return folder / "k.yaml"
+
+
+def _verdicts(report: dict) -> dict:
+    return {r["kernel_id"]: (r["compiling_state"], r["correctness_state"], r["verdict"])
+            for r in report["results"]["kernel_results"]}
+
+
+def test_cpu_kernels_on_a_cluster_without_gpus_are_judged_as_locally(cluster, tmp_path):
+    kernels = [_c_kernel("k0", 0, baseline=True), _c_kernel("k1", 1), _c_kernel("k2", 2),
+               _c_kernel("wrong", 99), {**_c_kernel("broken", 0), "compile_command": "cc -o build/broken nope.c"}]
+    cfg = _cpu_cluster_config(tmp_path / "src", kernels, {})
+    local = run_magpie("compare", "-k", cfg, "-o", tmp_path / "local", timeout=300)
+    on_ray = run_magpie("-e", "ray", "--ray-address", cluster, "compare", "-k", cfg, "-o", tmp_path / "ray", timeout=300)
+    assert (local.returncode, on_ray.returncode) == (0, 0), on_ray.stdout[-3000:] + on_ray.stderr[-3000:]
+    ws = only_workspace(tmp_path / "ray")
+    report = json.loads((ws / "compare_report.json").read_text())
+    here, there = _verdicts(json.loads((only_workspace(tmp_path / "local") / "compare_report.json").read_text())), \
+        _verdicts(report)
+    assert here == there, (here, there)  # k1 and k2 do 2x and 3x the work: slower on both
+    assert there["wrong"][1:] == ("FAILED", "incorrect") and there["broken"][0] == "FAILED"
+    assert there["k1"][2] == there["k2"][2] == "slower" and report["winner_id"] == "k0"
+    cluster_file = json.loads((ws / "cluster.json").read_text())
+    head = cluster_file["timing"]["cpu_nodes"]
+    assert cluster_file["timing"]["device"] == "cpu" and [n["cpus"] for n in head] == [4.0]
+    tasks = {t["key"]: t for t in cluster_file["tasks"]}
+    assert sorted(k for k in tasks if k.startswith("time_")) == ["time_k1", "time_k2"]
+    for key, t in tasks.items():  # a time task holds all the node's CPUs; checks hold no GPU share
+        assert t["resources"] == ({"CPU": 4.0} if key.startswith("time_") else {}), t
+        assert t.get("pinned_node") == (head[0]["node_id"] if key.startswith("time_") else None)
+    # Nothing ran beside a timing: no other task posted a stage event while a time task ran.
+    spans: dict[str, list[float]] = {}
+    for e in read_events(ws):
+        if e.get("ray_task") and e.get("task_ts"):
+            spans.setdefault(e["ray_task"], []).append(e["task_ts"])
+    for key in ("time_k1", "time_k2"):
+        lo, hi = min(spans[key]), max(spans[key])
+        beside = [k for k, ts in spans.items() if k != key and any(lo < t < hi for t in ts)]
+        assert beside == [], f"{beside} ran during {key}"
+
+
+def test_gpu_timing_on_a_cluster_without_gpus_is_not_run(cluster, tmp_path):
+    kernels = [_c_kernel("k0", 0), _c_kernel("k1", 1)]
+    cfg = _cpu_cluster_config(tmp_path / "src", kernels, {"gpu_type": "H100"})
+    r = run_magpie("-e", "ray", "--ray-address", cluster, "compare", "-k", cfg, "-o", tmp_path / "out", timeout=120)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    first = r.stdout.strip().splitlines()[0]
+    assert first.startswith("not run: no node of the cluster offers the resource 'GPU'") and "gpu_type: H100" in first
+    assert "incorrect" not in r.stdout and "Winner: none — nothing was run" in r.stdout
+    report = json.loads((only_workspace(tmp_path / "out") / "compare_report.json").read_text())
+    assert report["state"] == "failed" and report["exit_code"] == 2 and report["winner_reason"].startswith("not run:")
+    assert report["not_run"]["error"] == "ClusterError" and "device: cpu" in report["not_run"]["hint"]
+    for row in report["results"]["kernel_results"]:
+        assert row["verdict"] == "not run" and row["correctness_state"] == "SKIPPED", row
+        assert row["environment_problems"][0].startswith("not run: no node") and row["errors"] == []
+    # analyze too: nothing judged, exit 2
+    cfg = _cpu_cluster_config(tmp_path / "src2", kernels, {"device": "gpu"})
+    r = run_magpie("-e", "ray", "--ray-address", cluster, "analyze", "-k", cfg, "-o", tmp_path / "out2", timeout=120)
+    assert r.returncode == 2 and r.stdout.startswith("not run: ") and "device: gpu" in r.stdout.splitlines()[0], r.stdout
+
+
 def test_bad_scheduler_block_names_the_field(tmp_path):
     cfg = _kernel_dir(tmp_path, [_c_kernel("a", 0)], {"gpu_resorce": "x"})
     r = run_magpie("-e", "ray", "analyze", "-k", cfg)
