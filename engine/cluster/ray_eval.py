@@ -649,7 +649,7 @@ class RayEvaluator:
         elif base.correct and speed:
             winner, why = b, "no correct candidate is faster beyond the noise and the tie margin; the baseline stands"
         else:
-            winner, why = None, ("the baseline is incorrect" if not base.correct else "nothing could be measured")
+            winner, why = None, (kr.baseline_problem(plan, outcomes) if not base.correct else "nothing could be measured")
         res = report["results"]
         for o, row in zip(outcomes, res["kernel_results"]):
             sp = speed.get(o.spec.index)

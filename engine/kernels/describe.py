@@ -90,12 +90,12 @@ def _correctness(plan: Any, k: Any) -> dict:
     if k.harness and backend in ("auto", "harness"):
         seeds = (f"{s.n_seeds} input sets from seeds {s.seed}..{s.seed + s.n_seeds - 1}" if s.seed is not None
                  else f"{s.n_seeds} input sets from hidden seeds")
-        if plan.mode == "compare":
+        if k.reference_file is not None:  # in a compare, every entry carries the one reference_file
+            what = f"outputs vs reference_file {k.reference_file}'s Model"
+        elif plan.mode == "compare":
             base = plan.kernels[plan.baseline_index] if plan.baseline_index is not None else None
             what = ("the reference the others are compared with (its own outputs self-checked)" if k.baseline else
                     f"outputs vs the baseline {base.id if base else '?'}")
-        elif k.reference_file is not None:
-            what = f"outputs vs reference_file {k.reference_file}'s Model"
         else:
             what = "self-check (finite, fully written, repeatable outputs)"
         checks.append(f"harness: {what}, {_tolerances(s)}, {seeds}")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import MagpieError
-from engine.kernels.plan import KernelSpec, Plan
+from engine.kernels.plan import KernelSpec, Plan, compare_reference
 from engine.kernels.stats import summarize
 from engine.runs.process import CancelToken, ProcessResult, command_text, engine_pythonpath, run_process
 from engine.runs.schema import StageState
@@ -100,6 +100,17 @@ class Machine:
                 m.bandwidth_tbs = info.spec.memory_bw_tbs
                 m.peak_tflops = max(info.spec.peak_tflops.values(), default=None)
         return m
+
+
+def _reference_member(ref_file: Path, k0: KernelSpec):
+    """The harness member that runs a ``reference_file`` module (its Model, or its function) to
+    judge the others; it takes the inputs, working dir and environment of entry ``k0``."""
+    from engine.kernels.harness import follows_convention
+    from engine.kernels.session import Member
+    ref_spec = replace(k0, id=f"reference_{ref_file.stem}", source_files=[ref_file], reference_file=ref_file,
+                       model_class="Model" if follows_convention(ref_file, k0.get_inputs_func, "Model") else None,
+                       baseline=False, harness_module=None, call_function=False)
+    return Member(key=f"reference:{ref_file.name}", spec=ref_spec, role="reference")
 
 
 class Evaluator:
@@ -249,7 +260,13 @@ class Evaluator:
         def member(o: KernelOutcome, role: str) -> Member:
             return Member(key=o.spec.id, spec=o.spec, role=role, timed=self._backend(o) == "harness")
 
-        if self.plan.mode == "compare":
+        compare_ref = compare_reference(self.plan.kernels) if self.plan.mode == "compare" else None
+        if compare_ref is not None:
+            # reference_file in a compare: it judges every kernel, the baseline too, which is timed
+            # beside the candidates as the one their speedups are measured against.
+            k0 = (base if base in runnable else runnable[0]).spec
+            groups.append((_reference_member(compare_ref, k0), [member(o, "kernel") for o in runnable]))
+        elif self.plan.mode == "compare":
             if base is not None and base in runnable:
                 ref = member(base, "reference")
                 groups.append((ref, [ref] + [member(o, "kernel") for o in runnable if o is not base]))
@@ -268,13 +285,7 @@ class Evaluator:
                         m = member(o, "self")
                         groups.append((None, [m]))
                     continue
-                from engine.kernels.harness import follows_convention
-                k0 = group[0].spec
-                ref_spec = replace(k0, id=f"reference_{ref_file.stem}", source_files=[ref_file],
-                                   model_class="Model" if follows_convention(ref_file, k0.get_inputs_func, "Model") else None,
-                                   baseline=False, harness_module=None, call_function=False)
-                ref = Member(key=f"reference:{ref_file.name}", spec=ref_spec, role="reference")
-                groups.append((ref, [member(o, "kernel") for o in group]))
+                groups.append((_reference_member(ref_file, group[0].spec), [member(o, "kernel") for o in group]))
         settings = SessionSettings(
             seeds=s.seeds, seeds_hidden=s.seed is None, rtol=s.rtol, atol=s.atol, timer=s.timer,
             repeats=s.repeats, warmup=s.warmup, rounds=s.rounds, l2_flush=s.l2_flush, device="auto",
@@ -310,8 +321,8 @@ class Evaluator:
         mode = "self-check" if m.role == "self" else ("compared with reference" if m.role == "kernel" else "reference")
         corr.details["harness"] = {
             "checked": bool(m.seeds), "passed": bool(m.seeds) and not m.errors and not m.rejections,
-            "reference": ("baseline outputs" if self.plan.mode == "compare" and m.role == "kernel" else
-                          (str(ref.spec.source_files[0]) if ref is not None and m.role == "kernel" else None)),
+            "reference": (None if m.role != "kernel" or ref is None else
+                          str(ref.spec.source_files[0]) if ref.key.startswith("reference:") else "baseline outputs"),
             "mode": mode, "seeds": m.seeds, "device": m.load.get("device"), "versions": m.load.get("versions"),
             "seeds_hidden": session.s.seeds_hidden, "weights_from_reference": m.adopted,
             "input_sets": len(m.load.get("set_meta", [])), "checked_timed_calls": m.checked_calls,

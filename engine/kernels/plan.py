@@ -386,6 +386,7 @@ def build_plan(mode: str, opts: CliOptions, framework: dict | None = None) -> Pl
             problems.append(f"compare needs at least 2 kernels, got {len(kernels)}")
         else:
             _choose_baseline(plan, opts, problems)
+            _one_reference(plan, problems)
     _check_correctness_paths(plan, problems)
     if problems:
         raise ConfigError(problems)
@@ -748,6 +749,39 @@ def _choose_baseline(plan: Plan, opts: CliOptions, problems: list[str]) -> None:
         plan.baseline_index, plan.baseline_source = 0, "first entry"
     for k in plan.kernels:
         k.baseline = k.index == plan.baseline_index
+
+
+def compare_reference(kernels: list[KernelSpec]) -> Optional[Path]:
+    """The ``reference_file`` a compare judges every kernel against (the baseline included), or
+    None: then the baseline's outputs are the reference. ``build_plan`` lets a compare name one."""
+    return next((k.reference_file for k in kernels if k.reference_file is not None), None)
+
+
+def _one_reference(plan: Plan, problems: list[str]) -> None:
+    """A compare has one reference for correctness: the ``reference_file`` its entries name. Two
+    different files are a configuration error (the kernels would not compute the same thing, so
+    their speeds could not be compared); an entry that names none is judged against the one
+    named, which every entry then carries (in the effective config and on Ray and container
+    workers alike)."""
+    named: dict[Path, list[str]] = {}
+    for k in plan.kernels:
+        if k.reference_file is not None:
+            named.setdefault(k.reference_file, []).append(k.id)
+    if len(named) > 1:
+        problems.append("a compare judges every kernel against one reference, but the entries name different "
+                        "reference_file modules: " + "; ".join(f"{f} ({', '.join(ids)})" for f, ids in named.items())
+                        + ": give the same file on every entry that names one (or compare them in separate runs)")
+        return
+    if not named:
+        return
+    ref_file, ids = next(iter(named.items()))
+    others = [k.id for k in plan.kernels if k.reference_file is None]
+    for k in plan.kernels:
+        k.reference_file = ref_file
+    base = plan.kernels[plan.baseline_index].id if plan.baseline_index is not None else None
+    also = f" (also {', '.join(others)}, which name none)" if others else ""
+    plan.notes.append(f"reference_file {ref_file} (named by {', '.join(ids)}) judges the outputs of every kernel the "
+                      f"harness runs, the baseline {base} included{also}; speedups are still measured against the baseline")
 
 
 def _check_correctness_paths(plan: Plan, problems: list[str]) -> None:

@@ -9,6 +9,7 @@ import socket
 import sys
 from datetime import datetime
 from io import StringIO
+from pathlib import Path
 from typing import Any, Optional
 
 from rich.console import Console
@@ -16,7 +17,7 @@ from rich.table import Table
 
 import engine
 from engine.kernels.pipeline import CANCELLED, FAILED, SKIPPED, SUCCESS, KernelOutcome
-from engine.kernels.plan import Plan
+from engine.kernels.plan import Plan, compare_reference
 from engine.kernels.stats import DEFAULT_TIE_MARGIN, bootstrap_speedup, bootstrap_speedup_rounds, verdict
 from engine.runs.provenance import kernel_provenance
 from engine.runs.schema import SCHEMA_VERSION
@@ -131,7 +132,8 @@ def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, d
             if sp and not k.baseline:
                 row += [f"{sp['speedup']:.2f}x", f"{sp['speedup_ci'][0]:.2f}-{sp['speedup_ci'][1]:.2f}", sp["verdict"]]
             else:
-                row += ["1.00x" if sp else "-", "-", "baseline" if k.baseline else _verdict_without_speed(o)]
+                row += ["1.00x" if sp else "-", "-", "baseline" if k.baseline and o.correct and not o.rejections
+                        else _verdict_without_speed(o)]
         table.add_row(*row)
     if plan.mode == "compare":
         table.caption = "* baseline"
@@ -250,6 +252,29 @@ def command_timing_line(outcomes: list[KernelOutcome]) -> Optional[str]:
             (", interleaved round by round (one process of each per round)" if shared else ""))
 
 
+def judged_by(o: KernelOutcome) -> Optional[str]:
+    """The reference_file module a kernel's outputs were judged against, or None (the baseline's
+    outputs, a testcase, or no check)."""
+    ref = (o.correctness.details.get("harness") or {}).get("reference")
+    return ref if ref and ref != "baseline outputs" else None
+
+
+def baseline_problem(plan: Plan, outcomes: list[KernelOutcome]) -> str:
+    """Why no winner can be declared when the baseline is not correct: it was not judged, or it
+    is incorrect (against the reference_file, when one judged it: then the candidates that
+    match that reference are named, since they are correct but have nothing to be ranked against)."""
+    base = outcomes[plan.baseline_index]
+    if base.environment and not base.correctness.errors:
+        return f"the baseline was not judged ({base.environment[0]})"
+    ref = judged_by(base)
+    if ref is None:
+        return "the baseline is incorrect"
+    good = [o.spec.id for o in outcomes if o is not base and o.correct]
+    return (f"the baseline {base.spec.id} is incorrect against the reference {Path(ref).name}: no winner can be "
+            "declared against it" + (f" (correct against the reference: {', '.join(good)}; speedups are measured "
+                                     "against the baseline)" if good else ""))
+
+
 def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool = False,
                     degenerate: Optional[str] = None) -> dict:
     """Speedups against the named baseline, with bootstrap intervals, verdicts, ranking and winner."""
@@ -287,9 +312,7 @@ def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool =
     elif base.correct and speed:
         winner, why = b, "no correct candidate is faster beyond the noise and the tie margin; the baseline stands"
     else:
-        winner, why = None, ((f"the baseline was not judged ({base.environment[0]})"
-                              if base.environment and not base.correctness.errors else "the baseline is incorrect")
-                             if not base.correct else
+        winner, why = None, (baseline_problem(plan, outcomes) if not base.correct else
                              "the baseline was rejected" if base.rejections else "nothing could be measured")
     return {"speed": speed, "correctness": correctness, "perf_scores": perf_scores, "rankings": rankings,
             "winner": winner, "winner_reason": why}
@@ -311,6 +334,9 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     ids = [o.spec.id for o in outcomes]
     winner = cmp["winner"]
     lines = [f"Baseline: {ids[plan.baseline_index]} (index {plan.baseline_index}, chosen by {plan.baseline_source})"]
+    reference = compare_reference(plan.kernels)
+    if reference is not None:
+        lines.append(f"Reference: {reference} (judges the outputs of every kernel, the baseline included)")
     for o, st in zip(outcomes, kernel_results):
         t = o.timing
         judged = "not judged" if st["verdict"] == "not judged" else o.correct
@@ -335,6 +361,9 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
             "summary": summary,
         },
         "baseline": {"index": plan.baseline_index, "id": ids[plan.baseline_index], "chosen_by": plan.baseline_source},
+        # What the outputs were judged against: the baseline's, or a reference_file module's.
+        "correctness_reference": ({"kind": "reference_file", "file": str(reference)} if reference is not None else
+                                  {"kind": "baseline", "id": ids[plan.baseline_index]}),
         "winner_id": ids[winner] if winner is not None else None,
         "winner_reason": cmp["winner_reason"],
         "tie_margin": effective_tie_margin(plan, outcomes[plan.baseline_index]),
@@ -353,6 +382,8 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     if timing_line:
         renderables.append(timing_line + f"; tie margin {report['tie_margin']:g} ({report['tie_margin_reason']})")
     renderables += [f"{o.spec.id}: {f['message']}" for o in outcomes for f in o.flags]
+    if reference is not None:
+        renderables.append(f"Reference: {reference} judged every kernel's outputs, the baseline's included")
     renderables.append(f"Winner: {ids[winner] if winner is not None else 'none'} — {cmp['winner_reason']}")
     return report, renderables
 

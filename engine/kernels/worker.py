@@ -542,31 +542,64 @@ class Worker:
         return result
 
     def op_degenerate(self, req: dict) -> dict:
-        """Would an all-zeros output, a constant, or the input itself pass this test?"""
-        index = int(req.get("index", self.main_sets[0]))
-        ref = self._reference_output(index, None) if self.sets else None
-        if ref is None:
+        """Would an output that ignores the inputs pass this test: all zeros, one constant, the
+        reference's output on one input set, or the input itself? A trivial kernel gives the same
+        answer whatever its inputs, so each is tried on every main input set and must pass all of
+        them: a scalar output (a loss) whose value moves with the inputs is a real test, one that
+        is the same on every set is not."""
+        sets = list(self.main_sets) if self.sets else []
+        first = self._reference_output(sets[0], None) if sets else None
+        if first is None:
             return {"degenerate": None}
-        tensors = [t for t in _tensors(ref) if t.is_floating_point() or t.is_complex()]
+        tensors = [t for t in _tensors(first) if t.is_floating_point() or t.is_complex()]
         if not tensors:
             return {"degenerate": None}
         rtol, atol = req.get("rtol"), req.get("atol")
-        zeros = _map_tensors(ref, lambda t: torch.zeros_like(t))
-        if compare_outputs(ref, zeros, rtol, atol)["passed"]:
-            mx = max(float(t.abs().max()) for t in tensors if t.numel())
-            return {"degenerate": f"degenerate test: an all-zeros output passes it (the reference's largest "
-                                  f"magnitude is {mx:.3g}, inside the tolerance): it cannot tell kernels apart; "
+        largest = [0.0]
+
+        def passes_everywhere(make) -> bool:
+            for i in sets:
+                ref = first if i == sets[0] else self._reference_output(i, None)
+                if ref is None or not compare_outputs(ref, make(i, ref), rtol, atol)["passed"]:
+                    return False
+                largest[0] = max([largest[0]] + [float(t.abs().max()) for t in _tensors(ref)
+                                                 if (t.is_floating_point() or t.is_complex()) and t.numel()])
+            return True
+
+        n = len(sets)
+        on_all = f"on all {n} input sets" if n > 1 else "on the one input set"
+        if passes_everywhere(lambda i, ref: _map_tensors(ref, lambda t: torch.zeros_like(t))):
+            return {"degenerate": f"degenerate test: an all-zeros output passes it {on_all} (the reference's largest "
+                                  f"magnitude is {largest[0]:.3g}, inside the tolerance): it cannot tell kernels apart; "
                                   "use inputs with larger outputs or set correctness.atol lower"}
-        const = _map_tensors(ref, lambda t: torch.full_like(t, float(t.double().mean())) if t.numel() and
-                             (t.is_floating_point()) else t)
-        if compare_outputs(ref, const, rtol, atol)["passed"]:
-            return {"degenerate": "degenerate test: a constant output (the reference's mean) passes it: it cannot "
-                                  "tell kernels apart"}
-        inputs = self._pristine(index)
-        first = inputs[0] if inputs else None
-        if isinstance(ref, torch.Tensor) and isinstance(first, torch.Tensor) and first.shape == ref.shape \
-                and first.dtype == ref.dtype and compare_outputs(ref, first, rtol, atol)["passed"]:
-            return {"degenerate": "degenerate test: returning the input unchanged passes it: it cannot tell "
+        # One constant, or the first set's whole output, passing on one set says nothing about a
+        # one-element output (it is that output): it takes a second set to count.
+        informative = n > 1 or any(t.numel() > 1 for t in tensors)
+        means = [float(t.double().mean()) if t.is_floating_point() and t.numel() else None for t in _tensors(first)]
+
+        def constant(i: int, ref):
+            values = iter(means)
+
+            def fill(t):
+                v = next(values, None)  # the i-th tensor of this set takes the first set's i-th mean
+                return t if v is None or not t.is_floating_point() else torch.full_like(t, v)
+            return _map_tensors(ref, fill)
+
+        if informative and passes_everywhere(constant):
+            where = f"passes on all {n} input sets" if n > 1 else "passes it"
+            return {"degenerate": f"degenerate test: one constant output (the reference's mean on the first input set) "
+                                  f"{where}: it cannot tell kernels apart"}
+        if n > 1 and passes_everywhere(lambda i, ref: first):
+            return {"degenerate": f"degenerate test: the reference gives the same output on all {n} input sets, so a "
+                                  "kernel that returns it whatever its inputs passes: it cannot tell kernels apart; "
+                                  "make the output depend on the values get_inputs() draws"}
+
+        def the_input(i: int, ref):
+            inputs = self._pristine(i)
+            return inputs[0] if inputs else None
+
+        if isinstance(first, torch.Tensor) and passes_everywhere(the_input):
+            return {"degenerate": f"degenerate test: returning the input unchanged passes it {on_all}: it cannot tell "
                                   "kernels apart"}
         return {"degenerate": None}
 

@@ -300,10 +300,19 @@ class Baseline(_Section):
     chosen_by: Optional[str] = None
 
 
+class CorrectnessReference(_Section):
+    """What a compare judged the outputs against: the baseline's (``kind`` baseline, ``id``) or
+    a reference_file module's, which judged the baseline too (``kind`` reference_file, ``file``)."""
+    kind: Optional[str] = None
+    id: Optional[str] = None
+    file: Optional[str] = None
+
+
 class CompareReport(_KernelReport):
     mode: str = "compare"
     results: CompareResults
     baseline: Optional[Baseline] = None
+    correctness_reference: Optional[CorrectnessReference] = None
     winner_id: Optional[str] = None
     winner_reason: Optional[str] = None
     tie_margin: Optional[float] = None
