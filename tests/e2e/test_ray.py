@@ -102,8 +102,9 @@ def test_compare_fans_out_22_kernels_with_same_gpu_speedups(cluster, tmp_path):
 def test_a_crashed_task_is_a_failed_kernel(cluster, tmp_path):
     from engine.jobs import KernelRequest, submit
     kernels = [_c_kernel("fine", 1),
-               # The compile command kills the Ray worker that runs it: the task itself fails.
-               {**_c_kernel("crash", 2), "compile_command": "kill -9 $PPID; sleep 5"}]
+               # The compile command kills the Ray worker that runs it (its parent is the reaper that
+               # supervises the command; the worker is the reaper's parent): the task itself fails.
+               {**_c_kernel("crash", 2), "compile_command": "kill -9 $(cut -d' ' -f4 /proc/$PPID/stat); sleep 5"}]
     cfg = _kernel_dir(tmp_path, kernels, {})
     job = submit(KernelRequest(mode="analyze", kernel_config=str(cfg)), tmp_path / "out", executor="ray",
                  driver="in-process")

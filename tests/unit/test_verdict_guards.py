@@ -159,3 +159,15 @@ def test_the_reference_worker_counts_the_flops_of_a_call(tmp_path):
     first = w.op_run_set({"index": w.main_sets[0], "role": "reference"})
     assert first["flops"] == 2 * 64 * 32 * 16
     assert "flops" not in w.op_run_set({"index": w.main_sets[1], "role": "reference"})  # counted once
+
+
+def test_the_clock_audit_never_lets_a_claim_it_cannot_check_through():
+    """A forged claim far below what the judge saw is forged; the same claim against batches so
+    noisy (a busy machine) that the gap is within the noise of the judge's medians is "unsure",
+    and an unsure kernel is not measured: it can neither win nor lose."""
+    from engine.kernels.session import AUDIT_RATIO_CPU, audit_outcome
+    steady_real, steady_null = [0.60, 0.61, 0.59, 0.60, 0.62, 0.60], [0.10, 0.11, 0.10, 0.09, 0.10, 0.10]
+    assert audit_outcome(0.001, steady_real, steady_null, AUDIT_RATIO_CPU) == "forged"
+    assert audit_outcome(0.5, steady_real, steady_null, AUDIT_RATIO_CPU) == "fine"
+    noisy_real, noisy_null = [0.6, 3.0, 0.2, 5.0, 0.6, 2.2], [0.1, 2.5, 0.05, 4.0, 0.1, 1.9]
+    assert audit_outcome(0.001, noisy_real, noisy_null, AUDIT_RATIO_CPU) == "unsure"
