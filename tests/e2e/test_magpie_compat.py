@@ -303,7 +303,7 @@ def test_missing_compiler_is_an_environment_problem_not_incorrect(tmp_path):
     # A testcase program that was never built: not judged either, with what to do.
     proc = run_magpie("analyze", "-k", "configs/analyze_cwd.yaml", "--compile-cmd", "true", "--no-perf",
                       "-o", tmp_path / "out2", cwd=copy)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     (res,) = read_report(tmp_path / "out2")["results"]
     assert res["correctness_state"] == "SKIPPED"
     assert res["environment_problems"][0].startswith("environment: ./vector_add not found (in ")
