@@ -11,7 +11,7 @@ import yaml
 
 from conftest import EXAMPLES, local_ray_head, only_workspace, read_report, run_magpie
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: timed verdicts need the machine alone
+pytestmark = pytest.mark.slow  # no timed verdict is asserted (any speed verdict passes): not serial
 
 FOLDER = EXAMPLES / "reference_file"
 REFERENCE = str((FOLDER / "gelu_reference.py").resolve())
