@@ -106,7 +106,9 @@ class LibraryKernel:
         if kind == "cuda":
             return True, ""
         if os.environ.get(INTERPRET_ENV) != "1":
-            return False, f"a Triton kernel needs a GPU, or {INTERPRET_ENV}=1 set before triton is imported on the CPU"
+            return False, (f"on the CPU a Triton kernel runs only in Triton's interpreter ({INTERPRET_ENV}=1 set "
+                           "before triton is imported), correct but far too slow to serve or to win a timing: it "
+                           "is a candidate on a GPU")
         # Triton reads the variable at import and decoration time: what was imported before it
         # was set is built for a GPU, and mixing the two fails at launch.
         for module in ("triton.language.standard", self.module):
