@@ -2,8 +2,9 @@
 config watcher, processes it started), so switching screens never loses or cancels anything.
 
 Blocking work stays off the event loop: the catalog scan runs in a thread worker (one at a
-time, group ``runs-catalog``) that posts ``RunsChanged``; reports are read in a thread worker
-before their screen is built. Screens hear about changes through ``runs_signal`` and
+time, group ``runs-catalog``) that posts ``RunsChanged``, at the pace ``RunsWatcher.due`` sets
+(every tick while things change or the user acts, slower while idle); reports are read in a
+thread worker before their screen is built. Screens hear about changes through ``runs_signal`` and
 ``configs_signal`` (``textual.signal.Signal``), which they subscribe to when they mount.
 """
 
@@ -14,7 +15,7 @@ import os
 import signal
 from pathlib import Path
 
-from textual import work
+from textual import events, work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.signal import Signal
@@ -50,7 +51,7 @@ class WorkbenchApp(App):
         self.watch_files = watch_files
         self.runs: list[RunInfo] = []
         self.started: dict[int, StartedRun] = {}  # pid -> processes this session started
-        self.runs_watcher = RunsWatcher(settings.results_dirs, self)
+        self.runs_watcher = RunsWatcher(settings.results_dirs, self, fast=poll_interval)
         self._scan: Worker | None = None  # the catalog scan in flight, if any
         # Fan-out to screens: subscribe on mount, e.g. ``app.runs_signal.subscribe(self, self.runs_changed)``.
         self.runs_signal: Signal[RunsChanged] = Signal(self, "runs-changed")
@@ -115,16 +116,25 @@ class WorkbenchApp(App):
         for pid, started in list(self.started.items()):
             if started.process.poll() is not None:  # reap: no zombies while the app runs
                 del self.started[pid]
-        # Back-pressure: a slow scan (many runs, a slow disk) skips ticks instead of piling up.
-        if self._scan is None or self._scan.is_finished:
+        # Back-pressure: a slow scan (many runs, a slow disk) skips ticks instead of piling up;
+        # while nothing changes, the watcher skips ticks too (``RunsWatcher.due``).
+        if (self._scan is None or self._scan.is_finished) and self.runs_watcher.due():
             self._scan = self.scan_runs()
 
     @work(thread=True, exclusive=True, group="runs-catalog", name="runs-scan", exit_on_error=False,
           description="scan the results folders and read new events")
     def scan_runs(self) -> None:
-        """Blocking: scandir of every results folder plus a read of each events file (only the
-        appended bytes). The watcher posts ``RunsChanged`` (thread-safe) when something changed."""
+        """Blocking: a stat of every results folder (listed again when it changed) and reads of the
+        runs still going; now and then every events file is stat'ed too (``RunsWatcher``). The
+        watcher posts ``RunsChanged`` (thread-safe) when something changed."""
         self.runs_watcher.poll()
+
+    async def on_event(self, event: events.Event) -> None:
+        # A key or a click, seen before any widget: the runs scan picks up its fast pace again.
+        if isinstance(event, (events.Key, events.MouseDown, events.MouseScrollDown, events.MouseScrollUp)) \
+                and not event.is_forwarded:
+            self.runs_watcher.poke()
+        await super().on_event(event)
 
     def on_runs_changed(self, message: RunsChanged) -> None:
         self.runs = message.runs

@@ -1,9 +1,10 @@
 """The one module that knows both sides: engine run folders and files in, Textual messages out.
 
-* ``RunsWatcher`` polls the run catalog (it reads only appended bytes, but it still scans
-  every results folder and opens every events file) and posts ``RunsChanged`` when something
-  changed. It blocks, so the app calls it from a thread worker, never on the event loop;
-  ``post_message`` is thread-safe.
+* ``RunsWatcher`` polls the run catalog and posts ``RunsChanged`` when something changed. Its
+  polls back off while nothing changes, and most of them look only at the results folders'
+  own mtimes and the runs still going: an idle workbench over thousands of finished runs costs
+  about what it costs over none. It blocks, so the app calls it from a thread worker, never on
+  the event loop; ``post_message`` is thread-safe.
 * ``FileTail`` follows a log file that another process writes, in batches: the UI asks
   for new lines a few times a second, never once per line, from a thread worker, and at most
   ``max_bytes`` per call (back-pressure: the next read waits until the lines were shown).
@@ -99,22 +100,62 @@ class RunsWatcher:
     ``poll`` blocks (directory scans, events-file reads): call it from a thread worker. The
     ``RunInfo`` objects are updated in place by later polls, so a screen holding one sees it
     change; a lock keeps two polls from folding the same events twice.
+
+    Idle costs stay flat however many runs the results folders hold. Most polls are quick
+    checks (``RunCatalog.refresh(finished=False)``): a stat of each results folder, which is
+    listed again only when its mtime moved, and reads of the runs still going. Finished runs,
+    whose events files no longer grow, are looked at again by a full refresh (a stat of each
+    events file), every ``FULL_MIN`` seconds at first, then twice as long each time up to
+    ``FULL_MAX``. ``due`` tells the app's tick whether a poll is due: every tick (``fast``)
+    while something changes or the user acts, then at most ``SLOW`` apart, so a new run or a
+    live run's new events still show within about a second. ``poke`` (the user pressed a key
+    or clicked) brings back the fast tick and the first full interval.
     """
 
-    def __init__(self, roots: Iterable[Path], target) -> None:
+    SLOW = 1.0  # seconds between quick checks once nothing changes
+    FULL_MIN = 5.0  # seconds between full refreshes after a change of pace (start, a key pressed)
+    FULL_MAX = 30.0  # ... and at most, while nobody acts
+
+    def __init__(self, roots: Iterable[Path], target, fast: float = 0.5, clock=time.monotonic) -> None:
         self.catalog = RunCatalog(roots)
         self.target = target
         self.titles: dict[Path, str] = {}  # run folder -> what the Runs list calls it (read once)
         self._first = True
         self._lock = threading.Lock()
         self._told: set[str] = set()  # skipped-folder notes already shown
+        self.fast = fast
+        self.clock = clock  # seconds, monotonic: when polls are due
+        self.every = fast  # seconds from one poll to the next, now
+        self.full_every = self.FULL_MIN  # ... and from one full refresh to the next
+        self.polls = self.full_polls = 0
+        self._last_poll = self._last_full = self._poked = float("-inf")
 
-    def poll(self) -> None:
+    def due(self, now: float | None = None) -> bool:
+        """Whether the next poll is due (``now``: ``clock()``). Half a fast tick of slack:
+        the app's timer ticks every ``fast`` seconds, never exactly on time."""
+        now = self.clock() if now is None else now
+        return now - self._last_poll >= self.every - self.fast / 2
+
+    def poke(self) -> None:
+        """The user acted: poll at the next tick, and soon look at finished runs again."""
+        self._poked = self.clock()
+        self.every = self.fast
+        self.full_every = self.FULL_MIN
+
+    def poll(self, full: bool | None = None) -> None:
+        """One look at the results folders: a full refresh when one is due (or ``full``), else the
+        quick check."""
         with self._lock:
-            before = set(self.catalog.runs)
-            changed = self.catalog.refresh()
+            now, first = self.clock(), self._first
+            if full is None:
+                full = first or now - self._last_full >= self.full_every - self.fast / 2
+            self.polls += 1
+            if full:
+                self.full_polls += 1
+                self._last_full = now
+            changed = self.catalog.refresh(finished=full)
             self._tell_skipped()
-            gone = before - set(self.catalog.runs)  # deleted or archived folders leave the list too
+            gone = self.catalog.gone  # deleted or archived folders leave the list too
             for path in gone:
                 self.titles.pop(path, None)
             if changed or gone or self._first:
@@ -123,16 +164,22 @@ class RunsWatcher:
             # Titles after the list is out (hundreds of config reads must not delay it), a
             # bounded slice per poll; the runs that got one are posted as changed.
             titled = []
-            deadline = time.monotonic() + 0.25
-            for info in self.catalog.sorted_runs():
-                if info.path not in self.titles:
-                    self.titles[info.path] = run_title(info)
-                    titled.append(info)
-                    if time.monotonic() > deadline:
-                        break
+            if len(self.titles) < len(self.catalog.runs):
+                deadline = time.monotonic() + 0.25
+                for info in self.catalog.sorted_runs():
+                    if info.path not in self.titles:
+                        self.titles[info.path] = run_title(info)
+                        titled.append(info)
+                        if time.monotonic() > deadline:
+                            break
             if titled:
                 self.target.post_message(RunsChanged(self.catalog.sorted_runs(), titled))
-
+            # The pace: back to every tick on a change, slower while nothing changes.
+            busy = changed or gone or titled or self._poked >= now - self.SLOW
+            self.every = self.fast if busy else min(self.every * 2, max(self.fast, self.SLOW))
+            if full and not first and self._poked < now:
+                self.full_every = min(self.full_every * 2, self.FULL_MAX)
+            self._last_poll = now
 
     def _tell_skipped(self) -> None:
         """A folder the scan left out (its events.jsonl a FIFO, a device...) is said once."""

@@ -3,8 +3,9 @@
 A run is a folder with an ``events.jsonl``. Its state comes from the events the run
 wrote (``run_started``, ``stage``, ``progress``, ``run_finished``), so runs started from
 the command line, from another workbench session, or before a crash all show up the
-same way. ``RunCatalog.refresh`` reads only the bytes appended since the last call, so
-polling many runs stays cheap.
+same way. ``RunCatalog.refresh`` reads only the bytes appended since the last call, and only
+from events files whose size moved; ``refresh(finished=False)`` looks only at what can change
+without a results folder's mtime moving (runs still going), so polling many runs stays cheap.
 """
 
 from __future__ import annotations
@@ -200,6 +201,26 @@ def run_gone(info: "RunInfo") -> Optional[str]:
     return process_gone(info.pid, info.start_time, info.pgid, info.path / "events.jsonl")
 
 
+RACY_S = 2.0  # a folder modified this recently may change again within its mtime's granularity
+
+
+@dataclass
+class _Listing:
+    """What the last look at one results folder found."""
+    stamp: Optional[tuple[int, int, int]]  # the folder's (device, inode, mtime); None: look again next time
+    runs: list[Path]
+    others: list[Path]  # sub-folders that were no run yet
+    notes: dict[Path, str]
+
+
+def _stamp(folder: Path) -> tuple[Optional[tuple[int, int, int]], float]:
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None, 0.0
+    return (st.st_dev, st.st_ino, st.st_mtime_ns), st.st_mtime
+
+
 class RunCatalog:
     """The runs found under some results folders, kept up to date by ``refresh()``."""
 
@@ -208,6 +229,11 @@ class RunCatalog:
         self.runs: dict[Path, RunInfo] = {}
         # Folders the last scan left out, with why (an events.jsonl that is a FIFO, a device...).
         self.skipped: dict[Path, str] = {}
+        self.gone: list[Path] = []  # run folders the last refresh dropped (deleted, archived)
+        self._listings: dict[Path, _Listing] = {}
+        self._live: list[RunInfo] = []  # the runs not finished at the end of the last refresh
+        self._sizes: dict[Path, int] = {}  # events-file sizes the last listing saw on the way
+        self._synced = False  # ``runs`` holds what the listings hold (a refresh that raised may not)
 
     def run_folders(self) -> list[Path]:
         from engine.runs.scan import find_run_folders
@@ -216,19 +242,77 @@ class RunCatalog:
         self.skipped = skipped
         return found
 
-    def refresh(self) -> list[RunInfo]:
-        """Rescan; return the runs that changed (new ones included)."""
+    def _list(self, relist: bool) -> bool:
+        """Bring ``refresh``'s listings up to date; whether any run folder came or went.
+        ``relist=False``: a root whose own mtime has not moved since it was listed (no entry
+        added, removed or renamed) is not listed again; only its sub-folders that were no run
+        yet are looked at again (a run's ``events.jsonl`` comes after its folder). A root
+        modified less than ``RACY_S`` before it was listed is listed again next time: a change
+        in the same clock tick would leave its mtime as it was."""
+        from engine.runs.scan import is_run_folder, scan_root
+        moved = False
+        skipped: dict[Path, str] = {}
+        self._sizes = {}
+        for root in self.roots:
+            listing = self._listings.get(root)
+            stamp, mtime = _stamp(root)
+            if relist or listing is None or stamp is None or stamp != listing.stamp:
+                notes: dict[Path, str] = {}
+                known = {str(p): p for p in listing.runs + listing.others} if listing is not None else None
+                runs, others = scan_root(root, notes, self._sizes, known)
+                trusted = stamp if stamp is not None and time.time() - mtime >= RACY_S else None
+                moved = moved or listing is None or runs != listing.runs
+                listing = self._listings[root] = _Listing(trusted, runs, others, notes)
+            elif listing.others:
+                still: list[Path] = []
+                for folder in listing.others:
+                    listing.notes.pop(folder, None)
+                    if is_run_folder(folder, listing.notes, self._sizes):
+                        listing.runs.append(folder)
+                        moved = True
+                    else:
+                        still.append(folder)
+                listing.others = still
+            skipped.update(listing.notes)
+        self.skipped = skipped
+        return moved
+
+    def refresh(self, finished: bool = True) -> list[RunInfo]:
+        """Rescan; return the runs that changed (new ones included). An events file is opened
+        only when its size says it grew.
+
+        ``finished=False`` is the cheap check a poller makes between full ones: results folders
+        are listed again only where their own mtime moved, and only new runs and runs that had
+        not finished are read, so its cost does not grow with the finished runs kept. A finished
+        run's events file does not grow (a resumed loop's does: it shows at the next full
+        refresh), and a run whose events file was removed from a folder that stays is dropped
+        then too."""
+        from engine.runs.scan import events_grew
         changed: list[RunInfo] = []
-        seen = set()
-        for folder in self.run_folders():
-            seen.add(folder)
-            info = self.runs.get(folder)
-            if info is None:
-                mode, label = parse_run_name(folder.name)
-                info = RunInfo(path=folder, mode=mode, label=label)
-                self.runs[folder] = info
-                changed.append(info)
-            if read_new_events(info) and info not in changed:
+        self.gone = []
+        moved = self._list(relist=finished) or not self._synced
+        self._synced = False
+        if moved:
+            seen = {folder for root in self.roots for folder in self._listings[root].runs}
+            self.gone = [p for p in self.runs if p not in seen]
+            for gone in self.gone:
+                del self.runs[gone]
+            for root in self.roots:
+                for folder in self._listings[root].runs:
+                    if folder not in self.runs:
+                        mode, label = parse_run_name(folder.name)
+                        info = self.runs[folder] = RunInfo(path=folder, mode=mode, label=label)
+                        changed.append(info)
+                        self._live.append(info)  # read by the next quick check, whatever happens below
+        self._synced = True
+        if finished:
+            check = list(self.runs.values())
+        else:
+            check = [info for info in self._live if self.runs.get(info.path) is info]
+        for info in check:
+            size = self._sizes.get(info.path)  # seen by the listing: no second stat
+            grew = events_grew(info) if size is None else size != info._offset
+            if grew and read_new_events(info) and info not in changed:
                 changed.append(info)
             if info.state == RunState.RUNNING and info.pid is not None:
                 why = run_gone(info)
@@ -241,8 +325,8 @@ class RunCatalog:
                         info.error = why
                         if info not in changed:
                             changed.append(info)
-        for gone in [p for p in self.runs if p not in seen]:
-            del self.runs[gone]
+        if finished or changed or self.gone:
+            self._live = [info for info in self.runs.values() if not info.is_finished]
         return changed
 
     def sorted_runs(self) -> list[RunInfo]:

@@ -59,33 +59,74 @@ def find_run_folders(roots: Iterable[Path], notes: dict[Path, str] | None = None
     dangling link is left out, its note put in ``notes`` (folder -> text) and logged once."""
     found: list[Path] = []
     for root in roots:
-        root = Path(root)
-        problem = events_file_problem(root)
-        if problem is None and os.path.exists(os.path.join(root, EVENTS_FILE)):
-            found.append(root)  # the root is itself a run
+        found.extend(scan_root(Path(root), notes)[0])
+    return found
+
+
+def scan_root(root: Path, notes: dict[Path, str] | None = None, sizes: dict[Path, int] | None = None,
+              known: dict[str, Path] | None = None) -> tuple[list[Path], list[Path]]:
+    """One results folder: (its run folders, its other sub-folders). ``root`` itself is the one
+    run when it holds a regular ``events.jsonl``. The other sub-folders are where a run may yet
+    appear (a run's folder is made before its ``events.jsonl``): ``is_run_folder`` looks again.
+    ``sizes`` gets each run's events-file size, seen on the way (see ``is_run_folder``);
+    ``known`` (path text -> Path) gives back the Paths of a listing before, for the same folders."""
+    problem = events_file_problem(root)
+    if problem is None and os.path.exists(os.path.join(root, EVENTS_FILE)):
+        return [root], []  # the root is itself a run
+    if problem is not None:
+        _note(root, problem, notes)
+    try:
+        children = list(os.scandir(root))
+    except OSError:
+        return [], []
+    runs: list[Path] = []
+    others: list[Path] = []
+    for entry in children:
+        if entry.name.startswith("."):
             continue
-        if problem is not None:
-            _note(root, problem, notes)
         try:
-            children = list(os.scandir(root))
+            if not entry.is_dir():
+                continue
         except OSError:
             continue
-        for entry in children:
-            if entry.name.startswith("."):
-                continue
-            try:
-                if not entry.is_dir():
-                    continue
-            except OSError:
-                continue
-            if not os.path.lexists(os.path.join(entry.path, EVENTS_FILE)):
-                continue
-            problem = events_file_problem(entry.path)
-            if problem is None:
-                found.append(Path(entry.path))
-            else:
-                _note(Path(entry.path), problem, notes)
-    return found
+        folder = known.get(entry.path) if known is not None else None
+        if folder is None:
+            folder = Path(entry.path)
+        (runs if is_run_folder(folder, notes, sizes) else others).append(folder)
+    return runs, others
+
+
+def is_run_folder(folder: Path, notes: dict[Path, str] | None = None, sizes: dict[Path, int] | None = None) -> bool:
+    """Whether ``folder`` holds a regular ``events.jsonl``; one that is a FIFO, a device, a
+    directory or a dangling link makes it no run, with a note in ``notes``. One ``stat`` for a
+    run; ``sizes`` (folder -> bytes), when given, gets its events file's size from it."""
+    path = os.path.join(str(folder), EVENTS_FILE)
+    try:
+        st = os.stat(path)  # follows a symlink: its target must be a regular file
+    except OSError:
+        if not os.path.lexists(path):
+            return False  # no events.jsonl (yet): no run
+    else:
+        if stat.S_ISREG(st.st_mode):
+            if sizes is not None:
+                sizes[folder] = st.st_size
+            return True
+    problem = events_file_problem(folder)
+    if problem is None:  # it changed between the two looks
+        return os.path.exists(path)
+    _note(Path(folder), problem, notes)
+    return False
+
+
+def events_grew(info: Any) -> bool:
+    """Whether ``info.path/events.jsonl`` may hold bytes not read yet: its size is not the
+    offset read up to, or it is no regular file (the read then says why), or it cannot be
+    stat'ed. One ``stat``, no ``open``: an events file that did not grow is not opened."""
+    try:
+        st = os.stat(os.path.join(info.path, EVENTS_FILE))
+    except OSError:
+        return True
+    return not stat.S_ISREG(st.st_mode) or st.st_size != info._offset
 
 
 def read_appended_lines(info: Any) -> Iterable[bytes]:
@@ -136,5 +177,5 @@ def decode_event_line(line: bytes) -> Any:
     return record if isinstance(record, dict) else None
 
 
-__all__ = ["EVENTS_FILE", "MAX_EVENT_LINE", "READ_CHUNK", "decode_event_line", "events_file_problem",
-           "find_run_folders", "read_appended_lines"]
+__all__ = ["EVENTS_FILE", "MAX_EVENT_LINE", "READ_CHUNK", "decode_event_line", "events_file_problem", "events_grew",
+           "find_run_folders", "is_run_folder", "read_appended_lines", "scan_root"]

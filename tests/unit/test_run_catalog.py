@@ -164,3 +164,32 @@ def test_started_run_is_detached_and_found_by_its_pid(tmp_path):
     runs = RunCatalog([tmp_path / "results"]).refresh()
     assert [r.path for r in runs] == [started.run_dir] and runs[0].state == "completed"
     assert started.argv[3:5] == ["compare", "-k"]  # the equivalent command line, for the screen
+
+
+def test_refresh_opens_only_grown_events_files_and_the_quick_check_reads_only_live_runs(tmp_path, monkeypatch):
+    import engine.runs.scan as scan
+    done = Workspace.create(tmp_path, "compare", "done")
+    done.events.emit("run_started", mode="compare", pid=os.getpid(), workspace=str(done.root))
+    done.events.emit("run_finished", state="completed", exit_code=0)
+    done.events.close()
+    live = Workspace.create(tmp_path, "benchmark", "live")
+    live.events.emit("run_started", mode="benchmark", pid=os.getpid(), workspace=str(live.root))
+    cat = RunCatalog([tmp_path])
+    assert {r.path for r in cat.refresh()} == {done.root, live.root}
+    opened: list[Path] = []
+    real_open = scan.open_regular
+    monkeypatch.setattr(scan, "open_regular", lambda path, *a, **k: opened.append(Path(path).parent) or real_open(path, *a, **k))
+    assert cat.refresh() == [] and opened == []  # nothing grew: nothing opened
+    live.events.emit("progress", phase="measure", done=1, total=4)
+    assert cat.refresh(finished=False) == [cat.runs[live.root]] and opened == [live.root]
+    # A finished run's file that grows anyway is the full refresh's to see, never the quick check's.
+    with open(done.root / "events.jsonl", "a") as fh:
+        fh.write(json.dumps({"ts": 9.0, "event": "stage", "stage": "again"}) + "\n")
+    assert cat.refresh(finished=False) == [] and cat.runs[done.root].stage == ""
+    assert cat.refresh() == [cat.runs[done.root]] and cat.runs[done.root].stage == "again"
+    # A new run folder (the results folder's mtime moves) shows in the quick check.
+    late = Workspace.create(tmp_path, "analyze", "late")
+    late.events.emit("run_started", mode="analyze", pid=os.getpid(), workspace=str(late.root))
+    assert [r.path for r in cat.refresh(finished=False)] == [late.root]
+    live.events.close()
+    late.events.close()
