@@ -21,6 +21,22 @@ REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT_ROOT = Path("/tmp/magpie-tui-tests")
 
 
+@pytest.fixture(autouse=True)
+def snapshot_root_held(request):
+    """A test module that builds its project at SNAPSHOT_ROOT holds it alone: a second test suite
+    running on the same machine would otherwise rebuild the folder under a test's feet."""
+    if "SNAPSHOT_ROOT" not in getattr(request.module, "__dict__", {}):
+        yield
+        return
+    import fcntl
+    with open(str(SNAPSHOT_ROOT) + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def make_project(root: Path) -> Path:
     """A copy of ``examples/``: kernels, benchmark configs and the recorded runs in ``runs/``
     (their paths are relative to their folders, so the copy is self-contained)."""
