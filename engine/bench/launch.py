@@ -27,7 +27,9 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 
 from engine.config.benchmark import BenchmarkConfig
 from engine.errors import MagpieError
-from engine.runs.process import WATCHDOG, engine_pythonpath, stop_process_group
+from engine.runs.process import (
+    WATCHDOG, engine_pythonpath, is_supervised_here, not_runnable, stop_process_group, supervised,
+)
 
 READY_POLL_S = 0.5
 STOP_GRACE_S = 15.0
@@ -255,7 +257,7 @@ class LocalServer:
         env = {**os.environ, **self.command.env}
         if self.command.argv[:3] == [sys.executable, "-m", "engine.serve"]:
             env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH"))
-            if not self.keep:
+            if not self.keep and not is_supervised_here():
                 env["MAGPIE_PARENT_PID"] = str(os.getpid())  # it stops by itself if this process is killed
         argv, note = local_argv(self.command.argv, env)
         self.command.argv = argv
@@ -265,7 +267,14 @@ class LocalServer:
             log.flush()
         WATCHDOG.ready()  # the server's group is stopped even if this process is killed outright
         try:
-            self.proc = subprocess.Popen(self.command.argv, stdout=log, stderr=subprocess.STDOUT,
+            # Under reaper.py: a process of the server's that leaves its group (setsid) is stopped
+            # with it, and a server started for this run alone stops when this process is gone.
+            why = not_runnable(self.command.argv, env, self.cwd or os.getcwd())
+            if why:
+                raise OSError(why)
+            argv = supervised(self.command.argv, self.log_path.with_name(self.log_path.stem + ".escaped.jsonl"),
+                              stop_with=None if self.keep else os.getpid())
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, cwd=self.cwd, start_new_session=True)
             WATCHDOG.watch(self.proc.pid)
         except OSError as exc:

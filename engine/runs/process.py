@@ -141,7 +141,7 @@ def _argv(cmd: Command) -> list[str]:
     return [str(a) for a in cmd]
 
 
-def _not_runnable(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> Optional[str]:
+def not_runnable(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> Optional[str]:
     """Why ``argv[0]`` cannot be executed, as ``Popen`` would say it, or None. Asked before the
     command starts under ``reaper.py``, where the failure would otherwise be an exit code 127."""
     exe = str(argv[0]) if argv else ""
@@ -159,13 +159,20 @@ def _not_runnable(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) 
     return None
 
 
-def supervised(argv: Sequence[str], record: Optional[Path]) -> list[str]:
+def supervised(argv: Sequence[str], record: Optional[Path], stop_with: Optional[int] = None) -> list[str]:
     """``argv`` run under ``reaper.py``: a descendant that leaves the command's process group
-    (``setsid``) and outlives its parent is stopped and written to ``record`` (JSON lines)."""
+    (``setsid``) and outlives its parent is stopped and written to ``record`` (JSON lines). With
+    ``stop_with`` (this process's pid), the command is also stopped when that process is gone."""
     argv = [str(a) for a in argv]
-    if not sys.platform.startswith("linux"):
+    if not is_supervised_here():
         return argv
-    return [sys.executable, "-I", "-S", str(REAPER), str(record or ""), "--", *argv]
+    extra = ["--stop-with", str(stop_with)] if stop_with else []
+    return [sys.executable, "-I", "-S", str(REAPER), str(record or ""), *extra, "--", *argv]
+
+
+def is_supervised_here() -> bool:
+    """Whether ``supervised`` wraps commands on this system (Linux: a child subreaper)."""
+    return sys.platform.startswith("linux")
 
 
 def read_escaped(record: Optional[Path]) -> list[dict]:
@@ -541,7 +548,7 @@ def run_process(
             argv = _argv(cmd)
             if not Path(cwd).is_dir():
                 raise FileNotFoundError(2, "No such file or directory", str(cwd))
-            why = _not_runnable(argv, full_env, cwd)
+            why = not_runnable(argv, full_env, cwd)
             if why:
                 raise OSError(why)
             proc = subprocess.Popen(supervised(argv, escaped_path), cwd=str(cwd), env=full_env, stdout=out_w,

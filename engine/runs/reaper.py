@@ -11,8 +11,10 @@ when the command ends; each one is written to the record file (one JSON line: pi
 line, when) so the run can say so. The command's exit status is passed on unchanged (a command
 killed by a signal ends this process by the same signal).
 
-Stdlib only, run as ``python -I -S reaper.py RECORD -- ARGV...``: it starts in milliseconds and
-imports nothing from the environment it supervises. Where ``prctl`` is not available it still
+Stdlib only, run as ``python -I -S reaper.py RECORD [--stop-with PID] -- ARGV...``: it starts in
+milliseconds and imports nothing from the environment it supervises. With ``--stop-with PID`` it
+also stops the command once its own parent is no longer PID (the launcher died, however it died:
+a server started for one run must not outlive it). Where ``prctl`` is not available it still
 runs the command and sweeps what it can see.
 """
 
@@ -62,8 +64,9 @@ def _cmdline(pid: int) -> str:
 
 
 class Reaper:
-    def __init__(self, record: str, argv: list[str]) -> None:
-        self.record, self.argv = record, argv
+    def __init__(self, record: str, argv: list[str], stop_with: int = 0) -> None:
+        self.record, self.argv, self.stop_with = record, argv, stop_with
+        self.orphaned = False
         self.child = 0
         self.status: int | None = None
         self.seen: set[int] = set()
@@ -169,6 +172,14 @@ class Reaper:
                 break
             if own_children() - {self.child}:
                 self.sweep(_TERM_GRACE_S)
+            if self.stop_with and not self.orphaned and os.getppid() != self.stop_with:
+                self.orphaned = True  # the launcher is gone: stop the command as it would have
+                sys.stderr.write(f"[magpie: the launching process {self.stop_with} is gone; stopping]\n")
+                sys.stderr.flush()
+                try:
+                    os.killpg(os.getpgrp(), signal.SIGTERM)  # the command's group (ours): its own children too
+                except OSError:
+                    pass
             if waker is not None:
                 select.select([waker], [], [], _POLL_S)
             else:
@@ -184,10 +195,13 @@ class Reaper:
 
 
 def main(args: list[str]) -> int:
+    stop_with = 0
+    if len(args) >= 3 and args[1] == "--stop-with":
+        stop_with, args = int(args[2]), [args[0]] + args[3:]
     if len(args) < 3 or args[1] != "--":
-        sys.stderr.write("usage: reaper.py RECORD -- ARGV...\n")
+        sys.stderr.write("usage: reaper.py RECORD [--stop-with PID] -- ARGV...\n")
         return 2
-    return Reaper(args[0], args[2:]).run()
+    return Reaper(args[0], args[2:], stop_with).run()
 
 
 if __name__ == "__main__":

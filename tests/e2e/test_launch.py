@@ -90,3 +90,30 @@ def test_a_server_outlives_no_driver_killed_outright(tmp_path):
             os.killpg(pid, signal.SIGKILL)  # the group this test's driver started, if it is still there
         except ProcessLookupError:
             pass
+
+
+def test_a_process_the_server_detaches_with_setsid_is_stopped_with_it(tmp_path):
+    """fork, setsid, fork: the grandchild is in no group the run started; it goes with the server."""
+    import time
+    from engine.bench.launch import ServerCommand
+    pid_file = tmp_path / "detached"
+    detach = ("import os, sys, time\n"
+              "if os.fork() == 0:\n"
+              "    os.setsid()\n"
+              "    if os.fork() == 0:\n"
+              f"        open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)\n"
+              "    os._exit(0)\n"
+              "time.sleep(60)\n")
+    server = LocalServer(ServerCommand([sys.executable, "-c", detach], port=free_port()), tmp_path / "s.log",
+                         ready_timeout_s=2)
+    with pytest.raises(LaunchError, match="not ready after"):
+        server.start()  # never answers: stopped as a half-started server
+    deadline = time.monotonic() + 5
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{grandchild}"), "the detached grandchild outlived its server"
+    assert "outlived its parent" in (tmp_path / "s.log").read_text()
