@@ -48,9 +48,12 @@ def cluster():
         yield address
 
 
-def _kernel_dir(tmp_path: Path, kernels: list[dict], ray_settings: dict, name: str = "k.yaml") -> Path:
+def _kernel_dir(tmp_path: Path, kernels: list[dict], ray_settings: dict, name: str = "k.yaml",
+                performance: dict | None = None) -> Path:
     (tmp_path / "kern.c").write_text(KERNEL_C)
     cfg = {"kernels": kernels, "scheduler": {"ray": {"gpu_resource": "sim_gpu", **ray_settings}}}
+    if performance:
+        cfg["performance"] = performance
     (tmp_path / name).write_text(yaml.safe_dump(cfg, sort_keys=False))
     return tmp_path / name
 
@@ -66,7 +69,8 @@ def test_compare_fans_out_22_kernels_with_same_gpu_speedups(cluster, tmp_path):
     kernels = [_c_kernel(f"k{i:02d}", i) for i in range(20)]
     kernels.append(_c_kernel("wrong", 99))  # compiles, fails its testcase
     kernels.append({**_c_kernel("broken", 0), "compile_command": "cc -o build/broken does_not_exist.c"})
-    cfg = _kernel_dir(tmp_path, kernels, {})
+    # Three processes a kernel (performance.rounds) instead of ten: the fan-out is what is tested.
+    cfg = _kernel_dir(tmp_path, kernels, {}, performance={"rounds": 3})
     out = tmp_path / "out"
     r = run_magpie("-e", "ray", "--ray-address", cluster, "-w", "4", "compare", "-k", cfg, "-o", out, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
