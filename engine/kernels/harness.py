@@ -220,42 +220,82 @@ def _tolerance(dtype_name: str, rtol: float | None, atol: float | None) -> tuple
     return (d_rtol if rtol is None else rtol), (d_atol if atol is None else atol)
 
 
+# Outputs and inputs are compared a piece of this many bytes (in float64) at a time: a KernelBench
+# output of 8 GB would otherwise need several float64 temporaries of twice its size.
+CHUNK_BYTES = 64 << 20
+
+
+def flat_chunks(t, limit: int):
+    """``t`` in row-major order as 1-D pieces of at most ``limit`` elements: views where the
+    layout allows, else a copy of one piece (never of the whole tensor). Two tensors of one
+    shape give pieces of the same lengths, whatever their strides."""
+    if t.dim() == 0 or t.numel() <= limit:
+        yield t.reshape(-1)
+    elif t.dim() == 1:
+        for i in range(0, t.shape[0], limit):
+            yield t[i:i + limit]
+    elif t[0].numel() <= limit:
+        step = max(1, limit // t[0].numel())
+        for i in range(0, t.shape[0], step):
+            yield t[i:i + step].reshape(-1)
+    else:
+        for i in range(t.shape[0]):
+            yield from flat_chunks(t[i], limit)
+
+
 def _close_stats(o, r, t_rtol: float, t_atol: float, complex_: bool) -> dict:
-    """Element statistics of ``o`` against ``r``, in float64 on their device, chunk by chunk, so a
-    multi-GB output costs no host memory and no copy off the GPU."""
+    """Element statistics of ``o`` against ``r``, in float64 on ``r``'s device, a piece of
+    CHUNK_BYTES at a time, so a multi-GB output costs no host memory, no copy off the GPU and
+    no temporary of its own size. Complex tensors are compared as their real and imaginary parts
+    (indices count both)."""
     import torch
-    o_flat, r_flat = o.detach().reshape(-1), r.detach().reshape(-1)
-    if complex_:
-        o_flat, r_flat = torch.view_as_real(o_flat).reshape(-1), torch.view_as_real(r_flat).reshape(-1)
-    n = r_flat.numel()
-    chunk = 1 << 24
+    limit = max(1, CHUNK_BYTES // 8 // (2 if complex_ else 1))
     stats = {"mismatches": 0, "nonfinite": 0, "max_abs": 0.0, "max_rel": 0.0, "sq_err": 0.0, "sq_ref": 0.0,
              "first": None}
-    for lo in range(0, n, chunk):
-        o64 = o_flat[lo:lo + chunk].to(torch.float64)
-        r64 = r_flat[lo:lo + chunk].to(torch.float64)
+    lo = 0
+    for o_c, r_c in zip(flat_chunks(o.detach(), limit), flat_chunks(r.detach(), limit)):
+        if not r_c.numel():
+            continue
+        if o_c.device != r_c.device:
+            o_c = o_c.to(r_c.device)
+        if complex_:
+            o_c, r_c = torch.view_as_real(o_c.contiguous()).reshape(-1), torch.view_as_real(r_c.contiguous()).reshape(-1)
+        # .to is the tensor itself for float64: nothing below writes into o64 or r64.
+        o64, r64 = o_c.to(torch.float64), r_c.to(torch.float64)
+        del o_c, r_c
         ref_finite = torch.isfinite(r64)
         out_finite = torch.isfinite(o64)
-        stats["nonfinite"] += int((ref_finite & ~out_finite).sum())
+        nonfinite = (ref_finite & ~out_finite).sum()
+        diff = torch.sub(o64, r64).abs_()
+        tol = r64.abs().mul_(t_rtol).add_(t_atol)
+        close = diff <= tol
+        del tol
         # Where the reference itself is NaN/Inf the output must be the same non-finite value.
-        same_nonfinite = (~ref_finite) & ((o64 == r64) | (torch.isnan(o64) & torch.isnan(r64)))
-        diff = (o64 - r64).abs()
-        close = (diff <= t_atol + t_rtol * r64.abs()) | same_nonfinite
-        bad = ~close
-        n_bad = int(bad.sum())
-        both = ref_finite & out_finite
-        fdiff = torch.where(both, diff, torch.zeros_like(diff))
-        denom = r64.abs().clamp_min(t_atol if t_atol > 0 else 1e-30)
-        if fdiff.numel():
-            stats["max_abs"] = max(stats["max_abs"], float(fdiff.max()))
-            stats["max_rel"] = max(stats["max_rel"], float((fdiff / denom).max()))
-        stats["sq_err"] += float((fdiff * fdiff).sum())
-        rfin = torch.where(ref_finite, r64, torch.zeros_like(r64))
-        stats["sq_ref"] += float((rfin * rfin).sum())
-        if n_bad and stats["first"] is None:
+        close |= (~ref_finite) & ((o64 == r64) | (torch.isnan(o64) & torch.isnan(r64)))
+        bad = close.logical_not_()
+        n_bad = bad.sum()
+        fdiff = diff.masked_fill_(~(ref_finite & out_finite), 0.0)
+        del out_finite
+        max_abs = fdiff.max()
+        denom = r64.abs().clamp_min_(t_atol if t_atol > 0 else 1e-30)
+        max_rel = torch.div(fdiff, denom, out=denom).max()
+        del denom
+        sq_err = fdiff.square_().sum()
+        del fdiff
+        sq_ref = r64.masked_fill(~ref_finite, 0.0).square_().sum()
+        # One transfer to the host per piece (counts are exact in float64 up to 2**53).
+        v = torch.stack([nonfinite.double(), n_bad.double(), max_abs, max_rel, sq_err, sq_ref]).tolist()
+        stats["nonfinite"] += int(v[0])
+        stats["max_abs"] = max(stats["max_abs"], v[2])
+        stats["max_rel"] = max(stats["max_rel"], v[3])
+        stats["sq_err"] += v[4]
+        stats["sq_ref"] += v[5]
+        if v[1] and stats["first"] is None:
             i = int(torch.nonzero(bad)[0])
             stats["first"] = (lo + i, float(o64[i]), float(r64[i]))
-        stats["mismatches"] += n_bad
+        stats["mismatches"] += int(v[1])
+        lo += r64.numel()
+        del o64, r64, ref_finite, bad
     return stats
 
 
@@ -278,8 +318,6 @@ def compare_outputs(ref: Any, out: Any, rtol: float | None, atol: float | None) 
             return {"passed": False, "reason": f"{name}: shape {tuple(o.shape)} != reference {tuple(r.shape)}"}
         if o.dtype != r.dtype:
             return {"passed": False, "reason": f"{name}: dtype {o.dtype} != reference {r.dtype}"}
-        if o.device != r.device:
-            o = o.to(r.device)
         dtype_name = str(r.dtype).replace("torch.", "")
         t_rtol, t_atol = _tolerance(dtype_name, rtol, atol)
         st = _close_stats(o, r, t_rtol, t_atol, o.is_complex())

@@ -330,7 +330,8 @@ class Evaluator:
         corr.errors.extend(m.errors)
         o.environment.extend(e for e in m.environment if e not in o.environment)  # not judged: the machine failed
         if m.worker is not None:
-            o.peak_memory = {**m.worker.peak_memory(), "input_bytes": m.load.get("input_bytes")}
+            o.peak_memory = {**m.worker.peak_memory(), "input_bytes": m.load.get("input_bytes"),
+                             "output_bytes": m.output_bytes or None}
         # A guard tripped before timing (tampering, background threads) fails correctness; one that
         # tripped while timing (the hardware floor, the clock check) rejects the measured kernel.
         corr.errors.extend(r["message"] for r in m.rejections)

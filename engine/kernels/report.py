@@ -191,6 +191,9 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     timing_line = command_timing_line(outcomes)
     if timing_line:
         renderables.append(timing_line)
+    memory_line = peak_memory_line(outcomes)
+    if memory_line:
+        renderables.append(memory_line)
     if degenerate:
         renderables.append(degenerate)
     renderables.append(f"state: {state}; all correct: {not incorrect and not not_judged}" +
@@ -250,6 +253,28 @@ def command_timing_line(outcomes: list[KernelOutcome]) -> Optional[str]:
     return (f"Timing: {', '.join(o.spec.id for o in timed)}: their own MAGPIE_TIMING_JSON samples from "
             f"{'/'.join(map(str, counts))} {'process' if counts == [1] else 'processes'} each" +
             (", interleaved round by round (one process of each per round)" if shared else ""))
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.0f} MiB"
+
+
+def peak_memory_line(outcomes: list[KernelOutcome]) -> Optional[str]:
+    """The most GPU memory each kernel's harness worker held, and all of them at once (a worker's
+    peak plus what the others kept meanwhile); None on a CPU run or without a harness."""
+    peaks = [(o.spec.id, o.peak_memory) for o in outcomes
+             if isinstance(o.peak_memory, dict) and isinstance(o.peak_memory.get("device_bytes"), int)]
+    if not peaks:
+        return None
+    line = "Peak GPU memory: " + ", ".join(f"{k} {_gib(p['device_bytes'])}" for k, p in peaks)
+    together = max((p.get("device_bytes_together") or 0 for _, p in peaks), default=0)
+    if together:
+        line += f"; all at once {_gib(together)}"
+    sizes = peaks[0][1]
+    if sizes.get("input_bytes"):
+        line += f" (one call: inputs {_gib(sizes['input_bytes'])}" + (
+            f", outputs {_gib(sizes['output_bytes'])})" if sizes.get("output_bytes") else ")")
+    return line
 
 
 def judged_by(o: KernelOutcome) -> Optional[str]:
@@ -381,6 +406,9 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     timing_line = command_timing_line(outcomes)
     if timing_line:
         renderables.append(timing_line + f"; tie margin {report['tie_margin']:g} ({report['tie_margin_reason']})")
+    memory_line = peak_memory_line(outcomes)
+    if memory_line:
+        renderables.append(memory_line)
     renderables += [f"{o.spec.id}: {f['message']}" for o in outcomes for f in o.flags]
     if reference is not None:
         renderables.append(f"Reference: {reference} judged every kernel's outputs, the baseline's included")

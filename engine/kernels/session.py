@@ -88,7 +88,13 @@ class WorkerProcess:
         self._sent_at = time.monotonic()
         self.closed = False
         self.peak_device_by_op: dict[str, int] = {}
+        self.peak_host_by_op: dict[str, int] = {}
+        self.held_device_by_op: dict[str, int] = {}
         self.peak_host_rss = 0
+        # Shared by the workers of one session (HarnessSession sets it): what each keeps between
+        # requests, so a request's peak can be added to what the others hold at that moment.
+        self.ledger: Optional[MemoryLedger] = None
+        self.together: dict[str, int] = {}
 
     def send(self, op: str, **fields: Any) -> None:
         if self.closed:
@@ -130,17 +136,39 @@ class WorkerProcess:
         dev = peak.get("device_bytes")
         if isinstance(dev, int):
             self.peak_device_by_op[op] = max(self.peak_device_by_op.get(op, 0), dev)
+        held = peak.get("device_held_bytes")
+        if isinstance(held, int):
+            self.held_device_by_op[op] = max(self.held_device_by_op.get(op, 0), held)
         rss = peak.get("host_rss_bytes")
         if isinstance(rss, int):
             self.peak_host_rss = max(self.peak_host_rss, rss)
+            base = peak.get("host_base_bytes")
+            net = max(0, rss - base) if isinstance(base, int) else rss
+            self.peak_host_by_op[op] = max(self.peak_host_by_op.get(op, 0), net)
+        if self.ledger is not None:
+            for where, v in self.ledger.note(self.name, op, peak).items():
+                self.together[where] = max(self.together.get(where, 0), v)
 
     def peak_memory(self) -> dict:
         """The most memory the worker held: on the device by request kind (load, run_set, time,
-        audit, ...) and overall, and its resident host peak; bytes."""
+        audit, ...) and overall, and its resident host peak (by request kind too, above the
+        process's own size less the tensors it keeps: the interpreter, torch, libraries); bytes.
+        ``device_held_bytes_by_request``: what it kept on the device after each kind of request
+        (the allocator's reserve, once its free blocks were given back);
+        ``device_bytes_together``: the most the session's workers held on the device at once
+        during this worker's requests (its peak plus what the others kept meanwhile);
+        ``host_bytes_together`` the same for host memory above each process's base."""
         out: dict = {"host_rss_bytes": self.peak_host_rss or None}
         if self.peak_device_by_op:
             out["device_bytes"] = max(self.peak_device_by_op.values())
             out["device_bytes_by_request"] = dict(self.peak_device_by_op)
+        if self.held_device_by_op:
+            out["device_held_bytes_by_request"] = dict(self.held_device_by_op)
+        if self.peak_host_by_op:
+            out["host_bytes_by_request"] = dict(self.peak_host_by_op)
+        for where in ("device", "host"):
+            if where in self.together:
+                out[f"{where}_bytes_together"] = self.together[where]
         return out
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict:
@@ -173,6 +201,8 @@ class WorkerProcess:
         else:
             stop_process_group(self.proc, grace_s=0.1)
         WATCHDOG.forget(self.proc.pid)
+        if self.ledger is not None:
+            self.ledger.forget(self.name)
         os.close(self._r)
         self._out.close()
         self._err.close()
@@ -228,6 +258,41 @@ def environment_cause(exc: BaseException) -> Optional[EnvironmentCause]:
     """The failure of the machine an exception from a worker shows (its message, its traceback,
     or a dead worker's log tail), or None."""
     return classify_environment(f"{exc}\n{getattr(exc, 'traceback', '')}")
+
+
+class MemoryLedger:
+    """What each worker of a session keeps between requests, on the device and on the host.
+
+    The session asks one worker at a time, so while one works the others only hold what they
+    kept: a request's peak plus the others' holdings bounds what the workers took together
+    (the loads run at once, so a load counts the others' load peaks). Host numbers are taken
+    above each process's own size less the tensors it keeps (the interpreter, torch, libraries)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, dict[str, int]] = {"device": {}, "host": {}}
+        self.loads: dict[str, dict[str, int]] = {"device": {}, "host": {}}
+
+    def note(self, name: str, op: str, peak: dict) -> dict[str, int]:
+        base = peak.get("host_base_bytes") if isinstance(peak.get("host_base_bytes"), int) else 0
+        values = {"device": (peak.get("device_bytes"), peak.get("device_held_bytes"), 0),
+                  "host": (peak.get("host_rss_bytes"), peak.get("host_held_bytes"), base)}
+        together: dict[str, int] = {}
+        for where, (top, held, zero) in values.items():
+            if not isinstance(top, int):
+                continue
+            top = max(0, top - zero)
+            others = {**self.held[where], **self.loads[where]} if op == "load" else self.held[where]
+            together[where] = top + sum(v for k, v in others.items() if k != name)
+            if op == "load":
+                self.loads[where][name] = top
+            if isinstance(held, int):
+                self.held[where][name] = max(0, held - zero)
+        return together
+
+    def forget(self, name: str) -> None:
+        """A stopped worker holds nothing."""
+        for table in (*self.held.values(), *self.loads.values()):
+            table.pop(name, None)
 
 
 def audit_outcome(claimed_ms: float, real: list[float], null: list[float], ratio: float) -> str:
@@ -322,6 +387,7 @@ class HarnessSession:
         self.floor_note: Optional[str] = None
         self.timer_used: Optional[str] = None
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
+        self._ledger = MemoryLedger()
 
     # ------------------------------------------------------------ life cycle
     def _everyone(self) -> list[Member]:
@@ -379,6 +445,7 @@ class HarnessSession:
             src = ref.spec if (ref is not None and m.role != "self") else k  # every input comes from the reference
             m.worker = WorkerProcess(m.key, self.python, k.working_dir, self.env_for(k), self.log_stem_for(m),
                                      self._scratch, self.cancel)
+            m.worker.ledger = self._ledger
             self.emit(m, "harness", "running")
             try:
                 spec = LoadSpec.for_kernel(k, src, seeds=self.s.seeds, device=self.s.device,

@@ -53,7 +53,8 @@ import torch  # noqa: E402
 
 from engine.kernels import tensor_share  # noqa: E402
 from engine.kernels.harness import (  # noqa: E402
-    LoadSpec, _flatten, _load_module, _map_tensors, _pick_class, compare_outputs, poisoned_allocations,
+    CHUNK_BYTES, LoadSpec, _flatten, _load_module, _map_tensors, _pick_class, compare_outputs, flat_chunks,
+    poisoned_allocations,
 )
 
 _HAS_CUDA = torch.cuda.is_available()
@@ -177,22 +178,47 @@ def perturb_(inputs: list, seed: int) -> None:
             flat[dst.to(t.device)] = flat[src.to(t.device)].clone()
 
 
-_CHUNK = 1 << 26  # elements compared at a time: the temporaries of a whole 8 GB tensor would not fit
-
-
 def _same_bits(a, b) -> bool:
+    """Equal element for element (NaN where the other has NaN), a piece at a time: the
+    temporaries of a whole multi-GB tensor (or of a copy to another device) would not fit."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if a.device != b.device:
-        b = b.to(a.device)
-    if not (a.is_floating_point() or a.is_complex()):
-        return bool(torch.equal(a, b))
-    fa, fb = a.reshape(-1), b.reshape(-1)
-    for i in range(0, fa.numel(), _CHUNK):
-        x, y = fa[i:i + _CHUNK], fb[i:i + _CHUNK]
-        if not bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all()):
+    floating = a.is_floating_point() or a.is_complex()
+    limit = max(1, CHUNK_BYTES // max(1, a.element_size()))
+    for x, y in zip(flat_chunks(a, limit), flat_chunks(b, limit)):
+        if y.device != x.device:
+            y = y.to(x.device)
+        same = x == y
+        if floating:
+            same |= torch.isnan(x) & torch.isnan(y)
+        if not bool(same.all()):
             return False
     return True
+
+
+def _all_finite(t) -> bool:
+    limit = max(1, CHUNK_BYTES // max(1, t.element_size()))
+    return all(bool(torch.isfinite(c).all()) for c in flat_chunks(t, limit))
+
+
+def _abs_max(t) -> float:
+    """``float(t.abs().max())`` a piece at a time (NaN if any element is NaN)."""
+    limit = max(1, CHUNK_BYTES // max(1, t.element_size()))
+    values = [float(c.abs().max()) for c in flat_chunks(t, limit) if c.numel()]
+    return float("nan") if any(v != v for v in values) else max(values, default=0.0)
+
+
+def _mean(t) -> float:
+    """``float(t.double().mean())``, in float64 a piece at a time when ``t`` is large."""
+    limit = max(1, CHUNK_BYTES // 8)
+    if t.numel() <= limit:
+        return float(t.double().mean())
+    return sum(float(c.double().sum()) for c in flat_chunks(t, limit)) / t.numel()
+
+
+def _like(t, value):
+    """``torch.full_like(t, value)`` without the memory: one element, expanded to t's shape."""
+    return torch.full((), value, dtype=t.dtype, device=t.device).expand(t.shape)
 
 
 def _sync(device) -> None:
@@ -231,6 +257,11 @@ class Worker:
         self.regen: Optional[tuple] = None  # (get_inputs, made on the device)
         self.set_seeds: dict[int, int] = {}
         self.main_bytes = 0
+        self.out_bytes = 0  # one call's outputs, once a call has run
+        # Above this (all main sets' inputs, or the reference's outputs on them), nothing is kept
+        # between requests: made again from seeds, computed again. None: keep everything.
+        self.keep_limit: Optional[int] = None
+        self.outputs_dropped: set[int] = set()  # sets whose reference outputs are computed again
         self.sleep_cycles = 0  # a spin kernel before the start event hides the host's dispatch
         self.audit: Optional[tuple] = None  # (inputs, index, perturb) of the next clock-audit call
         self.audit_done: Optional[tuple] = None
@@ -318,6 +349,20 @@ class Worker:
                         break
         return errors
 
+    def kept_bytes(self, device_type: str) -> int:
+        """Bytes of the tensors this worker keeps between requests on ``device_type`` (input sets,
+        reference outputs, held outputs and inputs, the clock audit's batches, the L2 flush
+        buffer, a graph's static buffers), each storage once."""
+        graph = list(self.graph[1:]) if self.graph is not None else []
+        keep = [self.sets, list(self.ref_outputs.values()), [(e["out"], e["inputs"]) for e in self.held.values()],
+                [b[0] for b in self.audit or []], [b[0] for b in self.audit_done or []], self.flush, graph]
+        storages = {}
+        for t in _tensors(keep):
+            if t.device.type == device_type:
+                st = t.untyped_storage()
+                storages[st.data_ptr()] = st.nbytes()
+        return sum(storages.values())
+
     def _hold(self, out, inputs, meta: dict) -> int:
         h = self.next_handle
         self.next_handle += 1
@@ -385,21 +430,29 @@ class Worker:
         take more than ``keep_sets_bytes``: 1/16 of the GPU's memory by default), then the
         extra shapes of ``get_correctness_inputs()``."""
         keep_limit = spec.keep_sets_bytes
+        if keep_limit is None and os.environ.get("MAGPIE_KEEP_SETS_BYTES"):
+            keep_limit = int(os.environ["MAGPIE_KEEP_SETS_BYTES"])
         if keep_limit is None and self.device.type == "cuda":
             keep_limit = torch.cuda.get_device_properties(self.device).total_memory // 16
+        self.keep_limit = keep_limit
         for seed in spec.seeds:
+            index = len(self.sets)
+            self.set_seeds[index] = seed
+            self.main_sets.append(index)
+            self.set_meta.append({"shape": "main"})
+            if self.regen is not None:  # made again from its seed when needed: never made here
+                self.sets.append(None)
+                continue
             torch.manual_seed(seed)
             made, on_device = self._make(get_inputs)
-            self.set_seeds[len(self.sets)] = seed
-            self.main_sets.append(len(self.sets))
-            self.set_meta.append({"shape": "main"})
+            self.main_bytes = self.main_bytes or _nbytes(made)
             if on_device and keep_limit is not None and _nbytes(made) * len(spec.seeds) > keep_limit:
                 self.regen = (get_inputs, on_device)
+                made = None  # one set alive at a time: those of KernelBench take GBs each
             self.sets.append(made)
-        self.main_bytes = _nbytes(self.sets[self.main_sets[0]])
         if self.regen is not None:
             for i in self.main_sets:
-                self.sets[i] = None  # made again from its seed when needed
+                self.sets[i] = None
         if more is not None:
             torch.manual_seed(spec.seeds[0])
             for i, extra in enumerate(self._make(more)[0]):
@@ -460,11 +513,12 @@ class Worker:
         self._note_reuse(out, "a correctness call")
         errors = self._output_checks(out, inputs) + ([self.reuse_error] if self.reuse_error else [])
         reply: dict = {"errors": errors, "guard_errors": self._guard_errors(), "output_bytes": _nbytes(out)}
+        self.out_bytes = max(self.out_bytes, reply["output_bytes"])
         if req.get("role") == "reference":
-            if self.regen is None or index not in self.set_seeds:
-                self.ref_outputs[index] = out  # sets made again are judged against a new call
+            # Each step frees what the next does not need: KernelBench's inputs and outputs take
+            # GBs each, and the kernels judged share the device.
             reply["inputs_check"] = self._inputs_check(index, None, inputs)
-            del inputs  # one input set alive at a time: KernelBench's take GBs each
+            del inputs
             # The reference must at least be finite where it is written, and give the same
             # answer twice; NaN in its output means an element it never wrote.
             again_in = self._fresh(index, None)
@@ -473,12 +527,29 @@ class Worker:
             _sync(self.device)
             del again_in
             reply["self_check"] = self._self_check(out, again)
+            del again
+            if self._keeps_outputs(index):
+                self.ref_outputs[index] = out
+            else:  # judged against a new call: the reference gives the same answer twice (checked)
+                self.outputs_dropped.add(index)
+            del out
             if index == self.main_sets[0]:
                 reply["flops"] = self._count_flops(index)
             return reply
         h = self._hold(out, inputs, {"index": index, "perturb": None})
         reply.update(self._export(h))
         return reply
+
+    def _keeps_outputs(self, index: int) -> bool:
+        """Whether the reference keeps its output on set ``index`` for the judging to come: not
+        for sets made again from seeds, nor when its outputs on all main sets, with the kept
+        inputs, would pass the keep limit."""
+        if self.regen is not None and index in self.set_seeds:
+            return False
+        if self.keep_limit is None:
+            return True
+        kept_inputs = 0 if self.regen is not None else self.main_bytes * len(self.main_sets)
+        return kept_inputs + self.out_bytes * len(self.main_sets) <= self.keep_limit
 
     def _count_flops(self, index: int) -> Optional[int]:
         """The flops of one call as torch's flop counter sees them (matmuls, convolutions,
@@ -496,7 +567,7 @@ class Worker:
     def _self_check(self, out, again) -> dict:
         cmp = compare_outputs(out, again, None, None)
         nonfinite = [n for n, t in _flatten(out) if isinstance(t, torch.Tensor)
-                     and (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
+                     and (t.is_floating_point() or t.is_complex()) and not _all_finite(t)]
         entry = dict(cmp)
         entry["self_check"] = "finite, fully written, same result on a second run"
         if nonfinite:
@@ -521,7 +592,7 @@ class Worker:
         run when the set is kept, else computed again (the reference is deterministic: checked)."""
         if perturb is None and index in self.ref_outputs:
             return self.ref_outputs[index]
-        if perturb is None and self.regen is None:
+        if perturb is None and self.regen is None and index not in self.outputs_dropped:
             return None
         out = self._call(self._fresh(index, perturb))
         _sync(self.device)
@@ -531,14 +602,17 @@ class Worker:
         """Compare another worker's outputs (and its inputs after the call) with this reference."""
         index = int(req["index"])
         perturb = req.get("perturb")
-        ref = self._reference_output(index, perturb)
+        ref = self._reference_output(index, perturb)  # its inputs are freed once it returns
         if ref is None:
             raise RuntimeError(f"the reference has no output for input set {index}: run it on that set first")
         out = tensor_share.import_tree(req["outputs"])
-        after = tensor_share.import_tree(req["inputs"])
         result = compare_outputs(ref, out, req.get("rtol"), req.get("atol"))
-        result["inputs_check"] = None if req.get("inplace") else self._inputs_check(index, perturb, after)
-        del out, after
+        del ref, out  # the pristine inputs below need the room
+        result["inputs_check"] = None
+        if not req.get("inplace"):
+            after = tensor_share.import_tree(req["inputs"])
+            result["inputs_check"] = self._inputs_check(index, perturb, after)
+            del after
         return result
 
     def op_degenerate(self, req: dict) -> dict:
@@ -562,27 +636,28 @@ class Worker:
                 ref = first if i == sets[0] else self._reference_output(i, None)
                 if ref is None or not compare_outputs(ref, make(i, ref), rtol, atol)["passed"]:
                     return False
-                largest[0] = max([largest[0]] + [float(t.abs().max()) for t in _tensors(ref)
+                largest[0] = max([largest[0]] + [_abs_max(t) for t in _tensors(ref)
                                                  if (t.is_floating_point() or t.is_complex()) and t.numel()])
+                ref = None  # freed before the next set's output is computed
             return True
 
         n = len(sets)
         on_all = f"on all {n} input sets" if n > 1 else "on the one input set"
-        if passes_everywhere(lambda i, ref: _map_tensors(ref, lambda t: torch.zeros_like(t))):
+        if passes_everywhere(lambda i, ref: _map_tensors(ref, lambda t: _like(t, 0))):
             return {"degenerate": f"degenerate test: an all-zeros output passes it {on_all} (the reference's largest "
                                   f"magnitude is {largest[0]:.3g}, inside the tolerance): it cannot tell kernels apart; "
                                   "use inputs with larger outputs or set correctness.atol lower"}
         # One constant, or the first set's whole output, passing on one set says nothing about a
         # one-element output (it is that output): it takes a second set to count.
         informative = n > 1 or any(t.numel() > 1 for t in tensors)
-        means = [float(t.double().mean()) if t.is_floating_point() and t.numel() else None for t in _tensors(first)]
+        means = [_mean(t) if t.is_floating_point() and t.numel() else None for t in _tensors(first)]
 
         def constant(i: int, ref):
             values = iter(means)
 
             def fill(t):
                 v = next(values, None)  # the i-th tensor of this set takes the first set's i-th mean
-                return t if v is None or not t.is_floating_point() else torch.full_like(t, v)
+                return t if v is None or not t.is_floating_point() else _like(t, v)
             return _map_tensors(ref, fill)
 
         if informative and passes_everywhere(constant):
@@ -614,16 +689,21 @@ class Worker:
                 tensor_share.remove_files(e["files"])
         if req.get("references"):
             self.ref_outputs.clear()
+        self.audit_done = None  # the last clock-audit batch's inputs, kept past the judge's clock
         gc.collect()
+        if _HAS_CUDA and torch.cuda.is_initialized():
+            torch.cuda.ipc_collect()  # blocks a judge has opened by IPC and let go of
         return {"held": len(self.held)}
 
     def op_warm(self, req: dict) -> dict:
         """The first call compiles or loads and is never timed; its length sets the warm-up."""
         inputs = self._fresh(self.main_sets[0], self.rng.getrandbits(62))
         t0 = _perf_counter()
-        self._call(inputs)
+        out = self._call(inputs)
         _sync(self.device)
         first_s = _perf_counter() - t0
+        self.out_bytes = max(self.out_bytes, _nbytes(out))  # sizes the clock audit's batches
+        del out
         n = req.get("warmup")
         n = int(n) if n is not None else (10 if first_s < 0.05 else 2)
         t0 = _perf_counter()
@@ -635,6 +715,9 @@ class Worker:
             props = torch.cuda.get_device_properties(self.device)
             l2 = int(getattr(props, "L2_cache_size", 0) or 0)
             if req.get("l2_flush", True) and self.flush is None:
+                # In a segment of its own: carved out of a freed input or output it would keep that
+                # block's whole segment from going back to the device for the rest of the run.
+                torch.cuda.empty_cache()
                 # Twice the last-level cache (MI300's 256 MB Infinity Cache included), at least 256 MB.
                 self.flush = torch.ones(max(2 * l2, 256 << 20) // 8, dtype=torch.int64, device=self.device)
             if req.get("timer") == "trace":
@@ -642,6 +725,7 @@ class Worker:
                     self._call(inputs)
                     _sync(self.device)
             if req.get("timer") == "graph":
+                torch.cuda.empty_cache()  # the graph's static buffers stay: in segments of their own
                 self._capture_graph()
             if req.get("timer") in ("events", "graph"):
                 self.sleep_cycles = self._spin_cycles(inputs, req.get("timer"))
@@ -694,12 +778,16 @@ class Worker:
         """Fresh inputs for the next clock-audit request's ``k`` calls, made before the judge
         starts its clock (and the previous request's inputs and outputs freed)."""
         self.audit_done = None
-        # At most AUDIT_BATCH_BYTES of fresh inputs alive at once (a large input gets a short batch).
-        k = max(1, min(int(req.get("k", 1)), AUDIT_BATCH_BYTES // max(1, self.main_bytes)))
+        k = max(1, min(int(req.get("k", 1)), self._audit_batch_room()))
         batch = []
         for _ in range(k):
             index, perturb = self.rng.choice(self.main_sets), self.rng.getrandbits(62)
             batch.append((self._fresh(index, perturb), index, perturb))
+        if self.device.type == "cuda" and (torch.cuda.memory_reserved(self.device)
+                                           - torch.cuda.memory_allocated(self.device)) < self.out_bytes:
+            # The memory given back after the last request is taken again here, untimed, by a call
+            # on inputs of its own: the judge's clock on the batch must not time the allocator.
+            self._call(self._fresh(self.main_sets[0], self.rng.getrandbits(62)))
         if self.device.type == "cuda" and self.audit_spin is None:
             # The spin must cover the dispatch of what the audit runs: a graph replay when the
             # kernel is timed by replays (sleep_cycles was measured for those), else the eager call.
@@ -707,6 +795,17 @@ class Worker:
         self.audit = batch
         _sync(self.device)
         return {"k": k}
+
+    def _audit_batch_room(self) -> int:
+        """How many calls' fresh inputs an audit batch may hold: the batch's inputs plus two
+        outputs (the one kept and the next call's) within AUDIT_BATCH_BYTES and within half the
+        memory the device has free (the judge needs room to check the kept one)."""
+        budget = AUDIT_BATCH_BYTES
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+            budget = min(budget, (free + cached) // 2)
+        return (budget - 2 * self.out_bytes) // max(1, self.main_bytes)
 
     def op_audit_go(self, req: dict) -> dict:
         """The prepared calls back to back (or none of them, ``null``), timed by the judge's own
@@ -910,19 +1009,67 @@ def _device_spans(trace: dict, n_calls: int) -> tuple[list[Optional[float]], int
     return out, len(other)
 
 
+# A worker waiting for its next request gives the allocator's free blocks beyond this back to the
+# device: the other workers on the same GPU need them (a judge idle with 30 GB cached is 30 GB
+# the kernel it judges cannot have).
+IDLE_CACHE_BYTES = 256 << 20
+
+
+def _status_bytes(key: str) -> Optional[int]:
+    """A ``kB`` line of /proc/self/status (VmRSS, VmHWM) in bytes, or None where there is none."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _reset_peak() -> None:
     if _HAS_CUDA and torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
+    try:  # the resident high-water mark starts again from what the process holds now
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
-def _peak() -> dict:
+def _give_back_cache() -> None:
+    """Between requests: the allocator's cached free blocks over IDLE_CACHE_BYTES go back to the device
+    (tensors only a reference cycle kept are collected first)."""
+    if _HAS_CUDA and torch.cuda.is_initialized():
+        if torch.cuda.memory_allocated() > IDLE_CACHE_BYTES:
+            gc.collect()
+        if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > IDLE_CACHE_BYTES:
+            torch.cuda.empty_cache()
+
+
+def _peak(worker: Optional[Worker] = None) -> dict:
     """The most memory this request held: on the device (torch's allocator, bytes) where there is
-    one, and the process's resident peak so far (bytes; the kernel's host memory on a CPU run)."""
-    import resource
-    out = {"host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    one, and the process's resident peak during the request (bytes; the kernel's host memory on
+    a CPU run; the peak so far where /proc cannot reset it). ``*_held_bytes``: what the worker
+    keeps while it waits for the next request; ``host_base_bytes``: its resident size less the
+    CPU tensors it keeps (the interpreter, torch and the libraries loaded so far: what the
+    tensors' memory is counted above)."""
+    hwm, rss = _status_bytes("VmHWM"), _status_bytes("VmRSS")
+    if hwm is None:
+        import resource
+        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = None
+    if rss is not None and worker is not None:
+        try:
+            base = max(0, rss - worker.kept_bytes("cpu"))
+        except Exception:  # what the kernel keeps is its own business: no base then
+            base = None
+    out: dict = {"host_rss_bytes": hwm, "host_held_bytes": rss, "host_base_bytes": base}
     if _HAS_CUDA and torch.cuda.is_initialized():
         out["device_bytes"] = int(torch.cuda.max_memory_allocated())
         out["device_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+        out["device_held_bytes"] = int(torch.cuda.memory_reserved())
+        out["device_live_bytes"] = int(torch.cuda.memory_allocated())
     return out
 
 
@@ -947,13 +1094,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             reply = {"ok": True, **getattr(worker, f"op_{op}")(req)}
         except BaseException as exc:  # noqa: BLE001 - whatever user code raised goes back to the parent
             traceback.print_exc()
+            _give_back_cache()
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:],
-                     "peak_memory": _peak()}
+                     "peak_memory": _peak(worker)}
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 writer.write(_serialize(reply) + "\n")
                 writer.flush()
                 break
-        reply.setdefault("peak_memory", _peak())
+        if "peak_memory" not in reply:
+            if op != "audit_prepare":  # the audited calls come next: their memory stays ready
+                _give_back_cache()
+            reply["peak_memory"] = _peak(worker)
         writer.write(_serialize(reply) + "\n")
         writer.flush()
     for h in list(worker.held):
