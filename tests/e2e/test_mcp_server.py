@@ -197,7 +197,8 @@ def test_long_benchmark_returns_at_once_reports_progress_and_cancels(http_server
             listed = await _call(client, "job_list", {"mode": "benchmark"})
             return took, status, cancelled, final, result, listed
     took, status, cancelled, final, result, listed = anyio.run(go)
-    assert took < 1.0, f"the benchmark tool took {took:.2f} s to return its job id"
+    # At once: far less than the run (minutes; still running below), with room for a busy machine.
+    assert took < 10.0, f"the benchmark tool took {took:.2f} s to return its job id"
     assert not status["finished"] and status["done"] > 0 and status["total"] == 4000, status
     assert any(total == 4000 and done > 0 for done, total, _m in progress), progress
     dones = [d for d, t, _m in progress if t == 4000]
