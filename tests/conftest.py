@@ -55,6 +55,16 @@ def run_magpie(*args, cwd=None, timeout=600, env=None):
                           capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
+def stop_server(proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+    """Stop a server the test started: SIGTERM, then SIGKILL if it has not exited in ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def mcp_http_url(proc: subprocess.Popen, timeout_s: float = 60.0) -> tuple[str | None, list[str]]:
     """The URL an MCP server started with --transport http prints on stderr, and the lines read
     until then (None when it exited or did not print it in time)."""

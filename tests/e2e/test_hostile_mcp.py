@@ -21,7 +21,7 @@ import httpx2
 import pytest
 from mcp import Client
 
-from conftest import REPO, mcp_http_url
+from conftest import REPO, mcp_http_url, stop_server
 
 from engine.jobs.requests import LoopRequest
 from engine.mcp.confine import Confinement, is_bundled_kernel
@@ -386,15 +386,6 @@ def _http_server(tmp_path: Path, host: str, out_name: str = "results"):
     return proc, url, root
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _post(url: str, body: dict, **headers: str) -> httpx2.Response:
     return httpx2.post(url, json=body, timeout=30, headers={"Accept": "application/json, text/event-stream",
                                                             "Authorization": f"Bearer {TOKEN}", **headers})
@@ -416,7 +407,7 @@ def test_a_bind_on_127_0_0_2_keeps_the_host_and_origin_checks(tmp_path):
         assert r.status_code == 403, (r.status_code, r.text)  # a page of another site is refused
         assert _post(url, INIT, Origin=f"http://127.0.0.2:{port}").status_code == 200
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 # --------------------------------------------------------------------------- processes: identity, not names
@@ -494,7 +485,7 @@ def test_job_cancel_never_signals_the_mcp_server_itself(tmp_path):
         assert cancel["cancelled"] is False and "not signalled" in cancel["message"]
         assert proc.poll() is None and listed["jobs"][0]["job_id"] == run.name  # it still serves
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 def test_pid_reuse_makes_no_run_look_running(tmp_path):

@@ -19,7 +19,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from conftest import EXAMPLES, REPO, local_ray_head, mcp_http_url, only_workspace, run_magpie
+from conftest import EXAMPLES, REPO, local_ray_head, mcp_http_url, only_workspace, run_magpie, stop_server
 
 RMSNORM = EXAMPLES / "rmsnorm_pytorch" / "compare.yaml"
 TINY_BENCH = REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"
@@ -47,12 +47,7 @@ def http_server(tmp_path):
     url, lines = mcp_http_url(proc)
     assert url, "".join(lines)
     yield url, lines
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_server(proc)
 
 
 @asynccontextmanager
@@ -281,12 +276,7 @@ def test_an_abandoned_session_expires_and_sessions_in_use_and_jobs_do_not(tmp_pa
                 return during, long_call, after_busy, after_gone, after_stream, final
         during, long_call, after_busy, after_gone, after_stream, final = anyio.run(go)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     # The call stayed in flight past the timeout and got its answer, the session it came on is kept.
     assert long_call > 2 * IDLE_S and not during["finished"], (long_call, during)
     assert after_busy.status_code == 200, after_busy.text
