@@ -92,9 +92,9 @@ def classify(text: str) -> Optional[EnvironmentCause]:
     shadow = _shadow_in_trace(text)
     if shadow is not None:
         return shadow
-    if _NO_GPU.search(text):
-        line = _NO_GPU.search(text).group(0)
-        return EnvironmentCause("no_gpu", f"no usable GPU or driver here ({line})",
+    no_gpu = _NO_GPU.search(text)
+    if no_gpu:
+        return EnvironmentCause("no_gpu", f"no usable GPU or driver here ({no_gpu.group(0)})",
                                 "run it on a machine with the GPU, driver and torch build the kernel needs "
                                 "(a CUDA/ROCm build of torch), or give it a CPU path")
     m = _NO_MODULE.search(text)
@@ -104,9 +104,9 @@ def classify(text: str) -> Optional[EnvironmentCause]:
                                 f"runs (No module named '{m.group(1)}')",
                                 f"install it into the environment that runs the kernels (pip install {pkg}, or the "
                                 "extra that brings it)")
-    if _OOM.search(text):
-        line = _OOM.search(text).group(0)
-        return EnvironmentCause("out_of_memory", f"out of memory ({line})",
+    oom = _OOM.search(text)
+    if oom:
+        return EnvironmentCause("out_of_memory", f"out of memory ({oom.group(0)})",
                                 "run it on a device with more memory, give it smaller inputs, or stop what else "
                                 "holds memory on the device")
     return None

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import MagpieError
+from engine.kernels.command_timing import round_order
 from engine.kernels.environment import EnvironmentCause
 from engine.kernels.environment import classify as classify_environment
 from engine.kernels.harness import LoadSpec
@@ -295,14 +296,19 @@ class MemoryLedger:
             table.pop(name, None)
 
 
+def audit_seen(real: list[float], null: list[float]) -> tuple[float, float]:
+    """What the judge's batches saw per call (the medians' difference) and the noise of it."""
+    import statistics
+    return (statistics.median(real) - statistics.median(null),
+            3 * (_mad(real) + _mad(null)) / math.sqrt(len(real)))
+
+
 def audit_outcome(claimed_ms: float, real: list[float], null: list[float], ratio: float) -> str:
     """The clock audit's finding, from the kernel's claimed median per call and the judge's
     batches (per-call wall times with the calls, and without: ``real``, ``null``): "fine" (the
     claim is at least ``ratio`` of what the judge saw), "forged" (below it by more than the
     noise of the judge's medians), or "unsure" (below it, but within that noise)."""
-    import statistics
-    seen = statistics.median(real) - statistics.median(null)
-    noise = 3 * (_mad(real) + _mad(null)) / math.sqrt(len(real))  # of the medians, per call
+    seen, noise = audit_seen(real, null)
     if claimed_ms >= ratio * seen:
         return "fine"
     return "forged" if claimed_ms < ratio * seen - max(AUDIT_SLACK_MS, noise) else "unsure"
@@ -625,9 +631,7 @@ class HarnessSession:
             # first rounds after the others' start-up and correctness ran slow on a busy CPU);
             # its samples are dropped. ABBA: rotate every second round and reverse every other
             # one, so no kernel always runs first, or right after the judge's work.
-            k = (max(r, 0) // 2) % len(timed)
-            order = timed[k:] + timed[:k]
-            if not self._round(r, order[::-1] if r % 2 else order, plans):
+            if not self._round(r, round_order(timed, r) if r >= 0 else timed[::-1], plans):
                 return
         for m in timed:
             if m.state == "timing" and plans[m.key]["timer"] in ("events", "graph"):
@@ -818,8 +822,7 @@ class HarnessSession:
             return
         if claimed is None or not real or not null:
             return
-        seen = statistics.median(real) - statistics.median(null)
-        noise = 3 * (_mad(real) + _mad(null)) / math.sqrt(len(real))  # of the medians, per call
+        seen, noise = audit_seen(real, null)
         m.clock_audit = {"batches": len(real), "calls_per_batch": k, "judge_seen_ms": seen,
                          "null_ms": statistics.median(null), "noise_ms": noise, "claimed_ms": claimed, "ratio": ratio}
         outcome = verdict()
