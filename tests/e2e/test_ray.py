@@ -327,6 +327,7 @@ def _verdicts(report: dict) -> dict:
             for r in report["results"]["kernel_results"]}
 
 
+@pytest.mark.serial  # it compares timed verdicts (slower, tie): the machine alone
 def test_cpu_kernels_on_a_cluster_without_gpus_are_judged_as_locally(cluster, tmp_path):
     kernels = [_c_kernel("k0", 0, baseline=True), _c_kernel("k1", 1), _c_kernel("k2", 2),
                _c_kernel("wrong", 99), {**_c_kernel("broken", 0), "compile_command": "cc -o build/broken nope.c"}]
