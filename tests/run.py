@@ -1,0 +1,50 @@
+"""The project's checks in one command: ``python tests/run.py [PYTEST ARGS...]``.
+
+1. lint: ``ruff check .`` (settings in pyproject.toml);
+2. the suite but the timed verdicts, on two pytest workers (one test file per worker);
+3. the timed verdicts (``serial``: ties and speedups measured on this machine) alone, so that no
+   other test is noise in their timings.
+
+Every step runs even when an earlier one failed (a failure in one says nothing about the others),
+each step's result and time are printed at the end, and the exit status is non-zero when any step
+failed. Extra arguments go to both pytest runs (e.g. ``--durations=20`` or ``-x``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def steps(pytest_args: list[str]) -> list[tuple[str, list[str]]]:
+    py = sys.executable
+    return [
+        ("lint (ruff)", [py, "-m", "ruff", "check", "."]),
+        ("tests, 2 workers (not serial)", [py, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-m", "not serial",
+                                           *pytest_args]),
+        ("timed verdicts, alone (serial)", [py, "-m", "pytest", "-q", "-m", "serial", *pytest_args]),
+    ]
+
+
+def main(argv: list[str]) -> int:
+    results = []
+    for name, cmd in steps(argv):
+        print(f"\n=== {name}: {' '.join(cmd[1:])}", flush=True)
+        started = time.monotonic()
+        code = subprocess.call(cmd, cwd=REPO, env=dict(os.environ))
+        results.append((name, code, time.monotonic() - started))
+    print("\n=== summary")
+    for name, code, took in results:
+        print(f"{'passed' if code == 0 else f'FAILED (exit {code})':<16} {took:6.0f} s  {name}")
+    failed = [name for name, code, _ in results if code != 0]
+    print("all passed" if not failed else f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
