@@ -418,6 +418,14 @@ class Worker:
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(self.device)
             info["l2_bytes"] = int(getattr(props, "L2_cache_size", 0) or 0)
+            # Which physical GPU this is (the visibility variables renumber them): the parent reads
+            # its SM clock by these (engine.kernels.sm_clock).
+            dev = info["device"]
+            dev["index"] = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            dev["uuid"] = str(props.uuid) if getattr(props, "uuid", None) is not None else None
+            if getattr(props, "pci_bus_id", None) is not None:
+                dev["pci_bus_id"] = (f"{int(getattr(props, 'pci_domain_id', 0) or 0):04x}:{int(props.pci_bus_id):02x}:"
+                                     f"{int(getattr(props, 'pci_device_id', 0) or 0):02x}.0")
         try:
             import triton
             info["versions"]["triton"] = triton.__version__
