@@ -18,6 +18,7 @@ from rich.table import Table
 import engine
 from engine.kernels.pipeline import CANCELLED, FAILED, SKIPPED, SUCCESS, KernelOutcome
 from engine.kernels.plan import Plan, compare_reference
+from engine.kernels.sm_clock import not_read_line, verdict_note
 from engine.kernels.stats import DEFAULT_TIE_MARGIN, bootstrap_speedup, bootstrap_speedup_rounds, verdict
 from engine.runs.provenance import kernel_provenance
 from engine.runs.schema import SCHEMA_VERSION
@@ -130,7 +131,8 @@ def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, d
         if plan.mode == "compare":
             sp = speed.get(k.index)
             if sp and not k.baseline:
-                row += [f"{sp['speedup']:.2f}x", f"{sp['speedup_ci'][0]:.2f}-{sp['speedup_ci'][1]:.2f}", sp["verdict"]]
+                row += [f"{sp['speedup']:.2f}x", f"{sp['speedup_ci'][0]:.2f}-{sp['speedup_ci'][1]:.2f}",
+                        sp["verdict"] + verdict_note(o.flags)]
             else:
                 row += ["1.00x" if sp else "-", "-", "baseline" if k.baseline and o.correct and not o.rejections
                         else _verdict_without_speed(o)]
@@ -179,6 +181,7 @@ def build_analyze_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "all_correct": not incorrect and not not_judged,
         "not_judged": {o.spec.id: list(o.environment) for o in outcomes if o.spec.id in not_judged},
         "degenerate_test": degenerate,
+        "sm_clock_note": sm_clock_line(outcomes),
         "workspace_dir": ws_dir,
         "overrides": plan.overrides,
         "warnings": plan.warnings,
@@ -253,6 +256,11 @@ def command_timing_line(outcomes: list[KernelOutcome]) -> Optional[str]:
     return (f"Timing: {', '.join(o.spec.id for o in timed)}: their own MAGPIE_TIMING_JSON samples from "
             f"{'/'.join(map(str, counts))} {'process' if counts == [1] else 'processes'} each" +
             (", interleaved round by round (one process of each per round)" if shared else ""))
+
+
+def sm_clock_line(outcomes: list[KernelOutcome]) -> Optional[str]:
+    """"SM clock not read: why", once for the run (engine.kernels.sm_clock), or None."""
+    return not_read_line([o.performance.details.get("method") or {} for o in outcomes])
 
 
 def _gib(n: int) -> str:
@@ -368,7 +376,8 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         lines.append(f"  [{o.spec.index}] {o.spec.id}: correct={judged}"
                      + (f", median {_fmt_ms(t['median'])} (CV {t['cv'] * 100:.1f}%, n={t['n']})" if t else "")
                      + (f", speedup {st['speedup']:.3f}x [{st['speedup_ci'][0]:.3f}, {st['speedup_ci'][1]:.3f}]"
-                        f" {st['verdict']}" if st["speedup"] is not None and not o.spec.baseline else ""))
+                        f" {st['verdict']}{verdict_note(o.flags)}" if st["speedup"] is not None and not o.spec.baseline
+                        else ""))
     lines.append(f"Winner: {ids[winner] if winner is not None else 'none'} ({cmp['winner_reason']})")
     summary = "\n".join(lines)
     report = {
@@ -393,6 +402,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "winner_reason": cmp["winner_reason"],
         "tie_margin": effective_tie_margin(plan, outcomes[plan.baseline_index]),
         "tie_margin_reason": tie_margin_and_reason(plan, outcomes[plan.baseline_index])[1],
+        "sm_clock_note": sm_clock_line(outcomes),
         "degenerate_test": degenerate,
         "workspace_dir": ws_dir,
         "overrides": plan.overrides,
@@ -409,6 +419,9 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
     memory_line = peak_memory_line(outcomes)
     if memory_line:
         renderables.append(memory_line)
+    clock_line = sm_clock_line(outcomes)
+    if clock_line and "the CPU" not in clock_line:  # on a CPU run there is nothing to say
+        renderables.append(clock_line)
     renderables += [f"{o.spec.id}: {f['message']}" for o in outcomes for f in o.flags]
     if reference is not None:
         renderables.append(f"Reference: {reference} judged every kernel's outputs, the baseline's included")

@@ -28,6 +28,7 @@ from engine.kernels.command_timing import round_order
 from engine.kernels.environment import EnvironmentCause
 from engine.kernels.environment import classify as classify_environment
 from engine.kernels.harness import LoadSpec
+from engine.kernels.sm_clock import ClockWatch, env_of
 from engine.runs.process import WATCHDOG, CancelToken, read_escaped, stop_process_group, supervised
 
 
@@ -394,6 +395,7 @@ class HarnessSession:
         self.timer_used: Optional[str] = None
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
         self._ledger = MemoryLedger()
+        self._clocks = ClockWatch(None, "no kernel was timed")
 
     # ------------------------------------------------------------ life cycle
     def _everyone(self) -> list[Member]:
@@ -626,13 +628,24 @@ class HarnessSession:
         if not timed:
             return
         n_rounds = max((plans[m.key]["rounds"] for m in timed), default=0)
-        for r in range(-1, n_rounds):
-            # Round -1 warms every kernel up under the same conditions as the timed rounds (the
-            # first rounds after the others' start-up and correctness ran slow on a busy CPU);
-            # its samples are dropped. ABBA: rotate every second round and reverse every other
-            # one, so no kernel always runs first, or right after the judge's work.
-            if not self._round(r, round_order(timed, r) if r >= 0 else timed[::-1], plans):
-                return
+        self._clocks = ClockWatch.open(timed[0].load.get("device") or {}, timed[0].load.get("versions") or {},
+                                       env_of(self.env_for(timed[0].spec)))
+        self._clocks.baseline = next((m.key for m in timed if getattr(m.spec, "baseline", False)),
+                                     self.reference.key if self.reference in timed else timed[0].key)
+        try:
+            r = -1
+            while r < n_rounds:
+                # Round -1 warms every kernel up under the same conditions as the timed rounds (the
+                # first rounds after the others' start-up and correctness ran slow on a busy CPU);
+                # its samples are dropped. ABBA: rotate every second round and reverse every other
+                # one, so no kernel always runs first, or right after the judge's work.
+                if not self._round(r, round_order(timed, r) if r >= 0 else timed[::-1], plans):
+                    return
+                # A clock drop seen: the remaining rounds are split, with a cool-down before each.
+                n_rounds = self._clocks.after_round(r, {m.key: plans[m.key] for m in timed})
+                r += 1
+        finally:
+            self._clocks.close()
         for m in timed:
             if m.state == "timing" and plans[m.key]["timer"] in ("events", "graph"):
                 self._audit_streams(m)
@@ -678,11 +691,13 @@ class HarnessSession:
             if m.state != "timing" or r >= plans[m.key]["rounds"]:
                 continue
             p = plans[m.key]
+            self._clocks.cool_down(m.key, r)
             try:
                 # Every timed kernel keeps outputs the same way (the judge's own are dropped
                 # unjudged), so none of them runs under other allocation conditions.
-                rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
-                                       keep=1 if judge is not None else 0)
+                with self._clocks.during(m.key, r):
+                    rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
+                                           keep=1 if judge is not None else 0)
             except (KernelRaised, WorkerError) as exc:
                 if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}", exc):
                     return False
@@ -913,3 +928,5 @@ class HarnessSession:
                         f"median {med * 1e3:.2f} us is faster than the hardware allows: {why}")})
             elif self.floor_note:
                 m.timing["hardware_floor_note"] = self.floor_note
+        m.timing["sm_clock"] = self._clocks.summary(m.key)
+        m.flags.extend(self._clocks.flags(m.key))

@@ -554,9 +554,7 @@ class ClockWatch:
         rs = self._of(key)
         out: dict = {"read": bool(rs), "source": self.reader.source, "gpu": self.reader.gpu,
                      "read_cost_ms": round(self.read_cost_s * 1e3, 3) if self.read_cost_s is not None else None,
-                     "sampled": "at the start and end of each round request and every "
-                                f"{self.every_s * 1e3:.0f} ms during it" if self.inline else
-                                "back to back from a thread while each round request ran", "readings": len(rs)}
+                     "sampled": self._how(), "readings": len(rs)}
         if not rs:
             out["why"] = f"no reading came back during its rounds ({self.errors} failed)"
             return out
@@ -579,6 +577,12 @@ class ClockWatch:
         if self.short_from is not None:
             out["short_rounds"] = self.short_note()
         return out
+
+    def _how(self) -> str:
+        if not self.inline:
+            return f"from a thread every {self.every_s:.2f} s (one read takes that long) while each round request ran"
+        return "at the start and end of each round request" + (
+            f" and every {self.every_s * 1e3:.0f} ms during it" if self.every_s else "")
 
     def short_note(self) -> dict:
         return {"from_round": (self.short_from or 0) + 1, "why": self.short_why, "split": self.split,
