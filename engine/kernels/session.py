@@ -28,7 +28,7 @@ from engine.kernels.command_timing import round_order
 from engine.kernels.environment import EnvironmentCause
 from engine.kernels.environment import classify as classify_environment
 from engine.kernels.harness import LoadSpec
-from engine.kernels.sm_clock import ClockWatch, env_of
+from engine.kernels.sm_clock import ClockWatch
 from engine.runs.process import WATCHDOG, CancelToken, read_escaped, stop_process_group, supervised
 
 
@@ -628,10 +628,7 @@ class HarnessSession:
         if not timed:
             return
         n_rounds = max((plans[m.key]["rounds"] for m in timed), default=0)
-        self._clocks = ClockWatch.open(timed[0].load.get("device") or {}, timed[0].load.get("versions") or {},
-                                       env_of(self.env_for(timed[0].spec)))
-        self._clocks.baseline = next((m.key for m in timed if getattr(m.spec, "baseline", False)),
-                                     self.reference.key if self.reference in timed else timed[0].key)
+        self._clocks = ClockWatch.for_members(timed, self.env_for)
         try:
             r = -1
             while r < n_rounds:

@@ -16,7 +16,7 @@ The GPU is found by the UUID or PCI bus id the worker's load reply gives (the vi
 variables renumber devices), else by its index mapped through those variables. A reader cheap
 enough (NVML) reads at the start and the end of every round request and every
 ``SAMPLE_EVERY_S`` in between from a thread of the parent; a slow one (a tool run per read) only
-from the thread, back to back. On a CPU, or without any tool, nothing is read and the report
+from the thread, resting twice its own cost between reads. On a CPU, or without any tool, nothing is read and the report
 says why, once.
 
 What follows from the readings: each kernel's median and lowest clock and the slowdown reasons
@@ -86,6 +86,15 @@ class ClockReader(Protocol):
     gpu: str  # the id the tool was given
 
     def read(self) -> ClockReading: ...
+
+
+def slowed(x: ClockReading) -> tuple[str, ...]:
+    """The thermal/power reasons of a reading whose clock they really lowered: a power cap that
+    holds the clock at its rated maximum costs nothing (heavy matmuls sit at the cap)."""
+    slow = tuple(s for s in x.reasons if s in SLOWDOWN)
+    if slow and x.max_mhz and x.mhz >= x.max_mhz * (1 - CLOCK_DROP):
+        return ()
+    return slow
 
 
 def reasons_from_mask(mask: int) -> tuple[str, ...]:
@@ -422,6 +431,22 @@ class ClockWatch:
         self._thread: Optional[threading.Thread] = None
 
     @classmethod
+    def for_members(cls, members: Sequence[Any], env_for: Callable[[Any], Mapping[str, Any]]) -> "ClockWatch":
+        """The watch of a session's timed members (engine.kernels.session.Member: their load
+        replies and their kernels' environments), its baseline the compare's baseline, else the
+        judge, else the first."""
+        places = [((m.load.get("device") or {}), (m.load.get("versions") or {}), env_of(env_for(m.spec)))
+                  for m in members]
+        dev, versions, env = places[0]
+        vendor = "amd" if versions.get("hip") else "nvidia"
+        gpus = {tuple(device_ids(d, e, vendor)[:1]) for d, _v, e in places if d.get("type") == "cuda"}
+        watch = (cls(None, "the kernels ran on different GPUs (their own visibility variables)") if len(gpus) > 1
+                 else cls.open(dev, versions, env))
+        watch.baseline = next((m.key for m in members if getattr(m.spec, "baseline", False)),
+                              next((m.key for m in members if m.role == "reference"), members[0].key))
+        return watch
+
+    @classmethod
     def open(cls, device: Mapping[str, Any], versions: Mapping[str, Any], env: Mapping[str, str]) -> "ClockWatch":
         """The watch of the GPU the workers run on (the first timed kernel's load reply), its
         sampling thread started; an unread one where there is no GPU or no tool."""
@@ -497,7 +522,7 @@ class ClockWatch:
 
     def _drop_seen(self, r: int) -> str:
         this = self._work([x for _k, rr, x in self.readings if rr == r])
-        slow = sorted({s for x in this for s in x.reasons if s in SLOWDOWN})
+        slow = sorted({s for x in this for s in slowed(x)})
         if slow:
             return f"the GPU reported {', '.join(slow)} in round {r + 1}"
         first = self._work([x for _k, rr, x in self.readings if rr == 0])
@@ -598,9 +623,8 @@ class ClockWatch:
             return out
         slow: dict[str, int] = {}
         for x in rs:
-            for s in x.reasons:
-                if s in SLOWDOWN:
-                    slow[s] = slow.get(s, 0) + 1
+            for s in slowed(x):
+                slow[s] = slow.get(s, 0) + 1
         if slow:
             n = max(slow.values())
             out.append({"guard": "sm_clock", "reasons": sorted(slow), "message": (

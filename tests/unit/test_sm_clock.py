@@ -235,3 +235,27 @@ def test_an_unread_watch_says_why_once():
     assert w.summary("A") == {"read": False, "why": "the kernels ran on the CPU"} and w.flags("A") == []
     timings = [{"sm_clock": w.summary("A")}, {"sm_clock": w.summary("B")}]
     assert sm_clock.not_read_line(timings) == "SM clock not read: the kernels ran on the CPU"
+
+
+def test_a_power_cap_at_the_rated_clock_is_no_drop():
+    reader = SetReader(1980.0, ("sw_power_cap",))  # a heavy matmul at the cap, clock still at its maximum
+    w = _watch(reader)
+    for r in range(3):
+        with w.during("A", r):
+            pass
+        assert w.after_round(r, {"A": {"rounds": 5, "per_round": 8}}) == 5
+    assert w.flags("A") == [] and w.summary("A")["reasons"] == {"sw_power_cap": 6}
+
+
+def test_kernels_on_different_gpus_are_not_read():
+    from types import SimpleNamespace as NS
+
+    def member(key, uuid, baseline=False):
+        return NS(key=key, role="kernel", spec=NS(baseline=baseline, env={}),
+                  load={"device": {"type": "cuda", "index": 0, "uuid": uuid}, "versions": {}})
+
+    w = ClockWatch.for_members([member("a", "u1", True), member("b", "u2")], lambda spec: spec.env)
+    assert w.reader is None and "different GPUs" in w.summary("a")["why"] and w.baseline == "a"
+    cpu = ClockWatch.for_members([NS(key="x", role="reference", spec=NS(env={}), load={"device": {"type": "cpu"}})],
+                                 lambda spec: spec.env)
+    assert cpu.summary("x") == {"read": False, "why": "the kernels ran on the CPU"} and cpu.baseline == "x"
