@@ -348,6 +348,10 @@ def _nvml_reader(ids: list[str]) -> Optional[NvmlReader]:
     return None
 
 
+class _Hung(Exception):
+    pass
+
+
 def _tool_reader(source: str, argv_for: Callable[[str, str], list[str]], parse: Callable[[str], list[ClockReading]],
                  ids: list[str], runner: Optional[Runner] = None) -> Optional[ToolReader]:
     tool = source if runner else find_tool(source)
@@ -358,8 +362,9 @@ def _tool_reader(source: str, argv_for: Callable[[str, str], list[str]], parse: 
         try:
             reader.read()
             return reader
-        except (OSError, ValueError, TypeError, KeyError):
-            continue
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            if "exited 124" in str(exc):  # the tool hung (killed after 5 s): no more tries of it
+                raise _Hung(source) from exc
     return None
 
 
@@ -381,19 +386,27 @@ def open_reader(device: Mapping[str, Any], versions: Mapping[str, Any], env: Map
         reader: Optional[ClockReader] = _nvml_reader(ids) if nvml else None
         # Drivers before R535 know the reasons field only by its old name; an unknown field fails
         # the whole query, so each name is tried, then none.
-        for field in ("clocks_event_reasons.active", "clocks_throttle_reasons.active", None):
-            if reader is not None:
-                break
-            reader = _tool_reader("nvidia-smi", lambda t, i, f=field: (
-                nvidia_smi_argv(t, i, f) if f else nvidia_smi_argv(t, i)[:1] + [
-                    "--query-gpu=uuid,temperature.gpu,clocks.sm,power.draw,clocks.max.sm"] + nvidia_smi_argv(t, i)[2:]),
-                parse_nvidia_clocks, ids, runner)
+        try:
+            for field in ("clocks_event_reasons.active", "clocks_throttle_reasons.active", None):
+                if reader is not None:
+                    break
+                reader = _tool_reader("nvidia-smi", lambda t, i, f=field: (
+                    nvidia_smi_argv(t, i, f) if f else nvidia_smi_argv(t, i)[:1] + [
+                        "--query-gpu=uuid,temperature.gpu,clocks.sm,power.draw,clocks.max.sm"] + nvidia_smi_argv(t, i)[2:]),
+                    parse_nvidia_clocks, ids, runner)
+        except _Hung:
+            return None, "nvidia-smi hung (no NVML either)"
         return reader, "" if reader else "neither NVML nor nvidia-smi could read this GPU's clock"
-    reader = _tool_reader("amd-smi", lambda t, i: [t, "metric", "--temperature", "--clock", "--power", "--json",
-                                                   "-g", i], parse_amd_clocks, ids, runner)
-    if reader is None:
-        reader = _tool_reader("rocm-smi", lambda t, i: [t, "--showclocks", "--json", "-d", i], parse_rocm_smi_clocks,
-                              [i for i in ids if i.isdigit()], runner)
+    reader = None
+    for tool, argv_for, parse, tool_ids in (
+            ("amd-smi", lambda t, i: [t, "metric", "--temperature", "--clock", "--power", "--json", "-g", i],
+             parse_amd_clocks, ids),
+            ("rocm-smi", lambda t, i: [t, "--showclocks", "--json", "-d", i], parse_rocm_smi_clocks,
+             [i for i in ids if i.isdigit()])):
+        try:
+            reader = reader or _tool_reader(tool, argv_for, parse, tool_ids, runner)
+        except _Hung:
+            continue
     return reader, "" if reader else "neither amd-smi nor rocm-smi could read this GPU's clock"
 
 

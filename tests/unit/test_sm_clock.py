@@ -259,3 +259,15 @@ def test_kernels_on_different_gpus_are_not_read():
     cpu = ClockWatch.for_members([NS(key="x", role="reference", spec=NS(env={}), load={"device": {"type": "cpu"}})],
                                  lambda spec: spec.env)
     assert cpu.summary("x") == {"read": False, "why": "the kernels ran on the CPU"} and cpu.baseline == "x"
+
+
+def test_a_hung_tool_is_tried_once():
+    calls = []
+
+    def runner(argv):
+        calls.append(argv)
+        return 124, ""  # run_tool's answer for a tool killed at its timeout
+
+    reader, why = open_reader({"type": "cuda", "index": 0, "uuid": UUID, "pci_bus_id": "0000:18:00.0"}, {}, {},
+                              runner=runner, nvml=False)
+    assert reader is None and len(calls) == 1 and "hung" in why  # not once per field name and id
