@@ -98,7 +98,10 @@ def _correctness(plan: Any, k: Any) -> dict:
                     f"outputs vs the baseline {base.id if base else '?'}")
         else:
             what = "self-check (finite, fully written, repeatable outputs)"
-        checks.append(f"harness: {what}, {_tolerances(s)}, {seeds}")
+        from engine.kernels.input_variants import DISTRIBUTIONS
+        checks.append(f"harness: {what}, {_tolerances(s)}, {seeds}, plus the first set redrawn from "
+                      f"{' and '.join(DISTRIBUTIONS)} distributions (correctness only; unless the inputs module sets "
+                      "INPUT_DISTRIBUTIONS)")
     return {"backend": backend, "checks": checks, "rtol": s.rtol, "atol": s.atol, "seeds": s.n_seeds,
             "iteration_count": s.iteration_count, "environment": None}
 

@@ -113,6 +113,20 @@ def _reference_member(ref_file: Path, k0: KernelSpec):
     return Member(key=f"reference:{ref_file.name}", spec=ref_spec, role="reference")
 
 
+def _input_distributions(set_meta: list[dict], dropped: dict[int, str]) -> dict:
+    """Which distributions the correctness input sets came from, as the report gives them:
+    each one's description and how many sets were judged from it, and the sets dropped because
+    the reference could not handle them (with why)."""
+    from engine.kernels.input_variants import DESCRIPTIONS
+    used: dict[str, dict] = {}
+    for i, meta in enumerate(set_meta):
+        d = meta.get("distribution", "problem")
+        entry = used.setdefault(d, {"distribution": d, "description": DESCRIPTIONS.get(d, d), "sets": 0})
+        if i not in dropped:
+            entry["sets"] += 1
+    return {"used": list(used.values()), "dropped": [dropped[i] for i in sorted(dropped)]}
+
+
 class Evaluator:
     def __init__(self, plan: Plan, ws: Workspace, machine: Machine, cancel: CancelToken) -> None:
         self.plan, self.ws, self.machine, self.cancel = plan, ws, machine, cancel
@@ -326,6 +340,7 @@ class Evaluator:
             "mode": mode, "seeds": m.seeds, "device": m.load.get("device"), "versions": m.load.get("versions"),
             "seeds_hidden": session.s.seeds_hidden, "weights_from_reference": m.adopted,
             "input_sets": len(m.load.get("set_meta", [])), "checked_timed_calls": m.checked_calls,
+            "input_distributions": _input_distributions(m.load.get("set_meta", []), session.dropped_sets),
         }
         corr.errors.extend(m.errors)
         o.environment.extend(e for e in m.environment if e not in o.environment)  # not judged: the machine failed

@@ -315,6 +315,13 @@ def audit_outcome(claimed_ms: float, real: list[float], null: list[float], ratio
     return "forged" if claimed_ms < ratio * seen - max(AUDIT_SLACK_MS, noise) else "unsure"
 
 
+def _set_label(meta: dict) -> str:
+    """How an input set is named in messages: "main inputs", "extra 0 inputs", "main inputs
+    redrawn from a uniform distribution"."""
+    dist = meta.get("distribution", "problem")
+    return f"{meta['shape']} inputs" + ("" if dist == "problem" else f" redrawn from a {dist} distribution")
+
+
 def _add_new(dst: list, items: list) -> None:
     """Append the messages ``dst`` does not hold yet (a guard reports on every request)."""
     dst.extend(e for e in items if e not in dst)
@@ -391,6 +398,9 @@ class HarnessSession:
         self.python, self.env_for, self.log_stem_for = python, env_for, log_stem_for
         self.cancel, self.emit = cancel, emit
         self.degenerate: Optional[str] = None
+        # Variant input sets (redrawn from other distributions) the reference could not handle:
+        # set index -> why; they are judged for no one.
+        self.dropped_sets: dict[int, str] = {}
         self.floor_note: Optional[str] = None
         self.timer_used: Optional[str] = None
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
@@ -470,7 +480,8 @@ class HarnessSession:
                 self._fail(m, f"harness failed: could not load the kernel: {exc}", exc)
                 continue
             for i, meta in enumerate(m.load.get("set_meta", [])):
-                meta["seed"] = self.s.seeds[i] if meta["shape"] == "main" else self.s.seeds[0]
+                own = meta["shape"] == "main" and meta.get("distribution", "problem") == "problem"
+                meta["seed"] = self.s.seeds[i] if own else self.s.seeds[0]
             _add_new(m.rejections, m.load.get("guard_errors", []))
         if ref is not None and ref.state != "failed" and ref.load.get("state"):
             for m in self.members:
@@ -501,6 +512,8 @@ class HarnessSession:
             for j in judges + selfs:
                 if j.state != "failed" and not self.cancel.cancelled:
                     self._self_check_set(j, idx, meta)
+            if idx in self.dropped_sets:
+                continue
             if ref is not None and ref.state == "failed":
                 for m in judged:
                     if m.state != "failed":
@@ -520,10 +533,19 @@ class HarnessSession:
 
     def _self_check_set(self, j: Member, idx: int, meta: dict) -> None:
         """The reference (or a kernel checked against itself) on input set ``idx``: finite, fully
-        written, the same answer twice, its inputs left alone."""
+        written, the same answer twice, its inputs left alone. On a variant set (one redrawn from
+        another distribution) a failure drops the set instead: the problem may not be defined
+        there, and no kernel is called incorrect for what its reference cannot do."""
+        variant = meta.get("distribution", "problem") != "problem"
         try:
             r = j.worker.request("run_set", self.s.correctness_timeout_s, index=idx, role="reference")
-        except (KernelRaised, WorkerError) as exc:
+        except KernelRaised as exc:
+            if variant:
+                self._drop_set(j, idx, meta, f"it raised: {exc}")
+            else:
+                self._fail(j, f"harness failed: {exc}", exc)
+            return
+        except WorkerError as exc:
             self._fail(j, f"harness failed: {exc}", exc)
             return
         errs = self._classify(j, r)
@@ -532,6 +554,11 @@ class HarnessSession:
             errs.append(r["inputs_check"])
         if errs:
             entry["passed"], entry["reason"] = False, errs[0]
+        if variant:
+            entry["distribution"] = meta["distribution"]
+            if not entry.get("passed"):
+                self._drop_set(j, idx, meta, entry.get("reason", "mismatch"))
+                return
         j.seeds.append(entry)
         j.output_bytes = max(j.output_bytes, int(r.get("output_bytes", 0)))
         if r.get("flops"):
@@ -539,6 +566,13 @@ class HarnessSession:
         if not entry.get("passed"):
             self._fail(j, f"outputs failed the reference's self-check (seed {meta['seed']}, {meta['shape']} "
                           f"inputs): {entry.get('reason', 'mismatch')}")
+
+    def _drop_set(self, j: Member, idx: int, meta: dict, why: str) -> None:
+        name = self._ref_name() if j is self.reference else j.key
+        self.dropped_sets[idx] = (f"input set {idx} ({_set_label(meta)}) dropped: the {name} fails its own check "
+                                  f"there ({why}); no kernel is judged on it")
+        j.seeds.append({"seed": meta["seed"], "shape": meta["shape"], "distribution": meta["distribution"],
+                        "passed": None, "dropped": self.dropped_sets[idx]})
 
     def _judge_set(self, m: Member, idx: int, meta: dict) -> bool:
         """Kernel ``m`` on input set ``idx``, judged in the reference's worker. False when a cancel
@@ -552,7 +586,7 @@ class HarnessSession:
                                      atol=self.s.atol, inplace=bool(getattr(m.spec, "inplace", False)))
             m.worker.request("release", self.s.correctness_timeout_s, handles=[c["handle"]])
         except KernelRaised as exc:
-            self._fail(m, f"the kernel raised on seed {meta['seed']} ({meta['shape']} inputs): {exc}", exc)
+            self._fail(m, f"the kernel raised on seed {meta['seed']} ({_set_label(meta)}): {exc}", exc)
             return True
         except WorkerError as exc:
             if self.cancel.cancelled:
@@ -561,20 +595,22 @@ class HarnessSession:
             return True
         m.output_bytes = max(m.output_bytes, int(c.get("output_bytes", 0)))
         entry = {"seed": meta["seed"], "shape": meta["shape"],
+                 **({"distribution": meta["distribution"]} if meta.get("distribution", "problem") != "problem" else {}),
                  **{k: v for k, v in res.items() if k not in ("ok", "inputs_check")}}
         problems = local + ([res["inputs_check"]] if res.get("inputs_check") else [])
         if problems:
             entry["passed"], entry["reason"] = False, problems[0]
         m.seeds.append(entry)
         if not entry.get("passed"):
-            self._fail(m, f"outputs differ from the {self._ref_name()} (seed {meta['seed']}, {meta['shape']} "
-                          f"inputs): {entry.get('reason', 'mismatch')}")
+            self._fail(m, f"outputs differ from the {self._ref_name()} (seed {meta['seed']}, {_set_label(meta)}): "
+                          f"{entry.get('reason', 'mismatch')}")
         return True
 
     def _check_degenerate(self, ref: Member) -> None:
         """Would zeros, a constant or the input pass this test? Then it cannot tell kernels apart."""
         try:
-            d = ref.worker.request("degenerate", self.s.correctness_timeout_s, rtol=self.s.rtol, atol=self.s.atol)
+            d = ref.worker.request("degenerate", self.s.correctness_timeout_s, rtol=self.s.rtol, atol=self.s.atol,
+                                   skip=sorted(self.dropped_sets))
             self.degenerate = d.get("degenerate")
             ref.worker.request("release", self.s.correctness_timeout_s, references=True)
         except (KernelRaised, WorkerError) as exc:

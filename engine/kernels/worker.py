@@ -56,6 +56,10 @@ from engine.kernels.harness import (  # noqa: E402
     CHUNK_BYTES, LoadSpec, _flatten, _load_module, _map_tensors, _pick_class, compare_outputs, flat_chunks,
     poisoned_allocations,
 )
+from engine.kernels.harness import _tolerance as _default_tolerance  # noqa: E402
+from engine.kernels.input_variants import (  # noqa: E402
+    DISTRIBUTIONS, any_redrawable, keep_half_, redraw_, variant_seed,
+)
 
 _HAS_CUDA = torch.cuda.is_available()
 if _HAS_CUDA:
@@ -256,6 +260,11 @@ class Worker:
         # from their seeds whenever a call needs one: on a GPU that costs what a clone costs.
         self.regen: Optional[tuple] = None  # (get_inputs, made on the device)
         self.set_seeds: dict[int, int] = {}
+        # Copies of the first main set redrawn from other distributions, judged in correctness
+        # only: index -> (the main set's index, distribution, seed). Kept like the main sets when
+        # they all fit the keep limit, else made again whenever a request needs one.
+        self.variants: dict[int, tuple[int, str, int]] = {}
+        self.variants_kept = True
         self.main_bytes = 0
         self.out_bytes = 0  # one call's outputs, once a call has run
         # Above this (all main sets' inputs, or the reference's outputs on them), nothing is kept
@@ -294,6 +303,8 @@ class Worker:
     def _pristine(self, index: int) -> list:
         """Input set ``index`` as made; a new copy when sets are made again, else the kept one
         (never hand that to a kernel: use ``_fresh``)."""
+        if index in self.variants and self.sets[index] is None:
+            return self._make_variant(index)
         if self.regen is None or index not in self.set_seeds:
             return self.sets[index]
         fn, on_device = self.regen
@@ -393,7 +404,8 @@ class Worker:
         if get_inputs is None:
             raise AttributeError(f"{spec.inputs.module} defines no {spec.inputs.get_inputs_func or 'get_inputs'}()")
         # Inputs first, before the kernel's module exists in this process.
-        self._make_sets(spec, get_inputs, getattr(in_mod, "get_correctness_inputs", None))
+        self._make_sets(spec, get_inputs, getattr(in_mod, "get_correctness_inputs", None),
+                        tuple(getattr(in_mod, "INPUT_DISTRIBUTIONS", DISTRIBUTIONS)))
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.watch_modules = [(f"inputs module {Path(spec.inputs.module).name}", in_mod)]
         self.watch = _watch_table(self.watch_modules)
@@ -433,10 +445,11 @@ class Worker:
             info["versions"]["triton"] = None
         return info
 
-    def _make_sets(self, spec: LoadSpec, get_inputs, more) -> None:
+    def _make_sets(self, spec: LoadSpec, get_inputs, more, distributions: tuple = DISTRIBUTIONS) -> None:
         """One main input set per seed (kept, or made again from its seed when all of them would
         take more than ``keep_sets_bytes``: 1/16 of the GPU's memory by default), then the
-        extra shapes of ``get_correctness_inputs()``."""
+        extra shapes of ``get_correctness_inputs()``, then the first main set redrawn from each
+        of ``distributions`` (engine.kernels.input_variants)."""
         keep_limit = spec.keep_sets_bytes
         if keep_limit is None and os.environ.get("MAGPIE_KEEP_SETS_BYTES"):
             keep_limit = int(os.environ["MAGPIE_KEEP_SETS_BYTES"])
@@ -447,12 +460,14 @@ class Worker:
             index = len(self.sets)
             self.set_seeds[index] = seed
             self.main_sets.append(index)
-            self.set_meta.append({"shape": "main"})
+            self.set_meta.append({"shape": "main", "distribution": "problem"})
             if self.regen is not None:  # made again from its seed when needed: never made here
                 self.sets.append(None)
                 continue
             torch.manual_seed(seed)
             made, on_device = self._make(get_inputs)
+            if index == 0:  # no floating-point data to redraw (indices only): no variant sets
+                distributions = distributions if any_redrawable(made) else ()
             self.main_bytes = self.main_bytes or _nbytes(made)
             if on_device and keep_limit is not None and _nbytes(made) * len(spec.seeds) > keep_limit:
                 self.regen = (get_inputs, on_device)
@@ -465,7 +480,50 @@ class Worker:
             torch.manual_seed(spec.seeds[0])
             for i, extra in enumerate(self._make(more)[0]):
                 self.sets.append(self._on_device(extra))
-                self.set_meta.append({"shape": f"extra {i}"})
+                self.set_meta.append({"shape": f"extra {i}", "distribution": "problem"})
+        self._add_variants(spec.seeds[0], distributions)
+
+    def _add_variants(self, seed: int, distributions: tuple) -> None:
+        """The variant sets: kept when they fit the keep limit beside the main sets, made again
+        from the first set's seed when the main sets are, else made for each request that uses
+        one (``_variant_held``): never more memory kept than the main sets alone would keep."""
+        n = len(self.main_sets) + len(distributions)
+        self.variants_kept = self.regen is None and (self.keep_limit is None or n * self.main_bytes <= self.keep_limit)
+        for k, dist in enumerate(distributions):
+            index = len(self.sets)
+            self.variants[index] = (self.main_sets[0], dist, variant_seed(seed, k))
+            self.set_meta.append({"shape": "main", "distribution": dist})
+            self.sets.append(None)
+            if self.regen is not None:
+                self.set_seeds[index] = seed  # through _pristine, like the main sets
+            elif self.variants_kept:
+                self.sets[index] = self._make_variant(index)
+
+    def _make_variant(self, index: int) -> list:
+        """Variant set ``index`` made: the first main set, its floating-point data redrawn."""
+        base, dist, seed = self.variants[index]
+        inputs = self._copy_of(base)
+        redraw_(inputs, dist, seed)
+        return inputs
+
+    def _copy_of(self, index: int) -> list:
+        """Input set ``index`` as made, in tensors of its own (a kept set is cloned), for the
+        harness's own use: never handed to a kernel."""
+        inputs = self._pristine(index)
+        return _map_tensors(inputs, _clone) if inputs is self.sets[index] else inputs
+
+    @contextlib.contextmanager
+    def _variant_held(self, index: int):
+        """Variant set ``index`` in ``self.sets`` for the length of one request when it is not
+        kept (and not made again from seeds, as _fresh does for those)."""
+        if index in self.variants and self.regen is None and self.sets[index] is None:
+            self.sets[index] = self._make_variant(index)
+            try:
+                yield
+            finally:
+                self.sets[index] = None
+        else:
+            yield
 
     def _build_model(self, spec: LoadSpec, in_mod) -> None:
         same = Path(spec.kernel.module).resolve() == Path(spec.inputs.module).resolve()
@@ -513,6 +571,10 @@ class Worker:
 
     def op_run_set(self, req: dict) -> dict:
         """A correctness call on a clone of input set ``index``, with fresh allocations poisoned."""
+        with self._variant_held(int(req["index"])):
+            return self._run_set(req)
+
+    def _run_set(self, req: dict) -> dict:
         index = int(req["index"])
         inputs = self._fresh(index, None)
         with poisoned_allocations(self.device):
@@ -554,10 +616,13 @@ class Worker:
         inputs, would pass the keep limit."""
         if self.regen is not None and index in self.set_seeds:
             return False
+        if index in self.variants and not self.variants_kept:
+            return False
         if self.keep_limit is None:
             return True
-        kept_inputs = 0 if self.regen is not None else self.main_bytes * len(self.main_sets)
-        return kept_inputs + self.out_bytes * len(self.main_sets) <= self.keep_limit
+        n = len(self.main_sets) + (len(self.variants) if index in self.variants else 0)
+        kept_inputs = 0 if self.regen is not None else self.main_bytes * n
+        return kept_inputs + self.out_bytes * n <= self.keep_limit
 
     def _count_flops(self, index: int) -> Optional[int]:
         """The flops of one call as torch's flop counter sees them (matmuls, convolutions,
@@ -608,13 +673,17 @@ class Worker:
 
     def op_judge(self, req: dict) -> dict:
         """Compare another worker's outputs (and its inputs after the call) with this reference."""
+        with self._variant_held(int(req["index"])):
+            return self._judge(req)
+
+    def _judge(self, req: dict) -> dict:
         index = int(req["index"])
         perturb = req.get("perturb")
         ref = self._reference_output(index, perturb)  # its inputs are freed once it returns
         if ref is None:
             raise RuntimeError(f"the reference has no output for input set {index}: run it on that set first")
         out = tensor_share.import_tree(req["outputs"])
-        result = compare_outputs(ref, out, req.get("rtol"), req.get("atol"))
+        result = compare_outputs(ref, out, *self._tolerance(index, ref, req.get("rtol"), req.get("atol")))
         del ref, out  # the pristine inputs below need the room
         result["inputs_check"] = None
         if not req.get("inplace"):
@@ -623,13 +692,30 @@ class Worker:
             del after
         return result
 
+    def _tolerance(self, index: int, ref, rtol: Optional[float], atol: Optional[float]) -> tuple:
+        """(rtol, atol) for judging set ``index``: as given, except on a variant set whose
+        reference output is larger than 1 somewhere, where atol is taken relative to the output's
+        largest magnitude: redrawn inputs reach far beyond the problem's own, and an honest
+        kernel's rounding (another order of summation over a few huge terms) grows with them."""
+        if index not in self.variants:
+            return rtol, atol
+        floats = [t for t in _tensors(ref) if t.is_floating_point() and t.numel()]
+        big = max([_abs_max(t) for t in floats], default=0.0)
+        if not big > 1 or big == float("inf"):
+            return rtol, atol
+        base = atol if atol is not None else _default_tolerance(str(floats[0].dtype).replace("torch.", ""), None, None)[1]
+        return rtol, base * big
+
     def op_degenerate(self, req: dict) -> dict:
         """Would an output that ignores the inputs pass this test: all zeros, one constant, the
         reference's output on one input set, or the input itself? A trivial kernel gives the same
-        answer whatever its inputs, so each is tried on every main input set and must pass all of
-        them: a scalar output (a loss) whose value moves with the inputs is a real test, one that
-        is the same on every set is not."""
-        sets = list(self.main_sets) if self.sets else []
+        answer whatever its inputs, so each is tried on every main input set and every variant set
+        (the first one redrawn from other distributions; ``skip``: those the session dropped) and
+        must pass all of them: a scalar output (a loss) whose value moves with the inputs is a real
+        test, one that is the same on every set is not. Last, would an output computed from half
+        the inputs pass on all of them (``_half_inputs_pass``)?"""
+        skip = {int(i) for i in req.get("skip") or []}
+        sets = list(self.main_sets) + [i for i in self.variants if i not in skip] if self.sets else []
         first = self._reference_output(sets[0], None) if sets else None
         if first is None:
             return {"degenerate": None}
@@ -641,9 +727,11 @@ class Worker:
 
         def passes_everywhere(make) -> bool:
             for i in sets:
-                ref = first if i == sets[0] else self._reference_output(i, None)
-                if ref is None or not compare_outputs(ref, make(i, ref), rtol, atol)["passed"]:
-                    return False
+                with self._variant_held(i):
+                    ref = first if i == sets[0] else self._reference_output(i, None)
+                    got = make(i, ref) if ref is not None else None
+                    if got is None or not compare_outputs(ref, got, *self._tolerance(i, ref, rtol, atol))["passed"]:
+                        return False
                 largest[0] = max([largest[0]] + [_abs_max(t) for t in _tensors(ref)
                                                  if (t.is_floating_point() or t.is_complex()) and t.numel()])
                 ref = None  # freed before the next set's output is computed
@@ -684,7 +772,32 @@ class Worker:
         if isinstance(first, torch.Tensor) and passes_everywhere(the_input):
             return {"degenerate": f"degenerate test: returning the input unchanged passes it {on_all}: it cannot tell "
                                   "kernels apart"}
-        return {"degenerate": None}
+        return {"degenerate": self._half_inputs_pass(passes_everywhere, on_all)}
+
+    def _half_inputs_pass(self, passes_everywhere, on_all: str) -> Optional[str]:
+        """The partial-computation check: the reference's output on inputs that hold only half
+        their values (each floating-point tensor's elements paired, both of a pair given one of
+        the two values: ``input_variants.keep_half_``) against its output on the inputs as made.
+        A mean over many elements hardly moves when half of them are left out; if that passes on
+        every set, a kernel that reads half its inputs passes too. Pairs of neighbours (half of
+        every row) and pairs half the tensor apart (half of the rows) are both tried."""
+        if self.model is None:  # outputs set without a model (nothing to run again)
+            return None
+        for stride, what in (("adjacent", "every second element of each row"), ("halves", "half of the rows")):
+            def halved(i: int, ref, stride=stride):
+                inputs = self._copy_of(i)
+                if not keep_half_(inputs, 7919 + i, stride):
+                    return None  # no floating-point data to leave out
+                out = self._call(inputs)
+                _sync(self.device)
+                return out
+            if passes_everywhere(halved):
+                return (f"degenerate test: an output computed from half the inputs passes it {on_all} (the reference's "
+                        f"own output on inputs of which half the values were replaced by the other half, {what} "
+                        "kept): a kernel that reads only part of its inputs would pass; make each output depend "
+                        "on more of its inputs' values (fewer elements per reduced output, heavier-tailed inputs "
+                        "in get_inputs()) or set correctness.rtol and atol lower")
+        return None
 
     def op_export(self, req: dict) -> dict:
         return self._export(int(req["handle"]))
