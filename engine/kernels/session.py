@@ -248,6 +248,9 @@ class Member:
     timing: dict = field(default_factory=dict)
     checked_calls: int = 0
     other_stream_calls: int = 0
+    addresses_reused: int = 0  # calls whose inputs could not be placed at a new address
+    # Traced calls against the discovery call's kernels: calls, differ, empty, first example.
+    kernel_sets: dict = field(default_factory=lambda: {"calls": 0, "differ": 0, "empty": 0, "example": None})
     state: str = "pending"  # pending -> checked -> timed; or failed / cancelled
     cancelled_in: Optional[str] = None
     output_bytes: int = 0
@@ -320,6 +323,17 @@ def _set_label(meta: dict) -> str:
     redrawn from a uniform distribution"."""
     dist = meta.get("distribution", "problem")
     return f"{meta['shape']} inputs" + ("" if dist == "problem" else f" redrawn from a {dist} distribution")
+
+
+def _add_kernel_sets(m: "Member", found: Optional[dict]) -> None:
+    """Sum a reply's kernel-set check (engine.kernels.worker.kernel_set_check) into ``m``'s."""
+    if not found:
+        return
+    ks = m.kernel_sets
+    for k in ("calls", "differ", "empty"):
+        ks[k] += int(found.get(k) or 0)
+    if ks["example"] is None and found.get("example"):
+        ks["example"] = found["example"]
 
 
 def _add_new(dst: list, items: list) -> None:
@@ -747,6 +761,8 @@ class HarnessSession:
             if r >= 0:  # round -1's samples are dropped
                 m.rounds.append(rep["samples_ms"])
                 m.other_stream_calls += int(rep.get("other_stream_calls", 0))
+                _add_kernel_sets(m, rep.get("kernel_sets"))
+                m.addresses_reused = max(m.addresses_reused, int(rep.get("addresses_reused") or 0))
                 if rep.get("events_ms"):
                     m.events_rounds.append(rep["events_ms"])
             pending.append((m, rep.get("kept", [])))
@@ -784,6 +800,7 @@ class HarnessSession:
         spans = [x for x in rep.get("trace_spans_ms", []) if x is not None]
         ev = statistics.median(rep["events_ms"]) if rep.get("events_ms") else None
         span = statistics.median(spans) if spans else None
+        _add_kernel_sets(m, rep.get("kernel_sets"))
         if rep.get("other_stream_calls") or (span is not None and ev is not None and span > ev * 1.10 + 0.002):
             m.timing_rejections.append({"guard": "escaped_stream", "message": (
                 "work ran outside the timed stream: the device trace shows "
@@ -888,6 +905,31 @@ class HarnessSession:
                 f"{seen * 1e3:.1f} us per call ({len(real)} batches of {k} audited calls against as many empty "
                 "ones): the numbers were changed on their way out of the kernel's process")})
 
+    def _check_kernel_sets(self, m: Member) -> None:
+        """Every traced call must launch the kernels the discovery call launched. A call that
+        launched nothing returned an answer made elsewhere (kept from an earlier call, or work
+        left to another one): rejected once it is more than a dropped trace record could explain.
+        Other differences are flagged: work moved between calls, or skipped when unchecked."""
+        ks = m.kernel_sets
+        m.timing["kernel_sets"] = {k: ks[k] for k in ("calls", "differ", "empty")}
+        if not ks["differ"]:
+            return
+        ex = ks["example"] or {}
+
+        def shown(d: dict) -> str:
+            return ", ".join(f"{name[:60]} x{n}" for name, n in sorted(d.items())[:4]) + (" ..." if len(d) > 4 else "") \
+                if d else "nothing"
+        detail = (f"call {ex.get('call')} launched {shown(ex.get('launched') or {})}; the discovery call launched "
+                  f"{shown(ex.get('expected') or {})}")
+        if ks["empty"] >= max(2, 0.05 * ks["calls"]):
+            m.timing_rejections.append({"guard": "kernel_set", "message": (
+                f"{ks['empty']} of {ks['calls']} traced calls launched no GPU work while the discovery call did "
+                f"({detail}): their answers were not computed by the call")})
+        else:
+            m.flags.append({"guard": "kernel_set", "message": (
+                f"{ks['differ']} of {ks['calls']} traced calls launched other kernels than the discovery call "
+                f"({detail}): work moved between calls, or skipped in some")})
+
     def _release(self, m: Member, kept: list[dict]) -> None:
         if kept:
             try:
@@ -933,7 +975,8 @@ class HarnessSession:
         m.timing = {"backend": backend, "timer": timer, "rounds": len(m.rounds), "per_round": plan["per_round"],
                     "repeats": len(samples), "warmup": w["warmup"], "estimate_ms": w["estimate_ms"],
                     "l2_flush": bool(w.get("l2_flush_bytes")), "l2_flush_bytes": w.get("l2_flush_bytes", 0),
-                    "inputs": f"a fresh clone of one of {len(self.s.seeds)} input sets per call, sparsely perturbed",
+                    "inputs": f"a fresh copy of one of {len(self.s.seeds)} input sets per call, sparsely perturbed, "
+                              "at an address no earlier call's inputs had",
                     "checked_timed_calls": m.checked_calls, "interleaved": True,
                     "method_note": {
                         "trace": "device trace (CUPTI/roctracer via torch.profiler): from the first to the last kernel "
@@ -947,6 +990,11 @@ class HarnessSession:
             m.timing["clock_audit"] = dict(m.clock_audit)
         if events:
             m.timing["events_median_ms"] = statistics.median(events)
+        self._check_kernel_sets(m)
+        if m.addresses_reused:
+            m.flags.append({"guard": "addresses", "message": (
+                f"{m.addresses_reused} call(s) got inputs at an address an earlier call had (the allocator kept "
+                "handing back used ones): a cache keyed by pointer could have hit there")})
         if samples and timer == "trace" and m.other_stream_calls:
             m.flags.append({"guard": "escaped_stream", "message":
                             f"work ran outside the timed stream: {m.other_stream_calls} timed call(s) put kernels on "

@@ -10,9 +10,12 @@ What makes its numbers hard to game:
   rejected by name;
 * inputs come from the reference's ``get_inputs`` under seeds the kernel does not know,
   generated before the kernel's module is imported;
-* every timed call gets its own inputs: a clone of one of several input sets, sparsely
-  perturbed with a fresh seed, so no two calls see the same values; which outputs are kept
-  for checking is drawn after each call returns;
+* every call gets its own inputs: a copy of one of several input sets, sparsely perturbed
+  with a fresh seed and placed at an address no earlier call saw, so no two calls see the same
+  values or pointers; which set, which perturbation and which call of a round is judged are
+  drawn from the operating system's random source (nothing in this process can predict them),
+  the last after the call returned, and the judged call's outputs and inputs are copied at
+  once, so a kernel cannot tell afterwards which call was judged and repair it;
 * outputs and inputs are judged in the reference's worker, a process the kernel never ran in
   (``engine.kernels.tensor_share``);
 * on a GPU the default timer reads every kernel the call put on any stream from the device
@@ -72,6 +75,9 @@ if _HAS_CUDA:
     from torch.profiler import profile as _profile
     from torch.profiler import record_function as _record_function
 _clone = torch.Tensor.clone
+# Draws a kernel cannot predict: it runs in this process and could copy a seeded generator's
+# state (found through gc or a frame) to learn which calls are judged.
+_secure_random = random.SystemRandom()
 
 
 AUDIT_BATCH_BYTES = 1 << 30
@@ -112,6 +118,8 @@ def _watch_table(extra_modules: list) -> dict[str, Any]:
     # The replies to the judge are serialized by json: a kernel that rewrote json.dumps could
     # shrink its own samples on their way out.
     spaces += [("json", json), ("json.JSONEncoder", json.JSONEncoder)]
+    # Which calls are judged comes from the OS: the draws' functions must stay the harness's.
+    spaces += [("random", random), ("random.SystemRandom", random.SystemRandom)]
     spaces += extra_modules
     for prefix, space in spaces:
         for name, obj in list(vars(space).items()):
@@ -122,7 +130,7 @@ def _watch_table(extra_modules: list) -> dict[str, Any]:
     me = sys.modules[__name__]
     for name in ("_perf_counter", "_monotonic", "_Event", "_event_record", "_event_elapsed", "_cuda_sync",
                  "_profile", "_record_function", "_clone", "_time_call", "_before_gpu_call", "_device_spans",
-                 "_gpu_spin"):
+                 "_gpu_spin", "_secure_random", "_discover_kernels", "kernel_set_check", "_draw_call"):
         if hasattr(me, name):
             table[f"{__name__}.{name}"] = getattr(me, name)
     return table
@@ -252,7 +260,11 @@ class Worker:
         self.threads_before: set[int] = set()
         self.flush = None
         self.flush_sink = 0
-        self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+        # Every input tensor's address so far, and the shift of the next copy: a call's inputs sit
+        # where no earlier call's did, so a cache keyed by pointer never hits.
+        self.seen_addresses: set[int] = set()
+        self.address_shift = 0
+        self.addresses_reused = 0
         self.graph = None
         self.inplace = False
         self.state_files: list[str] = []  # the reference's weights, shared with the others
@@ -275,6 +287,7 @@ class Worker:
         self.audit: Optional[tuple] = None  # (inputs, index, perturb) of the next clock-audit call
         self.audit_done: Optional[tuple] = None
         self.audit_spin: Optional[int] = None
+        self.discovery_kernels: Optional[dict[str, int]] = None  # what one traced call launches
 
     # ----------------------------------------------------------------- helpers
     def _call(self, inputs):
@@ -317,14 +330,50 @@ class Worker:
         finally:
             torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
 
-    def _fresh(self, index: int, perturb: Optional[int]) -> list:
-        if self.regen is not None and index in self.set_seeds:
-            inputs = self._pristine(index)
+    def _fresh(self, index: int, perturb: Optional[int], moved: bool = True) -> list:
+        """A copy of input set ``index`` (perturbed) for one call, every tensor at an address no
+        earlier call's inputs had (``moved``; the judge's own copies, never handed to a kernel
+        under test, are plain clones: a set made again from its seed is not copied twice)."""
+        if not moved:
+            inputs = self._pristine(index) if self.regen is not None and index in self.set_seeds else \
+                _map_tensors(self.sets[index], lambda t: _clone(t))
+        elif self.regen is not None and index in self.set_seeds:
+            made = self._pristine(index)
+            # Moved one tensor at a time: a set made again from its seed takes GBs.
+            inputs = [None] * len(made)
+            for i in range(len(made)):
+                inputs[i] = _map_tensors(made[i], self._at_new_address)
+                made[i] = None
         else:
-            inputs = _map_tensors(self.sets[index], lambda t: _clone(t))
+            inputs = _map_tensors(self.sets[index], self._at_new_address)
         if perturb is not None:
             perturb_(inputs, perturb)
         return inputs
+
+    def _at_new_address(self, t):
+        """A copy of ``t`` (the layout clone() gives) whose data starts at an address no earlier
+        copy's did: the copy sits ``address_shift`` bytes into a buffer of its own, the shift
+        growing by 256 bytes a copy (alignment kept for vector loads), so the allocator handing
+        back the same block still gives a new pointer; one seen before (the shift wraps at 1 MiB)
+        is moved again while its buffer is held, so the next comes from another block."""
+        if t.layout != torch.strided or t.is_quantized or t.numel() == 0 or type(t) is not torch.Tensor:
+            return _clone(t)
+        stride = torch.empty_like(t, device="meta").stride()  # what clone() would give
+        extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, stride))
+        held = []  # buffers at used addresses, kept until a new one is found
+        for _ in range(16):
+            self.address_shift = (self.address_shift + 256) % (1 << 20)
+            skip = self.address_shift // t.element_size()
+            buf = torch.empty(skip + extent, dtype=t.dtype, device=t.device)
+            new = buf.as_strided(t.shape, stride, skip)
+            if new.data_ptr() not in self.seen_addresses:
+                break
+            held.append(buf)
+        else:
+            self.addresses_reused += 1
+        self.seen_addresses.add(new.data_ptr())
+        new.copy_(t)
+        return new
 
     def _guard_errors(self) -> list[dict]:
         """Guard violations so far, each ``{"guard": name, "message": text}``."""
@@ -653,7 +702,7 @@ class Worker:
     def _inputs_check(self, index: int, perturb: Optional[int], after) -> Optional[str]:
         if self.inplace:
             return None
-        pristine = self._fresh(index, perturb) if perturb is not None else self._pristine(index)
+        pristine = self._fresh(index, perturb, moved=False) if perturb is not None else self._pristine(index)
         for i, (p, a) in enumerate(zip(pristine, after)):
             if isinstance(p, torch.Tensor) and isinstance(a, torch.Tensor) and not _same_bits(p, a):
                 return (f"wrote into input {i} during the call (its values changed); declare `inplace: true` on the "
@@ -667,7 +716,7 @@ class Worker:
             return self.ref_outputs[index]
         if perturb is None and self.regen is None and index not in self.outputs_dropped:
             return None
-        out = self._call(self._fresh(index, perturb))
+        out = self._call(self._fresh(index, perturb, moved=False))
         _sync(self.device)
         return out
 
@@ -818,7 +867,7 @@ class Worker:
 
     def op_warm(self, req: dict) -> dict:
         """The first call compiles or loads and is never timed; its length sets the warm-up."""
-        inputs = self._fresh(self.main_sets[0], self.rng.getrandbits(62))
+        inputs = self._fresh(self.main_sets[0], _secure_random.getrandbits(62))
         t0 = _perf_counter()
         out = self._call(inputs)
         _sync(self.device)
@@ -827,11 +876,15 @@ class Worker:
         del out
         n = req.get("warmup")
         n = int(n) if n is not None else (10 if first_s < 0.05 else 2)
-        t0 = _perf_counter()
-        for _ in range(n):
+        spent = 0.0
+        for _ in range(n):  # each on inputs of its own, as every call: their making is not timed
+            inputs = self._fresh(*_draw_call(self))
+            _sync(self.device)
+            t0 = _perf_counter()
             self._call(inputs)
-        _sync(self.device)
-        est_s = (_perf_counter() - t0) / n if n else first_s
+            _sync(self.device)
+            spent += _perf_counter() - t0
+        est_s = spent / n if n else first_s
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(self.device)
             l2 = int(getattr(props, "L2_cache_size", 0) or 0)
@@ -841,21 +894,19 @@ class Worker:
                 torch.cuda.empty_cache()
                 # Twice the last-level cache (MI300's 256 MB Infinity Cache included), at least 256 MB.
                 self.flush = torch.ones(max(2 * l2, 256 << 20) // 8, dtype=torch.int64, device=self.device)
-            if req.get("timer") == "trace":
-                with _profile(activities=[_Activity.CPU, _Activity.CUDA]):  # CUPTI's first start is slow
-                    self._call(inputs)
-                    _sync(self.device)
+            if req.get("timer") == "trace":  # CUPTI's first start is slow: here, untimed
+                self.discovery_kernels = _discover_kernels(self)
             if req.get("timer") == "graph":
                 torch.cuda.empty_cache()  # the graph's static buffers stay: in segments of their own
                 self._capture_graph()
             if req.get("timer") in ("events", "graph"):
-                self.sleep_cycles = self._spin_cycles(inputs, req.get("timer"))
+                self.sleep_cycles = self._spin_cycles(req.get("timer"))
         return {"warmup": n, "first_call_ms": first_s * 1e3, "estimate_ms": est_s * 1e3,
                 "spin_cycles": self.sleep_cycles,
                 "l2_flush_bytes": int(self.flush.numel() * 8) if self.flush is not None else 0,
                 "guard_errors": self._guard_errors()}
 
-    def _spin_cycles(self, inputs, timer: str) -> int:
+    def _spin_cycles(self, timer: str) -> int:
         """Cycles of a spin kernel that keeps the GPU busy while the host records the start event
         and dispatches the call: without it the events also time the host's dispatch (the flush
         alone finishes first when a launch takes longer than a read of 2xL2). The spin covers
@@ -864,6 +915,7 @@ class Worker:
             return 0
         dispatch = []
         for _ in range(5):
+            inputs = self._fresh(*_draw_call(self))  # a call of its own, as every call
             _cuda_sync(self.device)
             t0 = _perf_counter()
             if timer == "graph":
@@ -902,17 +954,17 @@ class Worker:
         k = max(1, min(int(req.get("k", 1)), self._audit_batch_room()))
         batch = []
         for _ in range(k):
-            index, perturb = self.rng.choice(self.main_sets), self.rng.getrandbits(62)
+            index, perturb = _secure_random.choice(self.main_sets), _secure_random.getrandbits(62)
             batch.append((self._fresh(index, perturb), index, perturb))
         if self.device.type == "cuda" and (torch.cuda.memory_reserved(self.device)
                                            - torch.cuda.memory_allocated(self.device)) < self.out_bytes:
             # The memory given back after the last request is taken again here, untimed, by a call
             # on inputs of its own: the judge's clock on the batch must not time the allocator.
-            self._call(self._fresh(self.main_sets[0], self.rng.getrandbits(62)))
+            self._call(self._fresh(self.main_sets[0], _secure_random.getrandbits(62)))
         if self.device.type == "cuda" and self.audit_spin is None:
             # The spin must cover the dispatch of what the audit runs: a graph replay when the
             # kernel is timed by replays (sleep_cycles was measured for those), else the eager call.
-            self.audit_spin = self.sleep_cycles if self.graph is not None else self._spin_cycles(batch[0][0], "events")
+            self.audit_spin = self.sleep_cycles if self.graph is not None else self._spin_cycles("events")
         self.audit = batch
         _sync(self.device)
         return {"k": k}
@@ -938,7 +990,7 @@ class Worker:
             raise RuntimeError("audit_go without audit_prepare")
         null = bool(req.get("null"))
         keep = not null and bool(req.get("keep"))
-        chosen = None  # (position, output): one call's output, drawn after the calls returned
+        chosen = None  # (position, output copy): one call, drawn after it returned
         for j, (inputs, _, _) in enumerate(batch):
             if self.device.type == "cuda":  # timed by replays: audit replays (the copy in both, null too)
                 _before_gpu_call(self, inputs, self.graph is not None, self.audit_spin or 0)
@@ -946,15 +998,18 @@ class Worker:
                 out = None
             elif self.graph is not None:
                 self.graph[0].replay()
-                out = _map_tensors(self.graph[2], _clone) if keep else None  # the next replay overwrites it
+                out = self.graph[2] if keep else None
             else:
                 out = self._call(inputs)
             if self.device.type == "cuda":
                 _cuda_sync(self.device)
             # Every other output is freed before the next call, as in the timed rounds: k live
             # outputs would make each call fault in fresh pages the timed calls never touch.
-            if keep and self.rng.random() < 1.0 / (j + 1):
-                chosen = (j, out)
+            if keep and _secure_random.random() < 1.0 / (j + 1):
+                # The output copied now, as in the timed rounds: the kernel never learns which
+                # call is kept. Every call's inputs stay alive to the batch's end anyway.
+                chosen = None
+                chosen = (j, _map_tensors(out, _clone))
             out = None
         self.audit_done = batch  # freed by the next audit_prepare, as timed calls free theirs after the clock
         kept = []
@@ -965,22 +1020,22 @@ class Worker:
         return {"kept": kept}
 
     def op_time(self, req: dict) -> dict:
-        """``n`` timed calls, each on its own fresh inputs; a few outputs kept for the judge."""
+        """``n`` timed calls, each on its own fresh inputs; ``keep`` of them (one by default)
+        judged, drawn after the calls returned."""
         n, timer = int(req["n"]), req["timer"]
         keep_max = int(req.get("keep", 1))
-        keep_p = min(1.0, keep_max / max(n, 1)) if keep_max else 0.0
-        plan = [(self.rng.choice(self.main_sets), self.rng.getrandbits(62)) for _ in range(n)]
         # The span the parent checks against its own clock covers everything this request does
         # (a round of one slow call spent as long again on the untimed call below).
         t_start = _perf_counter()
         # One untimed call first: a worker that sat idle while the others were timed starts its
         # round with cold caches, and that first call would count against it alone.
-        self._call(self._fresh(plan[0][0], self.rng.getrandbits(62)))
+        self._call(self._fresh(_secure_random.choice(self.main_sets), _secure_random.getrandbits(62)))
         _sync(self.device)
-        reply = _time_call(self, plan, timer, keep_p, keep_max)
+        reply = _time_call(self, n, timer, keep_max)
         reply["guard_errors"] = self._guard_errors()
         reply["errors"] = [self.reuse_error] if self.reuse_error else []
         reply["round_span_s"] = _perf_counter() - t_start
+        reply["addresses_reused"] = self.addresses_reused
         # Handed over only when the judge asks (op_export): a CUDA tensor shared by IPC stays
         # allocated in this process until a receiver has opened and dropped it.
         reply["kept"] = [{"handle": h, **self.held[h]["meta"]} for h in reply["kept"]]
@@ -1002,21 +1057,43 @@ def _before_gpu_call(w: Worker, inputs, into_graph: bool, spin_cycles: int) -> N
         _gpu_spin(spin_cycles)
 
 
-def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) -> dict:
-    """Run the planned calls. Returns ``samples_ms``, the handles ``kept`` for the judge and, on
-    a GPU, ``events_ms``; with the trace timer also ``trace_spans_ms`` and ``other_stream_calls``."""
+def _draw_call(w: Worker) -> tuple[int, int]:
+    """Which input set the next call gets and its perturbation seed, drawn when its inputs are
+    made: no list of the round's inputs exists for a kernel to read ahead in."""
+    return _secure_random.choice(w.main_sets), _secure_random.getrandbits(62)
+
+
+def _time_call(w: Worker, n: int, timer: str, keep_max: int) -> dict:
+    """Run ``n`` calls. Returns ``samples_ms``, the handles ``kept`` for the judge and, on
+    a GPU, ``events_ms``; with the trace timer also ``trace_spans_ms``, ``other_stream_calls``
+    and ``kernel_counts`` (the kernels each call launched, by name)."""
     samples: list[float] = []
     kept: list[int] = []
+    seen = [0]
 
-    def maybe_keep(out, inputs, index, perturb, copy_graph_buffers=False):
-        # Drawn after the call returned: the kernel cannot know which of its outputs are checked.
-        if len(kept) < keep_max and w.rng.random() < keep_p:
-            if copy_graph_buffers:  # the next replay overwrites them; copied only when kept
-                out, inputs = _map_tensors(out, _clone), _map_tensors(inputs, _clone)
-            kept.append(w._hold(out, inputs, {"index": index, "perturb": perturb}))
+    def maybe_keep(out, inputs, index, perturb):
+        # Reservoir sampling drawn after the call returned: exactly ``keep_max`` calls of the
+        # round are judged, each call as likely as any other, and nothing the kernel can read
+        # knows which. What is kept is a copy made now: the call's own tensors are let go as
+        # every other call's are, so the kernel cannot see later that its output was kept (by
+        # it staying alive) and write the right values into it then.
+        seen[0] += 1
+        if not keep_max:
+            return
+        if len(kept) < keep_max:
+            slot = len(kept)
+            kept.append(0)
+        else:
+            slot = _secure_random.randrange(seen[0])
+            if slot >= keep_max:
+                return
+            w.held.pop(kept[slot], None)  # the copy it replaces goes first: room for the new one
+        kept[slot] = w._hold(_map_tensors(out, _clone), _map_tensors(inputs, _clone),
+                             {"index": index, "perturb": perturb})
 
     if w.device.type != "cuda":
-        for index, perturb in plan:
+        for _ in range(n):
+            index, perturb = _draw_call(w)
             inputs = w._fresh(index, perturb)
             t0 = _perf_counter()
             out = w._call(inputs)
@@ -1028,12 +1105,15 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
 
     dev = w.device
     prof = None
+    if timer == "trace" and w.discovery_kernels is None:
+        w.discovery_kernels = _discover_kernels(w)
     if timer == "trace":
         prof = _profile(activities=[_Activity.CPU, _Activity.CUDA])
         prof.start()
     events_ms: list[float] = []
     try:
-        for index, perturb in plan:
+        for _ in range(n):
+            index, perturb = _draw_call(w)
             ctx = _record_function("magpie_prep") if prof is not None else contextlib.nullcontext()
             with ctx:
                 inputs = w._fresh(index, perturb)
@@ -1054,7 +1134,7 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
                 _cuda_sync(dev)  # device-wide: every stream's work is done before the next call
             events_ms.append(_event_elapsed(start, end))
             if timer == "graph":
-                maybe_keep(w.graph[2], w.graph[1], index, perturb, copy_graph_buffers=True)
+                maybe_keep(w.graph[2], w.graph[1], index, perturb)
             else:
                 w._note_reuse(out, "a timed call")
                 maybe_keep(out, inputs, index, perturb)
@@ -1067,22 +1147,45 @@ def _time_call(w: Worker, plan: list, timer: str, keep_p: float, keep_max: int) 
     path = w.scratch / f"trace_{os.getpid()}_{w.next_handle}.json"
     prof.export_chrome_trace(str(path))
     try:
-        spans, other = _device_spans(json.loads(path.read_text()), len(plan))
+        spans, other, names = _device_spans(json.loads(path.read_text()), n)
     finally:
         path.unlink(missing_ok=True)
     samples = [s if s is not None else e for s, e in zip(spans, events_ms)]
     return {"samples_ms": samples, "events_ms": events_ms, "kept": kept, "trace_spans_ms": spans,
-            "other_stream_calls": other}
+            "other_stream_calls": other, "kernel_sets": kernel_set_check(w.discovery_kernels, names)}
+
+
+def _discover_kernels(w: Worker) -> Optional[dict[str, int]]:
+    """The kernels one untimed call launches, traced on its own (CUPTI / roctracer): what every
+    traced timed call must launch too."""
+    inputs = w._fresh(*_draw_call(w))
+    _cuda_sync(w.device)
+    prof = _profile(activities=[_Activity.CPU, _Activity.CUDA])
+    prof.start()
+    try:
+        with _record_function("magpie_call"):
+            w._call(inputs)
+            _cuda_sync(w.device)
+    finally:
+        prof.stop()
+    path = w.scratch / f"discovery_{os.getpid()}.json"
+    prof.export_chrome_trace(str(path))
+    try:
+        return _device_spans(json.loads(path.read_text()), 1)[2][0]
+    finally:
+        path.unlink(missing_ok=True)
 
 
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _device_spans(trace: dict, n_calls: int) -> tuple[list[Optional[float]], int]:
+def _device_spans(trace: dict, n_calls: int) -> tuple[list[Optional[float]], int, list[dict[str, int]]]:
     """Per timed call, the device time from its first kernel's start to its last kernel's end, over
-    every stream, in ms. A kernel belongs to the call during whose host window it was launched
-    (by any thread); the harness's own kernels (clone, perturbation, cache flush) are those the
-    main thread launched inside a ``magpie_prep`` range."""
+    every stream, in ms; how many calls put work on another stream than the harness's; and the
+    kernels (copies and fills too) each call launched, by name and count. A kernel belongs to the
+    call during whose host window it was launched (by any thread); the harness's own kernels
+    (clone, perturbation, cache flush) are those the main thread launched inside a
+    ``magpie_prep`` range."""
     events = trace.get("traceEvents", trace if isinstance(trace, list) else [])
     calls, preps, launches, device = [], [], {}, []
     for e in events:
@@ -1103,6 +1206,7 @@ def _device_spans(trace: dict, n_calls: int) -> tuple[list[Optional[float]], int
     starts = [c[0] for c in calls]
     main_tid = calls[0][1] if calls else None
     per_call: list[list[tuple[float, float]]] = [[] for _ in range(len(calls))]
+    names: list[dict[str, int]] = [{} for _ in range(n_calls)]
     harness_streams: set = set()
     user: list[tuple[int, Any]] = []
     import bisect
@@ -1121,13 +1225,35 @@ def _device_spans(trace: dict, n_calls: int) -> tuple[list[Optional[float]], int
         if calls:
             per_call[i].append((ts, ts + dur))
             user.append((i, stream))
+            if i < n_calls:
+                key = str(e.get("name"))
+                names[i][key] = names[i].get(key, 0) + 1
     out: list[Optional[float]] = []
     for i in range(n_calls):
         k = per_call[i] if i < len(per_call) else []
         out.append((max(b for _, b in k) - min(a for a, _ in k)) / 1e3 if k else None)
     # Calls that put work on a stream other than the one the harness (and so the call) runs on.
     other = {i for i, st in user if harness_streams and st not in harness_streams}
-    return out, len(other)
+    return out, len(other), names
+
+
+def kernel_set_check(discovery: Optional[dict[str, int]], per_call: list[dict[str, int]]) -> dict:
+    """How the kernels each traced call launched compare with those of the discovery call (an
+    untimed call traced on its own): ``calls`` traced, ``differ`` (another set or other counts),
+    ``empty`` (nothing launched where the discovery call launched kernels: an answer that came
+    from elsewhere) and the first differing call with what it launched."""
+    found: dict = {"calls": len(per_call), "differ": 0, "empty": 0, "example": None}
+    if discovery is None:
+        return found
+    for i, got in enumerate(per_call):
+        if got == discovery:
+            continue
+        found["differ"] += 1
+        if discovery and not got:
+            found["empty"] += 1
+        if found["example"] is None:
+            found["example"] = {"call": i + 1, "expected": discovery, "launched": got}
+    return found
 
 
 # A worker waiting for its next request gives the allocator's free blocks beyond this back to the
@@ -1223,7 +1349,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                 writer.flush()
                 break
         if "peak_memory" not in reply:
-            if op != "audit_prepare":  # the audited calls come next: their memory stays ready
+            # Not around an audit batch: the audited calls come next, and the judge's clock runs
+            # to audit_go's reply (a collection or a cudaFree there was 100+ ms of noise in the
+            # batches of a 3 ms kernel); the export or release that follows gives memory back.
+            if op not in ("audit_prepare", "audit_go"):
                 _give_back_cache()
             reply["peak_memory"] = _peak(worker)
         writer.write(_serialize(reply) + "\n")

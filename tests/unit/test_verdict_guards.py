@@ -28,7 +28,7 @@ def test_device_spans_count_every_stream_and_skip_the_harness_kernels():
         _x("cuda_runtime", "cudaLaunchKernel", 112, 1, tid=2, correlation=5),
         _x("kernel", "late", 200, 20, tid=7, correlation=5, stream=7),
     ]
-    spans, other = worker._device_spans({"traceEvents": ev}, 2)
+    spans, other, _ = worker._device_spans({"traceEvents": ev}, 2)
     # call 0: softmax (100-125) plus the late kernel launched in its window (200-220)
     assert abs(spans[0] - (220 - 100) / 1e3) < 1e-9
     assert abs(spans[1] - (190 - 180) / 1e3) < 1e-9
