@@ -639,14 +639,19 @@ class Worker:
             reply["inputs_check"] = self._inputs_check(index, None, inputs)
             del inputs
             # The reference must at least be finite where it is written, and give the same
-            # answer twice; NaN in its output means an element it never wrote.
-            again_in = self._fresh(index, None)
-            with poisoned_allocations(self.device):
-                again = self._call(again_in)
-            _sync(self.device)
-            del again_in
-            reply["self_check"] = self._self_check(out, again)
-            del again
+            # answer twice; NaN in its output means an element it never wrote. On a variant set
+            # once is enough: the main sets showed it repeats itself.
+            if index in self.variants:
+                reply["self_check"] = self._self_check(out, out)
+                reply["self_check"]["self_check"] = "finite, fully written"
+            else:
+                again_in = self._fresh(index, None)
+                with poisoned_allocations(self.device):
+                    again = self._call(again_in)
+                _sync(self.device)
+                del again_in
+                reply["self_check"] = self._self_check(out, again)
+                del again
             if self._keeps_outputs(index):
                 self.ref_outputs[index] = out
             else:  # judged against a new call: the reference gives the same answer twice (checked)
@@ -829,10 +834,10 @@ class Worker:
         the two values: ``input_variants.keep_half_``) against its output on the inputs as made.
         A mean over many elements hardly moves when half of them are left out; if that passes on
         every set, a kernel that reads half its inputs passes too. Pairs of neighbours (half of
-        every row) and pairs half the tensor apart (half of the rows) are both tried."""
+        every row) and pairs half the tensor apart (half of every column) are both tried."""
         if self.model is None:  # outputs set without a model (nothing to run again)
             return None
-        for stride, what in (("adjacent", "every second element of each row"), ("halves", "half of the rows")):
+        for stride, what in (("adjacent", "half of every row"), ("halves", "half of every column")):
             def halved(i: int, ref, stride=stride):
                 inputs = self._copy_of(i)
                 if not keep_half_(inputs, 7919 + i, stride):
@@ -878,6 +883,7 @@ class Worker:
         n = int(n) if n is not None else (10 if first_s < 0.05 else 2)
         spent = 0.0
         for _ in range(n):  # each on inputs of its own, as every call: their making is not timed
+            inputs = None  # the last call's freed first: a set made again from its seed takes GBs
             inputs = self._fresh(*_draw_call(self))
             _sync(self.device)
             t0 = _perf_counter()
@@ -915,6 +921,7 @@ class Worker:
             return 0
         dispatch = []
         for _ in range(5):
+            inputs = None  # the last call's freed first
             inputs = self._fresh(*_draw_call(self))  # a call of its own, as every call
             _cuda_sync(self.device)
             t0 = _perf_counter()
@@ -1133,11 +1140,15 @@ def _time_call(w: Worker, n: int, timer: str, keep_max: int) -> dict:
                 _event_record(end)
                 _cuda_sync(dev)  # device-wide: every stream's work is done before the next call
             events_ms.append(_event_elapsed(start, end))
-            if timer == "graph":
-                maybe_keep(w.graph[2], w.graph[1], index, perturb)
-            else:
-                w._note_reuse(out, "a timed call")
-                maybe_keep(out, inputs, index, perturb)
+            # The judged call's copy is the harness's work: under the trace it is marked as such,
+            # or its kernels would count as the call's (in its span and its kernel set).
+            ctx = _record_function("magpie_prep") if prof is not None else contextlib.nullcontext()
+            with ctx:
+                if timer == "graph":
+                    maybe_keep(w.graph[2], w.graph[1], index, perturb)
+                else:
+                    w._note_reuse(out, "a timed call")
+                    maybe_keep(out, inputs, index, perturb)
             out = inputs = None  # freed before the next call's inputs are made
     finally:
         if prof is not None:
