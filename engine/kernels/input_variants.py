@@ -170,8 +170,8 @@ def keep_half_(inputs: Any, seed: int, stride: str) -> int:
     elements (a mean stays a mean, of half the values), so the reference's output on it is what
     a kernel reading half its inputs returns.
 
-    ``stride`` "adjacent" pairs neighbouring elements (a half of every row survives); "halves"
-    pairs element i with element i + n/2 (a half of the rows, every column kept). Tensors of one
+    ``stride`` "adjacent" pairs neighbouring elements (half of every row survives); "halves"
+    pairs element i with element i + n/2 (half of every column survives). Tensors of one
     size get the same picks, so elements that belong together (a prediction and its target) stay
     together. Returns how many tensors changed."""
     changed = 0

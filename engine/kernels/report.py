@@ -163,6 +163,11 @@ def _problem_lines(outcomes: list[KernelOutcome]) -> list[str]:
         note = o.performance.details.get("note")
         if note:
             lines.append(f"{o.spec.id}: {note}")
+    # Input sets redrawn from another distribution that the reference could not handle: the
+    # same note in every kernel's correctness details, said once.
+    for o in outcomes:
+        dists = (o.correctness.details.get("harness") or {}).get("input_distributions") or {}
+        lines += [d for d in dists.get("dropped") or [] if d not in lines]
     return lines
 
 

@@ -33,7 +33,8 @@ def test_mse_loss_is_a_real_test_and_gets_a_verdict(tmp_path):
 def test_a_scalar_that_is_the_same_for_every_input_is_still_degenerate(tmp_path):
     proc, report, (base, const) = _run(tmp_path, "prob_sum.compare.yaml")
     said = report["degenerate_test"]
-    assert said and "degenerate test" in said and "constant" in said and "all 3 input sets" in said, said
+    # the 3 sets of get_inputs() and the first one redrawn from 2 other distributions
+    assert said and "degenerate test" in said and "constant" in said and "all 5 input sets" in said, said
     assert const["correctness_state"] == "SUCCESS"  # the constant passes: the numbers cannot fail it
     assert report["winner_id"] is None
     assert "degenerate test" in report["winner_reason"]

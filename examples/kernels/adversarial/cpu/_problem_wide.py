@@ -1,7 +1,7 @@
-"""A deliberately degenerate test for degenerate_compare.yaml: softmax over 262144 columns of
-small values (``randn * 0.1``), so every output element is about 4e-6, below float32's
-default atol (1e-5): an all-zeros output passes it. The engine must say so
-(``degenerate_test``) and declare no winner."""
+"""A test that is degenerate on its own inputs, for degenerate_compare.yaml: softmax over 262144
+columns of small values (``randn * 0.1``), so every output element is about 4e-6, below
+float32's default atol (1e-5): an all-zeros output passes these inputs. The engine's input set
+redrawn from a heavy-tailed distribution has outputs near 1, where zeros fail."""
 
 import torch
 
