@@ -1374,5 +1374,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+# A fork server loads this module as __main__ without running it (engine.kernels.forkserver).
+if __name__ == "__main__" and not globals().get("_FORKSERVER_PRELOAD"):
     sys.exit(main())

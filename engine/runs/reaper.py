@@ -64,8 +64,11 @@ def _cmdline(pid: int) -> str:
 
 
 class Reaper:
-    def __init__(self, record: str, argv: list[str], stop_with: int = 0) -> None:
+    def __init__(self, record: str, argv: list[str], stop_with: int = 0, start=None) -> None:
         self.record, self.argv, self.stop_with = record, argv, stop_with
+        # Instead of exec'ing argv, the child runs start() and exits with what it returns: the
+        # fork server's workers, which have their imports already (engine.kernels.forkserver).
+        self.start = start
         self.orphaned = False
         self.child = 0
         self.status: int | None = None
@@ -140,25 +143,39 @@ class Reaper:
         become_subreaper()
         forwarded = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
+        early: list[int] = []  # came while the command was being started
+
         def forward(signum, _frame):
+            if not self.child:
+                early.append(signum)
+                return
             # The group usually got it too; one sent to this pid alone must still reach the command.
-            if self.child and self.status is None:
+            if self.status is None:
                 try:
                     os.kill(self.child, signum)
                 except OSError:
                     pass
         for sig in forwarded:
             signal.signal(sig, forward)
+        # Blocked across the fork: one that reached the new child before it put the defaults back
+        # would run this process's handler there, or be dropped with Python's pending signals.
+        signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
         pid = os.fork()
         if pid == 0:
             for sig in forwarded:
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
+            if self.start is not None:
+                os._exit(self.start())
             try:
                 os.execvp(self.argv[0], self.argv)
             except OSError as exc:
                 sys.stderr.write(f"could not start {self.argv[0]}: {exc}\n")
                 os._exit(127)
         self.child = pid
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
+        for signum in early:
+            forward(signum, None)
         # The command holds its own copies of whatever was passed down (a worker's pipes): ours
         # would keep a pipe open after the command died and hide its end from the parent.
         os.closerange(3, 65536)

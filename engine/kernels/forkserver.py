@@ -1,0 +1,392 @@
+"""Harness workers forked from a process that has already imported torch (CPU machines only).
+
+A harness worker is a fresh Python process that imports torch before anything else: about 2 s of
+CPU each, several times a compare. A fork server does that once: ``python -m
+engine.kernels.forkserver FD`` loads the worker module (as ``__main__``, exactly as ``python -m
+engine.kernels.worker`` would, torch and the bound clocks included) and then, for each request
+on its socket, forks:
+
+* a reaper (``engine.runs.reaper``) in a session of its own, the worker's process group, a child
+  subreaper: what escapes the group is stopped and recorded, as for a spawned worker;
+* under it, the worker, which runs ``main()`` with the request's pipes, stdout and stderr log
+  files and working directory. Nothing of another kernel was ever loaded in the server, so each
+  worker starts from the same fresh module state; its random generators are seeded again from
+  ``os.urandom`` after the fork.
+
+The server serves one environment (a worker of another environment gets a server of its own) and
+runs with the parent's exact environment, so a worker sees the same variables as a spawned one.
+It never reaps a worker's reaper before the parent asks (``reap``): until then the pid stays
+taken, so the parent's signals to that group can reach nothing else. It exits when its socket
+closes or its parent is gone; the parent's watchdog stops it and every worker group if the
+parent is killed outright.
+
+A process that has initialised CUDA or ROCm cannot be forked safely, so the server is used only
+where no GPU device exists (``usable``); elsewhere, or with ``MAGPIE_WORKER_START=spawn``, each
+worker is a fresh process (``engine.kernels.session``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Optional
+
+from engine.runs.process import WATCHDOG, is_supervised_here
+
+# Device nodes of NVIDIA, AMD (ROCm) and WSL GPUs: with any of them the worker module initialises
+# the GPU at import, and a fork of such a process cannot use it.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+_READY_TIMEOUT_S = 180.0
+_MAX_SERVERS = 2  # one a distinct environment; a third closes the oldest
+_MSG_BYTES = 1 << 16
+
+
+def usable() -> bool:
+    """Whether workers are forked from a server here: Linux (a subreaper), no GPU, and not turned
+    off with ``MAGPIE_WORKER_START=spawn``."""
+    if os.environ.get("MAGPIE_WORKER_START", "").strip().lower() == "spawn":
+        return False
+    if not is_supervised_here() or not hasattr(socket, "send_fds") or not _has_pidfd():
+        return False
+    return not any(os.path.exists(p) for p in GPU_DEVICE_NODES)
+
+
+def _has_pidfd() -> bool:  # Linux 5.3+
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return True
+    except (AttributeError, OSError):
+        return False
+
+
+# --------------------------------------------------------------------------- the parent's side
+
+class ForkServerError(OSError):
+    pass
+
+
+class ForkServer:
+    """The parent's handle on one server process (one environment)."""
+
+    def __init__(self, python: str, env: dict) -> None:
+        self._lock = threading.Lock()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        WATCHDOG.ready()
+        try:
+            self.proc = subprocess.Popen([python, "-m", "engine.kernels.forkserver", str(theirs.fileno())], cwd="/",
+                                         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True,
+                                         pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        WATCHDOG.watch(self.proc.pid)
+        self.sock = ours
+        try:
+            ready, _, _ = select.select([ours], [], [], _READY_TIMEOUT_S)
+            reply = self._read() if ready else {"why": "no answer"}
+        except OSError as exc:
+            reply = {"why": str(exc)}
+        if not reply.get("ready"):
+            self.close()
+            raise ForkServerError(f"fork server not ready: {reply.get('why', '?')}")
+
+    def _read(self) -> dict:
+        data = self.sock.recv(_MSG_BYTES)
+        if not data:
+            raise ForkServerError("fork server closed its socket")
+        return json.loads(data)
+
+    def request(self, msg: dict, fds: tuple = ()) -> dict:
+        with self._lock:
+            socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+            reply = self._read()
+        if "error" in reply:
+            raise ForkServerError(reply["error"])
+        return reply
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        WATCHDOG.forget(self.proc.pid)
+
+
+class ForkedWorker:
+    """A forked worker as ``subprocess.Popen`` shows one (pid, poll, wait, returncode); the pid is
+    its reaper's, the leader of the worker's process group. ``poll`` and ``wait`` read the exit
+    status without reaping: only ``stop_group`` lets the server reap it, after its last signal,
+    so until then the pid (the group's id) can name no other process."""
+
+    def __init__(self, server: ForkServer, pid: int, pidfd: int) -> None:
+        self.server, self.pid, self._pidfd = server, pid, pidfd
+        self.returncode: Optional[int] = None
+        self.args = f"forked harness worker {pid}"
+        self.released = False
+
+    def _exited(self, timeout: Optional[float]) -> bool:
+        if self.released:
+            return True
+        ready, _, _ = select.select([self._pidfd], [], [], timeout)
+        return bool(ready)
+
+    def _status(self) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = int(self.server.request({"op": "status", "pid": self.pid})["returncode"])
+            except (OSError, ValueError, KeyError):
+                self.returncode = 255  # the server is gone: the status went with it
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and self._exited(0):
+            self._status()
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None and not self._exited(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._status()
+
+    def stop_group(self, grace_s: float) -> None:
+        """SIGTERM the worker's group unless its leader has ended, SIGKILL whatever is left after
+        ``grace_s``, then have the leader reaped."""
+        if self.released:
+            return
+        if not self._exited(0):
+            self._kill_group(signal.SIGTERM)
+            self._exited(grace_s)
+        self._kill_group(signal.SIGKILL)  # a worker whose reaper was killed outright is still in the group
+        self._exited(None)
+        self._status()
+        try:
+            self.server.request({"op": "reap", "pid": self.pid})
+        except OSError:
+            pass
+        os.close(self._pidfd)
+        self.released = True
+
+    def _kill_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+_SERVERS: "OrderedDict[tuple, ForkServer]" = OrderedDict()
+_SERVERS_LOCK = threading.Lock()
+_FAILED: set = set()
+_OWNER = [0]
+
+
+def _server_for(python: str, env: dict) -> ForkServer:
+    key = (python, tuple(sorted(env.items())))
+    with _SERVERS_LOCK:
+        if _OWNER[0] != os.getpid():  # a forked copy of this process starts servers of its own
+            _SERVERS.clear()
+            _OWNER[0] = os.getpid()
+        server = _SERVERS.get(key)
+        if server is not None and server.alive():
+            _SERVERS.move_to_end(key)
+            return server
+        if server is not None:
+            _SERVERS.pop(key).close()
+        if key in _FAILED:  # e.g. that python has no torch: the spawned worker says so
+            raise ForkServerError("no fork server for this environment")
+        try:
+            server = ForkServer(python, env)
+        except OSError:
+            _FAILED.add(key)
+            raise
+        _SERVERS[key] = server
+        while len(_SERVERS) > _MAX_SERVERS:
+            _SERVERS.popitem(last=False)[1].close()
+        return server
+
+
+def close_all() -> None:
+    with _SERVERS_LOCK:
+        while _SERVERS:
+            _SERVERS.popitem()[1].close()
+
+
+atexit.register(close_all)
+
+
+def start_worker(python: str, env: dict, cwd: Path, scratch: Path, read_fd: int, write_fd: int,
+                 stdout_fd: int, stderr_fd: int, record: Path) -> ForkedWorker:
+    """A harness worker forked from the server of this ``python`` and environment (started on
+    first use): ``read_fd``/``write_fd`` are its request and reply pipes, as ``python -m
+    engine.kernels.worker`` takes them. Raises ``OSError`` when no server could serve it."""
+    server = _server_for(python, env)
+    msg = {"op": "spawn", "cwd": str(cwd), "scratch": str(scratch), "record": str(record)}
+    try:
+        reply = server.request(msg, (read_fd, write_fd, stdout_fd, stderr_fd))
+    except OSError:
+        with _SERVERS_LOCK:  # a dead server: the next worker starts a new one
+            for key, s in list(_SERVERS.items()):
+                if s is server:
+                    _SERVERS.pop(key).close()
+        raise
+    pid = int(reply["pid"])
+    # Still the server's unreaped child: the pid is this process, and a pidfd tells when it ends.
+    return ForkedWorker(server, pid, os.pidfd_open(pid))
+
+
+# --------------------------------------------------------------------------- the server's side
+
+def _load_worker_as_main():
+    """The worker module as ``python -m engine.kernels.worker`` runs it: module ``__main__``, with
+    its spec, file and package; ``_FORKSERVER_PRELOAD`` keeps it from running ``main()`` now."""
+    import importlib.util
+    import types
+    spec = importlib.util.find_spec("engine.kernels.worker")
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__spec__=spec, __file__=spec.origin, __cached__=spec.cached, __loader__=spec.loader,
+                           __package__="engine.kernels", __builtins__=__builtins__, _FORKSERVER_PRELOAD=True)
+    sys.modules["__main__"] = module
+    sys.argv = [spec.origin]
+    exec(spec.loader.get_code("engine.kernels.worker"), module.__dict__)  # noqa: S102 - our own module
+    del module._FORKSERVER_PRELOAD
+    return module
+
+
+def _not_forkable() -> Optional[str]:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "the GPU was initialised"
+    if threading.active_count() > 1:
+        return "the worker module started a thread"
+    return None
+
+
+def _run_worker(worker_main, read_fd: int, write_fd: int, scratch: str) -> int:
+    """In the forked worker: what ``python -m engine.kernels.worker`` would do from here on."""
+    import atexit as _atexit
+    import random
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a fresh process
+    random.seed()  # from os.urandom: a fork shares the server's generator state
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    sys.argv = [sys.argv[0], str(read_fd), str(write_fd), scratch]
+    code = 1
+    try:
+        code = worker_main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback on stderr, exit 1
+        import traceback
+        traceback.print_exc()
+    try:
+        _atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    return code
+
+
+def _fork_worker(worker_main, msg: dict, fds: list[int], sock: socket.socket) -> int:
+    from engine.runs.reaper import Reaper
+    read_fd, write_fd, out_fd, err_fd = fds
+    started_r, started_w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(started_w)
+        os.read(started_r, 1)  # the child leads its own session before its pid is handed out
+        os.close(started_r)
+        return pid
+    # The reaper: the worker's session and group leader, its child subreaper.
+    code = 1
+    try:
+        os.setsid()
+        os.close(started_r)
+        os.close(started_w)
+        sock.close()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        for fd in (devnull, out_fd, err_fd):
+            os.close(fd)
+        os.chdir(msg["cwd"])
+
+        def start() -> int:
+            return _run_worker(worker_main, read_fd, write_fd, msg["scratch"])
+        code = Reaper(msg["record"], [], start=start).run()
+    except BaseException:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def serve(sock: socket.socket) -> None:
+    this_module = sys.modules["__main__"]  # noqa: F841 - kept alive: the worker module takes its place
+    worker = _load_worker_as_main()
+    why = _not_forkable()
+    sock.send(json.dumps({"ready": why is None, "why": why}).encode())
+    if why:
+        return
+    parent = os.getppid()
+    while True:
+        ready, _, _ = select.select([sock], [], [], 1.0)
+        if not ready:
+            if os.getppid() != parent:
+                return  # the parent is gone
+            continue
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, _MSG_BYTES, 8)
+        except OSError:
+            return
+        if not data:
+            return
+        try:
+            msg = json.loads(data)
+            if msg.get("op") == "spawn":
+                if len(fds) != 4:
+                    raise ValueError(f"spawn wants 4 descriptors, got {len(fds)}")
+                reply = {"pid": _fork_worker(worker.main, msg, fds, sock)}
+            elif msg.get("op") == "status":  # the exit status, the child left unreaped
+                info = os.waitid(os.P_PID, int(msg["pid"]), os.WEXITED | os.WNOWAIT)
+                reply = {"returncode": info.si_status if info.si_code == os.CLD_EXITED else -info.si_status}
+            elif msg.get("op") == "reap":
+                os.waitpid(int(msg["pid"]), 0)
+                reply = {}
+            else:
+                reply = {"error": f"unknown request {msg.get('op')!r}"}
+        except (OSError, ValueError, KeyError) as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.send(json.dumps(reply).encode())
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[0]))
+    serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
