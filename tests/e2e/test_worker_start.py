@@ -204,3 +204,61 @@ def test_a_forked_workers_group_is_stopped_and_reaped(tmp_path):
     finally:
         os.close(w_parent)
         os.close(r_parent)
+
+
+PARENT = '''
+import os, sys
+from pathlib import Path
+from engine.kernels import forkserver
+tmp = Path(sys.argv[1])
+r_child, w_parent = os.pipe()
+r_parent, w_child = os.pipe()
+out, err = open(tmp / "w.stdout.log", "ab"), open(tmp / "w.stderr.log", "ab")
+worker = forkserver.start_worker(sys.executable, dict(os.environ), tmp, tmp, r_child, w_child, out.fileno(),
+                                 err.fileno(), tmp / "w.escaped.jsonl")
+server = next(iter(forkserver._SERVERS.values())).proc.pid
+print(server, worker.pid, flush=True)
+sys.stdin.read()  # until killed
+'''
+
+
+def test_a_parent_killed_outright_leaves_no_fork_server_or_worker(tmp_path):
+    """SIGKILL of the process that started them: its watchdog stops the server and the worker's group."""
+    if not forkserver.usable():
+        pytest.skip("workers are not forked on this machine")
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+    from engine.runs.process import engine_pythonpath
+    env = dict(os.environ, PYTHONPATH=engine_pythonpath(os.environ.get("PYTHONPATH")))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        server, worker = (int(x) for x in parent.stdout.readline().split())
+        for group in (server, worker):
+            os.killpg(group, 0)  # both running
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while _running_in_groups({server, worker}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running_in_groups({server, worker}), "processes outlived their parent"
+
+
+def _running_in_groups(groups: set) -> list:
+    """Processes of these process groups that still run (a zombie waiting for its reaping does not)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            found.append(int(entry))
+    return found
