@@ -45,7 +45,9 @@ def test_wrong_candidate_is_rejected_and_correct_one_ranked(softmax_compare):
     # The harness ran Triton in its interpreter and compared against the baseline's saved outputs.
     harness = one["correctness_result"]["harness"]
     assert harness["device"]["triton_interpret"] is True
-    assert harness["reference"] == "baseline outputs" and len(harness["seeds"]) == 3
+    # three input sets of its own, and the first one redrawn from two other distributions
+    assert harness["reference"] == "baseline outputs" and len(harness["seeds"]) == 5
+    assert [d["distribution"] for d in harness["input_distributions"]["used"]] == ["problem", "uniform", "pareto"]
 
 
 def test_workspace_contract(softmax_compare):
