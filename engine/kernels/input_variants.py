@@ -96,8 +96,9 @@ def redraw_(inputs: Any, distribution: str, seed: int) -> int:
     ``distribution``, in place; returns how many tensors changed. Each tensor keeps its shape,
     dtype and sign character: one with no negative values stays nonnegative (positive stays
     positive), one with no positive values stays nonpositive, and one within [0, 1] (a
-    probability, a rand()) stays within its own [min, max]. Integer and bool tensors are never
-    touched.
+    probability, a rand()) stays within its own [min, max]; one whose rows are distributions
+    (nonnegative, each last-dimension row summing to 1: a softmax) has its rows normalised
+    again. Integer and bool tensors are never touched.
 
     ``uniform``: uniform between the tensor's minimum and maximum. ``pareto``: magnitudes from a
     Pareto (Lomax) distribution of tail index 1.5 (finite mean, infinite variance), scaled so
@@ -116,6 +117,7 @@ def redraw_(inputs: Any, distribution: str, seed: int) -> int:
         if key not in gens:
             gens[key] = _generator(t.device, seed)
         g = gens[key]
+        stochastic = _rows_sum_to_one(t, lo)
         with torch.no_grad():
             if distribution == "uniform":
                 t.uniform_(lo, hi, generator=g)
@@ -123,8 +125,18 @@ def redraw_(inputs: Any, distribution: str, seed: int) -> int:
                 _power_law_(t, lo, hi, g)
             else:
                 _pareto_(t, lo, hi, mean_abs, g)
+            if stochastic:
+                t.div_(t.sum(dim=-1, keepdim=True, dtype=torch.float64).clamp_(min=1e-30).to(t.dtype))
         changed += 1
     return changed
+
+
+def _rows_sum_to_one(t: torch.Tensor, lo: float) -> bool:
+    """Nonnegative, with every row along the last dimension summing to 1 (probabilities)."""
+    if lo < 0 or t.dim() == 0 or t.shape[-1] < 2:
+        return False
+    sums = t.detach().sum(dim=-1, dtype=torch.float64)
+    return bool(((sums - 1).abs() <= 1e-3).all())
 
 
 def _pieces(t: torch.Tensor):

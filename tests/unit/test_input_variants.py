@@ -58,6 +58,15 @@ def test_redrawn_tensors_keep_shape_dtype_and_sign(dist):
     assert float(nonpositive.max()) <= float(before[3].max()) <= 0
 
 
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+def test_rows_that_are_distributions_stay_distributions(dist):
+    probs = torch.softmax(torch.randn(8, 30, generator=torch.Generator().manual_seed(4)), dim=-1)
+    redrawn = probs.clone()
+    redraw_([redrawn], dist, seed=2)
+    assert not torch.allclose(redrawn, probs)
+    assert float(redrawn.min()) >= 0 and torch.allclose(redrawn.sum(-1), torch.ones(8))
+
+
 def test_the_heavy_tailed_set_has_a_heavy_tail():
     x = torch.randn(1 << 16, generator=torch.Generator().manual_seed(3))
     y = x.clone()
