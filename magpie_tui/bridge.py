@@ -219,9 +219,13 @@ def run_title(info) -> str:
     if isinstance(cfg.get("benchmark"), dict):
         bench = cfg["benchmark"]
         envs = bench.get("envs") or {}
-        load = " ".join(f"{short}{envs[key]}" for key, short in (("CONC", "c"), ("ISL", "i"), ("OSL", "o"))
-                        if envs.get(key) not in (None, ""))
         client = bench.get("client") if isinstance(bench.get("client"), dict) else {}
+        # A capacity search chooses its levels itself: the config's CONC (or rate) is not what ran.
+        over = (client.get("capacity_over") or "concurrency") if client.get("find_capacity") else None
+        load = " ".join(f"{short}{envs[key]}" for key, short in (("CONC", "c"), ("ISL", "i"), ("OSL", "o"))
+                        if envs.get(key) not in (None, "") and not (key == "CONC" and over == "concurrency"))
+        if over:
+            load = f"capacity over {over} " + load
         sweep = client.get("sweep") if isinstance(client.get("sweep"), dict) else {}
         short = {"concurrency": "c", "input_len": "i", "output_len": "o", "request_rate": "rate"}
         swept = " ".join(f"sweep {short.get(k, k)}{','.join(map(str, v))}" for k, v in sweep.items()

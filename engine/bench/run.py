@@ -566,7 +566,8 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
         lg = _load_generator(run, target, point, shape, rep)
         cancel_watch = _watch_cancel(cancel, lg, run)
         progress = ProgressTimer(lg, lambda **f: run.ws.events.emit("progress", **f),
-                                 {"repeat": rep, "point": point, "point_index": index}).start()
+                                 {"repeat": rep, "repeats": cfg.client.repeats, "point": point,
+                                  "point_index": index}).start()
         if profiled and rep == 0:
             # After the warm-up: the trace's bounded step window holds the measured load.
             lg.before_measure = lambda: _post(base_url + "/start_profile", 60, _profile_body(cfg))
@@ -617,7 +618,7 @@ class ProgressTimer:
         self._thread: Optional[threading.Thread] = None
         self._seen = 0
         self._broken = False
-        self._completed = self._failed = self._tokens = 0
+        self._completed = self._failed = self._never_sent = self._tokens = 0
         self._ttfts: list[float] = []
         self._tpots: list[float] = []
 
@@ -653,6 +654,7 @@ class ProgressTimer:
         for o in outs[self._seen:n]:
             if not o.success:
                 self._failed += 1
+                self._never_sent += o.error == NEVER_SENT  # queued when a cancel came: the server never saw it
                 continue
             self._completed += 1
             n_out = o.effective_output_tokens
@@ -664,7 +666,7 @@ class ProgressTimer:
         start = lg.measure_start
         elapsed = time.perf_counter() - start if start is not None else 0.0
         return {"phase": "measure", "done": n, "total": lg.phase_total, "completed": self._completed,
-                "failed": self._failed, "elapsed_s": round(elapsed, 3),
+                "failed": self._failed, "never_sent": self._never_sent, "elapsed_s": round(elapsed, 3),
                 "output_tok_s": round(self._tokens / elapsed, 3) if elapsed > 0 else None,
                 "ttft_p50_ms": round(statistics.median(self._ttfts) * 1e3, 3) if self._ttfts else None,
                 "tpot_p50_ms": round(statistics.median(self._tpots) * 1e3, 3) if self._tpots else None}

@@ -22,6 +22,7 @@ from engine.jobs.requests import (
 )
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, TRACE_ANALYSIS_REPORT, report_name_for_mode
+from engine.runs.state import benchmark_figures
 from engine.runs.workspace import Workspace
 
 EXIT_OK, EXIT_FAIL, EXIT_CANCELLED = 0, 1, 130
@@ -188,7 +189,8 @@ def run_benchmark(request: BenchmarkRequest, output_dir: Union[Path, str, None] 
         code, report = drive(cfg, ws, cancel, overrides=prepared.overrides, warnings=prepared.warnings, log=log)
         state = report.get("state", "failed")
     finally:
-        _end(ws, state, code, BENCHMARK_REPORT)
+        figures = benchmark_figures(report)  # the report's own numbers: what every front end shows after the end
+        _end(ws, state, code, BENCHMARK_REPORT, **({"figures": figures.model_dump(exclude_none=True)} if figures else {}))
     return JobOutcome(code, state, ws.root, BENCHMARK_REPORT, report, display=_benchmark_display(ws, report))
 
 

@@ -83,9 +83,20 @@ class Loop:
             state, code = "failed", 1
             raise
         finally:
-            self.ws.events.emit("run_finished", state=state, exit_code=code, report=LOOP_FILE)
+            self.ws.events.emit("run_finished", state=state, exit_code=code, report=LOOP_FILE,
+                                figures=self._figures(code))
             self.ws.events.close()
         return code, state
+
+    def _figures(self, code: int) -> dict:
+        """How far the loop got, for run_finished: the steps settled (done, or skipped for a reason
+        the loop gives) out of all, and the end in words."""
+        settled = sum(1 for s in self.loop.steps if s.state in ("done", "skipped"))
+        verdict = self.loop.step("verdict")
+        outcome = ("no proven gain" if code == EXIT_NO_GAIN else
+                   "proven gain" if code == 0 and verdict.state == "done" else None)
+        return {"steps_done": settled, "steps_total": len(self.loop.steps),
+                **({"outcome": outcome} if outcome else {})}
 
     def _run_step(self, step: LoopStep) -> bool:
         self.log(f"magpie optimize: step {step.name}")

@@ -48,10 +48,11 @@ class JobBook:
             if folder not in self.results_dirs:
                 self.results_dirs.append(folder)
 
-    def submit(self, request: Any, output_dir: Optional[Path]) -> Job:
+    def submit(self, request: Any, output_dir: Optional[Path], prepared: Any = None) -> Job:
+        """``prepared``: the tool's own ``request.prepare()`` (the one it confined), run as it is."""
         if output_dir is not None:
             self.remember_dir(output_dir)
-        job = submit(request, output_dir, executor=EXECUTOR, cwd=self.cwd)
+        job = submit(request, output_dir, executor=EXECUTOR, cwd=self.cwd, prepared=prepared)
         with self._lock:
             self.jobs[job.id] = job
         self.remember_dir(job.run_dir.parent)
@@ -130,6 +131,9 @@ def describe(job: Job) -> dict:
     }
     if info.live:
         out["live"] = info.live
+    # The typed run state (engine.runs.state) and its one line, as the workbench shows them.
+    out["progress"] = info.progress_text
+    out["status"] = info.status.to_dict()
     if info.exit_code is not None:
         out["exit_code"] = info.exit_code
     if info.error:

@@ -21,8 +21,10 @@ from typing import Any, Iterable, Optional
 from engine.errors import MagpieError
 from engine.runs.process import holds_open_for_writing, same_process, signal_proven
 from engine.runs.schema import (
-    FINISHED_RUN_STATES, REPORT_FILES, Event, ProgressEvent, RunFinished, RunStarted, RunState, StageEvent, parse_event,
+    FINISHED_RUN_STATES, REPORT_FILES, CapacityLevel, Event, ProgressEvent, RunFigures, RunFinished, RunStarted,
+    RunState, StageEvent, parse_event,
 )
+from engine.runs.state import CapacityStep, LiveMetrics, RunProgress, RunStatus, capacity_step, progress_from_event, status_text
 
 REPORT_NAMES = REPORT_FILES  # the old name, kept for importers
 _NAME = re.compile(r"^(?P<mode>[a-z]+)_(?P<label>.+)_(?P<date>\d{8})_(?P<time>\d{6})_(?P<unique>[0-9a-f]+)$")
@@ -46,6 +48,12 @@ class RunInfo:
     done: Optional[int] = None
     total: Optional[int] = None
     live: dict = field(default_factory=dict)  # a benchmark's running numbers (failed, tok/s, p50s)
+    # The typed state every front end shows (engine.runs.state): progress, live numbers, the
+    # capacity levels tried, and the report's figures once finished.
+    progress: RunProgress = field(default_factory=RunProgress)
+    live_metrics: Optional[LiveMetrics] = None
+    capacity: list[CapacityStep] = field(default_factory=list)
+    figures: Optional[RunFigures] = None
     kernels: list = field(default_factory=list)  # analyze / compare: the kernel ids, in order
     exit_code: Optional[int] = None
     report_name: Optional[str] = None
@@ -82,24 +90,16 @@ class RunInfo:
         return max(0.0, end - self.started)
 
     @property
-    def progress_text(self) -> str:
-        if self.done is not None and self.total:
-            return f"{self.done}/{self.total}" + self._live_text()
-        return self.stage
+    def status(self) -> RunStatus:
+        """The run's typed state (engine.runs.state), as every front end shows it."""
+        return RunStatus.model_construct(state=self.state, mode=self.mode, stage=self.stage, progress=self.progress,
+                                         live=self.live_metrics, capacity=self.capacity, figures=self.figures,
+                                         exit_code=self.exit_code, error=self.error)
 
-    def _live_text(self) -> str:
-        """`` · 3 failed · 5.1k tok/s · TTFT 42 ms · TPOT 2.2 ms`` from a benchmark's progress events."""
-        v, parts = self.live, []
-        if v.get("failed"):
-            parts.append(f"{v['failed']} failed")
-        if v.get("output_tok_s") is not None:
-            t = v["output_tok_s"]
-            parts.append(f"{t / 1e3:.1f}k tok/s" if t >= 1e4 else f"{t:.0f} tok/s")
-        if v.get("ttft_p50_ms") is not None:
-            parts.append(f"TTFT {v['ttft_p50_ms']:.3g} ms")
-        if v.get("tpot_p50_ms") is not None:
-            parts.append(f"TPOT {v['tpot_p50_ms']:.3g} ms")
-        return "".join(f" · {x}" for x in parts)
+    @property
+    def progress_text(self) -> str:
+        """``status_text`` of the run's state: the one line the workbench, the job API and MCP show."""
+        return status_text(self.status)
 
     def apply(self, event: Event | dict[str, Any]) -> bool:
         """Fold one event (a model of engine.runs.schema, or a raw record) into the state.
@@ -111,8 +111,9 @@ class RunInfo:
             self.last_event = ev.ts
         if isinstance(ev, RunStarted):
             self.state = RunState.RUNNING
-            self.started = self.last_event
-            self.finished = self.exit_code = None  # a resumed run (a loop) starts again
+            if self.started is None:  # a resumed run (a loop) runs again, but it began when it first started
+                self.started = self.last_event
+            self.finished = self.exit_code = self.figures = None
             self.mode = ev.mode or self.mode
             self.pid, self.start_time, self.pgid = ev.pid, ev.start_time, ev.pgid
             if ev.label:
@@ -124,6 +125,7 @@ class RunInfo:
             self.exit_code = ev.exit_code
             self.report_name = ev.report or self.report_name
             self.error = ev.error or self.error
+            self.figures = ev.figures
         elif isinstance(ev, StageEvent):
             self.stage = f"{ev.kernel}: {ev.stage}" if ev.kernel else ev.stage
             if ev.kernel and ev.index is not None and self.kernels:
@@ -134,10 +136,13 @@ class RunInfo:
         elif isinstance(ev, ProgressEvent):
             if ev.done is not None and ev.total is not None:
                 self.done, self.total = ev.done, ev.total
-            self.live = {k: getattr(ev, k) for k in ("completed", "failed", "output_tok_s", "ttft_p50_ms",
-                                                      "tpot_p50_ms") if getattr(ev, k) is not None}
+            self.live = {k: getattr(ev, k) for k in ("completed", "failed", "never_sent", "output_tok_s",
+                                                      "ttft_p50_ms", "tpot_p50_ms") if getattr(ev, k) is not None}
+            self.progress, self.live_metrics = progress_from_event(ev, self.progress)
             if ev.phase:
                 self.stage = ev.phase
+        elif isinstance(ev, CapacityLevel):
+            self.capacity.append(capacity_step(ev))
         return True
 
 

@@ -33,7 +33,8 @@ __all__ = [
     "SCHEMA_VERSION", "StageState", "RunState", "Verdict", "FINISHED_RUN_STATES",
     "ANALYZE_REPORT", "COMPARE_REPORT", "BENCHMARK_REPORT", "TRACE_ANALYSIS_REPORT", "REPORT_FILES",
     "KERNEL_REPORTS", "report_name_for_mode",
-    "RunFile", "Event", "RunStarted", "StageEvent", "ProgressEvent", "RunFinished", "EVENT_MODELS", "parse_event",
+    "RunFile", "Event", "RunStarted", "StageEvent", "ProgressEvent", "RunFinished", "Figure", "RunFigures",
+    "CapacityLevel", "EVENT_MODELS", "parse_event",
     "validate_event", "Timing", "KernelResult", "AnalyzeReport", "CompareResults", "CompareReport",
     "Baseline", "BenchResult", "RepeatStat", "SweepPoint", "BenchDataset", "BenchEnvironment", "BenchmarkReport",
     "TraceAnalysisReport", "Report", "REPORT_MODELS", "RunFileError", "load_report", "parse_report",
@@ -173,16 +174,48 @@ class ProgressEvent(Event):
     phase: Optional[str] = None
     done: Optional[int] = None
     total: Optional[int] = None
-    repeat: Optional[int] = None
+    repeat: Optional[int] = None  # 0-based, as written since the first run folders
+    repeats: Optional[int] = None  # how many repeats the point runs
     point: Optional[dict[str, Any]] = None
     # A benchmark's live numbers (about once a second), over the measured requests finished so far.
     point_index: Optional[int] = None
     completed: Optional[int] = None
-    failed: Optional[int] = None
+    failed: Optional[int] = None  # every measured request that ended without success, never-sent ones included
+    # Requests a cancel kept queued: counted in ``done`` and ``failed`` (the load generator ends
+    # them as failed), never seen by the server.
+    never_sent: Optional[int] = None
     elapsed_s: Optional[float] = None
     output_tok_s: Optional[float] = None
     ttft_p50_ms: Optional[float] = None
     tpot_p50_ms: Optional[float] = None
+
+
+class Figure(_Section):
+    """One headline number of a report: the mean over ``n`` repeats and its 95% interval (None
+    with one repeat)."""
+    mean: float
+    n: int = 1
+    ci95: Optional[list[float]] = None
+
+
+class RunFigures(_Section):
+    """The report's own headline figures, carried by ``run_finished`` so that every front end
+    shows what the report says without reading it. Requests are summed over every point and
+    repeat (the report's ``failures`` section); a loop sets the ``steps_*`` keys."""
+    requests: Optional[int] = None  # measured requests planned: sent + never sent
+    sent: Optional[int] = None
+    completed: Optional[int] = None
+    failed: Optional[int] = None  # sent and failed
+    never_sent: Optional[int] = None
+    output_tok_s: Optional[Figure] = None
+    ttft_p50_ms: Optional[Figure] = None
+    tpot_p50_ms: Optional[Figure] = None
+    capacity_over: Optional[str] = None  # concurrency | request_rate
+    capacity_knee: Optional[float] = None
+    capacity_levels: Optional[list[float]] = None  # every level tried, in order
+    steps_done: Optional[int] = None
+    steps_total: Optional[int] = None
+    outcome: Optional[str] = None  # a loop's end in words ("no proven gain")
 
 
 class RunFinished(Event):
@@ -190,10 +223,19 @@ class RunFinished(Event):
     exit_code: Optional[int] = None
     report: Optional[str] = None  # the report's file name
     error: Optional[str] = None
+    figures: Optional[RunFigures] = None
+
+
+class CapacityLevel(Event):
+    """One level of a capacity search, as it ends (``engine.bench.capacity``)."""
+    level: float
+    over: Optional[str] = None
+    passed: Optional[bool] = None
 
 
 EVENT_MODELS: Final[dict[str, type[Event]]] = {
     "run_started": RunStarted, "stage": StageEvent, "progress": ProgressEvent, "run_finished": RunFinished,
+    "capacity_level": CapacityLevel,
 }
 
 

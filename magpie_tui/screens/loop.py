@@ -851,6 +851,20 @@ class LoopScreen(Screen):
         if refusal is not None:
             self.notify(f"cannot resume: {refusal}", severity="warning")
             return
+        info = self.loop_info()
+        if info is not None and info.state == "completed":
+            # Nothing is left to run: a resume of a completed loop is asked for, never assumed.
+            from magpie_tui.screens.confirm import ConfirmScreen
+            self.app.push_screen(ConfirmScreen(f"Resume the loop {info.name}?\nIt has completed "
+                                               f"({info.progress_text}); steps that are done are not run again.",
+                                               yes="Resume"),
+                                 lambda yes: self._start_resume() if yes else None)
+            return
+        self._start_resume()
+
+    def _start_resume(self) -> None:
+        if self._resume_refusal() is not None:  # something started while the question was open
+            return
         self._resuming = True
         self._resume()
 

@@ -23,6 +23,7 @@ from engine.errors import MagpieError
 from engine.runs import schema
 from engine.runs.catalog import RunInfo
 from engine.runs.schema import Report, StageState, Verdict
+from engine.runs.state import no_roofline_reason
 from engine.safeio import read_json
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
@@ -728,20 +729,14 @@ class BenchmarkReportScreen(Screen):
 
 
 def _no_roofline_reason(report_path: Path | None) -> str:
-    """Why a run has no roofline, from its own report: the analysis skipped (a CPU-only trace) or
-    failed with its error, else it was not asked for."""
+    """Why a run has no roofline, from its own report (engine.runs.state.no_roofline_reason)."""
     report: dict[str, Any] = {}
     if report_path is not None:
         try:
             report = read_json(report_path)
         except (OSError, ValueError):
             report = {}
-    tl = report.get("tracelens_analysis") or {}
-    if tl.get("skipped"):
-        return str(tl["skipped"])
-    if tl.get("errors"):
-        return f"the analysis failed: {str(tl['errors'][0]).splitlines()[0]}"
-    return "run it profiled with tracelens on"
+    return no_roofline_reason(report)
 
 
 @dataclass

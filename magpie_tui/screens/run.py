@@ -14,6 +14,7 @@ from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 
 from engine.runs.catalog import RunInfo
 from engine.runs.launch import find_console_log
+from engine.runs.state import status_text
 from engine.safeio import MAX_SMALL_TEXT_BYTES, read_text
 from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed
@@ -120,9 +121,10 @@ class RunScreen(Screen):
             return  # still mounting
         info = self.info
         parts = [info.state, info.mode, info.label, format_elapsed(info.elapsed(time.time()))]
-        if info.progress_text:
-            parts.append(info.progress_text)
-        if info.error:
+        progress = status_text(info.status, detail=True)  # the Runs list's text, plus the report's figures
+        if progress:
+            parts.append(progress)
+        if info.error and info.error not in progress:
             parts.append(info.error)
         status = self.query_one("#run-status", Static)
         status.update("  ·  ".join(p for p in parts if p))

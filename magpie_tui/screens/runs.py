@@ -49,21 +49,9 @@ def format_elapsed(seconds: float | None) -> str:
 
 
 def progress_cell(info: RunInfo) -> str:
-    """Live progress while running; afterwards what the run ended with. A run that did not
-    complete says how far it got (``400/2000``), never the total it was meant to reach."""
-    if not info.is_finished:
-        return info.progress_text or "-"
-    if info.error:
-        return info.error
-    if info.done is not None and info.total:
-        if info.state == "completed":
-            return f"{info.done}/{info.total} · exit {info.exit_code}"
-        # A cancel ends the requests still in flight: they count as done (failed) but were never
-        # served. What the run reached is the requests that completed.
-        completed = info.live.get("completed")
-        reached = f"{completed}/{info.total} completed" if completed is not None else f"{info.done}/{info.total}"
-        return f"{info.state} at {reached} · exit {info.exit_code}"
-    return f"exit {info.exit_code}" if info.exit_code is not None else "-"
+    """Live progress while running; afterwards what the run ended with (the run's one state,
+    engine.runs.state: the same text as the Run screen's header, the job API and MCP)."""
+    return info.progress_text or "-"
 
 
 def format_started(ts: float | None) -> str:

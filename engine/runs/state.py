@@ -1,0 +1,292 @@
+"""One typed run state for every front end: where a run is, its latest live numbers and, once it
+has finished, the report's own figures.
+
+The engine writes the facts into ``events.jsonl`` (``progress`` with its request counts,
+``capacity_level``, ``run_finished`` with :class:`~engine.runs.schema.RunFigures`); the run
+catalog folds them into a :class:`RunStatus` per run (``RunInfo.status``); the workbench's
+headers and lists, the job API and MCP's ``job_status`` all show that one state through
+:func:`status_text`, so a header and a list never tell two stories, and a finished run never
+shows a live number its report does not stand behind.
+
+Example::
+
+    info = RunCatalog([root]).refresh()[0]
+    info.status.progress.requests.never_sent   # 475 after a cancel at 125 of 600
+    status_text(info.status)                   # "cancelled at 125/600 completed · 475 never sent · exit 130"
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.runs.schema import FINISHED_RUN_STATES, CapacityLevel, Figure, ProgressEvent, RunFigures, RunState
+
+__all__ = ["RequestCounts", "LiveMetrics", "RunProgress", "CapacityStep", "RunStatus", "status_text",
+           "figures_text", "benchmark_figures", "progress_from_event", "no_roofline_reason"]
+
+
+class _State(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RequestCounts(_State):
+    """A benchmark repeat's measured requests so far. ``failed`` counts requests the server saw
+    fail; ``never_sent`` the ones a cancel kept queued (never a server failure)."""
+    total: Optional[int] = None
+    sent: Optional[int] = None
+    completed: Optional[int] = None
+    failed: Optional[int] = None
+    never_sent: Optional[int] = None
+
+
+class LiveMetrics(_State):
+    """A benchmark's running numbers over the measured requests finished so far (one repeat)."""
+    output_tok_s: Optional[float] = None
+    ttft_p50_ms: Optional[float] = None
+    tpot_p50_ms: Optional[float] = None
+    elapsed_s: Optional[float] = None
+
+
+class RunProgress(_State):
+    """Where a running run is: its phase, the generic done/total of that phase (kernels timed,
+    loop steps, batch points, requests), the repeat (1-based) and the request counts."""
+    phase: str = ""
+    done: Optional[int] = None
+    total: Optional[int] = None
+    repeat: Optional[int] = None
+    repeats: Optional[int] = None
+    point: Optional[dict[str, Any]] = None
+    warmup: bool = False
+    requests: Optional[RequestCounts] = None
+
+
+class CapacityStep(_State):
+    level: float
+    over: Optional[str] = None
+    passed: Optional[bool] = None
+
+
+class RunStatus(_State):
+    """The state of one run as every front end shows it."""
+    state: str = RunState.PENDING
+    mode: str = "?"
+    stage: str = ""
+    progress: RunProgress = Field(default_factory=RunProgress)
+    live: Optional[LiveMetrics] = None
+    capacity: list[CapacityStep] = Field(default_factory=list)
+    figures: Optional[RunFigures] = None  # the report's, once finished
+    exit_code: Optional[int] = None
+    error: Optional[str] = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED_RUN_STATES
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def progress_from_event(ev: ProgressEvent, before: RunProgress) -> tuple[RunProgress, Optional[LiveMetrics]]:
+    """A ``progress`` event as the new progress and live numbers (None: none in this event)."""
+    requests = None
+    if ev.phase == "measure" and ev.done is not None:
+        never = ev.never_sent if ev.never_sent is not None else None
+        failed = ev.failed
+        if failed is not None and never is not None:
+            failed -= never  # the load generator ends never-sent requests as failed
+        requests = RequestCounts(total=ev.total, sent=ev.done - never if never is not None else None,
+                                 completed=ev.completed, failed=failed, never_sent=never)
+    progress = RunProgress(phase=ev.phase or before.phase, done=ev.done if ev.done is not None else before.done,
+                           total=ev.total if ev.total is not None else before.total,
+                           repeat=ev.repeat + 1 if ev.repeat is not None else None, repeats=ev.repeats,
+                           point=ev.point, warmup=ev.phase == "warmup", requests=requests)
+    values = {k: getattr(ev, k) for k in ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms", "elapsed_s")}
+    live = LiveMetrics(**values) if any(v is not None for k, v in values.items() if k != "elapsed_s") else None
+    return progress, live
+
+
+def capacity_step(ev: CapacityLevel) -> CapacityStep:
+    return CapacityStep(level=ev.level, over=ev.over, passed=ev.passed)
+
+
+# ----------------------------------------------------------------------------- text
+
+def _level(level: float, over: Optional[str]) -> str:
+    return f"c{level:g}" if over in (None, "concurrency") else f"{level:g}/s"
+
+
+def _rate(t: float) -> str:
+    return f"{t / 1e3:.1f}k tok/s" if t >= 1e4 else f"{t:.0f} tok/s"
+
+
+def _live_text(status: RunStatus) -> str:
+    """`` · 3 failed · 5.1k tok/s · TTFT 42 ms · TPOT 2.2 ms`` while a benchmark runs."""
+    parts = []
+    req = status.progress.requests
+    if req is not None and req.failed:
+        parts.append(f"{req.failed} failed")
+    v = status.live
+    if v is not None:
+        if v.output_tok_s is not None:
+            parts.append(_rate(v.output_tok_s))
+        if v.ttft_p50_ms is not None:
+            parts.append(f"TTFT {v.ttft_p50_ms:.3g} ms")
+        if v.tpot_p50_ms is not None:
+            parts.append(f"TPOT {v.tpot_p50_ms:.3g} ms")
+    return "".join(f" · {x}" for x in parts)
+
+
+def _capacity_text(status: RunStatus) -> str:
+    """``capacity c1 pass, c2 fail`` : the levels tried so far (the run's own, not its config's)."""
+    if not status.capacity:
+        return ""
+    tried = ", ".join(f"{_level(s.level, s.over)} {'pass' if s.passed else 'fail'}" for s in status.capacity)
+    return f"capacity {tried}"
+
+
+def _running_text(status: RunStatus) -> str:
+    p = status.progress
+    parts = []
+    capacity = _capacity_text(status)
+    if capacity:
+        parts.append(capacity)
+    if p.done is None or not p.total:
+        return " · ".join(parts + ([status.stage] if status.stage else []))
+    if p.repeats is not None and p.repeats > 1 and p.repeat is not None:
+        parts.append(f"repeat {p.repeat}/{p.repeats}" + (" warm-up" if p.warmup else ""))
+    elif p.warmup and p.repeats is not None:
+        parts.append("warm-up")
+    req = p.requests
+    if req is not None and req.never_sent:
+        counts = f"{req.completed}/{p.total} completed · {req.never_sent} never sent"
+    else:
+        counts = f"{p.done}/{p.total}"
+    return " · ".join(parts + [counts]) + _live_text(status)
+
+
+def _finished_text(status: RunStatus) -> str:
+    exit_part = f"exit {status.exit_code}" if status.exit_code is not None else ""
+    f = status.figures
+    if f is not None and f.steps_total:
+        return " · ".join(p for p in (f"{f.steps_done}/{f.steps_total} steps", f.outcome or "", exit_part) if p)
+    if f is not None and f.requests:
+        lead = ""
+        if f.capacity_levels:
+            tried = ", ".join(_level(x, f.capacity_over) for x in f.capacity_levels)
+            knee = _level(f.capacity_knee, f.capacity_over) if f.capacity_knee is not None else "none"
+            lead = f"capacity {knee} (tried {tried}) · "
+        if status.state == RunState.COMPLETED:
+            core = f"{f.completed}/{f.requests}"
+        else:
+            core = f"{status.state} at {f.completed}/{f.requests} completed"
+        if f.never_sent:
+            core += f" · {f.never_sent} never sent"
+        if f.failed:
+            core += f" · {f.failed} failed"
+        return " · ".join(p for p in (lead + core, exit_part) if p)
+    if status.error:
+        return status.error
+    p = status.progress
+    if p.done is not None and p.total:
+        if status.state == RunState.COMPLETED:
+            return f"{p.done}/{p.total} · {exit_part}" if exit_part else f"{p.done}/{p.total}"
+        # A cancel ends the requests still queued or in flight: they count as done (failed) but
+        # were never served. What the run reached is the requests that completed.
+        req = p.requests
+        if req is not None and req.completed is not None:
+            reached = f"{req.completed}/{p.total} completed" + (f" · {req.never_sent} never sent" if req.never_sent else "")
+        else:
+            reached = f"{p.done}/{p.total}"
+        return f"{status.state} at {reached}" + (f" · {exit_part}" if exit_part else "")
+    return exit_part or "-"
+
+
+def _figure(fig: Figure, unit: str, fmt: str) -> str:
+    if fig.n > 1 and fig.ci95:
+        lo, hi = fig.ci95
+        return f"{fig.mean:{fmt}} {unit} (mean of {fig.n}, 95% CI {lo:{fmt}}–{hi:{fmt}})"
+    return f"{fig.mean:{fmt}} {unit}"
+
+
+def figures_text(figures: Optional[RunFigures]) -> str:
+    """The report's headline numbers in one line: ``583 tok/s (mean of 3, 95% CI 277–889) · TTFT 42 ms``."""
+    if figures is None:
+        return ""
+    parts = []
+    if figures.output_tok_s is not None:
+        parts.append(_figure(figures.output_tok_s, "tok/s", ".0f"))
+    if figures.ttft_p50_ms is not None:
+        parts.append("TTFT " + _figure(figures.ttft_p50_ms, "ms", ".3g"))
+    if figures.tpot_p50_ms is not None:
+        parts.append("TPOT " + _figure(figures.tpot_p50_ms, "ms", ".3g"))
+    return " · ".join(parts)
+
+
+def status_text(status: RunStatus, detail: bool = False) -> str:
+    """The run's progress in one line, the same in every front end. While running: the phase and
+    counts with the live numbers; once finished: what the run reached and how it ended, from the
+    report's figures when ``run_finished`` carried them (never a live number of its last repeat).
+    ``detail`` adds the report's headline numbers (a header has room for them)."""
+    if not status.is_finished:
+        return _running_text(status) or ("" if status.state != RunState.PENDING else "")
+    text = _finished_text(status)
+    extra = figures_text(status.figures) if detail else ""
+    return " · ".join(p for p in (text, extra) if p)
+
+
+# ----------------------------------------------------------------------------- the writer's side
+
+def _headline(repeats: Any, result: Any, key: str) -> Optional[Figure]:
+    stat = repeats.get(key) if isinstance(repeats, dict) else None
+    if isinstance(stat, dict) and isinstance(stat.get("mean"), (int, float)):
+        ci = stat.get("ci95")
+        return Figure(mean=stat["mean"], n=int(stat.get("n") or 1), ci95=list(ci) if ci else None)
+    value = result.get(key) if isinstance(result, dict) else None
+    return Figure(mean=value) if isinstance(value, (int, float)) else None
+
+
+def benchmark_figures(report: dict) -> Optional[RunFigures]:
+    """The headline figures of a benchmark report as it is written (engine.bench.run): requests
+    over every point and repeat, the first point's throughput and latency (the mean over repeats
+    with its interval, else the one run's), the capacity search's levels."""
+    failures = report.get("failures")
+    if not isinstance(failures, dict):
+        return None
+    sent, failed, never = failures.get("sent"), failures.get("requests"), failures.get("never_sent")
+    if not all(isinstance(x, int) for x in (sent, failed, never)):
+        return None
+    result, repeats = report.get("result") or {}, report.get("repeats")
+    figures = RunFigures(requests=sent + never, sent=sent, completed=sent - failed, failed=failed, never_sent=never,
+                         output_tok_s=_headline(repeats, result, "output_throughput"),
+                         ttft_p50_ms=_headline(repeats, result, "median_ttft_ms"),
+                         tpot_p50_ms=_headline(repeats, result, "median_tpot_ms"))
+    capacity = report.get("capacity")
+    if isinstance(capacity, dict):
+        levels = [lv.get("level") for lv in capacity.get("levels") or [] if isinstance(lv, dict)]
+        figures.capacity_over = capacity.get("over")
+        figures.capacity_knee = capacity.get("knee")
+        figures.capacity_levels = [x for x in levels if isinstance(x, (int, float))]
+    return figures
+
+
+def no_roofline_reason(report: dict) -> str:
+    """Why a benchmark (or trace analysis) report has no roofline, in the report's own words: the
+    analysis skipped (a CPU-only trace), a stage of it failed (the first error, by stage), or it
+    was not asked for. A profiled run is never told to "run it profiled"."""
+    tl = report.get("tracelens_analysis") if isinstance(report.get("tracelens_analysis"), dict) else {}
+    if tl.get("skipped"):
+        return str(tl["skipped"])
+    errors = [str(e) for e in tl.get("errors") or []]
+    stages = tl.get("stage_results") if isinstance(tl.get("stage_results"), dict) else {}
+    errors += [f"stage {name}: {r['error']}" for name, r in stages.items() if isinstance(r, dict) and r.get("error")]
+    errors += [str(e) for e in report.get("errors") or [] if str(e).startswith(("profiling:", "trace analysis:"))]
+    errors += [str(e) for e in report.get("analysis_errors") or []]
+    if errors:
+        return f"the analysis failed: {errors[0].splitlines()[0] if errors[0] else errors[0]}"
+    if report.get("profiling_enabled"):
+        if not tl.get("enabled"):
+            return "it was profiled, but TraceLens was off (profiler.tracelens.enabled: true runs it)"
+        return "it was profiled with TraceLens on, but the analysis wrote no roofline tables (see the run's logs/)"
+    return "run it profiled with tracelens on"
