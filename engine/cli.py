@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 from rich.console import Console
 
 from engine import __version__
+from engine.config.overrides import add_cli_flags, from_cli_args
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError, format_error
 from engine.extras import MissingExtra
@@ -95,71 +96,8 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     b.add_argument("-b", "--benchmark-config", help="benchmark YAML (Magpie's benchmark: format)")
     b.add_argument("--batch", metavar="FILE.yaml", help="a batch of benchmark points (a list of configs or a "
                                                          "sweep), each a run of its own, one batch report")
-    b.add_argument("-m", "--model", help="model (HF id or local path; builtin: ignored, see server.size)")
-    b.add_argument("-p", "--precision", help="precision label (fp8, bf16, ...)")
-    b.add_argument("--tp", type=int, help="tensor parallel size (envs.TP)")
-    b.add_argument("--concurrency", type=int, help="client max concurrency (envs.CONC)")
-    b.add_argument("--input-len", type=int, help="input tokens per request (envs.ISL)")
-    b.add_argument("--output-len", type=int, help="output tokens per request (envs.OSL)")
-    b.add_argument("--num-prompts", type=int, help="requests per run (envs.NUM_PROMPTS; default CONC x 10)")
-    b.add_argument("--request-rate", type=float, help="requests/s (default: all at once)")
-    b.add_argument("--burstiness", type=float, help="gamma shape of arrivals (1 = Poisson)")
-    b.add_argument("--range-ratio", type=float,
-                   help="Magpie's RANDOM_RANGE_RATIO r in [0, 1]: lengths drawn from [L*r, L] as Magpie's InferenceX "
-                        "client draws them (1 = fixed lengths; default 0.5, as in Magpie)")
-    b.add_argument("--vllm-range-ratio", type=float,
-                   help="vllm bench serve's --random-range-ratio r in [0, 1): lengths drawn from [L*(1-r), L*(1+r)] "
-                        "(client.vllm_range_ratio; replaces --range-ratio)")
-    b.add_argument("--warmup", type=int, help="warm-up requests, not measured")
-    b.add_argument("--repeats", type=int, help="measured runs; metrics get a 95%% interval across them")
-    b.add_argument("--sweep", action="append", help="KEY=V1,V2,... (concurrency, input_len, output_len, request_rate)")
-    b.add_argument("--base-url", help="benchmark a server that is already running")
-    b.add_argument("--seed", type=int, help="dataset and arrival seed")
-    b.add_argument("--goodput", nargs="+", metavar="KEY:MS",
-                   help="SLOs for goodput, as vllm bench serve takes them: ttft:MS tpot:MS e2el:MS")
-    b.add_argument("--prefix-len", type=int, help="tokens of a prefix shared by every prompt, before its "
-                                                  "input-len tokens (vLLM's --random-prefix-len; default 0)")
-    b.add_argument("--endpoint", choices=["completions", "chat"],
-                   help="the API the load uses (default completions; chat needs text prompts: --tokenizer)")
-    b.add_argument("--tokenizer", help="text prompts through this tokenizer (Hugging Face name or folder, or "
-                                       "'builtin'), as vllm bench serve sends them; default: the model's, as vLLM "
-                                       "(needs transformers; builtin completions: token ids); 'none': token ids")
-    b.add_argument("--vocab-size", type=int, help="the model's vocabulary size (client.vocab_size): token-id prompts "
-                                                  "stay below it when no tokenizer loads (default: the model "
-                                                  "folder's config.json)")
-    b.add_argument("--dataset-name", choices=["random", "custom", "sharegpt"],
-                   help="as vllm bench serve: random (default), custom (JSONL: prompt or prompt_token_ids, "
-                        "output_len, optional timestamp for a trace replay), sharegpt (JSON)")
-    b.add_argument("--dataset-path", help="the custom JSONL or ShareGPT JSON file")
-    b.add_argument("--custom-output-len", type=int, help="output tokens of custom lines without output_len")
-    b.add_argument("--sharegpt-output-len", type=int, help="fix ShareGPT output lengths (default: the reply's)")
-    b.add_argument("--duration", type=float, help="send load for S seconds (the dataset cycled) instead of a "
-                                                  "number of prompts")
-    b.add_argument("--warmup-seconds", type=float, help="with --duration: requests started in the first S "
-                                                        "seconds are not measured")
-    b.add_argument("--cooldown-seconds", type=float, help="with --duration: nor those started in the last S")
-    b.add_argument("--find-capacity", nargs="+", metavar="KEY:MS",
-                   help="SLO capacity search: the highest concurrency (or --capacity-over request_rate) whose "
-                        "goodput meets --goodput-target, e.g. ttft:500 tpot:50")
-    b.add_argument("--goodput-target", type=float, help="share of requests that must meet the SLOs (default 0.9)")
-    b.add_argument("--capacity-over", choices=["concurrency", "request_rate"],
-                   help="what the capacity search varies (default concurrency)")
-    b.add_argument("--capacity-max", type=float, help="the highest level the capacity search tries (default 1024)")
-    b.add_argument("--event-loop", choices=["auto", "uvloop", "asyncio"],
-                   help="the load generator's event loop (default auto: uvloop where installed)")
-    b.add_argument("--http-client", choices=["lean", "aiohttp"],
-                   help="the load generator's HTTP client (default lean: stamps each read where it arrives)")
-    b.add_argument("--client-procs", type=int, metavar="N",
-                   help="client processes sharing the load on one clock, results merged (client.client_procs; "
-                        "default 1; at most the concurrency)")
-    b.add_argument("--torch-profiler", action="store_true", default=None, help="collect server-side torch traces")
-    b.add_argument("--no-torch-profiler", dest="torch_profiler", action="store_false",
-                   help="turn off profiling (and its trace analysis) that the YAML enables")
-    b.add_argument("--tracelens", action="store_true", default=None, help="analyse the traces (implies the profiler)")
-    b.add_argument("--gap-analysis", action="store_true", default=None, help="gap and idle analysis of the traces")
-    b.add_argument("--run-mode", choices=["docker", "local"], help="where the server runs")
-    b.add_argument("--docker-image", dest="bench_docker_image", help="server image for --run-mode docker")
-    b.add_argument("--timeout", type=float, help="seconds for the whole run (default 3600)")
+    # Every override of the YAML (-m, --concurrency, ..., --timeout), generated from the one model.
+    add_cli_flags(b)
     b.add_argument("--dry-run", action="store_true",
                    help="check everything as for a real run, print the plan (server command and environment, image, "
                         "GPUs, load and length bounds, profiling, run folder) and start nothing")
@@ -334,56 +272,10 @@ def _compare_reports(paths: list[str], console: Console, allow_different_workloa
     return 0
 
 
-def _parse_sweep(items: Optional[list[str]]) -> Optional[dict]:
-    if not items:
-        return None
-    out: dict[str, list] = {}
-    for item in items:
-        key, _, values = item.partition("=")
-        try:
-            out[key.strip().replace("-", "_")] = [float(v) if "." in v else int(v) for v in values.split(",") if v]
-        except ValueError:
-            raise ConfigError([f"--sweep {item}: expected KEY=V1,V2,... with numbers"]) from None
-        if not out[key.strip().replace("-", "_")]:
-            raise ConfigError([f"--sweep {item}: no values"])
-    return out
-
-
-def _parse_goodput(items: Optional[list[str]], flag: str = "--goodput") -> Optional[dict]:
-    if not items:
-        return None
-    out: dict[str, float] = {}
-    for item in items:
-        key, sep, value = item.partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            out[key.strip().lower()] = float(value)
-        except ValueError:
-            raise ConfigError([f"{flag} {item}: expected KEY:MS (ttft, tpot or e2el, in ms), e.g. ttft:200"]) from None
-    return out
-
-
 def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
     from engine.jobs import BenchmarkRequest, run_request
 
-    flags = {"model": args.model, "precision": args.precision, "tp": args.tp, "concurrency": args.concurrency,
-             "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
-             "request_rate": args.request_rate, "burstiness": args.burstiness, "range_ratio": args.range_ratio,
-             "vllm_range_ratio": args.vllm_range_ratio,
-             "warmup": args.warmup, "repeats": args.repeats, "sweep": _parse_sweep(args.sweep),
-             "base_url": args.base_url, "seed": args.seed, "http_client": args.http_client,
-             "tokenizer": args.tokenizer, "vocab_size": args.vocab_size, "endpoint": args.endpoint, "prefix_len": args.prefix_len,
-             "goodput": _parse_goodput(args.goodput),
-             "dataset_name": args.dataset_name, "dataset_path": args.dataset_path,
-             "custom_output_len": args.custom_output_len, "sharegpt_output_len": args.sharegpt_output_len,
-             "duration": args.duration, "warmup_seconds": args.warmup_seconds, "cooldown_seconds": args.cooldown_seconds,
-             "find_capacity": _parse_goodput(args.find_capacity, "--find-capacity"),
-             "goodput_target": args.goodput_target, "capacity_over": args.capacity_over,
-             "capacity_max": args.capacity_max, "event_loop": args.event_loop, "client_procs": args.client_procs,
-             "torch_profiler": args.torch_profiler,
-             "tracelens": args.tracelens, "gap_analysis": args.gap_analysis, "run_mode": args.run_mode,
-             "docker_image": args.bench_docker_image, "timeout": args.timeout, "gpu_arch": args.gpu_arch}
+    flags = from_cli_args(args)
     request = BenchmarkRequest(benchmark_config=args.benchmark_config, framework=args.framework, flags=flags,
                                batch=args.batch, environment=args.environment, ray_address=args.ray_address)
     prepared = request.prepare(plan_only=args.dry_run)

@@ -33,7 +33,8 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.cluster.settings import RaySettings
-from engine.config.yamlfile import ConfigError, load_located_yaml
+from engine.config.overrides import BenchmarkOverrides
+from engine.config.yamlfile import ConfigError, format_loc, load_located_yaml
 from engine.runs.schema import SCHEMA_VERSION
 
 EXIT_OK, EXIT_FAIL, EXIT_CANCELLED = 0, 1, 130
@@ -84,7 +85,7 @@ class PreparedBatch:
         return {"mode": "benchmark", "batch_file": self.batch_file, "environment": self.environment,
                 "scheduler": {"ray": self.ray.model_dump()} if self.ray else None,
                 "points": [{"index": i, "label": _point_label(i, p), "benchmark_config": r.benchmark_config,
-                            "flags": {k: v for k, v in r.flags.items() if v is not None},
+                            "flags": r.flags.given(),
                             "benchmark": p.config.model_dump(by_alias=True)}
                            for i, (r, p) in enumerate(zip(self.points, self.prepared))],
                 "warnings": self.warnings}
@@ -100,9 +101,18 @@ def _resolve(base: Path, path: str) -> str:
     return str((p if p.is_absolute() else base / p).resolve())
 
 
-def _points_of(data: BatchFile, base: Path, where: str) -> list[tuple[str, str, dict]]:
-    """(where, config path, flags) of every point, in the file's order."""
+def _points_of(data: BatchFile, base: Path, where: str, doc: Any = None) -> list[tuple[str, str, dict]]:
+    """(where, config path, flags) of every point, in the file's order; flags that are no override
+    are named with their file:line (``doc``) and the nearest valid one."""
     out = []
+    problems: list[str] = []
+
+    def check(flags: dict, loc: tuple) -> None:
+        try:
+            BenchmarkOverrides.build(flags, where=format_loc(loc),
+                                     locate=(lambda key: doc.where(loc + (key,))) if doc is not None else None)
+        except ConfigError as exc:
+            problems.extend(exc.problems if doc is not None else [f"{where}: {p}" for p in exc.problems])
     for i, item in enumerate(data.batch):
         at = f"{where}: batch[{i}]"
         if isinstance(item, str):
@@ -112,24 +122,29 @@ def _points_of(data: BatchFile, base: Path, where: str) -> list[tuple[str, str, 
                 pt = BatchPoint.model_validate(item)
             except Exception as exc:
                 raise ConfigError([f"{at}: {exc}"]) from None
+            check(pt.flags, ("batch", i, "flags"))
             out.append((at, _resolve(base, pt.config), dict(pt.flags)))
         else:
             raise ConfigError([f"{at}: give a benchmark YAML path or a mapping with config: and flags:"])
     if data.sweep is not None:
         sw = data.sweep
         keys = list(sw.over)
+        check(sw.flags, ("sweep", "flags"))
+        check({k: None for k in keys}, ("sweep", "over"))
         if not keys or any(not v for v in sw.over.values()):
             raise ConfigError([f"{where}: sweep.over: give each key a non-empty list of values"])
         for j, values in enumerate(itertools.product(*(sw.over[k] for k in keys))):
             out.append((f"{where}: sweep point {j} ({dict(zip(keys, values))})", _resolve(base, sw.config),
                         {**sw.flags, **dict(zip(keys, values))}))
+    if problems:
+        raise ConfigError(problems)
     return out
 
 
 def prepare_batch(request: Any, plan_only: bool = False) -> PreparedBatch:
     """Every point checked before a folder exists; the environment and its Ray settings."""
     from engine.jobs.requests import BenchmarkRequest
-    cli_flags = {k: v for k, v in request.flags.items() if v is not None}
+    cli_flags = request.flags.given()
     warnings: list[str] = []
     scheduler = BatchScheduler()
     if request.batch:
@@ -140,7 +155,7 @@ def prepare_batch(request: Any, plan_only: bool = False) -> PreparedBatch:
             data = BatchFile.model_validate(doc.data)
         except Exception as exc:
             raise ConfigError([f"{request.batch}: {exc}"]) from None
-        specs = _points_of(data, doc.path.resolve().parent, str(request.batch))
+        specs = _points_of(data, doc.path.resolve().parent, str(request.batch), doc)
         if not specs:
             raise ConfigError([f"{request.batch}: no points: add a batch: list or a sweep:"])
         if request.benchmark_config:
@@ -209,7 +224,7 @@ def _ray_from_magpie(magpie_ray: dict[str, Any]) -> RaySettings:
 # ---------------------------------------------------------------------- running
 def _point_row(i: int, prepared: Any, request: Any) -> dict:
     return {"index": i, "label": _point_label(i, prepared), "benchmark_config": request.benchmark_config,
-            "flags": {k: v for k, v in request.flags.items() if v is not None},
+            "flags": request.flags.given(),
             "tp": int(prepared.config.effective_envs().get("TP", 1)), "state": "pending", "exit_code": None,
             "folder": None, "node": None, "error": None, "metrics": {}}
 

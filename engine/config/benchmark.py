@@ -793,37 +793,14 @@ def resolve_defaults(cfg: BenchmarkConfig) -> list[str]:
     return notes
 
 
-# CLI flag -> (where in the config, how to set it). Envs live under benchmark.envs.
-_CLI_FIELDS = {
-    "model": ("model", None), "precision": ("precision", None), "run_mode": ("run_mode", None),
-    "docker_image": ("docker_image", None), "timeout": ("timeout_seconds", None), "gpu_arch": ("gpu_arch", None),
-    "tp": ("envs.TP", str), "concurrency": ("envs.CONC", str), "input_len": ("envs.ISL", str),
-    "output_len": ("envs.OSL", str), "range_ratio": ("envs.RANDOM_RANGE_RATIO", str),
-    "num_prompts": ("envs.NUM_PROMPTS", str),
-    "request_rate": ("client.request_rate", None), "burstiness": ("client.burstiness", None),
-    "warmup": ("client.warmup", None), "repeats": ("client.repeats", None), "seed": ("client.seed", None),
-    "base_url": ("client.base_url", None), "sweep": ("client.sweep", None),
-    "http_client": ("client.http_client", None), "tokenizer": ("client.tokenizer", None),
-    "endpoint": ("client.endpoint", None), "prefix_len": ("client.prefix_len", None),
-    "vocab_size": ("client.vocab_size", None), "vllm_range_ratio": ("client.vllm_range_ratio", None),
-    "goodput": ("client.goodput", None),
-    "dataset_name": ("client.dataset_name", None), "dataset_path": ("client.dataset_path", None),
-    "custom_output_len": ("client.custom_output_len", None), "sharegpt_output_len": ("client.sharegpt_output_len", None),
-    "duration": ("client.duration", None), "warmup_seconds": ("client.warmup_seconds", None),
-    "cooldown_seconds": ("client.cooldown_seconds", None), "find_capacity": ("client.find_capacity", None),
-    "goodput_target": ("client.goodput_target", None), "capacity_over": ("client.capacity_over", None),
-    "capacity_max": ("client.capacity_max", None), "event_loop": ("client.event_loop", None),
-    "client_procs": ("client.client_procs", None),
-    "torch_profiler": ("profiler.torch_profiler.enabled", None),
-    "tracelens": ("profiler.tracelens.enabled", None), "gap_analysis": ("gap_analysis.enabled", None),
-}
-
-
-def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any],
+def apply_cli_overrides(cfg: BenchmarkConfig, flags: Any,
                         machine_checks: bool = True) -> tuple[BenchmarkConfig, list[dict]]:
-    """Flags given on the command line (None = not given) replace YAML values; each change is
-    returned as {field, yaml, cli, flag}. Unlike Magpie, no flag is silently dropped with -b.
-    ``machine_checks=False``: what this machine lacks is not checked (``prompt_problems``)."""
+    """The overrides (``BenchmarkOverrides``, or a mapping of them; None = not given) replace YAML
+    values; each change is returned as {field, yaml, cli, flag}. Unlike Magpie, no flag is silently
+    dropped with -b, and an unknown one is an error. ``machine_checks=False``: what this machine
+    lacks is not checked (``prompt_problems``)."""
+    from engine.config.overrides import OVERRIDES, BenchmarkOverrides, config_value
+    flags = BenchmarkOverrides.build(flags, where="command line").given()
     data = cfg.model_dump(by_alias=False)
     if cfg.run_mode_why() != "given":
         data["run_mode"] = None  # still Magpie's default, unless --run-mode says otherwise
@@ -831,10 +808,8 @@ def apply_cli_overrides(cfg: BenchmarkConfig, flags: dict[str, Any],
     data["envs"] = {**DEFAULT_ENVS, **cfg.envs}
     overrides: list[dict] = []
     for flag, value in flags.items():
-        if value is None or flag not in _CLI_FIELDS:
-            continue
-        path, conv = _CLI_FIELDS[flag]
-        value = conv(value) if conv else value
+        path = OVERRIDES[flag].config
+        value = config_value(flag, value)
         node = data
         parts = path.split(".")
         for p in parts[:-1]:

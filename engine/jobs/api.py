@@ -30,7 +30,7 @@ from typing import Any, Iterator, Optional, Protocol, Union
 
 from engine.errors import MagpieError
 from engine.jobs.modes import JobOutcome, request_file_for, run_request, workspace_for
-from engine.jobs.requests import parse_request
+from engine.jobs.requests import parse_request, save_prepared
 from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_gone, read_new_events, run_gone
 from engine.runs.process import CancelToken, engine_pythonpath, process_identity
 
@@ -313,8 +313,10 @@ class Job:
 
 
 def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor: Union[str, Executor] = "local-process",
-           **executor_options: Any) -> Job:
-    """Check the request (a ConfigError before anything starts), make its run folder, start it."""
+           prepared: Any = None, **executor_options: Any) -> Job:
+    """Check the request (a ConfigError before anything starts), make its run folder, start it.
+    ``prepared``: the caller's ``request.prepare()`` (a front end that showed it first), used as
+    it is; the executor's process gets it too, so that a launch prepares once."""
     if isinstance(request, dict):
         request = parse_request(request)
     if isinstance(executor, str):
@@ -325,12 +327,14 @@ def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor:
         executor = factory(**executor_options)
     if hasattr(executor, "adapt_request"):  # ray / container: the request names its environment
         request = executor.adapt_request(request)
-    prepared = request.prepare()
+    if prepared is None or getattr(prepared, "request", None) != request:  # none, or of another request
+        prepared = request.prepare()
     ws = workspace_for(prepared, output_dir)
     run_dir = ws.root
     ws.events.close()  # the executor's process opens its own
     request_file = request_file_for(run_dir, request)
     (run_dir / request_file).write_text(request.to_json() + "\n")
+    save_prepared(run_dir, request_file, prepared)
     execution = executor.start(request, run_dir, request_file, prepared)
     record = {"schema_version": JOB_SCHEMA_VERSION, "id": run_dir.name, "mode": request.mode,
               "executor": executor.name, "pid": execution.pid,

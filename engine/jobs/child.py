@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 from engine.errors import MagpieError, format_error
 from engine.jobs.api import release_cancel_signals
 from engine.jobs.modes import EXIT_FAIL, run_request
-from engine.jobs.requests import REQUEST_FILE, notices, read_request
+from engine.jobs.requests import REQUEST_FILE, load_prepared, notices, read_request
 from engine.runs.process import CancelToken, install_signal_handlers
 from engine.runs.workspace import Workspace
 
@@ -35,7 +35,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ws = Workspace(run_dir)
     try:
         request = read_request(run_dir / request_file)
-        prepared = request.prepare()
+        # What submit() checked, when it kept it; else (a request written by hand, an older
+        # folder) checked here.
+        prepared = load_prepared(run_dir, request_file, request) or request.prepare()
     except MagpieError as exc:
         log(format_error(exc))
         ws.events.emit("run_started", pid=os.getpid(), workspace=str(run_dir), mode="?")

@@ -12,12 +12,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from engine.config.overrides import BenchmarkOverrides
 from engine.config.yamlfile import ConfigError, load_located_yaml
 
 REQUEST_FILE = "request.json"
@@ -113,12 +115,18 @@ class BenchmarkRequest(_Request):
     mode: Literal["benchmark"] = "benchmark"
     benchmark_config: Optional[str] = None
     framework: Optional[str] = None
-    # Command-line overrides (None: keep the YAML's value); the keys of apply_cli_overrides.
-    flags: dict[str, Any] = Field(default_factory=dict)
+    # The values that replace the YAML's (None: keep the YAML's value), typed once for every front
+    # end; a dict is checked into it, an unknown key named with the nearest valid one.
+    flags: BenchmarkOverrides = Field(default_factory=BenchmarkOverrides)
     batch: Optional[str] = Field(None, description="a batch YAML: a list of benchmark configs or a sweep, "
                                                    "each point a run of its own (engine.cluster.batch)")
     environment: Optional[str] = Field(None, description="batch points: local (one after another) or ray")
     ray_address: Optional[str] = None
+
+    @field_validator("flags", mode="before")
+    @classmethod
+    def _typed_flags(cls, v: Any) -> Any:
+        return BenchmarkOverrides.build(v if v is not None else {})
 
     def prepare(self, plan_only: bool = False) -> Any:
         """Checked and resolved. ``plan_only`` (a dry run): what only this machine lacks (the
@@ -134,7 +142,7 @@ class BenchmarkRequest(_Request):
     def _config_asks_ray(self) -> bool:
         """Magpie's ``run_mode: ray`` in the YAML (and no --run-mode saying otherwise): the point runs
         as a Ray task, as ``-e ray`` runs it."""
-        if not self.benchmark_config or self.flags.get("run_mode"):
+        if not self.benchmark_config or self.flags.run_mode:
             return False
         from engine.config.benchmark import load_benchmark_config
         cfg, _doc = load_benchmark_config(self.benchmark_config)
@@ -144,7 +152,7 @@ class BenchmarkRequest(_Request):
         from engine.config.benchmark import (BenchmarkConfig, apply_cli_overrides, load_benchmark_config,
                                              load_problems, prompt_problems, resolve_defaults)
         warnings: list[str] = []
-        flags = dict(self.flags)
+        flags = self.flags.given()
         if self.benchmark_config:
             cfg, _doc = load_benchmark_config(self.benchmark_config, warnings)
             if self.framework and self.framework != cfg.framework:
@@ -298,6 +306,33 @@ def read_request(path: Path) -> Union[KernelRequest, BenchmarkRequest, TraceRequ
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read the request ({exc.strerror})"]) from None
     return parse_request(text)
+
+
+# What submit() checked, kept beside the request file for the process that runs it: prepare()
+# runs once per launch, and the run is the one that was checked (and shown), even if its YAML
+# changes meanwhile.
+def prepared_file(request_file: str) -> str:
+    return Path(request_file).stem + ".prepared.pickle"
+
+
+def save_prepared(run_dir: Path, request_file: str, prepared: Any) -> None:
+    """Keep a prepared request in its run folder (best effort: without it, the runner prepares again)."""
+    try:
+        data = pickle.dumps(prepared, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return
+    (Path(run_dir) / prepared_file(request_file)).write_bytes(data)
+
+
+def load_prepared(run_dir: Path, request_file: str, request: Any) -> Optional[Any]:
+    """The prepared request submit() kept for ``request``, or None (none kept, unreadable, another
+    request): the caller then prepares it."""
+    try:
+        # Written by submit() into this run folder, as the request file beside it.
+        prepared = pickle.loads((Path(run_dir) / prepared_file(request_file)).read_bytes())
+    except Exception:  # none kept, or another engine version's: prepared again
+        return None
+    return prepared if getattr(prepared, "request", None) == request else None
 
 
 def load_framework_config(path: Optional[str], warnings: list[str]) -> dict:

@@ -3,6 +3,7 @@ list_benchmark_results, get_benchmark_result, compare_benchmark_reports, suggest
 roofline_table, optimize, optimize_status, optimize_resume."""
 
 import csv
+import difflib
 import json
 import threading
 import time
@@ -12,6 +13,7 @@ from typing import Any, Optional
 import anyio
 from mcp.server.mcpserver import Context
 
+from engine.config.overrides import BenchmarkOverrides, mcp_names
 from engine.jobs import BenchmarkRequest, LoopRequest, TraceRequest
 from engine.mcp import results as res
 from engine.mcp.confine import COMMAND_KEYS  # noqa: F401 - the keys of an inline config that are command lines
@@ -27,33 +29,21 @@ BATCH_NOTE = ("the Ray batch executor is not available to this server: the point
               "stops does not start; started points keep running)")
 
 
-# The benchmark tool's override arguments; a batch item may carry them beside benchmark_config.
-FLAG_ARGS = ("model", "precision", "run_mode", "tp", "concurrency", "input_len", "output_len", "torch_profiler",
-             "tracelens", "gap_analysis_enabled", "docker_image", "gpu_arch", "timeout_seconds", "num_prompts",
-             "request_rate", "burstiness", "range_ratio", "vllm_range_ratio", "warmup", "repeats", "sweep", "base_url",
-             "seed", "goodput",
-             "prefix_len", "endpoint", "tokenizer", "vocab_size", "http_client", "dataset_name", "dataset_path",
-             "custom_output_len", "sharegpt_output_len", "duration", "warmup_seconds", "cooldown_seconds",
-             "find_capacity", "goodput_target", "capacity_over", "capacity_max", "event_loop", "client_procs")
-# Tool argument -> the command line's flag key, where they differ (Magpie's names).
-_FLAG_KEYS = {"gap_analysis_enabled": "gap_analysis", "timeout_seconds": "timeout"}
+# The benchmark tool's override arguments (a batch item may carry them beside benchmark_config):
+# the override model's fields, under Magpie's MCP names where they differ (gap_analysis_enabled).
+FLAG_ARGS = tuple(mcp_names())
 
 
-def benchmark_flags(state: State, values: dict, where: str = "") -> dict:
-    """The flags dict of ``BenchmarkRequest``, keyed as the command line keys it (engine/cli.py);
-    empty strings are "not given", like an absent flag."""
-    from engine.cli import _parse_goodput, _parse_sweep  # the command line's own parsers: the same syntax
-    flags: dict[str, Any] = {}
-    for name in FLAG_ARGS:
-        value = values.get(name)
-        flags[_FLAG_KEYS.get(name, name)] = None if value == "" else value
-    flags["sweep"] = _parse_sweep(flags["sweep"])
-    flags["goodput"] = _parse_goodput(flags["goodput"])
-    flags["find_capacity"] = _parse_goodput(flags["find_capacity"], "find_capacity")
+def benchmark_flags(state: State, values: dict, where: str = "") -> BenchmarkOverrides:
+    """The overrides of ``BenchmarkRequest`` from the tool's arguments (Magpie's MCP names);
+    empty strings are "not given", like an absent flag. sweep, goodput and find_capacity take the
+    command line's item syntax (``KEY=V1,V2``, ``KEY:MS``)."""
+    given = {field: (None if values.get(arg) == "" else values.get(arg)) for arg, field in mcp_names().items()}
     prefix = f"{where}." if where else ""
-    if flags["dataset_path"]:
-        flags["dataset_path"] = str(state.path(flags["dataset_path"], f"{prefix}dataset_path"))
-    state.confine.flags(flags, where)  # tokenizer, model, gpu_arch: a local path lies under a root
+    if given["dataset_path"]:
+        given["dataset_path"] = str(state.path(given["dataset_path"], f"{prefix}dataset_path"))
+    flags = BenchmarkOverrides.build(given, where=where or "arguments")
+    state.confine.flags(flags.model_dump(), where)  # tokenizer, model, gpu_arch: a local path lies under a root
     return flags
 
 
@@ -147,8 +137,8 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                                    environment=environment or None, ray_address=ray_address or None)
         prepared = request.prepare()
         # An image given here is the caller's: the engine's own for the framework, or --allow-commands.
-        state.confine.prepared(prepared, "benchmark", image_from="docker_image" if flags["docker_image"] else None)
-        job = state.book.submit(request, state.output_dir(output_dir))
+        state.confine.prepared(prepared, "benchmark", image_from="docker_image" if flags.docker_image else None)
+        job = state.book.submit(request, state.output_dir(output_dir), prepared)
         return {**describe(job), "warnings": prepared.warnings, "overrides": prepared.overrides,
                 "next": "poll job_status(job_id, wait_s=5); job_result(job_id) when finished"}
 
@@ -168,7 +158,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         requests = [_batch_request(state, i, item) for i, item in enumerate(configs)]
         if not (parallel or ray_cluster_address):
             return batches.start(requests)
-        points = [{"config": str(cfg), "flags": {k: v for k, v in req.flags.items() if v is not None}}
+        points = [{"config": str(cfg), "flags": req.flags.given()}
                   for req, cfg in requests]
         # A folder of its own, so that the batch run is named benchmark_batch-mcp_<time>_<id>.
         folder = state.scratch("configs", suffix="")
@@ -176,8 +166,9 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         batch_file = folder / "mcp.yaml"
         batch_file.write_text(dump_yaml({"batch": points}))
         request = BenchmarkRequest(batch=str(batch_file), environment="ray", ray_address=ray_cluster_address or None)
-        state.confine.prepared(request.prepare(), "configs")
-        job = state.book.submit(request, state.output_dir(""))
+        prepared = request.prepare()
+        state.confine.prepared(prepared, "configs")
+        job = state.book.submit(request, state.output_dir(""), prepared)
         return {**describe(job), "batch_file": str(batch_file), "points": len(points),
                 "next": "poll job_status(job_id, wait_s=5); job_result(job_id) is the batch report"}
 
@@ -383,10 +374,12 @@ def _batch_request(state: State, index: int, item: dict) -> tuple[BenchmarkReque
         framework = rest.pop("framework", None)
         unknown = sorted(set(rest) - set(FLAG_ARGS))
         if unknown:
-            raise AccessRefused(f"{where}: unknown argument(s) {', '.join(unknown)}",
-                                hint="the benchmark tool's arguments are accepted beside benchmark_config")
+            close = {k: difflib.get_close_matches(k, FLAG_ARGS, n=1) for k in unknown}
+            raise AccessRefused(f"{where}: unknown argument(s) " + ", ".join(
+                f"{k} (did you mean {close[k][0]}?)" if close[k] else k for k in unknown),
+                hint="the benchmark tool's arguments are accepted beside benchmark_config")
         request = BenchmarkRequest(benchmark_config=str(cfg), framework=framework, flags=benchmark_flags(state, rest, where))
-        image_from = f"{where}.docker_image" if request.flags.get("docker_image") else None
+        image_from = f"{where}.docker_image" if request.flags.docker_image else None
     else:
         body = item.get("benchmark", item)
         # Commands, code (a kernel override that is not a bundled one, an image not the engine's: checked

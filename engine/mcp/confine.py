@@ -214,7 +214,7 @@ class Confinement:
             self.benchmark_body(data.get("benchmark"), f"{where} ({path})", inline=False)
 
     def flags(self, flags: dict, where: str = "") -> None:
-        """The command-line flags a tool passes on (keyed as engine/cli.py keys them)."""
+        """The overrides a tool passes on (keyed by ``BenchmarkOverrides``' field names)."""
         prefix = f"{where}." if where else ""
         if _text(flags.get("dataset_path")):
             self.path(flags["dataset_path"], f"{prefix}dataset_path")

@@ -147,6 +147,14 @@ def _kernel_entries(path: Path) -> int:
     return len(kernels) if isinstance(kernels, list) else 1
 
 
+# The launch form's benchmark overrides: LaunchRequest attribute -> BenchmarkOverrides field, in
+# the order the equivalent command line shows them (tests/unit/test_overrides.py checks them
+# against the model's form=True fields).
+BENCH_FORM_FIELDS = {"repeats": "repeats", "concurrency": "concurrency", "input_len": "input_len",
+                     "output_len": "output_len", "num_prompts": "num_prompts", "warmup": "warmup",
+                     "timeout": "timeout", "seed": "seed", "profiler": "torch_profiler"}
+
+
 @dataclass
 class LaunchRequest:
     mode: str  # analyze | compare | benchmark | optimize
@@ -174,19 +182,24 @@ class LaunchRequest:
         from engine.jobs.requests import BenchmarkRequest, KernelRequest, LoopRequest
         config = str(Path(self.config).resolve())
         if self.mode in ("analyze", "compare"):
-            return KernelRequest(mode=self.mode, kernel_config=config, repeats=self.repeats,
+            # Relative paths resolve where the run starts (start_run: the config's folder), in
+            # the preview as in the run.
+            return KernelRequest(mode=self.mode, kernel_config=config, cwd=str(Path(config).parent), repeats=self.repeats,
                                  baseline=self.baseline if self.mode == "compare" else None,
                                  only=list(self.only) if self.only else None, warmup=self.warmup,
                                  timeout=self.timeout, seed=self.seed, rtol=self.rtol, atol=self.atol,
                                  no_perf=self.no_perf)
         if self.mode == "benchmark":
-            flags = {"repeats": self.repeats, "concurrency": self.concurrency, "input_len": self.input_len,
-                     "output_len": self.output_len, "num_prompts": self.num_prompts, "torch_profiler": self.profiler,
-                     "warmup": self.warmup, "timeout": self.timeout, "seed": self.seed}
-            return BenchmarkRequest(benchmark_config=config, flags={k: v for k, v in flags.items() if v is not None})
+            return BenchmarkRequest(benchmark_config=config, flags=self.benchmark_overrides())
         if self.mode == "optimize":
             return LoopRequest(benchmark_config=config, until=self.until)
         raise ValueError(f"unknown mode {self.mode!r}: analyze, compare, benchmark or optimize")
+
+    def benchmark_overrides(self) -> Any:
+        """The form's benchmark overrides as the typed model (``BenchmarkOverrides``)."""
+        from engine.config.overrides import BenchmarkOverrides
+        return BenchmarkOverrides.build({name: getattr(self, attr) for attr, name in BENCH_FORM_FIELDS.items()},
+                                        where="launch form")
 
     def argv(self, python: str = sys.executable) -> list[str]:
         """The equivalent command line (what the launch screen shows)."""
@@ -207,17 +220,14 @@ class LaunchRequest:
             if self.no_perf:
                 args.append("--no-perf")
         elif self.mode == "benchmark":
+            from engine.config.overrides import OVERRIDES
             args += ["-b", config, "-o", output]
-            for flag, value in (("--repeats", self.repeats), ("--concurrency", self.concurrency),
-                                ("--input-len", self.input_len), ("--output-len", self.output_len),
-                                ("--num-prompts", self.num_prompts), ("--warmup", self.warmup),
-                                ("--timeout", self.timeout), ("--seed", self.seed)):
-                if value is not None:
+            for attr, name in BENCH_FORM_FIELDS.items():
+                value, flag = getattr(self, attr), OVERRIDES[name].flag(name)
+                if isinstance(value, bool):
+                    args.append(flag if value else flag.replace("--", "--no-", 1))
+                elif value is not None:
                     args += [flag, str(value)]
-            if self.profiler is True:
-                args.append("--torch-profiler")
-            elif self.profiler is False:
-                args.append("--no-torch-profiler")
         elif self.mode == "optimize":
             args += ["-b", config, "-o", output] + (["--until", self.until] if self.until else [])
         else:
@@ -225,10 +235,11 @@ class LaunchRequest:
         return args
 
 
-def effective_config(req: LaunchRequest) -> tuple[dict[str, Any], list[dict], list[str]]:
+def effective_config(req: LaunchRequest, prepared: Any = None) -> tuple[dict[str, Any], list[dict], list[str]]:
     """(config after overrides, the overrides, warnings): what the run would record in config.yaml.
-    Raises ConfigError with file:line problems, as the command line would (the same checks)."""
-    prepared = req.to_request().prepare()
+    Raises ConfigError with file:line problems, as the command line would (the same checks).
+    ``prepared``: the launch's ``to_request().prepare()`` when the caller has it already."""
+    prepared = prepared if prepared is not None else req.to_request().prepare()
     if req.mode == "benchmark":
         return {"benchmark": prepared.config.model_dump(by_alias=True)}, prepared.overrides, prepared.warnings
     if req.mode == "optimize":
@@ -269,11 +280,13 @@ def find_console_log(output_dir: Path, pid: Optional[int]) -> Optional[Path]:
     return matches[-1] if matches else None
 
 
-def start_run(req: LaunchRequest, cwd: Optional[Path] = None) -> StartedRun:
+def start_run(req: LaunchRequest, cwd: Optional[Path] = None, prepared: Any = None) -> StartedRun:
     """Submit the launch to the job API's detached local-process executor; the console output
-    goes to ``<output>/.console/<stamp>_<pid>.log``."""
+    goes to ``<output>/.console/<stamp>_<pid>.log``. ``prepared``: the preview's own
+    ``to_request().prepare()``, run as it was shown (not checked again)."""
     from engine.jobs.api import submit
-    job = submit(req.to_request(), req.output_dir, executor="local-process", cwd=cwd or Path(req.config).parent)
+    job = submit(req.to_request(), req.output_dir, executor="local-process", cwd=cwd or Path(req.config).parent,
+                 prepared=prepared)
     ex = job.execution
     return StartedRun(process=ex.process, argv=req.argv(), console_log=ex.console_log, started=time.time(),
                       run_dir=job.run_dir)

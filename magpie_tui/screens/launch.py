@@ -4,6 +4,9 @@ effective config before anything starts."""
 
 from __future__ import annotations
 
+import os
+from typing import Any, Callable, Optional
+
 import yaml
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -13,38 +16,44 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
 from engine.loop.schema import STEP_NAMES
-from engine.runs.launch import ConfigCheck, LaunchRequest, effective_config, start_run
+from engine.config.overrides import OVERRIDES
+from engine.runs.launch import BENCH_FORM_FIELDS, ConfigCheck, LaunchRequest, effective_config, start_run
 from magpie_tui.errors import error_text
 
 _INT_FIELDS = ("repeats", "concurrency", "input_len", "output_len", "num_prompts", "warmup", "seed")
 _FLOAT_FIELDS = ("timeout", "rtol", "atol")
 _BENCH_FIELDS = ("concurrency", "input_len", "output_len", "num_prompts", "profiler")
 _KERNEL_FIELDS = ("rtol", "atol")
-# Where the config keeps each override, to show its value as the field's placeholder.
-_BENCH_SOURCES = {"concurrency": ("envs", "CONC"), "input_len": ("envs", "ISL"), "output_len": ("envs", "OSL"),
-                  "num_prompts": ("envs", "NUM_PROMPTS"), "repeats": ("client", "repeats"),
-                  "warmup": ("client", "warmup"), "seed": ("client", "seed"), "timeout": (None, "timeout_seconds")}
 _KERNEL_SOURCES = {k: ("settings", k) for k in ("repeats", "warmup", "seed", "rtol", "atol")}
 _TIMING_MODES = ("analyze", "compare", "benchmark", "optimize")
 
 
-def config_defaults(check: ConfigCheck) -> dict[str, str]:
+def _config_value(bench: dict, path: str) -> Any:
+    """A value of the effective ``benchmark:`` config by its dotted place (``envs.CONC``)."""
+    node: Any = bench
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def config_defaults(check: ConfigCheck, preview: Optional[Callable[[LaunchRequest], tuple]] = None) -> dict[str, str]:
     """The config's own value of each override field ("config: 4"), for the placeholders; empty
-    where the config leaves it to the default. Reads the file the way a run would."""
+    where the config leaves it to the default. Reads the file the way a run would (``preview``:
+    the screen's memo of ``effective_config``)."""
     mode = check.modes[0] if check.modes else None
     if mode is None:
         return {}
+    req = LaunchRequest(mode=mode, config=check.path, output_dir=check.path.parent)
     try:
-        config, _overrides, _warnings = effective_config(LaunchRequest(mode=mode, config=check.path,
-                                                                       output_dir=check.path.parent))
+        config, _overrides, _warnings = preview(req)[1:] if preview else effective_config(req)
     except (ConfigError, ValueError, OSError):
         return {}
     out: dict[str, str] = {}
     if "benchmark" in config:
         bench = config["benchmark"]
-        for field, (section, key) in _BENCH_SOURCES.items():
-            value = (bench.get(section) or {}).get(key) if section else bench.get(key)
-            if value not in (None, ""):
+        for field, name in BENCH_FORM_FIELDS.items():
+            value = _config_value(bench, OVERRIDES[name].config)  # where the override lands
+            if field in _INT_FIELDS + _FLOAT_FIELDS and value not in (None, ""):
                 out[field] = str(value)
     else:
         settings = config.get("settings") or {}
@@ -69,10 +78,28 @@ class LaunchScreen(ModalScreen):
         self.check = check
         self.request: LaunchRequest | None = None
         self.problem: str | None = None
+        self._previews: dict[tuple, tuple] = {}
+
+    def _preview(self, req: LaunchRequest) -> tuple:
+        """(prepared, config, overrides, warnings) of a launch: its prepare() runs once for each
+        distinct request and state of the file, not again for a keystroke that leaves the request
+        as it was (or goes back to an earlier one), nor again when it starts."""
+        request = req.to_request()
+        try:
+            stamp = os.stat(req.config).st_mtime_ns
+        except OSError:
+            stamp = None
+        key = (request.to_json(), stamp)
+        if key not in self._previews:
+            if len(self._previews) > 64:
+                self._previews.clear()
+            prepared = request.prepare()
+            self._previews[key] = (prepared, *effective_config(req, prepared))
+        return self._previews[key]
 
     def compose(self):
         modes = self.check.modes
-        self.defaults = config_defaults(self.check)
+        self.defaults = config_defaults(self.check, self._preview)
 
         def hint(field: str) -> str:
             return f"config: {self.defaults[field]}" if field in self.defaults else "config's default"
@@ -161,7 +188,7 @@ class LaunchScreen(ModalScreen):
                             **{k: v for k, v in values.items() if (mode == "benchmark" or k not in _BENCH_FIELDS)
                                and (kernel or k not in _KERNEL_FIELDS)})
         try:
-            config, overrides, warnings = effective_config(req)
+            _prepared, config, overrides, warnings = self._preview(req)
         except ConfigError as exc:
             self._show_problem("\n".join(exc.problems))
             return
@@ -202,8 +229,9 @@ class LaunchScreen(ModalScreen):
             self.notify(self.problem or "nothing to start", severity="error")
             return
         try:
-            started = start_run(self.request)
-        except MagpieError as exc:  # the file changed since the preview checked it
+            # The preview's check, again only when the file changed since it was shown.
+            started = start_run(self.request, prepared=self._preview(self.request)[0])
+        except MagpieError as exc:  # the file changed since the preview checked it, and no longer checks out
             self._show_problem(error_text(exc))
             return
         except OSError as exc:
