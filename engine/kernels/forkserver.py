@@ -17,8 +17,8 @@ The server serves one environment (a worker of another environment gets a server
 runs with the parent's exact environment, so a worker sees the same variables as a spawned one.
 It never reaps a worker's reaper before the parent asks (``reap``): until then the pid stays
 taken, so the parent's signals to that group can reach nothing else. It exits when its socket
-closes or its parent is gone; the parent's watchdog stops it and every worker group if the
-parent is killed outright.
+closes, its parent is gone, or it has had no worker and no request for ``IDLE_EXIT_S``; the
+parent's watchdog stops it and every worker group if the parent is killed outright.
 
 A process that has initialised CUDA or ROCm cannot be forked safely, so the server is used only
 where no GPU device exists (``usable``); elsewhere, or with ``MAGPIE_WORKER_START=spawn``, each
@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
@@ -48,6 +49,8 @@ GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 _READY_TIMEOUT_S = 180.0
 _MAX_SERVERS = 2  # one a distinct environment; a third closes the oldest
 _MSG_BYTES = 1 << 16
+# A server with no worker left exits after this long without a request (it holds torch's memory).
+IDLE_EXIT_S = 300.0
 
 
 def usable() -> bool:
@@ -74,6 +77,10 @@ class ForkServerError(OSError):
     pass
 
 
+class NotSent(ForkServerError):
+    """The request never reached the server (it had exited): nothing was started."""
+
+
 class ForkServer:
     """The parent's handle on one server process (one environment)."""
 
@@ -82,7 +89,8 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         WATCHDOG.ready()
         try:
-            self.proc = subprocess.Popen([python, "-m", "engine.kernels.forkserver", str(theirs.fileno())], cwd="/",
+            self.proc = subprocess.Popen([python, "-m", "engine.kernels.forkserver", str(theirs.fileno()),
+                                          str(IDLE_EXIT_S)], cwd="/",
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True,
                                          pass_fds=(theirs.fileno(),))
@@ -107,7 +115,10 @@ class ForkServer:
 
     def request(self, msg: dict, fds: tuple = ()) -> dict:
         with self._lock:
-            socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+            try:
+                socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+            except OSError as exc:
+                raise NotSent(str(exc)) from None
             reply = self._read()
         if "error" in reply:
             raise ForkServerError(reply["error"])
@@ -235,16 +246,19 @@ def start_worker(python: str, env: dict, cwd: Path, scratch: Path, read_fd: int,
     """A harness worker forked from the server of this ``python`` and environment (started on
     first use): ``read_fd``/``write_fd`` are its request and reply pipes, as ``python -m
     engine.kernels.worker`` takes them. Raises ``OSError`` when no server could serve it."""
-    server = _server_for(python, env)
     msg = {"op": "spawn", "cwd": str(cwd), "scratch": str(scratch), "record": str(record)}
-    try:
-        reply = server.request(msg, (read_fd, write_fd, stdout_fd, stderr_fd))
-    except OSError:
-        with _SERVERS_LOCK:  # a dead server: the next worker starts a new one
-            for key, s in list(_SERVERS.items()):
-                if s is server:
-                    _SERVERS.pop(key).close()
-        raise
+    for attempt in (1, 2):  # a server that has just exited (idle) is started again once
+        server = _server_for(python, env)
+        try:
+            reply = server.request(msg, (read_fd, write_fd, stdout_fd, stderr_fd))
+            break
+        except OSError as exc:
+            with _SERVERS_LOCK:
+                for key, s in list(_SERVERS.items()):
+                    if s is server:
+                        _SERVERS.pop(key).close()
+            if attempt == 2 or not isinstance(exc, NotSent):
+                raise
     pid = int(reply["pid"])
     # Still the server's unreaped child: the pid is this process, and a pidfd tells when it ends.
     return ForkedWorker(server, pid, os.pidfd_open(pid))
@@ -340,7 +354,7 @@ def _fork_worker(worker_main, msg: dict, fds: list[int], sock: socket.socket) ->
         os._exit(code)
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, idle_exit_s: float = IDLE_EXIT_S) -> None:
     this_module = sys.modules["__main__"]  # noqa: F841 - kept alive: the worker module takes its place
     worker = _load_worker_as_main()
     why = _not_forkable()
@@ -348,12 +362,17 @@ def serve(sock: socket.socket) -> None:
     if why:
         return
     parent = os.getppid()
+    children: set[int] = set()  # forked, not yet reaped
+    last_request = time.monotonic()
     while True:
         ready, _, _ = select.select([sock], [], [], 1.0)
         if not ready:
             if os.getppid() != parent:
                 return  # the parent is gone
+            if not children and time.monotonic() - last_request > idle_exit_s:
+                return  # a long-lived parent (the workbench, the MCP server) starts another when needed
             continue
+        last_request = time.monotonic()
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, _MSG_BYTES, 8)
         except OSError:
@@ -366,11 +385,13 @@ def serve(sock: socket.socket) -> None:
                 if len(fds) != 4:
                     raise ValueError(f"spawn wants 4 descriptors, got {len(fds)}")
                 reply = {"pid": _fork_worker(worker.main, msg, fds, sock)}
+                children.add(reply["pid"])
             elif msg.get("op") == "status":  # the exit status, the child left unreaped
                 info = os.waitid(os.P_PID, int(msg["pid"]), os.WEXITED | os.WNOWAIT)
                 reply = {"returncode": info.si_status if info.si_code == os.CLD_EXITED else -info.si_status}
             elif msg.get("op") == "reap":
                 os.waitpid(int(msg["pid"]), 0)
+                children.discard(int(msg["pid"]))
                 reply = {}
             else:
                 reply = {"error": f"unknown request {msg.get('op')!r}"}
@@ -384,7 +405,7 @@ def serve(sock: socket.socket) -> None:
 
 def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[0]))
-    serve(sock)
+    serve(sock, float(argv[1]) if len(argv) > 1 else IDLE_EXIT_S)
     return 0
 
 

@@ -262,3 +262,47 @@ def _running_in_groups(groups: set) -> list:
         if fields[0] != "Z" and int(fields[2]) in groups:
             found.append(int(entry))
     return found
+
+
+def _forked_worker(tmp_path, name: str):
+    """A worker forked for this process (its server started if needed), with the pipes it talks on."""
+    import sys
+
+    from engine.runs.process import engine_pythonpath
+    env = dict(os.environ, PYTHONPATH=engine_pythonpath(os.environ.get("PYTHONPATH")))
+    r_child, w_parent = os.pipe()
+    r_parent, w_child = os.pipe()
+    out, err = open(tmp_path / f"{name}.stdout.log", "ab"), open(tmp_path / f"{name}.stderr.log", "ab")
+    try:
+        worker = forkserver.start_worker(sys.executable, env, tmp_path, tmp_path, r_child, w_child, out.fileno(),
+                                         err.fileno(), tmp_path / f"{name}.escaped.jsonl")
+    finally:
+        for fd in (r_child, w_child):
+            os.close(fd)
+        out.close()
+        err.close()
+    return worker, w_parent, r_parent
+
+
+def test_an_idle_fork_server_exits_and_the_next_worker_starts_another(monkeypatch, tmp_path):
+    if not forkserver.usable():
+        pytest.skip("workers are not forked on this machine")
+    import time
+    forkserver.close_all()
+    monkeypatch.setattr(forkserver, "IDLE_EXIT_S", 1.0)
+    first, w, r = _forked_worker(tmp_path, "first")
+    server = next(iter(forkserver._SERVERS.values()))
+    time.sleep(2.5)
+    assert server.alive(), "the server exited while its worker ran"
+    os.close(w)  # the worker reads the end of its requests and exits
+    assert first.wait(timeout=30) == 0
+    first.stop_group(1.0)
+    os.close(r)
+    server.proc.wait(timeout=30)  # idle, no worker left: it exits
+    second, w, r = _forked_worker(tmp_path, "second")
+    assert next(iter(forkserver._SERVERS.values())) is not server
+    os.close(w)
+    assert second.wait(timeout=30) == 0
+    second.stop_group(1.0)
+    os.close(r)
+    forkserver.close_all()
