@@ -286,6 +286,11 @@ def no_roofline_reason(report: dict) -> str:
     if errors:
         return f"the analysis failed: {errors[0].splitlines()[0] if errors[0] else errors[0]}"
     if report.get("profiling_enabled"):
+        gap = report.get("gap_analysis") if isinstance(report.get("gap_analysis"), dict) else {}
+        no_kernels = gap.get("enabled") and not gap.get("top_kernels") and not gap.get("total_kernel_time_us")
+        if no_kernels or (report.get("kernel_summary") == [] and not tl.get("enabled")):
+            return ("the trace has no GPU kernels (a CPU-only run): there is no GPU roofline to report, "
+                    "with or without TraceLens")
         if not tl.get("enabled"):
             return "it was profiled, but TraceLens was off (profiler.tracelens.enabled: true runs it)"
         return "it was profiled with TraceLens on, but the analysis wrote no roofline tables (see the run's logs/)"

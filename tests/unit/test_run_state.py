@@ -1,0 +1,97 @@
+"""The one run state (engine.runs.state) against real runs: what the workbench's header and list,
+the job API and MCP show must be what the run's report says (issue 33)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from bench_server import BenchServer, Script
+
+from engine.jobs import BenchmarkRequest, run_request
+from engine.runs.catalog import RunCatalog, RunInfo
+from engine.runs.process import CancelToken
+from engine.runs.workspace import Workspace
+
+
+def _events(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_cancelled_benchmark_counts_never_sent_requests_apart(tmp_path):
+    """Cancelled at ~100 of 600 requests (four in flight, the rest queued): the state says how
+    many completed and how many were never sent, as the report does; never ``600/600 · N failed``
+    (the queued requests the cancel ends as failed), neither at the end nor during the cancel."""
+    token = CancelToken()
+    with BenchServer(Script(tokens=4, itl_s=0.002)) as srv:
+        request = BenchmarkRequest(framework="vllm", flags={
+            "model": "m", "base_url": srv.url, "tokenizer": "none", "vocab_size": 1000, "concurrency": 4,
+            "input_len": 8, "output_len": 4, "num_prompts": 600, "warmup": 0, "range_ratio": 1.0})
+        outcome: list = []
+        worker = threading.Thread(target=lambda: outcome.append(run_request(request, str(tmp_path / "out"),
+                                                                           cancel=token)))
+        worker.start()
+        catalog = RunCatalog([tmp_path / "out"])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            catalog.refresh()
+            live = [r for r in catalog.runs.values() if (r.live.get("completed") or 0) >= 100]
+            if live:
+                break
+            time.sleep(0.05)
+        token.cancel("test cancel")
+        worker.join(120)
+    report = outcome[0].report
+    failures = report["failures"]
+    assert report["state"] == "cancelled" and failures["never_sent"] > 0, failures
+    completed = failures["sent"] - failures["requests"]
+    catalog.refresh()
+    info = next(iter(catalog.runs.values()))
+    text = info.progress_text
+    assert text.startswith(f"cancelled at {completed}/600 completed · {failures['never_sent']} never sent"), text
+    assert "600/600" not in text
+    # The state during the cancel: every event up to run_finished, folded as a poll then sees them.
+    during = RunInfo(path=info.path)
+    for event in _events(info.path)[:-1]:
+        during.apply(event)
+    assert "600/600" not in during.progress_text and f"{failures['never_sent']} never sent" in during.progress_text
+    assert during.status.progress.requests.never_sent == failures["never_sent"]
+
+
+def test_a_finished_benchmark_shows_the_reports_figures_not_its_last_repeats(tmp_path):
+    """Three repeats: once finished, the state holds the report's mean and interval; the last
+    repeat's live tok/s is gone from every line."""
+    with BenchServer(Script(tokens=4)) as srv:
+        request = BenchmarkRequest(framework="vllm", flags={
+            "model": "m", "base_url": srv.url, "tokenizer": "none", "vocab_size": 1000, "concurrency": 2,
+            "input_len": 8, "output_len": 4, "num_prompts": 8, "warmup": 0, "range_ratio": 1.0, "repeats": 3})
+        outcome = run_request(request, str(tmp_path / "out"))
+    stat = outcome.report["repeats"]["output_throughput"]
+    catalog = RunCatalog([tmp_path / "out"])
+    catalog.refresh()
+    info = next(iter(catalog.runs.values()))
+    assert [e for e in _events(info.path) if e.get("output_tok_s") is not None]  # live numbers were written
+    assert info.progress_text == "24/24 · exit 0"  # what the run reached, no live number of its last repeat
+    figure = info.status.figures.output_tok_s
+    assert (figure.mean, figure.n, figure.ci95) == (stat["mean"], 3, stat["ci95"])
+    from engine.runs.state import status_text
+    lo, hi = stat["ci95"]
+    assert status_text(info.status, detail=True).startswith(
+        f"24/24 · exit 0 · {stat['mean']:.0f} tok/s (mean of 3, 95% CI {lo:.0f}–{hi:.0f})")
+
+
+def test_a_resumed_run_keeps_its_first_start(tmp_path):
+    """A loop resumed after it finished runs again; it began when it first started."""
+    ws = Workspace.create(tmp_path, "loop", "x")
+    ws.events.emit("run_started", mode="loop", pid=os.getpid(), workspace=str(ws.root))
+    ws.events.emit("run_finished", state="completed", exit_code=0, report="loop.json")
+    catalog = RunCatalog([tmp_path])
+    catalog.refresh()
+    info = catalog.runs[ws.root]
+    first = info.started
+    time.sleep(0.01)
+    ws.events.emit("run_started", mode="loop", pid=os.getpid(), workspace=str(ws.root))
+    catalog.refresh()
+    assert info.state == "running" and info.started == first
