@@ -86,7 +86,8 @@ class LaunchScreen(ModalScreen):
         as it was (or goes back to an earlier one), nor again when it starts."""
         request = req.to_request()
         try:
-            stamp = os.stat(req.config).st_mtime_ns
+            st = os.stat(req.config)
+            stamp: Optional[tuple] = (st.st_mtime_ns, st.st_size)
         except OSError:
             stamp = None
         key = (request.to_json(), stamp)
