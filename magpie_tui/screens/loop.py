@@ -9,9 +9,10 @@ source and diff views come from there); ``R`` resumes a loop that stopped or was
 Files are read by ``LoopReader.poll`` in a thread worker a few times a second: ``loop.json`` and
 the bottleneck table are parsed again only when their size or mtime changed, and the run folders
 of the steps are followed by a ``RunCatalog`` of their own, so a run screen opened from here
-stays live. Step results are free dicts that later engine versions extend: the row builders
-below read them with type checks, so a missing or unexpected key shows as a blank, never as a
-crash, and they are plain functions that tests call without a terminal.
+stays live. Step results are read through their typed models (``engine.loop.results``), which
+leave a value of the wrong type unset, so a missing or unexpected key shows as a blank, never as
+a crash; the bottleneck table is still a free dict read with type checks. The row builders are
+plain functions that tests call without a terminal.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Header, Select, Static, TabbedContent, TabPane
 
 from engine.errors import MagpieError
+from engine.loop.results import (
+    BenchmarkStepResult, BottlenecksResult, CandidateRow, CandidatesResult, HarnessResult, IntegrateResult, Metric,
+    ProfiledResult, RebenchmarkResult, VerdictResult, step_result,
+)
 from engine.loop.schema import LOOP_FILE, LoopFile, LoopStep, load_loop_file
 from engine.runs.catalog import CancelRefused, RunCatalog, RunInfo, cancel_run
 from magpie_tui.errors import error_text
@@ -56,7 +61,7 @@ METRIC_NAMES = {"output_throughput": "output tok/s", "request_throughput": "requ
                 "failed": "failed"}
 
 
-# -- reading results that may lack any key -------------------------------------------------------
+# -- reading values that may be of any type -------------------------------------------------------
 
 def _dict(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
@@ -96,83 +101,78 @@ def fmt_metric(value: Any) -> str:
     return fmt_number(value)
 
 
-def _metrics_line(result: dict) -> str:
+def _metric_text(value: Metric | float) -> str:
+    if isinstance(value, Metric):
+        return " ".join(p for p in (fmt_number(value.mean), fmt_ci(value.ci95)) if p)
+    return fmt_number(value)
+
+
+def _metrics_line(r: BenchmarkStepResult) -> str:
     """Throughput, TTFT and TPOT (mean [95% CI]), failures when there were any, and the repeats."""
-    metrics = _dict(result.get("metrics"))
-    parts = [f"{METRIC_NAMES[key]} {fmt_metric(metrics[key])}" for key in ("output_throughput", "median_ttft_ms",
-                                                                          "median_tpot_ms")
-             if key in metrics and fmt_metric(metrics[key])]
-    failed = metrics.get("failed")
-    failed = _dict(failed).get("mean") if isinstance(failed, dict) else failed
-    if _number(failed):
+    parts = [f"{METRIC_NAMES[key]} {_metric_text(r.metrics[key])}" for key in ("output_throughput", "median_ttft_ms",
+                                                                              "median_tpot_ms")
+             if key in r.metrics and _metric_text(r.metrics[key])]
+    failed = r.metrics.get("failed")
+    failed = failed.mean if isinstance(failed, Metric) else failed
+    if failed:
         parts.append(f"{fmt_number(failed, '.3g')} failed")
-    repeats = result.get("repeats")
-    if isinstance(repeats, int) and not isinstance(repeats, bool):
-        parts.append(f"{repeats} repeats")
+    if r.repeats is not None:
+        parts.append(f"{r.repeats} repeats")
     return " · ".join(parts)
 
 
 # -- one-line summaries ------------------------------------------------------------------------
 
-def _short_profiled(r: dict) -> str:
-    fields = [_text(_dict(d).get("field")).removeprefix("benchmark.") for d in _list(r.get("config_diff"))]
-    metrics = _metrics_line({"metrics": r.get("metrics")})
+def _short_profiled(r: ProfiledResult) -> str:
+    fields = [(d.field or "").removeprefix("benchmark.") for d in r.config_diff]
     diff = f"{len(fields)} config change(s): {', '.join(f for f in fields if f)}" if fields else ""
-    return " · ".join(p for p in (metrics, diff) if p)
+    return " · ".join(p for p in (_metrics_line(r.model_copy(update={"repeats": None})), diff) if p)
 
 
-def _short_bottlenecks(r: dict) -> str:
-    top = _dict(r.get("top_replaceable"))
-    if not top:
-        return f"no replaceable op ({r['device']})" if r.get("device") else ""
-    extra = ", ".join(p for p in (f"{top['calls']} calls" if _number(top.get("calls")) is not None else "",
-                                  _text(top.get("confidence"))) if p)
-    text = f"top replaceable: {_text(top.get('registry_op')) or '?'} {fmt_number(top.get('share_pct'), '.1f')}%"
-    text += f" ({extra})" if extra else ""
-    return text + (f" · {r['device']}" if r.get("device") else "")
+def _short_bottlenecks(r: BottlenecksResult) -> str:
+    top = r.top_replaceable
+    device = f" · {r.device}" if r.device else ""
+    if top is None:
+        return f"no replaceable op ({r.device})" if r.device else ""
+    extra = ", ".join(p for p in (f"{top.calls:.0f} calls" if top.calls is not None else "", top.confidence or "") if p)
+    text = f"top replaceable: {top.registry_op or '?'} {fmt_number(top.share_pct, '.1f')}%"
+    return text + (f" ({extra})" if extra else "") + device
 
 
-def _short_harness(r: dict) -> str:
-    shapes = _list(r.get("shapes"))
-    parts = [_text(r.get("op")), f"{len(shapes)} shape(s)" if shapes else "", _text(r.get("file"))]
-    return " · ".join(p for p in parts if p)
+def _short_harness(r: HarnessResult) -> str:
+    return " · ".join(p for p in (r.op or "", f"{len(r.shapes)} shape(s)" if r.shapes else "", r.file or "") if p)
 
 
-def _short_candidates(r: dict) -> str:
-    rows = [_dict(x) for x in _list(r.get("rows"))]
-    counted = f"{len([x for x in rows if x.get('origin') != 'baseline'])} candidate(s)" if rows else ""
-    winner = r.get("winner")
-    if winner:
-        row = next((x for x in rows if x.get("id") == winner), {})
-        speed = f" {fmt_number(row.get('speedup'), '.3f')}x" if _number(row.get("speedup")) is not None else ""
-        head = f"winner {winner}{speed} {fmt_ci(row.get('ci95'), '.3f')}".rstrip()
-    elif "winner" in r or r.get("stopped"):
-        head = "no winner" + (f" (stopped: {r['stopped']})" if r.get("stopped") else "")
+def _short_candidates(r: CandidatesResult) -> str:
+    counted = f"{len([x for x in r.rows if x.origin != 'baseline'])} candidate(s)" if r.rows else ""
+    if r.winner:
+        row = next((x for x in r.rows if x.id == r.winner), CandidateRow())
+        speed = f" {row.speedup:.3f}x" if row.speedup is not None else ""
+        head = f"winner {r.winner}{speed} {fmt_ci(row.ci95, '.3f')}".rstrip()
+    elif r.decided:
+        head = "no winner" + (f" (stopped: {r.stopped})" if r.stopped else "")
     else:
         head = ""
     return " · ".join(p for p in (head, counted) if p)
 
 
-def _short_integrate(r: dict) -> str:
-    kernels = _dict(r.get("kernels"))
-    changed = _list(r.get("changed"))
-    parts = [", ".join(f"{k} -> {v}" for k, v in kernels.items()),
-             f"{len(changed)} config change(s)" if changed else ""]
+def _short_integrate(r: IntegrateResult) -> str:
+    parts = [", ".join(f"{k} -> {v}" for k, v in r.kernels.items()),
+             f"{len(r.changed)} config change(s)" if r.changed else ""]
     return " · ".join(p for p in parts if p)
 
 
-def _short_rebenchmark(r: dict) -> str:
-    after = _dict(r.get("kernel_after"))
-    share = f"kernel now {fmt_number(after.get('share_pct'), '.1f')}% of time" \
-        if _number(after.get("share_pct")) is not None else ""
+def _short_rebenchmark(r: RebenchmarkResult) -> str:
+    after = r.kernel_after
+    share = f"kernel now {after.share_pct:.1f}% of time" if after is not None and after.share_pct is not None else ""
     return " · ".join(p for p in (_metrics_line(r), share) if p)
 
 
-def _short_verdict(r: dict) -> str:
-    if "success" not in r and not r.get("message"):
+def _short_verdict(r: VerdictResult) -> str:
+    if not r.decided and not r.message:
         return ""
-    head = "success" if r.get("success") is True else "no success"
-    return f"{head}: {r['message']}" if r.get("message") else head
+    head = "success" if r.success is True else "no success"
+    return f"{head}: {r.message}" if r.message else head
 
 
 _SHORT = {"baseline": _metrics_line, "profiled": _short_profiled, "bottlenecks": _short_bottlenecks,
@@ -183,7 +183,7 @@ _SHORT = {"baseline": _metrics_line, "profiled": _short_profiled, "bottlenecks":
 def short_result(step: LoopStep) -> str:
     """The step's result in one line (blank when it has none, or none this screen knows)."""
     summary = _SHORT.get(step.name)
-    return summary(_dict(step.result)) if summary is not None else ""
+    return summary(step_result(step)) if summary is not None else ""
 
 
 def step_state(step: LoopStep, dead: Iterable[str]) -> str:
@@ -350,26 +350,23 @@ CANDIDATE_COLUMNS = [
 
 def candidate_rows(result: Any) -> list[dict[str, Any]]:
     """The candidates step's rows, in the order the loop ranked them; the winner marked."""
-    r = _dict(result)
-    winner = r.get("winner")
+    r = result if isinstance(result, CandidatesResult) else CandidatesResult.model_validate(result)
     rows = []
-    for i, raw in enumerate(_list(r.get("rows"))):
-        row = _dict(raw)
-        ci = _list(row.get("ci95"))
-        correct = row.get("correct")
+    for i, row in enumerate(r.rows):
+        ci = row.ci95 or [None, None]
         rows.append({
-            "key": f"{i}:{row.get('id')}",
-            "winner": "*" if winner is not None and row.get("id") == winner else "",
-            "id": _text(row.get("id")) or "?",
-            "origin": _text(row.get("origin")),
-            "correct": "yes" if correct is True else ("no" if correct is False else ""),
-            "verdict": _text(row.get("verdict")),
-            "speedup": _number(row.get("speedup")),
-            "ci_low": _number(ci[0]) if len(ci) == 2 else None,
-            "ci_high": _number(ci[1]) if len(ci) == 2 else None,
-            "median_ms": _number(row.get("median_ms")),
-            "reason": _text(row.get("reason")),
-            "source": _text(row.get("source")),
+            "key": f"{i}:{row.id}",
+            "winner": "*" if r.winner is not None and row.id == r.winner else "",
+            "id": row.id or "?",
+            "origin": row.origin or "",
+            "correct": {True: "yes", False: "no"}.get(row.correct, ""),
+            "verdict": row.verdict or "",
+            "speedup": row.speedup,
+            "ci_low": ci[0],
+            "ci_high": ci[1],
+            "median_ms": row.median_ms,
+            "reason": row.reason or "",
+            "source": row.source or "",
         })
     return rows
 
@@ -377,11 +374,12 @@ def candidate_rows(result: Any) -> list[dict[str, Any]]:
 def candidates_note(loop: LoopFile | None) -> str:
     if loop is None:
         return ""
-    r = _dict(_step(loop, "candidates").result) if _step(loop, "candidates") else {}
-    op = _dict(_step(loop, "harness").result).get("op") if _step(loop, "harness") else None
-    parts = [f"op {op}" if op else "", f"winner {r['winner']}" if r.get("winner") else
-             ("no winner" if "winner" in r else ""), f"stopped: {r['stopped']}" if r.get("stopped") else "",
-             f"compare run {r['compare_run']} (enter on the step opens it)" if r.get("compare_run") else ""]
+    cand, harness = _step(loop, "candidates"), _step(loop, "harness")
+    r = step_result(cand) if cand is not None else CandidatesResult()
+    op = step_result(harness).op if harness is not None else None
+    parts = [f"op {op}" if op else "", f"winner {r.winner}" if r.winner else
+             ("no winner" if "winner" in r.model_fields_set else ""), f"stopped: {r.stopped}" if r.stopped else "",
+             f"compare run {r.compare_run} (enter on the step opens it)" if r.compare_run else ""]
     text = " · ".join(p for p in parts if p)
     return text or "no candidates yet: the candidates step has not run"
 
@@ -404,20 +402,13 @@ E2E_CLASS = {"better": "correct", "worse": "incorrect", "within noise": "tie"}
 
 def verdict_rows(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(end-to-end deltas, checks) of the verdict step."""
-    r = _dict(result)
-    e2e = []
-    for raw in _list(r.get("end_to_end")):
-        row = _dict(raw)
-        e2e.append({"metric": METRIC_NAMES.get(_text(row.get("metric")), _text(row.get("metric"))) or "?",
-                    "baseline_mean": _number(row.get("baseline_mean")), "baseline_ci95": fmt_ci(row.get("baseline_ci95")),
-                    "new_mean": _number(row.get("new_mean")), "new_ci95": fmt_ci(row.get("new_ci95")),
-                    "delta_pct": _number(row.get("delta_pct")), "verdict": _text(row.get("verdict"))})
-    checks = []
-    for raw in _list(r.get("checks")):
-        row = _dict(raw)
-        ok = row.get("ok")
-        checks.append({"ok": "pass" if ok is True else ("FAIL" if ok is False else "?"),
-                       "name": _text(row.get("name")) or "?", "detail": _text(row.get("detail"))})
+    r = result if isinstance(result, VerdictResult) else VerdictResult.model_validate(result)
+    e2e = [{"metric": METRIC_NAMES.get(row.metric or "", row.metric or "") or "?",
+            "baseline_mean": row.baseline_mean, "baseline_ci95": fmt_ci(row.baseline_ci95),
+            "new_mean": row.new_mean, "new_ci95": fmt_ci(row.new_ci95),
+            "delta_pct": row.delta_pct, "verdict": row.verdict or ""} for row in r.end_to_end]
+    checks = [{"ok": {True: "pass", False: "FAIL"}.get(row.ok, "?"), "name": row.name or "?", "detail": row.detail or ""}
+              for row in r.checks]
     return e2e, checks
 
 
@@ -425,17 +416,16 @@ def verdict_headline(step: LoopStep | None) -> tuple[str, str | None]:
     """(text, ``-success``/``-failure``/None) for the top of the verdict pane."""
     if step is None:
         return "this loop has no verdict step", None
-    r = _dict(step.result)
-    if step.state != "done" or "success" not in r:
+    r = step_result(step)
+    if step.state != "done" or not r.decided:
         why = step.error or step.reason or f"the verdict step is {step.state}"
         return f"no verdict yet: {why}", None
-    success = r.get("success") is True
-    lines = [("SUCCESS" if success else "NO GAIN") + (f": {r['message']}" if r.get("message") else "")]
-    kernel = _dict(r.get("kernel"))
-    if _number(kernel.get("speedup")) is not None:
-        lines.append(f"kernel speedup {fmt_number(kernel['speedup'], '.3f')}x {fmt_ci(kernel.get('ci95'), '.3f')}".rstrip())
-    if "top_bottleneck_after" in r:
-        lines.append(f"top bottleneck after: {_text(r.get('top_bottleneck_after')) or 'none'}")
+    success = r.success is True
+    lines = [("SUCCESS" if success else "NO GAIN") + (f": {r.message}" if r.message else "")]
+    if r.kernel is not None and r.kernel.speedup is not None:
+        lines.append(f"kernel speedup {r.kernel.speedup:.3f}x {fmt_ci(r.kernel.ci95, '.3f')}".rstrip())
+    if "top_bottleneck_after" in r.model_fields_set or "top_bottleneck_after" in (step.result or {}):
+        lines.append(f"top bottleneck after: {r.top_bottleneck_after or 'none'}")
     return "\n".join(lines), "-success" if success else "-failure"
 
 
