@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -155,6 +156,37 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+class _RunProgress:
+    """The run's state (engine.runs.state) as a progress line on stderr, the line the workbench's
+    Runs list shows: when the phase or repeat changes, at most every ``every_s`` seconds between,
+    and once at the end with the report's figures."""
+
+    def __init__(self, mode: str, every_s: float = 10.0) -> None:
+        from engine.runs.catalog import RunInfo
+        self.mode, self.every_s = mode, every_s
+        self.info = RunInfo(path=Path("."))
+        self._last, self._shown_at = "", 0.0
+
+    def __call__(self, event: dict) -> None:
+        try:
+            self._show(event)
+        except (ValueError, TypeError, OSError):  # a progress line never stops the run
+            pass
+
+    def _show(self, event: dict) -> None:
+        from engine.runs.state import status_text
+        if not self.info.apply(dict(event)):
+            return
+        status = self.info.status
+        step = (status.progress.phase, status.progress.repeat)
+        now = time.monotonic()
+        if event.get("event") == "run_finished":
+            print(f"magpie {self.mode}: {status.state} · {status_text(status, detail=True)}", file=sys.stderr, flush=True)
+        elif event.get("event") == "progress" and (step != self._last or now - self._shown_at >= self.every_s):
+            self._last, self._shown_at = step, now
+            print(f"  progress: {status_text(status)}", file=sys.stderr, flush=True)
+
+
 def _run_kernels(args: argparse.Namespace, console: Console) -> int:
     from engine.jobs import KernelRequest, run_request
 
@@ -288,7 +320,8 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
     _print_prepared(prepared)
     cancel = CancelToken()
     install_signal_handlers(cancel)
-    outcome = run_request(request, args.output_dir or "./results", cancel=cancel, prepared=prepared, log=_log)
+    outcome = run_request(request, args.output_dir or "./results", cancel=cancel, prepared=prepared, log=_log,
+                          sink=_RunProgress("benchmark"))
     for text in outcome.display:
         console.print(text, highlight=False, markup=False)
     _where_next(outcome)

@@ -207,6 +207,8 @@ def _figure(fig: Figure, unit: str, fmt: str) -> str:
     if fig.n > 1 and fig.ci95:
         lo, hi = fig.ci95
         return f"{fig.mean:{fmt}} {unit} (mean of {fig.n}, 95% CI {lo:{fmt}}–{hi:{fmt}})"
+    if fig.n > 1:  # too few repeats for an interval
+        return f"{fig.mean:{fmt}} {unit} (mean of {fig.n})"
     return f"{fig.mean:{fmt}} {unit}"
 
 

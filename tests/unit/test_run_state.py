@@ -95,3 +95,33 @@ def test_a_resumed_run_keeps_its_first_start(tmp_path):
     ws.events.emit("run_started", mode="loop", pid=os.getpid(), workspace=str(ws.root))
     catalog.refresh()
     assert info.state == "running" and info.started == first
+
+
+def test_job_status_shows_the_state_the_workbench_shows(tmp_path):
+    """MCP's job_status and the job API read the same state as the Runs list, on folders written by
+    real runs (tests/tui/data/issue33): a cancelled benchmark, a capacity search, a settled loop."""
+    import shutil
+    from pathlib import Path
+
+    from engine.jobs import attach
+    from engine.mcp.jobs import describe
+    data = Path(__file__).resolve().parents[1] / "tui" / "data" / "issue33"
+    expected = {"benchmark_builtin-tiny_20261206_114747_eff4e8": "cancelled at 154/600 completed · 442 never sent",
+                "benchmark_builtin-tiny_20261206_114922_85910e": "capacity c2 (tried c1, c2)",
+                "loop_builtin-tiny_20261206_114807_a57b81": "8/8 steps · no proven gain · exit 3"}
+    for name, text in expected.items():
+        run_dir = shutil.copytree(data / name, tmp_path / name)
+        status = describe(attach(run_dir))
+        catalog = RunCatalog([tmp_path])
+        catalog.refresh()
+        assert status["progress"] == catalog.runs[run_dir].progress_text and status["progress"].startswith(text), status
+        assert status["status"]["figures"] == catalog.runs[run_dir].figures.model_dump(mode="json", exclude_none=True)
+        shutil.rmtree(run_dir)
+    loop = step_results_of(data / "loop_builtin-tiny_20261206_114807_a57b81")
+    assert loop["verdict"].decided and loop["verdict"].success is False and loop["candidates"].winner is None
+
+
+def step_results_of(loop_dir) -> dict:
+    from engine.loop.results import step_result
+    from engine.loop.schema import load_loop_file
+    return {step.name: step_result(step) for step in load_loop_file(loop_dir).steps}
