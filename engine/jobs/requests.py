@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import math
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from engine.config.overrides import BenchmarkOverrides
 from engine.config.yamlfile import ConfigError, load_located_yaml
@@ -34,6 +35,21 @@ _FRAMEWORK_KEYS_USED = {
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """A misspelt field is named with the nearest one (pydantic would only say "extra")."""
+        if isinstance(data, dict):
+            fields = list(cls.model_fields)
+            problems = []
+            for key in (k for k in data if k not in cls.model_fields):
+                close = difflib.get_close_matches(str(key), fields, n=1)
+                problems.append(f"{key}: unknown field of a {cls.__name__}; " + (
+                    f"did you mean {close[0]}?" if close else f"the fields are {', '.join(fields)}"))
+            if problems:
+                raise ConfigError(problems)
+        return data
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)

@@ -153,3 +153,38 @@ def test_the_request_file_keeps_the_typed_overrides(tmp_path):
     data = json.loads(request.to_json())
     assert data["flags"]["concurrency"] == 2 and data["flags"]["torch_profiler"] is False
     assert set(data["flags"]) == set(OVERRIDES)
+
+
+# analyze / compare: their overrides are KernelRequest's own fields (a request built by the CLI,
+# the MCP kernel tools and the launch form). The CLI's option -> the field, where they differ.
+KERNEL_CLI_FIELDS = {"config": "framework_config"}
+KERNEL_CLI_NOT_FIELDS = {"help", "output_dir", "dry_run", "command", "verbose", "gpu_info", "version"}
+KERNEL_FIELDS_NOT_CLI = {"mode", "cwd"}  # the subcommand itself; the directory the command runs in
+
+
+def test_every_kernel_flag_is_a_kernel_request_field_and_back():
+    from engine.jobs import KernelRequest
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    fields = set(KernelRequest.model_fields)
+    for mode in ("analyze", "compare"):
+        dests = {a.dest for a in sub.choices[mode]._actions} | {a.dest for a in parser._actions}
+        named = {KERNEL_CLI_FIELDS.get(d, d) for d in dests - KERNEL_CLI_NOT_FIELDS}
+        assert named - fields == set(), f"{mode} flags KernelRequest lacks"
+        compare_only = {"baseline", "tie_margin"} if mode == "analyze" else set()
+        assert fields - named - KERNEL_FIELDS_NOT_CLI - compare_only == set(), f"KernelRequest fields {mode} lacks"
+
+
+def test_the_launch_forms_kernel_fields_are_kernel_request_fields():
+    from engine.jobs import KernelRequest
+    from magpie_tui.screens import launch as screen
+    shown = set(screen._INT_FIELDS + screen._FLOAT_FIELDS + ("no_perf",)) - set(screen._BENCH_FIELDS)
+    assert shown <= set(KernelRequest.model_fields)
+
+
+def test_a_misspelt_request_field_names_the_nearest_one():
+    from engine.jobs import KernelRequest
+    with pytest.raises(ConfigError, match="kernel_conifg: unknown field of a KernelRequest; did you mean kernel_config"):
+        KernelRequest(mode="compare", kernel_conifg="k.yaml")
+    with pytest.raises(ConfigError, match="request: repeat: unknown field of a KernelRequest; did you mean repeats"):
+        parse_request({"mode": "compare", "repeat": 5})
