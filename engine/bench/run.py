@@ -447,11 +447,12 @@ class _Shape:
 
     @classmethod
     def of(cls, point: dict[str, Any], cfg: BenchmarkConfig, envs: dict[str, str]) -> "_Shape":
-        conc = int(point.get("concurrency", envs["CONC"]))
-        return cls(conc=conc, isl=int(point.get("input_len", envs["ISL"])),
-                   osl=int(point.get("output_len", envs["OSL"])),
+        load = cfg.workload()
+        conc = int(point.get("concurrency", load.concurrency))
+        return cls(conc=conc, isl=int(point.get("input_len", load.input_len)),
+                   osl=int(point.get("output_len", load.output_len)),
                    rate=point.get("request_rate", cfg.client.request_rate) or math.inf,
-                   num_prompts=int(envs["NUM_PROMPTS"]) if "concurrency" not in point else conc * 10)
+                   num_prompts=load.num_prompts if "concurrency" not in point else conc * 10)
 
     def to_dict(self) -> dict[str, Any]:
         return {"concurrency": self.conc, "input_len": self.isl, "output_len": self.osl,
@@ -871,13 +872,13 @@ def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report
     from engine.trace.load import load_trace
     from engine.trace.discover import discover_traces
     ga = cfg.gap_analysis
-    envs = cfg.effective_envs()
+    load = cfg.workload()
     opts = TraceAnalysisOptions(
         top_k=ga.top_k, start_pct=ga.trace_start_pct, end_pct=ga.trace_end_pct, min_duration_us=ga.min_duration_us,
         categories=tuple(ga.categories), ignore_categories=tuple(ga.ignore_categories),
         find_kernel_sources=ga.find_kernel_sources, kernel_source_repos=[Path(p) for p in ga.kernel_source_repos],
         gpu_arch=cfg.gpu_arch or cfg.profiler.tracelens.gpu_arch_config, stages=cfg.profiler.tracelens.analysis_stages,
-        tracelens=cfg.profiler.tracelens.enabled, isl=int(envs["ISL"]), osl=int(envs["OSL"]), conc=int(envs["CONC"]),
+        tracelens=cfg.profiler.tracelens.enabled, isl=load.input_len, osl=load.output_len, conc=load.concurrency,
         random_range_ratio=_magpie_ratio(cfg), num_steps=cfg.profiler.tracelens.num_steps)
     try:
         traces = discover_traces(trace_dir)

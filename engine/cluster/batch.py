@@ -92,8 +92,8 @@ class PreparedBatch:
 
 
 def _point_label(i: int, prepared: Any) -> str:
-    envs = prepared.config.effective_envs()
-    return f"{i:02d}_{prepared.label}_tp{envs.get('TP', 1)}_c{envs.get('CONC', '-')}"
+    load = prepared.config.workload()
+    return f"{i:02d}_{prepared.label}_tp{load.tp}_c{load.concurrency}"
 
 
 def _resolve(base: Path, path: str) -> str:
@@ -225,7 +225,7 @@ def _ray_from_magpie(magpie_ray: dict[str, Any]) -> RaySettings:
 def _point_row(i: int, prepared: Any, request: Any) -> dict:
     return {"index": i, "label": _point_label(i, prepared), "benchmark_config": request.benchmark_config,
             "flags": request.flags.given(),
-            "tp": int(prepared.config.effective_envs().get("TP", 1)), "state": "pending", "exit_code": None,
+            "tp": prepared.config.workload().tp, "state": "pending", "exit_code": None,
             "folder": None, "node": None, "error": None, "metrics": {}}
 
 

@@ -17,6 +17,7 @@ recorded (``apply_cli_overrides``).
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -624,7 +625,7 @@ class BenchmarkConfig(_Strict):
         if procs == 1 or (self.client.find_capacity and self.client.capacity_over == "concurrency"):
             return
         swept = self.client.sweep.get("concurrency")
-        levels = [int(c) for c in swept] if swept else [int(self.effective_envs()["CONC"])]
+        levels = [int(c) for c in swept] if swept else [self.workload().concurrency]
         if min(levels) < procs:
             where = "client.sweep.concurrency" if swept else "envs.CONC (--concurrency)"
             raise ValueError(f"client.client_procs {procs} (--client-procs) is above the concurrency {min(levels)} "
@@ -668,12 +669,32 @@ class BenchmarkConfig(_Strict):
         source = "client.vllm_range_ratio" if rule == "vllm" else "envs.RANDOM_RANGE_RATIO"
         return {"rule": rule, "ratio": ratio, "source": source, "input": [in_lo, in_hi], "output": [out_lo, out_hi]}
 
+    def workload(self) -> "Workload":
+        """The load Magpie's envs describe, typed: the run reads these numbers, never the strings
+        (the strings stay in envs, as Magpie's YAML and config.yaml keep them)."""
+        envs = self.effective_envs()
+        return Workload(tp=int(envs["TP"]), concurrency=int(envs["CONC"]), input_len=int(envs["ISL"]),
+                        output_len=int(envs["OSL"]), num_prompts=int(envs["NUM_PROMPTS"]),
+                        range_ratio=float(envs["RANDOM_RANGE_RATIO"]))
+
     def effective_envs(self) -> dict[str, str]:
         envs = dict(DEFAULT_ENVS) if not self.envs else dict(self.envs)
         for k, v in DEFAULT_ENVS.items():
             envs.setdefault(k, v)
         envs.setdefault("NUM_PROMPTS", str(int(envs["CONC"]) * 10) if envs["CONC"].isdigit() else "320")
         return envs
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``BenchmarkConfig.workload()``: envs.TP, CONC, ISL, OSL, NUM_PROMPTS and RANDOM_RANGE_RATIO
+    (defaults filled in), checked at load by ``env_problem`` and typed here once."""
+    tp: int
+    concurrency: int
+    input_len: int
+    output_len: int
+    num_prompts: int
+    range_ratio: float
 
 
 class BenchmarkFile(_Strict):
@@ -852,7 +873,8 @@ def load_problems(cfg: BenchmarkConfig) -> list[str]:
     out of file descriptors): every in-flight request holds a socket, and the prompts are made in
     memory before the load."""
     import resource
-    conc_levels = [int(c) for c in cfg.client.sweep.get("concurrency", [])] or [int(cfg.effective_envs()["CONC"])]
+    load = cfg.workload()
+    conc_levels = [int(c) for c in cfg.client.sweep.get("concurrency", [])] or [load.concurrency]
     out = []
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     most = max(conc_levels)
@@ -861,10 +883,9 @@ def load_problems(cfg: BenchmarkConfig) -> list[str]:
         out.append(f"benchmark.envs.CONC {most}: every in-flight request holds a socket, and a client process may "
                    f"open {soft} files (ulimit -n): give at most {max(1, soft - _FD_RESERVE) * cfg.client.client_procs}"
                    ", or raise the limit (ulimit -n) first, or share the load over --client-procs")
-    envs = cfg.effective_envs()
     if cfg.client.dataset_name == "random" and cfg.client.duration is None:
-        prompts = int(envs["NUM_PROMPTS"]) if "concurrency" not in cfg.client.sweep else 10 * most
-        longest = max([int(envs["ISL"])] + [int(v) for v in cfg.client.sweep.get("input_len", [])])
+        prompts = load.num_prompts if "concurrency" not in cfg.client.sweep else 10 * most
+        longest = max([load.input_len] + [int(v) for v in cfg.client.sweep.get("input_len", [])])
         need = prompts * (longest + cfg.client.prefix_len) * _BYTES_PER_PROMPT_TOKEN
         avail = _available_memory()
         if avail is not None and need > avail // 2:
