@@ -91,7 +91,7 @@ class Loop:
     def _figures(self, code: int) -> dict:
         """How far the loop got, for run_finished: the steps settled (done, or skipped for a reason
         the loop gives) out of all, and the end in words."""
-        settled = sum(1 for s in self.loop.steps if s.state in ("done", "skipped"))
+        settled = self.loop.settled_steps()
         verdict = self.loop.step("verdict")
         outcome = ("no proven gain" if code == EXIT_NO_GAIN else
                    "proven gain" if code == 0 and verdict.state == "done" else None)

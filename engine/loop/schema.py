@@ -86,6 +86,11 @@ class LoopFile(BaseModel):
     library: bool = True  # the bundled library's candidates too
     steps: list[LoopStep]
 
+    def settled_steps(self) -> int:
+        """Steps the loop is through: done, or skipped for a reason it gives (the count every front
+        end shows as ``n/8 steps``)."""
+        return sum(1 for s in self.steps if s.state in ("done", "skipped"))
+
     def step(self, name: str) -> LoopStep:
         for s in self.steps:
             if s.name == name:

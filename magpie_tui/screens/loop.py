@@ -429,6 +429,12 @@ def verdict_headline(step: LoopStep | None) -> tuple[str, str | None]:
     return "\n".join(lines), "-success" if success else "-failure"
 
 
+def _ending(info: RunInfo) -> tuple[str, str]:
+    """How a finished loop ended, as its run state says (the Runs list's words)."""
+    outcome = info.figures.outcome if info.figures is not None else None
+    return outcome or "", f"exit {info.exit_code}" if info.exit_code else ""
+
+
 def _step(loop: LoopFile, name: str) -> LoopStep | None:
     return next((s for s in loop.steps if s.name == name), None)
 
@@ -663,8 +669,10 @@ class LoopScreen(Screen):
         state = info.state if info is not None else ("running" if view.live else "stopped")
         if view.dead:
             state = "killed"
-        done = sum(1 for s in loop.steps if s.state == "done")
-        parts = [state, f"{done}/{len(loop.steps)} steps done", loop.label,
+        skipped = sum(1 for s in loop.steps if s.state == "skipped")  # counted as the Runs list counts them
+        parts = [state, f"{loop.settled_steps()}/{len(loop.steps)} steps done" + (f" ({skipped} skipped)" if skipped else ""),
+                 *(_ending(info) if info is not None and info.is_finished else ()),
+                 loop.label,
                  f"until {loop.until}" if loop.until else "", f"config {loop.config}"]
         if self._resume_refusal() is None:
             parts.append("R: resume")

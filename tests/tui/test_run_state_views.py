@@ -84,6 +84,11 @@ async def test_a_loop_that_settled_every_step_reads_8_of_8(app):
         from magpie_tui.screens.runs import progress_cell
         cell = progress_cell(find_run(app, LOOP))
         assert cell == "8/8 steps · no proven gain · exit 3", cell
+        app.open_run(find_run(app, LOOP))  # the loop's own screen counts its steps the same way
+        await wait_screen(pilot, app, LoopScreen, "#loop-chain")
+        status = app.screen.query_one("#loop-status")
+        await wait_for(pilot, lambda: "steps done" in str(status.render()))
+        assert "8/8 steps done (2 skipped)  ·  no proven gain  ·  exit 3" in str(status.render()), str(status.render())
 
 
 async def test_r_on_a_completed_loop_asks_first(app, monkeypatch):
