@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, NoReturn, Optional, Sequence
 
 from rich.console import Console
 
@@ -49,8 +50,31 @@ def _add_kernel_flags(p: argparse.ArgumentParser, compare: bool) -> None:
                         "env, correctness and timing), start nothing and create no run folder")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, plus the nearest flag for a misspelt one ("--concurency: did you mean --concurrency?")."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            known = _option_strings(self)
+            for word in message.split(":", 1)[1].split():
+                close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.8) if word.startswith("--") else []
+                if close:
+                    message += f"; {word.split('=')[0]}: did you mean {close[0]}?"
+        super().error(message)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out += _option_strings(sub)
+        out += [o for o in action.option_strings if o.startswith("--")]
+    return sorted(set(out))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="magpie", description="Kernel evaluation and inference benchmarking: correctness first, honest timing.")
     parser.add_argument("--version", action="version", version=f"magpie-workbench {__version__}")
     parser.add_argument("-c", "--config", help="framework config YAML (defaults for scheduler and performance)")

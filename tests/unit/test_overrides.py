@@ -188,3 +188,11 @@ def test_a_misspelt_request_field_names_the_nearest_one():
         KernelRequest(mode="compare", kernel_conifg="k.yaml")
     with pytest.raises(ConfigError, match="request: repeat: unknown field of a KernelRequest; did you mean repeats"):
         parse_request({"mode": "compare", "repeat": 5})
+
+
+def test_a_misspelt_flag_names_the_nearest_one(capsys):
+    from engine.cli import main
+    with pytest.raises(SystemExit) as info:
+        main(["benchmark", "builtin", "--concurency", "64"])
+    assert info.value.code == 2
+    assert "--concurency: did you mean --concurrency?" in capsys.readouterr().err
