@@ -75,10 +75,12 @@ class KernelTools:
         return prepared.warnings
 
     def submit(self, mode: str, config: Path, flags: dict, output_dir: str) -> dict:
-        request = KernelRequest(mode=mode, kernel_config=str(config), **flags)
-        warnings = self._check_plan_paths(request)
+        # Relative paths resolve where the job runs (the first root), in the check as in the run.
+        request = KernelRequest(mode=mode, kernel_config=str(config), cwd=str(self.state.book.cwd), **flags)
+        prepared = request.prepare()
+        warnings = self._check_plan_paths(request, prepared)
         out = self.state.output_dir(output_dir)
-        job = self.state.book.submit(request, out)
+        job = self.state.book.submit(request, out, prepared)  # the run is the plan just checked
         return {**describe(job), "kernel_config": str(config), "warnings": warnings,
                 "next": "poll job_status(job_id, wait_s=5) until finished, then job_result(job_id)"}
 
