@@ -33,6 +33,7 @@ from engine.jobs.modes import JobOutcome, request_file_for, run_request, workspa
 from engine.jobs.requests import parse_request, save_prepared
 from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_gone, read_new_events, run_gone
 from engine.runs.process import CancelToken, engine_pythonpath, process_identity
+from engine.runs.state import RunStatus, status_text
 
 JOB_FILE = "job.json"
 JOB_SCHEMA_VERSION = 1
@@ -208,6 +209,8 @@ class Progress:
     done: Optional[int]
     total: Optional[int]
     elapsed_s: Optional[float]
+    text: str = ""  # the run state in one line, as the workbench shows it (engine.runs.state)
+    status: Optional[RunStatus] = None
 
 
 class Job:
@@ -275,7 +278,9 @@ class Job:
 
     def progress(self) -> Progress:
         info = self._refresh()
-        return Progress(self.state(), info.stage, info.done, info.total, info.elapsed())
+        state = self.state()
+        status = info.status.model_copy(update={"state": state})  # "lost" is the job's word, not the catalog's yet
+        return Progress(state, info.stage, info.done, info.total, info.elapsed(), status_text(status), status)
 
     def result(self) -> Optional[dict]:
         """The report once written (None before)."""

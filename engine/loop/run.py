@@ -92,9 +92,9 @@ class Loop:
         """How far the loop got, for run_finished: the steps settled (done, or skipped for a reason
         the loop gives) out of all, and the end in words."""
         settled = self.loop.settled_steps()
-        verdict = self.loop.step("verdict")
+        verdict = next((s for s in self.loop.steps if s.name == "verdict"), None)  # never a KeyError in a finally
         outcome = ("no proven gain" if code == EXIT_NO_GAIN else
-                   "proven gain" if code == 0 and verdict.state == "done" else None)
+                   "proven gain" if code == 0 and verdict is not None and verdict.state == "done" else None)
         return {"steps_done": settled, "steps_total": len(self.loop.steps),
                 **({"outcome": outcome} if outcome else {})}
 

@@ -115,6 +115,7 @@ def test_job_status_shows_the_state_the_workbench_shows(tmp_path):
         catalog = RunCatalog([tmp_path])
         catalog.refresh()
         assert status["progress"] == catalog.runs[run_dir].progress_text and status["progress"].startswith(text), status
+        assert attach(run_dir).progress().text == status["progress"]  # the job API's too
         assert status["status"]["figures"] == catalog.runs[run_dir].figures.model_dump(mode="json", exclude_none=True)
         shutil.rmtree(run_dir)
     loop = step_results_of(data / "loop_builtin-tiny_20261206_114807_a57b81")
