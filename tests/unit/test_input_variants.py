@@ -225,4 +225,5 @@ def test_a_variant_set_is_judged_with_atol_relative_to_its_largest_output(tmp_pa
     i = next(iter(w.variants))
     assert w._tolerance(i, big, None, None) == (None, pytest.approx(1e-5 * 1000))  # float32's atol, scaled
     assert w._tolerance(i, torch.tensor([0.5]), 1e-2, 1e-3) == (1e-2, 1e-3)  # outputs within 1: unscaled
+    assert w._tolerance(i, (big, torch.tensor([7, 9])), None, None) == (None, None)  # indices stay exact
 
