@@ -574,8 +574,7 @@ class RayEvaluator:
                      degenerate: Optional[str] = None) -> tuple[dict, list]:
         from engine.kernels import report as kr
         if plan.mode == "compare":
-            report, rend = kr.build_compare_report(plan, outcomes, state, ws_dir, gpu, degenerate=degenerate)
-            self._same_gpu(plan, outcomes, state, report, rend)
+            report, rend = self._compare_report(plan, outcomes, state, ws_dir, gpu, degenerate)
             rows = report["results"]["kernel_results"]
         else:
             report, rend = kr.build_analyze_report(plan, outcomes, state, ws_dir, gpu, degenerate=degenerate)
@@ -608,76 +607,45 @@ class RayEvaluator:
                 [f"kernels not run: {names} (none was judged: a failure of the environment, not of the kernels)"] +
                 (["Winner: none — nothing was run"] if plan.mode == "compare" else []))
 
-    def _same_gpu(self, plan: Any, outcomes: list, state: str, report: dict, rend: list) -> None:
-        """Each candidate's speedup from its own task: against the baseline timed beside it, on its GPU."""
-        from engine.kernels import report as kr
-        from engine.kernels.plan import Plan
-        b = plan.baseline_index
-        speed: dict[int, dict] = {}
+    def same_gpu_pairs(self, plan: Any) -> tuple[dict[int, tuple[KernelOutcome, KernelOutcome]], dict[int, str]]:
+        """Each timed candidate's pair (the baseline timed beside it, the candidate), and the GPU
+        model that timed it, by kernel index."""
+        pairs: dict[int, tuple[KernelOutcome, KernelOutcome]] = {}
         models: dict[int, str] = {}
-        baseline_runs = []
-        for o in outcomes:
-            t = self.timed.get(o.spec.index)
-            if t is None or o.spec.index == b:
+        for i, t in sorted(self.timed.items()):
+            outs = t.get("outcomes") or []
+            if i == plan.baseline_index or len(outs) != 2:
                 continue
-            base_i, cand_i = t["outcomes"]
-            pair_plan = Plan(mode="compare", kernels=[base_i.spec, cand_i.spec], settings=plan.settings, baseline_index=0)
-            sp = kr.compare_results(pair_plan, [base_i, cand_i])["speed"].get(1)
-            models[o.spec.index] = (t.get("gpu") or {}).get("model", "unknown")
-            baseline_runs.append({"with": o.spec.id, "node": t["node"].get("node_ip"), "gpu_model": models[o.spec.index],
-                                  "median_ms": base_i.timing["median"] if base_i.timing else None,
-                                  "correct": base_i.correct})
-            if sp is not None:
-                speed[o.spec.index] = {**sp, "baseline_median_ms": base_i.timing["median"] if base_i.timing else None}
-        base = outcomes[b]
-        if base.correct and base.timing:
-            speed[b] = {"speedup": 1.0, "speedup_ci": [1.0, 1.0], "verdict": "baseline"}
+            pairs[i] = (outs[0], outs[1])
+            models[i] = (t.get("gpu") or {}).get("model", "unknown")
+        return pairs, models
+
+    def _compare_report(self, plan: Any, outcomes: list, state: str, ws_dir: str, gpu: Optional[dict],
+                        degenerate: Optional[str]) -> tuple[dict, list]:
+        """The local compare report (engine.kernels.report decides every verdict and the winner),
+        each candidate's speedup taken from its own task: against the baseline timed beside it, on
+        its GPU; candidates timed on several GPU models are not ranked unless allowed."""
+        from engine.kernels import report as kr
+        pairs, models = self.same_gpu_pairs(plan)
         mixed = sorted(set(models.values()))
-        ranked = sorted(((i, v) for i, v in speed.items() if v["verdict"] != "rejected"), key=lambda kv: -kv[1]["speedup"])
-        faster = [(i, v) for i, v in ranked if v["verdict"] == "faster"]
-        margin = report.get("tie_margin")
-        if state == "cancelled":
-            winner, why = None, "the run was cancelled before every kernel was measured; no winner is declared"
-        elif self.degenerate:
-            winner, why = None, self.degenerate + "; no winner is declared"
-        elif len(mixed) > 1 and not self.settings.allow_mixed_gpus:
-            winner, why, ranked = None, (f"candidates were timed on different GPU models ({', '.join(mixed)}); "
-                                         "not ranked (set scheduler.ray.allow_mixed_gpus: true to rank them)"), []
-        elif faster:
-            winner, why = faster[0][0], (f"fastest correct candidate whose same-GPU speedup interval lies above "
-                                         f"1 + {margin:g} (the tie margin)")
-        elif base.correct and speed:
-            winner, why = b, "no correct candidate is faster beyond the noise and the tie margin; the baseline stands"
-        else:
-            winner, why = None, (kr.baseline_problem(plan, outcomes) if not base.correct else "nothing could be measured")
-        res = report["results"]
-        for o, row in zip(outcomes, res["kernel_results"]):
-            sp = speed.get(o.spec.index)
-            row["speedup"] = sp["speedup"] if sp else None
-            row["speedup_ci"] = sp["speedup_ci"] if sp else None
-            if sp:
-                row["verdict"] = sp["verdict"]
+        unranked = None
+        if len(mixed) > 1 and not self.settings.allow_mixed_gpus:
+            unranked = (f"candidates were timed on different GPU models ({', '.join(mixed)}); "
+                        "not ranked (set scheduler.ray.allow_mixed_gpus: true to rank them)")
+        report, rend = kr.build_compare_report(plan, outcomes, state, ws_dir, gpu, degenerate=degenerate,
+                                               pairs=pairs, unranked=unranked,
+                                               kernel_notes={i: f"gpu {m}" for i, m in models.items()})
+        ids = {o.spec.index: o.spec.id for o in outcomes}
+        report["same_gpu"] = {"gpu_models": mixed, "baseline_runs": [
+            {"with": ids.get(i), "node": (self.timed[i].get("node") or {}).get("node_ip"), "gpu_model": models[i],
+             "median_ms": base_i.timing["median"] if base_i.timing else None, "correct": base_i.correct}
+            for i, (base_i, _) in pairs.items()]}
+        for o, row in zip(outcomes, report["results"]["kernel_results"]):
             row["gpu_model"] = models.get(o.spec.index)
-        ids = [o.spec.id for o in outcomes]
-        res["comparison_metrics"]["perf_scores"] = [speed[o.spec.index]["speedup"] if o.spec.index in speed else None
-                                                    for o in outcomes]
-        res["comparison_metrics"]["perf_score_definition"] = (
+        report["results"]["comparison_metrics"]["perf_score_definition"] = (
             "speedup vs the baseline timed beside the candidate on the same "
             + ("CPU node" if self.placement.device == "cpu" else "GPU") + " (higher is better)")
-        res["rankings"] = [[i, v["speedup"]] for i, v in ranked]
-        res["winner"] = winner
-        report["winner_id"] = ids[winner] if winner is not None else None
-        report["winner_reason"] = why
-        report["same_gpu"] = {"baseline_runs": baseline_runs, "gpu_models": mixed}
-        lines = [res["summary"].splitlines()[0]] + [
-            f"  [{o.spec.index}] {o.spec.id}: correct={o.correct}, gpu {models.get(o.spec.index, '-')}"
-            + (f", speedup {speed[o.spec.index]['speedup']:.3f}x [{speed[o.spec.index]['speedup_ci'][0]:.3f}, "
-               f"{speed[o.spec.index]['speedup_ci'][1]:.3f}] {speed[o.spec.index]['verdict']}"
-               if o.spec.index in speed and o.spec.index != b else "") for o in outcomes]
-        lines.append(f"Winner: {report['winner_id'] or 'none'} ({why})")
-        res["summary"] = "\n".join(lines)
-        rend[0] = kr._summary_table(plan, outcomes, speed)
-        rend[-1] = f"Winner: {report['winner_id'] or 'none'} — {why}"
+        return report, rend
 
 
 __all__ = ["ClusterError", "RayEvaluator", "TaskBoard", "benchmark_point_task", "connect", "upload_roots"]

@@ -313,37 +313,67 @@ def baseline_problem(plan: Plan, outcomes: list[KernelOutcome]) -> str:
                                      "against the baseline)" if good else ""))
 
 
+def _measurable(o: KernelOutcome) -> bool:
+    """A kernel whose samples can be set against another's: correct, not rejected, two samples or more."""
+    return o.correct and not o.rejections and len(o.samples_ms) >= 2
+
+
+def _speed(plan: Plan, base: KernelOutcome, cand: KernelOutcome, margin: float) -> dict:
+    paired = bool(base.sample_rounds and cand.sample_rounds and len(base.sample_rounds) == len(cand.sample_rounds))
+    seed = plan.settings.seed or 0
+    if paired:
+        sp, lo, hi = bootstrap_speedup_rounds(base.sample_rounds, cand.sample_rounds, seed=seed)
+    else:
+        sp, lo, hi = bootstrap_speedup(base.samples_ms, cand.samples_ms, seed=seed)
+    return {"speedup": sp, "speedup_ci": [lo, hi], "verdict": "rejected" if cand.rejections else verdict(lo, hi, margin),
+            "interval": "paired rounds" if paired else "independent samples"}
+
+
 def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool = False,
-                    degenerate: Optional[str] = None) -> dict:
-    """Speedups against the named baseline, with bootstrap intervals, verdicts, ranking and winner."""
+                    degenerate: Optional[str] = None,
+                    pairs: Optional[dict[int, tuple[KernelOutcome, KernelOutcome]]] = None,
+                    unranked: Optional[str] = None) -> dict:
+    """The one decision of a compare, for every path (local, container, Ray): each kernel's speedup
+    against the named baseline with its bootstrap interval, each kernel's verdict, the ranking, the
+    winner and why.
+
+    ``pairs`` (Ray): candidate index -> (the baseline timed beside it, the candidate as timed there);
+    a candidate's speedup is then measured against its own run of the baseline, and a candidate
+    without a pair has none. Without ``pairs`` every candidate is measured against
+    ``outcomes[baseline]``. Either way the baseline as reported must be correct, not rejected and
+    measured for any speedup, and one tie margin (the reported one) decides every verdict.
+    ``unranked``: why the candidates cannot be ranked against each other (Ray: several GPU
+    models); no winner is declared then."""
     b = plan.baseline_index
     base = outcomes[b]
-    margin = effective_tie_margin(plan, base)
+    margin, margin_reason = tie_margin_and_reason(plan, base)
     speed: dict[int, dict] = {}
-    if base.correct and len(base.samples_ms) >= 2 and not base.rejections:
+    if _measurable(base):
         for o in outcomes:
-            if not o.correct or len(o.samples_ms) < 2:
-                continue
             if o is base:
                 speed[o.spec.index] = {"speedup": 1.0, "speedup_ci": [1.0, 1.0], "verdict": "baseline"}
                 continue
-            paired = (base.sample_rounds and o.sample_rounds and len(base.sample_rounds) == len(o.sample_rounds))
-            if paired:
-                sp, lo, hi = bootstrap_speedup_rounds(base.sample_rounds, o.sample_rounds, seed=plan.settings.seed or 0)
+            if pairs is None:
+                pair_base, cand = base, o
+            elif o.spec.index in pairs:
+                pair_base, cand = pairs[o.spec.index]
             else:
-                sp, lo, hi = bootstrap_speedup(base.samples_ms, o.samples_ms, seed=plan.settings.seed or 0)
-            v = "rejected" if o.rejections else verdict(lo, hi, margin)
-            speed[o.spec.index] = {"speedup": sp, "speedup_ci": [lo, hi], "verdict": v,
-                                   "interval": "paired rounds" if paired else "independent samples"}
+                continue
+            if o.correct and len(o.samples_ms) >= 2 and _measurable(pair_base) and len(cand.samples_ms) >= 2:
+                speed[o.spec.index] = _speed(plan, pair_base, cand, margin)
+    verdicts = [speed[o.spec.index]["verdict"] if o.spec.index in speed else
+                "baseline" if o.spec.baseline and o.correct and not o.rejections else _verdict_without_speed(o)
+                for o in outcomes]
     correctness = [o.correct for o in outcomes]
     perf_scores = [speed[o.spec.index]["speedup"] if o.spec.index in speed else None for o in outcomes]
     ranked = sorted(((i, v) for i, v in speed.items() if v["verdict"] != "rejected"), key=lambda kv: -kv[1]["speedup"])
-    rankings = [[idx, v["speedup"]] for idx, v in ranked]
     faster = [(idx, v) for idx, v in ranked if v["verdict"] == "faster"]
     if cancelled:
         winner, why = None, "the run was cancelled before every kernel was measured; no winner is declared"
     elif degenerate:
         winner, why = None, degenerate + "; no winner is declared"
+    elif unranked:
+        winner, why, ranked = None, unranked, []
     elif faster:
         winner, why = faster[0][0], (f"fastest correct candidate whose speedup interval lies above 1 + "
                                      f"{margin:g} (the tie margin)")
@@ -352,22 +382,30 @@ def compare_results(plan: Plan, outcomes: list[KernelOutcome], cancelled: bool =
     else:
         winner, why = None, (baseline_problem(plan, outcomes) if not base.correct else
                              "the baseline was rejected" if base.rejections else "nothing could be measured")
-    return {"speed": speed, "correctness": correctness, "perf_scores": perf_scores, "rankings": rankings,
-            "winner": winner, "winner_reason": why}
+    return {"speed": speed, "verdicts": verdicts, "correctness": correctness, "perf_scores": perf_scores,
+            "rankings": [[idx, v["speedup"]] for idx, v in ranked], "winner": winner, "winner_reason": why,
+            "tie_margin": margin, "tie_margin_reason": margin_reason}
 
 
 def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, ws_dir: str,
-                         gpu: Optional[dict], degenerate: Optional[str] = None) -> tuple[dict, list[Any]]:
-    cmp = compare_results(plan, outcomes, cancelled=state == "cancelled", degenerate=degenerate)
+                         gpu: Optional[dict], degenerate: Optional[str] = None,
+                         pairs: Optional[dict[int, tuple[KernelOutcome, KernelOutcome]]] = None,
+                         unranked: Optional[str] = None,
+                         kernel_notes: Optional[dict[int, str]] = None) -> tuple[dict, list[Any]]:
+    """compare_report.json and the summary. ``pairs`` and ``unranked`` go to compare_results (the
+    Ray path's per-candidate baselines and GPU-model refusal); ``kernel_notes``: a few words per
+    kernel index for its summary line (Ray: the GPU that timed it)."""
+    cmp = compare_results(plan, outcomes, cancelled=state == "cancelled", degenerate=degenerate, pairs=pairs,
+                          unranked=unranked)
     speed = cmp["speed"]
+    notes = kernel_notes or {}
     kernel_results = []
-    for o in outcomes:
+    for o, v in zip(outcomes, cmp["verdicts"]):
         st = kernel_state(o)
         sp = speed.get(o.spec.index)
         st["speedup"] = sp["speedup"] if sp else None
         st["speedup_ci"] = sp["speedup_ci"] if sp else None
-        st["verdict"] = sp["verdict"] if sp else ("baseline" if o.spec.baseline and o.correct and not o.rejections
-                                                  else _verdict_without_speed(o))
+        st["verdict"] = v
         kernel_results.append(st)
     ids = [o.spec.id for o in outcomes]
     winner = cmp["winner"]
@@ -379,6 +417,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         t = o.timing
         judged = "not judged" if st["verdict"] == "not judged" else o.correct
         lines.append(f"  [{o.spec.index}] {o.spec.id}: correct={judged}"
+                     + (f", {notes[o.spec.index]}" if o.spec.index in notes else "")
                      + (f", median {_fmt_ms(t['median'])} (CV {t['cv'] * 100:.1f}%, n={t['n']})" if t else "")
                      + (f", speedup {st['speedup']:.3f}x [{st['speedup_ci'][0]:.3f}, {st['speedup_ci'][1]:.3f}]"
                         f" {st['verdict']}{verdict_note(o.flags)}" if st["speedup"] is not None and not o.spec.baseline
@@ -405,8 +444,8 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
                                   {"kind": "baseline", "id": ids[plan.baseline_index]}),
         "winner_id": ids[winner] if winner is not None else None,
         "winner_reason": cmp["winner_reason"],
-        "tie_margin": effective_tie_margin(plan, outcomes[plan.baseline_index]),
-        "tie_margin_reason": tie_margin_and_reason(plan, outcomes[plan.baseline_index])[1],
+        "tie_margin": cmp["tie_margin"],
+        "tie_margin_reason": cmp["tie_margin_reason"],
         "sm_clock_note": sm_clock_line(outcomes),
         "degenerate_test": degenerate,
         "workspace_dir": ws_dir,
