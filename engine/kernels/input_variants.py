@@ -126,17 +126,27 @@ def redraw_(inputs: Any, distribution: str, seed: int) -> int:
             else:
                 _pareto_(t, lo, hi, mean_abs, g)
             if stochastic:
-                t.div_(t.sum(dim=-1, keepdim=True, dtype=torch.float64).clamp_(min=1e-30).to(t.dtype))
+                for rows in _row_blocks(t):
+                    rows.div_(rows.sum(dim=-1, keepdim=True, dtype=torch.float64).clamp_(min=1e-30).to(t.dtype))
         changed += 1
     return changed
 
 
+def _row_blocks(t: torch.Tensor):
+    """Views of a few rows (along the last dimension) of a contiguous ``t`` at a time: a sum in
+    float64 over the whole tensor would make a float64 copy of it."""
+    rows = t.view(-1, t.shape[-1])
+    step = max(1, _piece() // max(1, t.shape[-1]))
+    for i in range(0, rows.shape[0], step):
+        yield rows[i:i + step]
+
+
 def _rows_sum_to_one(t: torch.Tensor, lo: float) -> bool:
     """Nonnegative, with every row along the last dimension summing to 1 (probabilities)."""
-    if lo < 0 or t.dim() == 0 or t.shape[-1] < 2:
+    if lo < 0 or t.dim() == 0 or t.shape[-1] < 2 or not t.is_contiguous():
         return False
-    sums = t.detach().sum(dim=-1, dtype=torch.float64)
-    return bool(((sums - 1).abs() <= 1e-3).all())
+    return all(bool(((rows.detach().sum(dim=-1, dtype=torch.float64) - 1).abs() <= 1e-3).all())
+               for rows in _row_blocks(t))
 
 
 def _pieces(t: torch.Tensor):
