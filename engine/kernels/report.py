@@ -111,7 +111,9 @@ _BACKEND = {"harness-cpu-perf_counter": "cpu timer", "harness-cuda-events": "cud
             "harness-hip-trace": "device trace", "timing_json": "testcase json", "prof_command": "prof cmd"}
 
 
-def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, dict]) -> Table:
+def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, dict],
+                   verdicts: Optional[list[str]] = None) -> Table:
+    """The run's table; a compare's ``speed`` and ``verdicts`` are compare_results'."""
     table = Table(title=f"magpie {plan.mode}", show_lines=False, pad_edge=False)
     for col in ("#", "kernel", "build", "correct", "timing", "median", "IQR", "CV", "n"):
         table.add_column(col, justify="right" if col in ("#", "median", "IQR", "CV", "n") else "left")
@@ -119,7 +121,7 @@ def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, d
         table.add_column("speedup", justify="right")
         table.add_column("95% CI", justify="right")
         table.add_column("verdict")
-    for o in outcomes:
+    for i, o in enumerate(outcomes):
         k, t = o.spec, o.timing
         name = k.id + (" *" if plan.mode == "compare" and k.baseline else "")
         backend = str(o.performance.details.get("backend", "-")) if o.performance.state == SUCCESS else "-"
@@ -132,10 +134,10 @@ def _summary_table(plan: Plan, outcomes: list[KernelOutcome], speed: dict[int, d
             sp = speed.get(k.index)
             if sp and not k.baseline:
                 row += [f"{sp['speedup']:.2f}x", f"{sp['speedup_ci'][0]:.2f}-{sp['speedup_ci'][1]:.2f}",
-                        sp["verdict"] + verdict_note(o.flags)]
+                        (verdicts[i] if verdicts else sp["verdict"]) + verdict_note(o.flags)]
             else:
-                row += ["1.00x" if sp else "-", "-", "baseline" if k.baseline and o.correct and not o.rejections
-                        else _verdict_without_speed(o)]
+                row += ["1.00x" if sp else "-", "-", verdicts[i] if verdicts else
+                        "baseline" if k.baseline and o.correct and not o.rejections else _verdict_without_speed(o)]
         table.add_row(*row)
     if plan.mode == "compare":
         table.caption = "* baseline"
@@ -455,7 +457,7 @@ def build_compare_report(plan: Plan, outcomes: list[KernelOutcome], state: str, 
         "environment": environment_fingerprint(plan, gpu),
         "provenance": kernel_provenance(ws_dir, gpu),
     }
-    renderables: list[Any] = [_summary_table(plan, outcomes, speed)]
+    renderables: list[Any] = [_summary_table(plan, outcomes, speed, cmp["verdicts"])]
     renderables += _problem_lines(outcomes)
     timing_line = command_timing_line(outcomes)
     if timing_line:

@@ -15,7 +15,7 @@ from engine.cluster.ray_eval import Placement, RayEvaluator
 from engine.cluster.settings import RaySettings
 from engine.kernels.pipeline import FAILED, SKIPPED, SUCCESS, KernelOutcome, StageResult
 from engine.kernels.plan import KernelSpec, Plan, RunSettings
-from engine.kernels.report import build_compare_report
+from engine.kernels.report import build_compare_report, render_text
 from engine.kernels.stats import summarize
 
 
@@ -94,10 +94,12 @@ def _plan(outcomes: list) -> Plan:
 def test_local_and_ray_decide_alike(case, state, degenerate, tmp_path):
     outcomes = CASES[case]
     plan = _plan(outcomes)
-    local = _decision(_local(plan, outcomes, tmp_path, state, degenerate))
+    local_report, local_rend = build_compare_report(plan, outcomes, state, str(tmp_path), None, degenerate=degenerate)
+    local = _decision(local_report)
     ray_report, rend = _ray(plan, outcomes, tmp_path, state, degenerate)
     assert _decision(ray_report) == local
-    assert rend[-1].startswith("Winner: ") and local["winner_reason"] in rend[-1]
+    assert rend[-1] == local_rend[-1] and rend[-1].startswith("Winner: ") and local["winner_reason"] in rend[-1]
+    assert render_text(rend[:1]) == render_text(local_rend[:1])  # the table, its verdict column included
 
 
 def test_the_decisions_themselves():
