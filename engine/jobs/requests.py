@@ -12,8 +12,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import hashlib
+import hmac
 import math
+import os
 import pickle
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
@@ -331,21 +335,45 @@ def prepared_file(request_file: str) -> str:
     return Path(request_file).stem + ".prepared.pickle"
 
 
+# Unpickling runs code, and a run folder is only a folder: a file planted there (or a run folder
+# copied from elsewhere and resumed) must not be loaded. The pickle carries an HMAC under a key
+# that only the submitting process and the children it starts hold (their environment).
+PREPARED_KEY_ENV = "MAGPIE_PREPARED_KEY"
+
+
+def _prepared_key(create: bool) -> Optional[bytes]:
+    key = os.environ.get(PREPARED_KEY_ENV)
+    if not key and create:
+        key = os.environ[PREPARED_KEY_ENV] = secrets.token_hex(32)
+    try:
+        return bytes.fromhex(key) if key else None
+    except ValueError:
+        return None
+
+
 def save_prepared(run_dir: Path, request_file: str, prepared: Any) -> None:
-    """Keep a prepared request in its run folder (best effort: without it, the runner prepares again)."""
+    """Keep a prepared request in its run folder, signed (best effort: without it, the runner
+    prepares again)."""
     try:
         data = pickle.dumps(prepared, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
         return
-    (Path(run_dir) / prepared_file(request_file)).write_bytes(data)
+    tag = hmac.new(_prepared_key(create=True), data, hashlib.sha256).digest()
+    (Path(run_dir) / prepared_file(request_file)).write_bytes(tag + data)
 
 
 def load_prepared(run_dir: Path, request_file: str, request: Any) -> Optional[Any]:
     """The prepared request submit() kept for ``request``, or None (none kept, unreadable, another
     request): the caller then prepares it."""
+    key = _prepared_key(create=False)
+    if key is None:  # not started by the process that kept it: prepared again
+        return None
     try:
-        # Written by submit() into this run folder, as the request file beside it.
-        prepared = pickle.loads((Path(run_dir) / prepared_file(request_file)).read_bytes())
+        blob = (Path(run_dir) / prepared_file(request_file)).read_bytes()
+        tag, data = blob[:32], blob[32:]
+        if not hmac.compare_digest(tag, hmac.new(key, data, hashlib.sha256).digest()):
+            return None  # not written by the process that started this one: never unpickled
+        prepared = pickle.loads(data)
     except Exception:  # none kept, or another engine version's: prepared again
         return None
     return prepared if getattr(prepared, "request", None) == request else None

@@ -148,6 +148,33 @@ def test_a_launch_prepares_once(tmp_path, monkeypatch):
     assert load_prepared(job.run_dir, "request.json", other) is None
 
 
+def test_a_kept_prepared_request_is_loaded_only_with_the_submitters_key(tmp_path, monkeypatch):
+    # Unpickling runs code: a file planted in a run folder, or one kept by another process, is
+    # never unpickled (the runner prepares the request again).
+    import pickle
+
+    from engine.jobs.api import submit
+    from engine.jobs.requests import PREPARED_KEY_ENV, prepared_file
+    request = BenchmarkRequest(benchmark_config=str(TINY), flags={"concurrency": 2})
+    job = submit(request, tmp_path, executor=_NoStart(), prepared=request.prepare())
+    on_disk = read_request(job.run_dir / "request.json")
+    assert load_prepared(job.run_dir, "request.json", on_disk) is not None
+    kept = job.run_dir / prepared_file("request.json")
+
+    class Planted:
+        def __reduce__(self):
+            return (tmp_path.joinpath("ran").write_text, ("planted code ran",))
+    kept.write_bytes(bytes(32) + pickle.dumps(Planted()))
+    assert load_prepared(job.run_dir, "request.json", on_disk) is None
+    kept.write_bytes(pickle.dumps(Planted()))  # unsigned, as before signatures
+    assert load_prepared(job.run_dir, "request.json", on_disk) is None
+    assert not tmp_path.joinpath("ran").exists()
+    # A process without the key (a run folder resumed elsewhere) prepares again.
+    job2 = submit(request, tmp_path, executor=_NoStart(), prepared=request.prepare())
+    monkeypatch.delenv(PREPARED_KEY_ENV)
+    assert load_prepared(job2.run_dir, "request.json", read_request(job2.run_dir / "request.json")) is None
+
+
 def test_the_request_file_keeps_the_typed_overrides(tmp_path):
     request = BenchmarkRequest(framework="builtin", flags={"concurrency": 2, "torch_profiler": False})
     data = json.loads(request.to_json())
