@@ -98,7 +98,7 @@ def _correctness(plan: Any, k: Any) -> dict:
                     f"outputs vs the baseline {base.id if base else '?'}")
         else:
             what = "self-check (finite, fully written, repeatable outputs)"
-        from engine.kernels.input_variants import DISTRIBUTIONS
+        from engine.kernels.distributions import DISTRIBUTIONS
         checks.append(f"harness: {what}, {_tolerances(s)}, {seeds}, plus the first set redrawn from "
                       f"{' and '.join(DISTRIBUTIONS)} distributions (correctness only; unless the inputs module sets "
                       "INPUT_DISTRIBUTIONS)")

@@ -19,17 +19,9 @@ from typing import Any
 import torch
 
 from engine.kernels import harness
+from engine.kernels.distributions import DESCRIPTIONS, DISTRIBUTIONS  # noqa: F401  (re-exported)
 from engine.kernels.harness import _flatten, flat_chunks
 
-# The distributions every problem's first main set is redrawn from, in this order. A problem
-# whose inputs must keep a structure beyond their sign and range (sorted, positive-definite,
-# normalised rows) sets INPUT_DISTRIBUTIONS = () in its inputs module.
-DISTRIBUTIONS = ("uniform", "pareto")
-DESCRIPTIONS = {
-    "problem": "the problem's own get_inputs()",
-    "uniform": "uniform between each tensor's own minimum and maximum",
-    "pareto": "heavy-tailed (Pareto, alpha 1.5), with each tensor's sign, and within [min, max] for values in [0, 1]",
-}
 PARETO_ALPHA = 1.5
 # The smallest uniform draw behind a heavy-tailed magnitude (float32's resolution below 1): the
 # largest magnitude is then about 65536 Pareto scales, as far as 2^24 draws reach anyway. No

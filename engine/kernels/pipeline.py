@@ -117,7 +117,7 @@ def _input_distributions(set_meta: list[dict], dropped: dict[int, str]) -> dict:
     """Which distributions the correctness input sets came from, as the report gives them:
     each one's description and how many sets were judged from it, and the sets dropped because
     the reference could not handle them (with why)."""
-    from engine.kernels.input_variants import DESCRIPTIONS
+    from engine.kernels.distributions import DESCRIPTIONS
     used: dict[str, dict] = {}
     for i, meta in enumerate(set_meta):
         d = meta.get("distribution", "problem")
