@@ -5,7 +5,10 @@ every compare YAML under examples/kernels/adversarial/cuda/), each in its own pr
 with a timeout, and prints one row per kernel: verdict, speedup [CI], median, timer, flags,
 and the wall time of the compare.
 
-    python3 benchmarks/gpu_verdicts.py [--yaml Y ...] [--identical-runs 3] [--json PATH]
+    python3 benchmarks/gpu_verdicts.py [--yaml Y ...] [--identical-runs 3] [--no-side-stream] [--json PATH]
+
+Each row also gives the verdicts the adversarial manifest accepts for it ("!!" where it got
+another); the JSON is written after every compare, so a call cut short keeps what finished.
 """
 
 from __future__ import annotations
@@ -107,6 +110,18 @@ def rows_of(name: str, report: dict, wall: float) -> list[dict]:
     return rows
 
 
+def manifest_expectations() -> dict[tuple[Path, str], list[str]]:
+    """(YAML path, kernel id) -> the verdicts the adversarial manifest accepts for it."""
+    import yaml as pyyaml
+    doc = pyyaml.safe_load((ADV.parent / "manifest.yaml").read_text()) or {}
+    out: dict[tuple[Path, str], list[str]] = {}
+    for case in doc.get("cases", []):
+        want = (case.get("expect") or {}).get("verdict")
+        if want is not None:
+            out[((ADV.parent / case["yaml"]).resolve(), case["kernel"])] = want if isinstance(want, list) else [want]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--yaml", nargs="*", help="compare YAMLs (default: every *.yaml under adversarial/cuda)")
@@ -114,35 +129,44 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--json", help="write the rows here (default $OUT/gpu_verdicts.json)")
     ap.add_argument("--extra", default="", help="extra compare flags, e.g. '--repeats 200'")
+    ap.add_argument("--no-side-stream", action="store_true",
+                    help="skip the side-stream pair (trace and events timers, about 100 s on an H100)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="magpie-verdicts-"))
     cases: list[tuple[str, Path]] = []
     ident = work / "identical.yaml"
     ident.write_text(IDENTICAL)
     cases += [(f"identical#{i + 1}", ident) for i in range(args.identical_runs)]
-    cases += [(f"side_stream_{t}", side_stream_yaml(work, t)) for t in ("trace", "events")]
+    if not args.no_side_stream:
+        cases += [(f"side_stream_{t}", side_stream_yaml(work, t)) for t in ("trace", "events")]
     yamls = [Path(y) for y in args.yaml] if args.yaml is not None else sorted(ADV.glob("*.yaml"))
     cases += [(y.stem, y) for y in yamls]
     rows: list[dict] = []
+    dest = args.json or (os.path.join(os.environ["OUT"], "gpu_verdicts.json") if os.environ.get("OUT") else None)
+    expected = manifest_expectations()
     for i, (name, yaml) in enumerate(cases):
         report, wall, log = run_compare(yaml, work / f"run{i}", args.timeout, args.extra.split())
         if report is None:
             rows.append({"case": name, "kernel": "-", "verdict": "NO REPORT", "errors": [log[-300:]], "wall_s": wall})
             print(f"== {name}: no report\n{log}", flush=True)
             continue
-        rows.extend(rows_of(name, report, wall))
+        for r in rows_of(name, report, wall):
+            r["expected"] = expected.get((yaml.resolve(), r["kernel"]))
+            rows.append(r)
         print(f"== {name}: done in {wall:.1f} s", flush=True)
-    dest = args.json or (os.path.join(os.environ["OUT"], "gpu_verdicts.json") if os.environ.get("OUT") else None)
-    if dest:
-        Path(dest).write_text(json.dumps(rows, indent=1))
-    print(f"\n{'case':<22} {'kernel':<24} {'verdict':<12} {'speedup [95% CI]':<24} {'median us':>10} "
+        if dest:  # after every case: a call cut short still leaves what it finished
+            Path(dest).write_text(json.dumps(rows, indent=1))
+    print(f"\n{'case':<22} {'kernel':<24} {'verdict':<12} {'expected':<16} {'speedup [95% CI]':<24} {'median us':>10} "
           f"{'timer':<20} {'wall s':>6}  flags / first error")
     for r in rows:
         ci = r.get("ci")
         sp = f"{r['speedup']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]" if r.get("speedup") is not None and ci else "-"
         med = f"{r['median_us']:.2f}" if r.get("median_us") else "-"
         note = ",".join(r.get("flags") or []) + (" | " + r["errors"][0] if r.get("errors") else "")
-        print(f"{r['case'][:22]:<22} {str(r['kernel'])[:24]:<24} {str(r['verdict'])[:12]:<12} {sp:<24} {med:>10} "
+        exp = "/".join(r["expected"]) if r.get("expected") else "-"
+        mark = "" if not r.get("expected") or r["verdict"] in r["expected"] else " !!"
+        print(f"{r['case'][:22]:<22} {str(r['kernel'])[:24]:<24} {str(r['verdict'])[:12] + mark:<12} {exp[:16]:<16} "
+              f"{sp:<24} {med:>10} "
               f"{str(r.get('timer') or '-')[:20]:<20} {r.get('wall_s', 0):>6}  {note[:110]}")
     return 0
 
