@@ -24,7 +24,8 @@ def test_builtin_clean_run(tmp_path):
     assert r["throughput"]["completed_requests"] == 9 and r["throughput"]["total_output_tokens"] == 72
     assert r["throughput"]["total_input_tokens"] == 9 * 24
     lat = r["latency"]
-    assert 0 < lat["ttft"]["median_ms"] <= lat["e2el"]["median_ms"] and lat["tpot"]["mean_ms"] > 0
+    # A TPOT of 0 is a real reading: on a busy machine a request's 8 tokens can arrive in one read.
+    assert 0 < lat["ttft"]["median_ms"] <= lat["e2el"]["median_ms"] and lat["tpot"]["mean_ms"] >= 0
     rep = r["repeats"]["output_throughput"]
     # two repeats: no interval (t(1) = 12.7 makes it meaningless), the reason in its place
     assert rep["n"] == 2 and rep["ci95"] is None and rep["ci95_note"] == "not meaningful with fewer than 3 repeats"

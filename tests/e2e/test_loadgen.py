@@ -40,7 +40,7 @@ def test_timings_match_injected_delays(cfg):
     # The client is checked tightly against the server's write stamps (same clock), the injected
     # delays loosely: other work on a shared 2-core machine can delay the server thread itself.
     ttfts = [o.ttft for o in res.outputs]
-    assert min(ttfts) >= TTFT and np.median(ttfts) < TTFT + 0.015
+    assert min(ttfts) >= TTFT and np.median(ttfts) < TTFT + 0.1  # 76 ms for 60 was seen at load 9
     ttft_errors = [o.ttft - (stamps[o.request_id][0] - o.start_time) for o in res.outputs]
     # Bounds loose enough for a busy CI machine; how tight the client really is lives in
     # benchmarks/loadgen_overhead.py.
