@@ -334,18 +334,13 @@ class Worker:
         """A copy of input set ``index`` (perturbed) for one call, every tensor at an address no
         earlier call's inputs had (``moved``; the judge's own copies, never handed to a kernel
         under test, are plain clones: a set made again from its seed is not copied twice)."""
-        if not moved:
-            inputs = self._pristine(index) if self.regen is not None and index in self.set_seeds else \
-                _map_tensors(self.sets[index], lambda t: _clone(t))
-        elif self.regen is not None and index in self.set_seeds:
-            made = self._pristine(index)
-            # Moved one tensor at a time: a set made again from its seed takes GBs.
-            inputs = [None] * len(made)
-            for i in range(len(made)):
-                inputs[i] = _map_tensors(made[i], self._at_new_address)
-                made[i] = None
+        if self.regen is not None and index in self.set_seeds:
+            inputs = self._pristine(index)  # made anew: already a copy
+            if moved:  # one tensor at a time, each original let go: such a set takes GBs
+                for i in range(len(inputs)):
+                    inputs[i] = _map_tensors(inputs[i], self._at_new_address)
         else:
-            inputs = _map_tensors(self.sets[index], self._at_new_address)
+            inputs = _map_tensors(self.sets[index], self._at_new_address if moved else _clone)
         if perturb is not None:
             perturb_(inputs, perturb)
         return inputs
@@ -963,7 +958,7 @@ class Worker:
         k = max(1, min(int(req.get("k", 1)), self._audit_batch_room()))
         batch = []
         for _ in range(k):
-            index, perturb = _secure_random.choice(self.main_sets), _secure_random.getrandbits(62)
+            index, perturb = _draw_call(self)
             batch.append((self._fresh(index, perturb), index, perturb))
         if self.device.type == "cuda" and (torch.cuda.memory_reserved(self.device)
                                            - torch.cuda.memory_allocated(self.device)) < self.out_bytes:
@@ -1038,7 +1033,7 @@ class Worker:
         t_start = _perf_counter()
         # One untimed call first: a worker that sat idle while the others were timed starts its
         # round with cold caches, and that first call would count against it alone.
-        self._call(self._fresh(_secure_random.choice(self.main_sets), _secure_random.getrandbits(62)))
+        self._call(self._fresh(*_draw_call(self)))
         _sync(self.device)
         reply = _time_call(self, n, timer, keep_max)
         reply["guard_errors"] = self._guard_errors()

@@ -111,31 +111,6 @@ def test_the_draws_come_from_the_operating_system():
         worker._secure_random.getstate()  # no state a kernel could copy to predict the next draw
 
 
-def _x(cat, name, ts, dur, tid=1, **args):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
-
-
-def test_each_traced_call_lists_the_kernels_it_launched():
-    ev = [
-        _x("user_annotation", "magpie_prep", 0, 10), _x("cuda_runtime", "cudaLaunchKernel", 2, 1, correlation=1),
-        _x("kernel", "flush", 20, 30, tid=7, correlation=1, stream=7),
-        _x("user_annotation", "magpie_call", 60, 40), _x("cuda_runtime", "cudaLaunchKernel", 61, 1, correlation=2),
-        _x("kernel", "gemm", 100, 25, tid=7, correlation=2, stream=7),
-        _x("cuda_runtime", "cudaLaunchKernel", 62, 1, correlation=3),
-        _x("kernel", "bias", 126, 5, tid=7, correlation=3, stream=7),
-        _x("user_annotation", "magpie_call", 170, 40),  # launches nothing
-        _x("user_annotation", "magpie_call", 300, 40), _x("cuda_runtime", "cudaLaunchKernel", 301, 1, correlation=4),
-        _x("kernel", "gemm", 310, 25, tid=7, correlation=4, stream=7),
-    ]
-    spans, other, names = worker._device_spans({"traceEvents": ev}, 3)
-    assert names == [{"gemm": 1, "bias": 1}, {}, {"gemm": 1}]
-    assert spans[1] is None and other == 0
-    found = worker.kernel_set_check({"gemm": 1, "bias": 1}, names)
-    assert (found["calls"], found["differ"], found["empty"]) == (3, 2, 1)
-    assert found["example"] == {"call": 2, "expected": {"gemm": 1, "bias": 1}, "launched": {}}
-    assert worker.kernel_set_check(None, names)["differ"] == 0  # no discovery call: nothing to hold them to
-
-
 def _member(calls: int, differ: int, empty: int) -> SimpleNamespace:
     example = {"call": 3, "expected": {"gemm": 1}, "launched": {}} if differ else None
     return SimpleNamespace(kernel_sets={"calls": calls, "differ": differ, "empty": empty, "example": example},
