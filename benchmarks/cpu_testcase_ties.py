@@ -1,4 +1,4 @@
-"""Ties of testcase-timed kernels: two identical g++ -O3 builds of one C++ testcase, compared N times.
+"""Ties of testcase-timed kernels: two identical builds of one testcase, compared N times.
 
 The kernels time themselves (their testcase prints ``MAGPIE_TIMING_JSON: {"samples_ms": [...]}``),
 so the right verdict is always "tie". This copies examples/kernels/cpp_testcase/ into a scratch
@@ -16,6 +16,10 @@ and after is printed too: the machine is shared, and the verdicts are only as qu
 
     python benchmarks/cpu_testcase_ties.py --runs 20
     python benchmarks/cpu_testcase_ties.py --runs 20 --engine /tmp/tt_before --engine .
+    python benchmarks/cpu_testcase_ties.py --example examples/kernels/cuda_testcase --runs 5   # NVIDIA GPU
+
+``--example`` takes another such folder (default the C++ one; examples/kernels/cuda_testcase is
+the same check on a GPU: CUDA-event samples with no clock key, which must count as device times).
 
 Exit status: 0 when every compare left a report (with --strict: and every one was a tie), else 1.
 """
@@ -39,10 +43,10 @@ EXAMPLE = REPO / "examples" / "kernels" / "cpp_testcase"
 CLOCK_KEY = ', \\"clock\\": \\"cpu\\"'  # as written inside the C++ string literal
 
 
-def prepare(scratch: Path, strip_clock_key: bool) -> Path:
+def prepare(scratch: Path, strip_clock_key: bool, example: Path = EXAMPLE) -> Path:
     """A copy of the example (sources and config, no binaries); returns its compare.yaml."""
-    dest = scratch / "cpp_testcase"
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("*.out"))
+    dest = scratch / example.name
+    shutil.copytree(example, dest, ignore=shutil.ignore_patterns("*.out"))
     if strip_clock_key:
         src = dest / "jacobi.cpp"
         text = src.read_text()
@@ -79,6 +83,7 @@ def read_row(out: Path, engine: str, run: int, code: int | None, wall_s: float) 
     perf = cand.get("performance_result") or {}
     row.update(verdict=cand.get("verdict"), speedup=cand.get("speedup"), speedup_ci=cand.get("speedup_ci"),
                tie_margin=report.get("tie_margin"), tie_margin_reason=report.get("tie_margin_reason"),
+               clock=perf.get("clock"), clock_reason=perf.get("clock_reason"),
                processes=perf.get("processes"), samples=(cand.get("timing") or {}).get("n"),
                interval=perf.get("interval"))
     return row
@@ -98,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=20, help="compares to run (default 20)")
     ap.add_argument("--engine", type=Path, action="append", help="repository root whose engine runs the compares "
                     "(default this one; give it more than once to alternate engines)")
-    ap.add_argument("--strip-clock-key", action="store_true", help="the testcase prints no \"clock\" key")
+    ap.add_argument("--example", type=Path, default=EXAMPLE, help="folder with the testcase and its compare.yaml "
+                    "(default examples/kernels/cpp_testcase)")
+    ap.add_argument("--strip-clock-key", action="store_true", help="the C++ testcase prints no \"clock\" key")
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed for one compare")
     ap.add_argument("--keep", type=Path, help="keep the scratch folder here (default: a temporary one, removed)")
     ap.add_argument("--json", type=Path, help="write the rows and the tally here")
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     load_before = os.getloadavg()
     try:
-        cfg = prepare(scratch, args.strip_clock_key)
+        cfg = prepare(scratch, args.strip_clock_key, args.example.resolve())
         print(f"engines: {', '.join(labels)}\nconfig: {cfg} (clock key {'stripped' if args.strip_clock_key else 'kept'})\n"
               f"date -u: {started}; cpus: {os.cpu_count()}; load average before: "
               + " ".join(f"{x:.2f}" for x in load_before))

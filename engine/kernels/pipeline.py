@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import MagpieError
+from engine.kernels import environment
 from engine.kernels.plan import KernelSpec, Plan, compare_reference
 from engine.kernels.stats import summarize
 from engine.runs.process import CancelToken, ProcessResult, command_text, engine_pythonpath, run_process
@@ -205,6 +206,13 @@ class Evaluator:
                     missing = missing_program(r, cmd, k.working_dir)
                     if missing:  # the testcase never ran: nothing was judged
                         o.environment.append(f"environment: {missing} (testcase command {i}/{len(k.testcase)})")
+                        break
+                    # A testcase that stopped because the machine lacks what it needs (no GPU or
+                    # driver, out of memory, a package) judged nothing either.
+                    cause = environment.classify((r.stderr or "")[-20000:] + "\n" + (r.stdout or "")[-4000:])
+                    if cause is not None:
+                        o.environment.append(f"{cause.message()} (testcase command {i}/{len(k.testcase)} "
+                                             f"{r.describe_failure()})")
                         break
                     errors.append(f"testcase failed: {r.describe_failure()}" + (f"\n{tail}" if tail else ""))
                     break

@@ -322,3 +322,28 @@ def test_compare_verdict_of_a_kernel_whose_compiler_is_missing(tmp_path):
     assert cand["verdict"] == "not judged"
     assert "magpie-no-such-compiler not found on PATH" in cand["environment_problems"][0]
     assert "cand: correct=not judged" in read_report(tmp_path / "out")["results"]["summary"]
+
+
+def test_a_testcase_stopped_by_the_machine_is_not_judged_a_failing_one_is_incorrect(tmp_path):
+    """A compiled testcase whose CUDA runtime finds no driver (what stencil.cu prints on a machine
+    without a GPU) or that runs out of memory judged nothing; one that reports a mismatch is
+    incorrect. The messages are the real ones of the CUDA runtime and libstdc++."""
+    no_driver = ("echo 'stencil.cu:56: cudaMalloc(&a, bytes): CUDA driver version is insufficient for CUDA "
+                 "runtime version' >&2; exit 3")
+    bad_alloc = "echo \"terminate called after throwing an instance of 'std::bad_alloc'\" >&2; exit 134"
+    mismatch = "echo 'mismatch at (1, 2): got 0.5, want 0.25' >&2; exit 1"
+    cfg = tmp_path / "k.yaml"
+    cfg.write_text("kernels:\n"
+                   f"  - {{id: base, type: cuda, baseline: true, testcase_command: {json.dumps(no_driver)}}}\n"
+                   f"  - {{id: oom, type: cuda, testcase_command: {json.dumps(bad_alloc)}}}\n"
+                   f"  - {{id: wrong, type: cuda, testcase_command: {json.dumps(mismatch)}}}\n")
+    proc = run_magpie("compare", "-k", cfg, "--no-perf", "-o", tmp_path / "out", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # the baseline could not be judged here
+    base, oom, wrong = read_report(tmp_path / "out")["results"]["kernel_results"]
+    assert base["verdict"] == "not judged" and oom["verdict"] == "not judged"
+    assert base["environment_problems"][0].startswith(
+        "environment: no usable GPU or driver here (CUDA driver version is insufficient)")
+    assert "exited with code 3" in base["environment_problems"][0]
+    assert oom["environment_problems"][0].startswith("environment: out of memory (std::bad_alloc)")
+    assert wrong["verdict"] == "incorrect" and not wrong.get("environment_problems")
+    assert "the baseline was not judged" in proc.stdout
