@@ -5,28 +5,33 @@ roofline_table, optimize, optimize_status, optimize_resume."""
 import csv
 import difflib
 import json
-import threading
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import anyio
+import yaml
 from mcp.server.mcpserver import Context
 
+from engine import safeio
 from engine.config.overrides import BenchmarkOverrides, mcp_names
 from engine.jobs import BenchmarkRequest, LoopRequest, TraceRequest
+from engine.jobs.api import JobError
+from engine.jobs.requests import REQUEST_FILE
 from engine.mcp import results as res
 from engine.mcp.confine import COMMAND_KEYS  # noqa: F401 - the keys of an inline config that are command lines
 from engine.mcp.jobs import describe, run_file_uri
 from engine.mcp.security import AccessRefused
 from engine.mcp.server import State, add_tool, dump_yaml, wait_with_progress
-from engine.runs.catalog import RunCatalog
+from engine.runs.catalog import RunCatalog, RunInfo, read_new_events
 from engine.runs.schema import BENCHMARK_REPORT
-from engine.runs.workspace import atomic_write_json
 
-BATCH_NOTE = ("the Ray batch executor is not available to this server: the points run one after another as "
-              "local-process jobs, queued in this server process (a point not yet started when the server "
-              "stops does not start; started points keep running)")
+BATCH_NOTE = ("the points are one batch job (magpie benchmark --batch) run by a detached process: it outlives "
+              "this server, and batch_status(batch_id) or job_status(batch_id) on any server of this results root "
+              "follows it; each point's run folder is <batch run_dir>/points/<label>")
+# A point that can no longer change: its run wrote its end, or the batch's process is gone.
+POINT_ENDED = ("completed", "failed", "cancelled", "lost")
 
 
 # The benchmark tool's override arguments (a batch item may carry them beside benchmark_config):
@@ -48,54 +53,123 @@ def benchmark_flags(state: State, values: dict, where: str = "") -> BenchmarkOve
 
 
 class Batches:
-    """benchmark_batch's queue: each point starts when the one before it has finished."""
+    """benchmark_batch's batches: each one batch job (``BenchmarkRequest(batch=...)``, as ``magpie
+    benchmark --batch`` runs it) whose batch YAML lies in ``<results>/.mcp/batches/<stamp>/mcp.yaml``.
+    The batch id is the job id (the run folder's name): the folder is the truth, so a server started
+    later finds the batch under its results root and reads each point's state from it."""
 
     def __init__(self, state: State) -> None:
         self.state = state
         self.folder = state.results / ".mcp" / "batches"
 
-    def path(self, batch_id: str) -> Path:
+    def submit(self, requests: list[tuple[Any, Path]], environment: Optional[str], ray_address: str) -> dict:
+        """One batch job of the checked points (``_batch_request``); nothing starts when the batch
+        itself does not pass."""
+        points = [{"config": str(cfg), "flags": req.flags.given()} for req, cfg in requests]
+        # A folder of its own, so that the batch run is named benchmark_batch-mcp_<time>_<id>.
+        folder = self.folder / f"{time.strftime('%Y%m%d_%H%M%S')}_{secrets.token_hex(3)}"
+        folder.mkdir(parents=True)
+        batch_file = folder / "mcp.yaml"
+        batch_file.write_text(dump_yaml({"batch": points}))
+        request = BenchmarkRequest(batch=str(batch_file), environment=environment, ray_address=ray_address or None)
+        prepared = request.prepare()
+        self.state.confine.prepared(prepared, "configs")
+        job = self.state.book.submit(request, self.state.results, prepared)
+        return {**self.status(job, prepared.effective_config()), "batch_file": str(batch_file)}
+
+    def find(self, batch_id: str) -> Any:
         if not batch_id or "/" in batch_id or batch_id.startswith("."):
             raise AccessRefused(f"batch_id {batch_id!r}: not a batch id")
-        return self.folder / f"{batch_id}.json"
+        try:
+            job = self.state.book.find(batch_id)
+        except JobError:
+            raise res.ResultError(f"no batch {batch_id!r} under {self.state.results}",
+                                  hint="a batch id is the job id benchmark_batch returned") from None
+        path = job.run_dir / REQUEST_FILE
+        request = self._json(path, batch_id) if path.is_file() else {}
+        if request.get("mode") != "benchmark" or not request.get("batch"):
+            raise res.ResultError(f"{batch_id}: not a benchmark batch (its request names no batch file)",
+                                  hint="job_status follows any other job")
+        return job
 
-    def read(self, batch_id: str) -> dict:
-        p = self.path(batch_id)
-        if not p.is_file():
-            raise res.ResultError(f"no batch {batch_id!r} in {self.folder}")
-        record = self.state.read_json(p, f"batch_id {batch_id}")
-        for point in record["jobs"]:
-            if point.get("job_id"):
-                point["state"] = describe(self.state.book.find(point["job_id"]))["state"]
-        return record
+    def status(self, job: Any, planned: Optional[dict] = None) -> dict:
+        """``planned``: the batch's effective config, as its process will write it to config.yaml."""
+        info = describe(job)
+        rows, environment = self._points(job.run_dir, info["state"], planned)
+        return {"batch_id": job.id, **info, "environment": environment, "parallel": environment == "ray",
+                "submitted": len(rows), "failed": sum(r["state"] in ("failed", "cancelled", "lost") for r in rows),
+                "points": len(rows), "jobs": rows, "note": BATCH_NOTE}
 
-    def start(self, requests: list[tuple[Any, Path]]) -> dict:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        batch_id = f"batch_{time.strftime('%Y%m%d_%H%M%S')}_{time.time_ns() % 0xFFFFFF:06x}"
-        record = {"batch_id": batch_id, "parallel": False, "submitted": len(requests), "failed": 0, "note": BATCH_NOTE,
-                  "jobs": [{"index": i, "job_id": None, "state": "queued", "label": str(cfg)}
-                           for i, (_r, cfg) in enumerate(requests)]}
-        atomic_write_json(self.path(batch_id), record)
-        threading.Thread(target=self._drive, args=(batch_id, record, requests), daemon=True,
-                         name=f"magpie-mcp-{batch_id}").start()
-        return record
+    def _json(self, path: Path, batch_id: str) -> dict:
+        return self.state.read_json(path, f"batch_id {batch_id} {path.name}")
 
-    def _drive(self, batch_id: str, record: dict, requests: list[tuple[Any, Path]]) -> None:
-        for point, (request, _cfg) in zip(record["jobs"], requests):
-            try:
-                job = self.state.book.submit(request, self.state.results)
-            except Exception as exc:  # a config changed since it was checked: recorded, the batch goes on
-                point.update(state="failed", error=str(exc))
-                record["failed"] += 1
-                atomic_write_json(self.path(batch_id), record)
-                continue
-            point.update(job_id=job.id, state="running", run_dir=str(job.run_dir))
-            atomic_write_json(self.path(batch_id), record)
-            final = job.wait()
-            point["state"] = final
-            if final not in ("completed",):
-                record["failed"] += 1
-            atomic_write_json(self.path(batch_id), record)
+    def _points(self, run_dir: Path, batch_state: str, planned: Optional[dict] = None) -> tuple[list[dict], str]:
+        """Each point's state: the batch report's once written; before, each point's own run folder
+        (``points/<label>``: running, then its end), ``queued`` before it has one; on Ray, the task's
+        state from cluster.json. A point not ended when the batch's process is gone is ``lost``."""
+        name = run_dir.name
+        report_path = run_dir / BENCHMARK_REPORT
+        report = self._json(report_path, name) if report_path.is_file() else {}
+        if report.get("batch") and isinstance(report.get("points"), list):
+            return [{"index": r.get("index"), "label": r.get("label"), "state": r.get("state"),
+                     "run_dir": r.get("folder"), "benchmark_config": r.get("benchmark_config"),
+                     "flags": r.get("flags"), "exit_code": r.get("exit_code"), "error": r.get("error"),
+                     "metrics": r.get("metrics")} for r in report["points"]], report.get("run_environment") or "local"
+        config = self._yaml(run_dir / "config.yaml", name) or planned or {}  # written when its process starts
+        if config.get("points"):
+            rows = [{"index": p.get("index"), "label": p.get("label"), "state": "queued", "run_dir": None,
+                     "benchmark_config": p.get("benchmark_config"), "flags": p.get("flags")}
+                    for p in config["points"]]
+            environment = config.get("environment") or "local"
+        else:  # not started yet: the points as the batch file lists them
+            request = self._json(run_dir / REQUEST_FILE, name)
+            batch = self._yaml(self.state.path(str(request["batch"]), f"batch_id {name} batch file"), name)
+            rows = [{"index": i, "label": None, "state": "queued", "run_dir": None,
+                     "benchmark_config": (p.get("config") if isinstance(p, dict) else p),
+                     "flags": (p.get("flags") if isinstance(p, dict) else {})}
+                    for i, p in enumerate(batch.get("batch") or [])]
+            environment = request.get("environment") or "local"
+        tasks = {}
+        if (run_dir / "cluster.json").is_file():
+            tasks = {t.get("key"): t for t in self._json(run_dir / "cluster.json", name).get("tasks") or []}
+        for row in rows:
+            folder = run_dir / "points" / str(row["label"])
+            if row["label"] and (folder / "events.jsonl").is_file():
+                self.state.file(folder / "events.jsonl", f"batch_id {name} point {row['index']}")
+                point = RunInfo(path=folder)
+                read_new_events(point)
+                row.update(state=point.state, run_dir=str(folder), progress=point.progress_text)
+                if point.error:
+                    row["error"] = point.error
+            elif f"point_{row['label']}" in tasks:  # a Ray task: submitted, finished, failed, cancelled
+                task_state = tasks[f"point_{row['label']}"].get("state")
+                row["state"] = "completed" if task_state == "finished" else task_state
+            if batch_state == "lost" and row["state"] not in POINT_ENDED:
+                row["state"] = "lost"
+        return rows, environment
+
+    def _yaml(self, path: Path, name: str) -> dict:
+        if not path.is_file():
+            return {}
+        self.state.file(path, f"batch_id {name} {path.name}")
+        try:
+            data = yaml.safe_load(safeio.read_text(path, safeio.MAX_SMALL_TEXT_BYTES, path.name))
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise res.ResultError(f"{path}: cannot read ({exc})") from None
+        return data if isinstance(data, dict) else {}
+
+
+def _old_batch(state: State, batch_id: str) -> Optional[dict]:
+    """A batch an earlier version of this server queued point by point (.mcp/batches/<id>.json):
+    each point's state read from its job."""
+    path = state.results / ".mcp" / "batches" / f"{batch_id}.json"
+    if "/" in batch_id or batch_id.startswith(".") or not path.is_file():
+        return None
+    record = state.read_json(path, f"batch_id {batch_id}")
+    for point in record.get("jobs") or []:
+        if point.get("job_id"):
+            point["state"] = describe(state.book.find(point["job_id"]))["state"]
+    return record
 
 
 def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per tool
@@ -144,37 +218,34 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
 
     def benchmark_batch(configs: list[dict], parallel: bool = False, ray_cluster_address: str = "",
                         ray_shared_storage_path: str = "") -> dict:
-        """Several benchmarks. Each item is either {"benchmark_config": PATH, ...benchmark tool arguments} or a
-        Magpie BenchmarkConfig mapping (framework, model, envs, ...). Every item is checked before any starts.
-        Without parallel the points run one after another as local jobs (the result says so) and batch_status
-        follows them; with parallel (or a ray_cluster_address) they are one batch job whose points are Ray tasks
-        (magpie benchmark --batch), each holding tp of Ray's GPU resource on one node, followed with job_status
-        like any job (stage events arrive while the points run); job_result is the batch report."""
+        """Several benchmarks as one batch job (magpie benchmark --batch). Each item is either
+        {"benchmark_config": PATH, ...benchmark tool arguments} or a Magpie BenchmarkConfig mapping (framework,
+        model, envs, ...). Every item is checked before any starts. Returns batch_id (the batch's job id) at once
+        with the points (jobs: index, label, state); the job is a detached process that outlives this server, so
+        batch_status(batch_id) on this or a later server follows each point (state, run_dir), job_status(batch_id)
+        the batch, and job_result(batch_id) is the batch report. Without parallel the points run one after another
+        on this host; with parallel (or a ray_cluster_address) they are Ray tasks, each holding tp of Ray's GPU
+        resource on one node."""
         if ray_shared_storage_path:
             raise AccessRefused("ray_shared_storage_path: results come back through Ray's object store",
                                 hint="leave it unset; shared storage is scheduler.ray.shared_storage in a batch YAML")
         if not configs:
             raise AccessRefused("configs: give at least one benchmark")
         requests = [_batch_request(state, i, item) for i, item in enumerate(configs)]
-        if not (parallel or ray_cluster_address):
-            return batches.start(requests)
-        points = [{"config": str(cfg), "flags": req.flags.given()}
-                  for req, cfg in requests]
-        # A folder of its own, so that the batch run is named benchmark_batch-mcp_<time>_<id>.
-        folder = state.scratch("configs", suffix="")
-        folder.mkdir()
-        batch_file = folder / "mcp.yaml"
-        batch_file.write_text(dump_yaml({"batch": points}))
-        request = BenchmarkRequest(batch=str(batch_file), environment="ray", ray_address=ray_cluster_address or None)
-        prepared = request.prepare()
-        state.confine.prepared(prepared, "configs")
-        job = state.book.submit(request, state.output_dir(""), prepared)
-        return {**describe(job), "batch_file": str(batch_file), "points": len(points),
-                "next": "poll job_status(job_id, wait_s=5); job_result(job_id) is the batch report"}
+        environment = "ray" if (parallel or ray_cluster_address) else None  # else the batch's own choice (local)
+        return {**batches.submit(requests, environment, ray_cluster_address),
+                "next": "poll batch_status(batch_id) for the points (job_status(batch_id, wait_s=5) for the batch); "
+                        "job_result(batch_id) is the batch report"}
 
     def batch_status(batch_id: str) -> dict:
-        """The points of a benchmark_batch: each one's job id (once started) and state."""
-        return batches.read(batch_id)
+        """The points of a benchmark_batch (batch_id: its job id), from the batch's run folder: each point's
+        state (queued, running, completed, failed, cancelled; lost when the batch's process died first), its
+        run_dir once it has started (a run folder for get_benchmark_result) and, when the batch is over, its
+        metrics. Any server on the same results root finds the batch, also after the one that started it exited."""
+        old = _old_batch(state, batch_id)
+        if old is not None:
+            return old
+        return batches.status(batches.find(batch_id))
 
     async def gap_analysis(trace_dir: str, ctx: Context, start_pct: float = 0.0, end_pct: float = 100.0,
                            top_k: int = 20, min_duration_us: float = 0.0, categories: Optional[list[str]] = None,

@@ -356,6 +356,36 @@ def test_a_job_id_that_links_out_of_the_root_is_not_followed(pg):
     assert all(RUN_NAME not in str(r.uri) for r in anyio.run(resource).resources)
 
 
+def test_a_batch_whose_folders_link_out_of_the_root_is_not_read(pg):
+    """batch_status reads a batch's run folder: a point folder, a config.yaml or a whole batch that links
+    out of the root is refused by name; an id that is a path, or the id of a run that is no batch, is
+    no batch id."""
+    app = _server(pg)
+    batch = pg.results / "benchmark_batch-mcp_20261206_120000_abc123"
+    (batch / "points").mkdir(parents=True)
+    (pg.root / "b.yaml").write_text(f"batch:\n  - {pg.root / 'ok.yaml'}\n")
+    (batch / "request.json").write_text(json.dumps({"mode": "benchmark", "batch": str(pg.root / "b.yaml")}))
+    (batch / "events.jsonl").write_text("")
+    (batch / "config.yaml").write_text(json.dumps({"points": [{"index": 0, "label": "00_builtin-tiny_tp1_c4"}]}))
+    (batch / "points" / "00_builtin-tiny_tp1_c4").symlink_to(pg.out / "run")
+    refused(app, "batch_status", {"batch_id": batch.name}, "point 0")
+    (batch / "points" / "00_builtin-tiny_tp1_c4").unlink()
+    is_error, text = call(app, "batch_status", {"batch_id": batch.name})
+    assert not is_error and [p["state"] for p in json.loads(text)["jobs"]] == ["queued"], text
+    (pg.out / "config.yaml").write_text(json.dumps({"points": [{"index": 0, "label": SECRET}]}))
+    (batch / "config.yaml").unlink()
+    (batch / "config.yaml").symlink_to(pg.out / "config.yaml")
+    refused(app, "batch_status", {"batch_id": batch.name}, "config.yaml")
+    shutil.move(batch, pg.out / batch.name)
+    batch.symlink_to(pg.out / batch.name)
+    refused(app, "batch_status", {"batch_id": batch.name}, batch.name)
+    shutil.copytree(BENCH_RUN, pg.results / RUN_NAME)
+    for batch_id, message in (("../outside", "not a batch id"), (".mcp", "not a batch id"),
+                              (RUN_NAME, "not a benchmark batch"), ("benchmark_batch-none", "no batch")):
+        is_error, text = call(app, "batch_status", {"batch_id": batch_id})
+        assert is_error and message in text and SECRET not in text, (batch_id, text)
+
+
 # --------------------------------------------------------------------------- loopback
 def test_loopback_is_an_address_not_a_prefix():
     for host in ("127.0.0.1", "127.0.0.2", "127.255.255.254", "::1", "[::1]", "localhost", "::ffff:127.0.0.2"):

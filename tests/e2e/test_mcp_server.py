@@ -287,6 +287,92 @@ def test_an_abandoned_session_expires_and_sessions_in_use_and_jobs_do_not(tmp_pa
     assert final["state"] == "completed" and final["exit_code"] == 0, final
 
 
+SMALL = {"num_prompts": 4, "input_len": 16, "output_len": 4, "warmup": 0, "repeats": 1}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_benchmark_batch_outlives_the_server_that_started_it(tmp_path):
+    """benchmark_batch is one batch job (magpie benchmark --batch) in a detached process: the server that
+    submitted it is killed while the points are queued or running, and a new server process on the same
+    results root finds the batch by its id; batch_status reports every point completed, with its run folder,
+    the points that started after the first server died included."""
+    configs = [{"benchmark_config": str(TINY_BENCH), "concurrency": c, **SMALL} for c in (1, 2, 1)]
+    first = subprocess.Popen([sys.executable, *_server_args(tmp_path, "--transport", "http", "--port", "0")],
+                             cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url, lines = mcp_http_url(first)
+        assert url, "".join(lines)
+
+        async def submit():
+            async with _http_client(url) as client:
+                # Every point is checked before anything starts: a bad one names itself, and no batch exists.
+                bad = await _error(client, "benchmark_batch", {"configs": [configs[0], {**configs[1], "concurency": 2}]})
+                assert "configs[1]" in bad and "concurency" in bad and "did you mean concurrency" in bad, bad
+                assert not list((tmp_path / "mcp").glob("benchmark_*")), "a refused batch started a run"
+                t0 = time.monotonic()
+                batch = await _call(client, "benchmark_batch", {"configs": configs})
+                took = time.monotonic() - t0
+                before = await _call(client, "batch_status", {"batch_id": batch["batch_id"]})
+                return took, batch, before
+        took, batch, before = anyio.run(submit)
+        first.kill()  # no shutdown of its own: whatever the server held in memory is gone
+        first.wait(timeout=30)
+        killed_at = time.time()
+    finally:
+        stop_server(first)
+    assert took < 10.0, f"benchmark_batch took {took:.2f} s to return"
+    assert batch["batch_id"] == batch["job_id"] and batch["environment"] == "local" and batch["points"] == 3, batch
+    assert [p["state"] for p in batch["jobs"]] == ["queued"] * 3
+    assert [p["label"] for p in batch["jobs"]] == ["00_builtin-tiny_tp1_c1", "01_builtin-tiny_tp1_c2",
+                                                   "02_builtin-tiny_tp1_c1"]
+    assert Path(batch["batch_file"]).is_relative_to(tmp_path / "mcp" / ".mcp" / "batches")
+    # The server died with points still to run (else this test would prove nothing).
+    assert before["jobs"][-1]["state"] in ("queued", "running"), before
+    run_dir = Path(batch["run_dir"])
+    batch_pid = json.loads((run_dir / "job.json").read_text())["pid"]
+    assert _pid_alive(batch_pid), "the batch's process died with the server"
+
+    async def follow():
+        async with _stdio_client(tmp_path) as client:  # a new server process, the same results root
+            seen, deadline = [], time.monotonic() + 300
+            while True:
+                status = await _call(client, "batch_status", {"batch_id": batch["batch_id"]})
+                seen.append([p["state"] for p in status["jobs"]])
+                if status["finished"] or time.monotonic() > deadline:
+                    break
+                await anyio.sleep(1.0)
+            job = await _call(client, "job_status", {"job_id": batch["batch_id"]})
+            result = await _call(client, "job_result", {"job_id": batch["batch_id"]})
+            point = await _call(client, "get_benchmark_result", {"workspace_dir": status["jobs"][-1]["run_dir"]})
+            return seen, status, job, result, point
+    seen, status, job, result, point = anyio.run(follow)
+    assert status["state"] == "completed" and status["failed"] == 0, status
+    assert job["state"] == "completed" and job["run_dir"] == str(run_dir)
+    assert [p["state"] for p in status["jobs"]] == ["completed"] * 3, seen
+    for p in status["jobs"]:
+        folder = Path(p["run_dir"])
+        assert folder.parent == run_dir / "points" and folder.name == p["label"]
+        assert json.loads((folder / "benchmark_report.json").read_text())["state"] == "completed"
+        assert p["metrics"]["completed"] == 4
+    assert [p["flags"]["concurrency"] for p in status["jobs"]] == [1, 2, 1]
+    # The last point started after the first server was gone.
+    events = [json.loads(line) for line in (run_dir / "points" / status["jobs"][-1]["label"] / "events.jsonl")
+              .read_text().splitlines()]
+    started = [e["ts"] for e in events if e["event"] == "run_started"]
+    assert started and started[0] > killed_at, (started, killed_at)
+    report = result["report"]
+    assert report["batch"] is True and report["state"] == "completed" and len(report["points"]) == 3
+    assert point["workspace_dir"] == status["jobs"][-1]["run_dir"] and point["state"] == "completed"
+
+
 @pytest.fixture
 def ray_cluster():
     """A Ray head on 127.0.0.1 for one test, with 2 logical GPUs (none is real: the points run the
@@ -315,9 +401,11 @@ def test_benchmark_batch_on_ray_through_the_mcp_client(ray_cluster, tmp_path):
             took = time.monotonic() - t0
             status = await _wait(client, job["job_id"], timeout=120)
             result = await _call(client, "job_result", {"job_id": job["job_id"]})
-            return took, job, status, result
-    took, job, status, result = anyio.run(go)
-    assert took < 5.0 and job["points"] == 2, job
+            batch = await _call(client, "batch_status", {"batch_id": job["batch_id"]})
+            return took, job, status, result, batch
+    took, job, status, result, batch = anyio.run(go)
+    assert took < 5.0 and job["points"] == 2 and job["batch_id"] == job["job_id"], job
+    assert batch["environment"] == "ray" and [p["state"] for p in batch["jobs"]] == ["completed", "completed"], batch
     assert status["state"] == "completed", status
     report = result["report"]
     assert report["batch"] is True and report["run_environment"] == "ray" and report["state"] == "completed"
