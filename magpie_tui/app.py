@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import events, work
 from textual.app import App, SystemCommand
@@ -21,12 +22,14 @@ from textual.binding import Binding
 from textual.signal import Signal
 from textual.worker import Worker
 
-from engine.runs.catalog import RunInfo
-from engine.runs.launch import StartedRun
+from engine.jobs.query import RunInfo
 from magpie_tui.bridge import RunsWatcher, watch_configs
 from magpie_tui.messages import ConfigsChanged, RunsChanged
 from magpie_tui.settings import Settings
 from magpie_tui.themes import DEFAULT_THEME, load_themes, semantic_defaults, stylesheet
+
+if TYPE_CHECKING:
+    from magpie_tui.launching import StartedRun
 
 
 class WorkbenchApp(App):

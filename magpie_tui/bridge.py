@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from engine.runs.catalog import RunCatalog
-from engine.safeio import open_regular
+from engine.jobs.query import RunCatalog, open_regular
 from magpie_tui.messages import ConfigsChanged, RunsChanged
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -209,9 +208,9 @@ def run_title(info) -> str:
     """A label that tells runs of one kind apart, from the run's recorded ``config.yaml``: a
     compare names its config and baseline, a benchmark its framework and load; else the label
     from the folder name. Blocking (a small YAML read): called from the scan thread."""
-    from engine.config.yamlfile import ConfigError, load_yaml_file
+    from engine.jobs.query import ConfigError, read_yaml
     try:  # the one safe YAML path: a FIFO, a huge file or an alias bomb is refused, never read
-        cfg = load_yaml_file(info.path / "config.yaml") or {}
+        cfg = read_yaml(info.path / "config.yaml") or {}
     except ConfigError:
         return info.label
     if not isinstance(cfg, dict):

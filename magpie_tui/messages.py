@@ -6,7 +6,7 @@ from pathlib import Path
 
 from textual.message import Message
 
-from engine.runs.catalog import RunInfo
+from engine.jobs.query import RunInfo
 
 
 class RunsChanged(Message):

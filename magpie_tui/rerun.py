@@ -16,15 +16,15 @@ then by source file). When neither works the error says why and what to do inste
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
-from engine.config.yamlfile import ConfigError, load_yaml_file
-from engine.runs.catalog import RunInfo
-from engine.runs.launch import LaunchRequest
+from engine.jobs.launch import Request, command_line, config_path, form_request
+from engine.jobs.query import ConfigError, RunInfo, read_yaml
 
 RERUN_FOLDER = ".rerun"  # under the results folder; hidden from the Runs list and the config tree
 
@@ -36,7 +36,7 @@ class RerunError(ValueError):
 def _recorded_config(info: RunInfo) -> dict:
     path = info.path / "config.yaml"
     try:
-        cfg = load_yaml_file(path)
+        cfg = read_yaml(path)
     except ConfigError as exc:  # missing, not a regular file, too large, not valid YAML
         raise RerunError(f"cannot read the recorded config: {exc}") from exc
     if not isinstance(cfg, dict):
@@ -50,14 +50,27 @@ def rerun_config_path(info: RunInfo, output_dir: Path) -> Path:
 
 @dataclass
 class Rerun:
-    """The launch that repeats a run, and where its config came from (shown before asking)."""
+    """The launch that repeats a run (a typed request of the job API, its run folder to go under
+    ``output_dir``), and where its config came from (shown before asking)."""
 
-    request: LaunchRequest
+    request: Request
     source: str
+    output_dir: Path
+
+    @property
+    def config(self) -> Path:
+        """The config file the re-run reads."""
+        path = config_path(self.request)
+        assert path is not None  # a re-run always names its config
+        return path
+
+    def argv(self, python: str = sys.executable) -> list[str]:
+        """The equivalent command line (shown before asking, and copied by ``Y``)."""
+        return command_line(self.request, self.output_dir, python=python)
 
 
 def rerun_request(info: RunInfo, output_dir: Path, write: bool = True,
-                  project_dir: Path | None = None) -> LaunchRequest:
+                  project_dir: Path | None = None) -> Request:
     """The launch that repeats ``info``. ``write=False`` only builds it (for the command line
     shown before asking); with ``write=True`` a benchmark's config copy is written first."""
     return plan_rerun(info, output_dir, write=write, project_dir=project_dir).request
@@ -85,7 +98,7 @@ def plan_rerun(info: RunInfo, output_dir: Path, write: bool = True, project_dir:
         if write:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(yaml.safe_dump({"benchmark": bench}, sort_keys=False), encoding="utf-8")
-        return Rerun(LaunchRequest("benchmark", target, output_dir), source)
+        return Rerun(_request("benchmark", target), source, Path(output_dir))
     return _kernel_rerun(info, cfg, output_dir, project_dir)
 
 
@@ -113,7 +126,17 @@ def _kernel_rerun(info: RunInfo, cfg: dict | None, output_dir: Path, project_dir
         config = _find_kernel_config(kernels, sources, project_dir, why)
         source += f"; the kernel config (in the command below) found by the run's kernels ({', '.join(kernels)})"
     only = [k for k in kernels if k != baseline_id] or None
-    return Rerun(LaunchRequest(info.mode, config, output_dir, repeats=repeats, baseline=baseline_id, only=only), source)
+    return Rerun(_request(info.mode, config, repeats=repeats, baseline=baseline_id, only=only), source,
+                 Path(output_dir))
+
+
+def _request(mode: str, config: Path, **fields: Any) -> Request:
+    """The typed request of the re-run; RerunError when what the folder recorded does not make one."""
+    try:
+        return form_request(mode, config, **fields)
+    except ConfigError as exc:
+        raise RerunError(f"the run's recorded settings do not make a {mode} request: {'; '.join(exc.problems)}") \
+            from exc
 
 
 def _kernels_from_report(info: RunInfo) -> tuple[str | None, list[str], int | None, set[str]]:
@@ -137,7 +160,7 @@ def _kernels_from_report(info: RunInfo) -> tuple[str | None, list[str], int | No
 def _kernel_configs(project_dir: Path) -> Iterator[tuple[Path, list[str], set[str]]]:
     """(path, kernel ids, source file names) of every kernel config under the project, leaving
     out hidden folders, results and run folders (their config.yaml is a record)."""
-    from engine.runs.launch import is_run_folder
+    from engine.jobs.query import is_run_folder
     skip = {"results", "__pycache__", "node_modules", ".git", "build", "dist"}
     for folder, dirs, files in _walk(Path(project_dir)):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip and not is_run_folder(folder / d))
@@ -145,7 +168,7 @@ def _kernel_configs(project_dir: Path) -> Iterator[tuple[Path, list[str], set[st
             if not name.endswith((".yaml", ".yml")):
                 continue
             try:
-                data = load_yaml_file(folder / name)
+                data = read_yaml(folder / name)
             except ConfigError:
                 continue
             entries = data.get("kernels") if isinstance(data, dict) else None
@@ -190,7 +213,7 @@ _SWEEP_KEYS = ("concurrency", "input_len", "output_len", "request_rate")
 
 def _benchmark_from_report(info: RunInfo) -> tuple[dict[str, Any], list[str]]:
     """A ``benchmark:`` section rebuilt from the run's report, and the names of what it took."""
-    from engine.runs.launch import check_config
+    from engine.jobs.query import check_config
     from engine.runs.schema import load_report
     if info.report_path is None:
         raise RerunError(f"{info.path}: neither a config.yaml nor a benchmark_report.json to rebuild the run from; "

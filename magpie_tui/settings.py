@@ -18,9 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
-from engine.runs.workspace import atomic_write_text
+from engine.jobs.query import ConfigError, atomic_write_text, read_yaml
 
 
 def config_path() -> Path:
@@ -64,7 +63,7 @@ class Settings:
         data: dict = {}
         if path.exists():
             try:
-                loaded = load_yaml_file(path, what="a settings file")
+                loaded = read_yaml(path, what="a settings file")
                 data = loaded if isinstance(loaded, dict) else {}
             except ConfigError:
                 return  # never overwrite a file we could not read
@@ -80,7 +79,7 @@ def load_settings(project_dir: Path | str, results_dirs: list[Path] | None = Non
     data: dict = {}
     if path.exists():
         try:
-            loaded = load_yaml_file(path, what="a settings file")
+            loaded = read_yaml(path, what="a settings file")
         except ConfigError as exc:
             settings.problems.append(f"{path}: not read ({exc}); using defaults")
             loaded = {}

@@ -12,8 +12,8 @@ from typing import Iterable
 
 from textual.theme import Theme
 
-from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
+from engine.jobs.query import ConfigError, read_yaml
 
 DEFAULT_THEME = "magpie-dark"
 _THEME_FIELDS = ("primary", "secondary", "accent", "warning", "error", "success", "foreground",
@@ -29,7 +29,7 @@ class ThemeFileError(MagpieError, ValueError):
 
 def theme_from_file(path: Path) -> Theme:
     try:
-        data = load_yaml_file(path, what="a theme file") or {}
+        data = read_yaml(path, what="a theme file") or {}
     except ConfigError as exc:  # not valid YAML, or not a file to read (a FIFO, too large)
         raise ThemeFileError(str(exc)) from exc
     if not isinstance(data, dict) or "name" not in data or "primary" not in data:

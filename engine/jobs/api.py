@@ -32,7 +32,7 @@ from engine.errors import MagpieError
 from engine.jobs.modes import JobOutcome, request_file_for, run_request, workspace_for
 from engine.jobs.requests import parse_request, save_prepared
 from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_gone, read_new_events, run_gone
-from engine.runs.process import CancelToken, engine_pythonpath, process_identity
+from engine.runs.process import CancelToken, engine_pythonpath, install_signal_handlers, process_identity
 from engine.runs.state import RunStatus, status_text
 
 JOB_FILE = "job.json"
@@ -60,6 +60,15 @@ class Executor(Protocol):
     name: str
 
     def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Execution: ...
+
+
+def cancel_on_signals() -> CancelToken:
+    """A cancel token that SIGINT, SIGTERM and SIGHUP set (a second Ctrl-C stops at once): for a
+    front end that runs a request in its own main thread (``run_request(..., cancel=...)``); the
+    report is still written, state "cancelled"."""
+    token = CancelToken()
+    install_signal_handlers(token)
+    return token
 
 
 # --------------------------------------------------------------------------- in-process

@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from engine.config.overrides import BenchmarkOverrides
+# The overrides' metadata and their command-line and MCP forms, for the front ends that build requests.
+from engine.config.overrides import OVERRIDES, add_cli_flags, from_cli_args, mcp_names  # noqa: F401
 from engine.config.yamlfile import ConfigError, load_located_yaml
 
 REQUEST_FILE = "request.json"

@@ -19,7 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Static
 
 from engine.runs import schema
-from engine.runs.catalog import RunInfo
+from engine.jobs.query import RunInfo
 from magpie_tui.screens.reports import compare_rows
 from magpie_tui.widgets.data_grid import Column, DataGrid
 from magpie_tui.widgets.footer import KeysFooter

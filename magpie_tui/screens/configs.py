@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DirectoryTree, Header, Static
 
-from engine.runs.launch import ConfigCheck, check_config, is_run_folder
+from engine.jobs.query import ConfigCheck, check_config, is_run_folder
 from magpie_tui.bridge import WATCHED_SUFFIXES
 from magpie_tui.messages import ConfigsChanged
 from magpie_tui.widgets.code_view import CodeView

@@ -12,25 +12,17 @@ from textual.widgets import Header, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
 from engine.errors import MagpieError
-from engine.runs.launch import LaunchRequest, start_run
+from engine.jobs.launch import command_line, form_request
 from magpie_tui.errors import error_text
+from magpie_tui.launching import start_run
 from magpie_tui.widgets.diff_view import DiffView
 from magpie_tui.widgets.footer import KeysFooter
 
 
 def config_kernels(config: Path) -> tuple[str | None, dict[str, Path]]:
     """(baseline id, {kernel id: first source file}) of a kernel config, as the engine plans it."""
-    from engine.config.yamlfile import ConfigError
-    from engine.kernels.plan import CliOptions, build_plan
-    for mode in ("compare", "analyze"):
-        try:
-            plan = build_plan(mode, CliOptions(kernel_config=str(config)), {})
-        except ConfigError:
-            continue
-        sources = {k.id: k.source_files[0] for k in plan.kernels if k.source_files}
-        baseline = plan.kernels[plan.baseline_index].id if plan.baseline_index is not None else None
-        return baseline, sources
-    return None, {}
+    from engine.jobs.query import config_kernels as kernels_of
+    return kernels_of(config)
 
 
 def _read(path: Path | None) -> str:
@@ -113,18 +105,22 @@ class DiffScreen(Screen):
         if not chosen:
             self.notify("mark one or more candidates (space) first", severity="warning")
             return
-        req = LaunchRequest("compare", self.config, self.app.settings.launch_results_dir, only=chosen,
-                            baseline=self.baseline)
+        output = self.app.settings.launch_results_dir
+        try:
+            req = form_request("compare", self.config, only=chosen, baseline=self.baseline)
+        except MagpieError as exc:
+            self.notify(error_text(exc), severity="error")
+            return
         from magpie_tui.screens.confirm import ConfirmScreen
         # A compare takes minutes of timing runs: ask first, showing exactly what would start.
         question = (f"Start a compare of {', '.join(chosen)} against {self.baseline}?\n"
-                    f"$ magpie {' '.join(req.argv()[3:])}")
+                    f"$ magpie {' '.join(command_line(req, output)[3:])}")
         self.app.push_screen(ConfirmScreen(question, yes="Start"),
-                             lambda yes: self._start_compare(req, chosen) if yes else None)
+                             lambda yes: self._start_compare(req, output, chosen) if yes else None)
 
-    def _start_compare(self, req: LaunchRequest, chosen: list[str]) -> None:
+    def _start_compare(self, req, output: Path, chosen: list[str]) -> None:
         try:
-            started = start_run(req)
+            started = start_run(req, output)
         except MagpieError as exc:
             self.notify(error_text(exc), severity="error")
             return

@@ -14,10 +14,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
-from engine.config.yamlfile import ConfigError, load_yaml_file
-from engine.runs.catalog import RunInfo
-from engine.runs.launch import check_config, classify
-from engine.safeio import read_json
+from engine.jobs.query import ConfigError, RunInfo, check_config, classify, read_json, read_yaml
 from magpie_tui.screens.reports import resolve_config_file
 from magpie_tui.screens.roofline import load_csv
 from magpie_tui.widgets.code_view import CodeView
@@ -60,7 +57,7 @@ def source_repos(info: RunInfo, project: Path) -> list[Path]:
     """Folders to search for kernel sources: the run's --kernel-source-repos, then the project."""
     repos: list[Path] = []
     try:
-        cfg = load_yaml_file(info.path / "config.yaml") or {}
+        cfg = read_yaml(info.path / "config.yaml") or {}
     except ConfigError:
         cfg = {}
     for repo in ((cfg.get("options") or {}).get("kernel_source_repos") or []) if isinstance(cfg, dict) else []:
@@ -73,21 +70,8 @@ def source_repos(info: RunInfo, project: Path) -> list[Path]:
 
 def locate_sources(names: list[str], repos: list[Path]) -> list[dict[str, Any]]:
     """Finder results with the ``$REPO_DIR`` path resolved to a file on disk."""
-    from engine.sources.finder import find_kernel_sources, repository_variables
-    from engine.sources.index import build_index
-    index = build_index(repos)
-    roots = repository_variables(index)
-    out = []
-    for name, match in find_kernel_sources(names, repos, index=index).items():
-        path = None
-        if match.source_file:
-            var, _, rel = match.source_file.partition("/")
-            if var in roots:
-                path = Path(roots[var]) / rel
-        out.append({"kernel": name, "status": match.status, "file": match.source_file, "line": match.source_line,
-                    "path": path, "confidence": match.confidence, "reason": match.confidence_reason,
-                    "candidates": list(match.candidates)})
-    return out
+    from engine.jobs.query import locate_kernel_sources
+    return locate_kernel_sources(names, repos)
 
 
 def _words(text: str) -> set[str]:
@@ -123,7 +107,7 @@ def candidate_kernels(project: Path, op_name: str, kernel_names: list[str], sour
 
 def _kernel_sources(config: Path) -> dict[str, Path]:
     try:
-        data = load_yaml_file(config) or {}
+        data = read_yaml(config) or {}
     except ConfigError:
         return {}
     entries = data.get("kernels") or ([data["kernel"]] if data.get("kernel") else [])
@@ -145,7 +129,7 @@ def latest_result(config: Path, kernel_id: str, runs: list[RunInfo]) -> dict[str
         if info.mode not in ("compare", "analyze") or not info.is_finished or info.report_path is None:
             continue
         try:
-            cfg = load_yaml_file(info.path / "config.yaml") or {}
+            cfg = read_yaml(info.path / "config.yaml") or {}
             if resolve_config_file(info.path, cfg.get("config_file")) != config.resolve():
                 continue
             report = read_json(info.report_path)

@@ -13,12 +13,12 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
-from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
-from engine.loop.schema import STEP_NAMES
-from engine.config.overrides import OVERRIDES
-from engine.runs.launch import BENCH_FORM_FIELDS, ConfigCheck, LaunchRequest, effective_config, start_run
+from engine.jobs.launch import BENCH_FORM_FIELDS, command_line, config_path, effective_config, form_request
+from engine.jobs.query import STEP_NAMES, ConfigCheck, ConfigError
+from engine.jobs.requests import OVERRIDES
 from magpie_tui.errors import error_text
+from magpie_tui.launching import start_run
 
 _INT_FIELDS = ("repeats", "concurrency", "input_len", "output_len", "num_prompts", "warmup", "seed")
 _FLOAT_FIELDS = ("timeout", "rtol", "atol")
@@ -36,15 +36,15 @@ def _config_value(bench: dict, path: str) -> Any:
     return node
 
 
-def config_defaults(check: ConfigCheck, preview: Optional[Callable[[LaunchRequest], tuple]] = None) -> dict[str, str]:
+def config_defaults(check: ConfigCheck, preview: Optional[Callable[[Any], tuple]] = None) -> dict[str, str]:
     """The config's own value of each override field ("config: 4"), for the placeholders; empty
     where the config leaves it to the default. Reads the file the way a run would (``preview``:
     the screen's memo of ``effective_config``)."""
     mode = check.modes[0] if check.modes else None
     if mode is None:
         return {}
-    req = LaunchRequest(mode=mode, config=check.path, output_dir=check.path.parent)
     try:
+        req = form_request(mode, check.path)
         config, _overrides, _warnings = preview(req)[1:] if preview else effective_config(req)
     except (ConfigError, ValueError, OSError):
         return {}
@@ -76,17 +76,16 @@ class LaunchScreen(ModalScreen):
     def __init__(self, check: ConfigCheck) -> None:
         super().__init__()
         self.check = check
-        self.request: LaunchRequest | None = None
+        self.request: Any = None  # the typed request the form shows (engine.jobs.requests)
         self.problem: str | None = None
         self._previews: dict[tuple, tuple] = {}
 
-    def _preview(self, req: LaunchRequest) -> tuple:
+    def _preview(self, request: Any) -> tuple:
         """(prepared, config, overrides, warnings) of a launch: its prepare() runs once for each
         distinct request and state of the file, not again for a keystroke that leaves the request
         as it was (or goes back to an earlier one), nor again when it starts."""
-        request = req.to_request()
         try:
-            st = os.stat(req.config)
+            st = os.stat(config_path(request) or self.check.path)
             stamp: Optional[tuple] = (st.st_mtime_ns, st.st_size)
         except OSError:
             stamp = None
@@ -95,7 +94,7 @@ class LaunchScreen(ModalScreen):
             if len(self._previews) > 64:
                 self._previews.clear()
             prepared = request.prepare()
-            self._previews[key] = (prepared, *effective_config(req, prepared))
+            self._previews[key] = (prepared, *effective_config(request, prepared))
         return self._previews[key]
 
     def compose(self):
@@ -181,20 +180,20 @@ class LaunchScreen(ModalScreen):
             self._show_problem("numbers only in the override fields")
             return
         profiler = self._value("profiler") if mode == "benchmark" else None
-        req = LaunchRequest(mode=mode, config=self.check.path, output_dir=self.app.settings.launch_results_dir,
-                            baseline=self._value("baseline") if mode == "compare" else None,
-                            profiler=None if profiler is None else profiler == "on",
-                            until=self._value("until") if optimize else None,
-                            no_perf=bool(self._value("no_perf")) if kernel else False,
-                            **{k: v for k, v in values.items() if (mode == "benchmark" or k not in _BENCH_FIELDS)
-                               and (kernel or k not in _KERNEL_FIELDS)})
         try:
+            req = form_request(mode, self.check.path,
+                               baseline=self._value("baseline") if mode == "compare" else None,
+                               profiler=None if profiler is None else profiler == "on",
+                               until=self._value("until") if optimize else None,
+                               no_perf=bool(self._value("no_perf")) if kernel else False,
+                               **{k: v for k, v in values.items() if (mode == "benchmark" or k not in _BENCH_FIELDS)
+                                  and (kernel or k not in _KERNEL_FIELDS)})
             _prepared, config, overrides, warnings = self._preview(req)
         except ConfigError as exc:
             self._show_problem("\n".join(exc.problems))
             return
         self.request, self.problem = req, None
-        lines = [f"$ magpie {' '.join(req.argv()[3:])}", ""]
+        lines = [f"$ magpie {' '.join(command_line(req, self.app.settings.launch_results_dir)[3:])}", ""]
         if overrides:
             lines.append("overrides:")
             lines += [f"  {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})" for o in overrides]
@@ -231,7 +230,8 @@ class LaunchScreen(ModalScreen):
             return
         try:
             # The preview's check, again only when the file changed since it was shown.
-            started = start_run(self.request, prepared=self._preview(self.request)[0])
+            started = start_run(self.request, self.app.settings.launch_results_dir,
+                                prepared=self._preview(self.request)[0])
         except MagpieError as exc:  # the file changed since the preview checked it, and no longer checks out
             self._show_problem(error_text(exc))
             return

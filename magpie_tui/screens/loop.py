@@ -35,12 +35,12 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Header, Select, Static, TabbedContent, TabPane
 
 from engine.errors import MagpieError
-from engine.loop.results import (
-    BenchmarkStepResult, BottlenecksResult, CandidateRow, CandidatesResult, HarnessResult, IntegrateResult, Metric,
-    ProfiledResult, RebenchmarkResult, VerdictResult, step_result,
+from engine.jobs import attach
+from engine.jobs.query import (
+    LOOP_FILE, BenchmarkStepResult, BottlenecksResult, CandidateRow, CandidatesResult, HarnessResult, IntegrateResult,
+    LoopFile, LoopStep, Metric, ProfiledResult, RebenchmarkResult, RunCatalog, RunInfo, VerdictResult, load_loop_file,
+    step_result,
 )
-from engine.loop.schema import LOOP_FILE, LoopFile, LoopStep, load_loop_file
-from engine.runs.catalog import CancelRefused, RunCatalog, RunInfo, cancel_run
 from magpie_tui.errors import error_text
 from magpie_tui.screens.reports import VERDICT_CLASS
 from magpie_tui.screens.runs import format_elapsed, theme_style
@@ -869,10 +869,11 @@ class LoopScreen(Screen):
     @work(thread=True, exclusive=True, group="loop-launch", exit_on_error=False,
           description="submit the loop's resume as a detached job")
     def _resume(self) -> None:
-        from engine.runs.launch import resume_loop
+        from engine.jobs.launch import resume_request
+        from magpie_tui.launching import start_run
         started, problem = None, "the engine failed (see the app log)"
         try:
-            started = resume_loop(self.root)
+            started = start_run(resume_request(self.root))
         except MagpieError as exc:
             problem = error_text(exc)
         except OSError as exc:
@@ -903,9 +904,9 @@ class LoopScreen(Screen):
         def answered(yes: bool | None) -> None:
             if yes:
                 try:
-                    cancel_run(info)
+                    attach(info.path).cancel()
                     self.notify(f"cancelling {info.name} (the running step is stopped; R resumes later)")
-                except CancelRefused as exc:
+                except MagpieError as exc:  # CancelRefused: finished, or no process proven to be the run's
                     self.notify(error_text(exc), severity="error")
         self.app.push_screen(ConfirmScreen(f"Cancel the loop {info.name}?\nIts running step is stopped; "
                                            "the loop can be resumed later."), answered)

@@ -8,7 +8,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from engine.runs.catalog import RunInfo
+from engine.jobs.query import RunInfo
 
 
 class PickRunScreen(ModalScreen):

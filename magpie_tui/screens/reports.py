@@ -17,14 +17,12 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Header, Static, TabbedContent, TabPane
 
-from engine.bench.metrics import CI_NOT_MEANINGFUL, MIN_REPEATS_FOR_CI, format_interval
-from engine.bench.report_compare import ReportComparison
 from engine.errors import MagpieError
+from engine.jobs.query import (
+    CI_NOT_MEANINGFUL, MIN_REPEATS_FOR_CI, ReportComparison, RunInfo, format_interval, no_roofline_reason, read_json,
+)
 from engine.runs import schema
-from engine.runs.catalog import RunInfo
 from engine.runs.schema import Report, StageState, Verdict
-from engine.runs.state import no_roofline_reason
-from engine.safeio import read_json
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
 from magpie_tui.widgets.footer import KeysFooter
@@ -211,9 +209,9 @@ class CompareReportScreen(Screen):
 
 
 def _config_file_of(info: RunInfo) -> Path | None:
-    from engine.config.yamlfile import ConfigError, load_yaml_file
+    from engine.jobs.query import ConfigError, read_yaml
     try:
-        cfg = load_yaml_file(info.path / "config.yaml") or {}
+        cfg = read_yaml(info.path / "config.yaml") or {}
     except ConfigError:
         return None
     path = cfg.get("config_file") if isinstance(cfg, dict) else None
@@ -407,7 +405,7 @@ def comparison_rows(comparison: ReportComparison) -> list[dict[str, Any]]:
 def delta_rows(a: schema.BenchmarkReport | dict, b: schema.BenchmarkReport | dict) -> list[dict[str, Any]]:
     """B - A per metric, from the repeats (mean, with noise) or else the single result, as
     ``magpie benchmark --compare-reports`` computes it."""
-    from engine.bench.metrics import compare_reports
+    from engine.jobs.query import compare_reports
     side_a = _delta_side(_bench(a))
     side_b = _delta_side(_bench(b))
     rows = []
@@ -661,7 +659,7 @@ class BenchmarkReportScreen(Screen):
 
     @work(thread=True, exclusive=True, group="report-files", exit_on_error=False)
     def _read_other(self, other: RunInfo, allow_different_workloads: bool = False) -> None:
-        from engine.bench.report_compare import compare_runs
+        from engine.jobs.query import compare_runs
         path = other.report_path
         if path is None:
             self.app.call_from_thread(self.notify, f"{other.name} has no report", severity="error")
@@ -678,7 +676,7 @@ class BenchmarkReportScreen(Screen):
     def _show_compare(self, other: RunInfo, b: schema.BenchmarkReport,
                       comparison: ReportComparison | None = None) -> None:
         from rich.text import Text
-        from engine.bench.report_compare import compare_runs
+        from engine.jobs.query import compare_runs
         if comparison is None:  # a caller with the report only: the engine decides from the run folders
             comparison = compare_runs(self.info.report_path or self.info.path, other.report_path or other.path)
         self.other, self.comparison = other, comparison

@@ -15,8 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, Select, Static, TabbedContent, TabPane
 from textual.widgets.select import InvalidSelectValueError
 
-from engine.runs.catalog import RunInfo
-from engine.safeio import open_text, read_json
+from engine.jobs.query import RunInfo, open_text, read_json
 from magpie_tui.widgets.footer import KeysFooter
 from magpie_tui.widgets.gpu_timeline import GpuTimeline
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
@@ -122,7 +121,7 @@ def load_csv(path: Path) -> list[dict[str, str]]:
 
 def arch_of(run_dir: Path) -> dict | None:
     """The roofline ceilings the analysis used (from the report's gpu_arch), or None."""
-    from engine.trace.arch import resolve_arch
+    from engine.jobs.query import arch_of_name
     for name in ("trace_analysis_report.json", "benchmark_report.json"):
         try:
             report = read_json(run_dir / name)
@@ -130,22 +129,15 @@ def arch_of(run_dir: Path) -> dict | None:
             continue
         arch = (report.get("tracelens_analysis") or {}).get("gpu_arch")
         if arch:
-            try:
-                return resolve_arch(arch)
-            except (ValueError, OSError):
-                return None
+            return arch_of_name(arch)
     return None
 
 
 def trace_file_of(run_dir: Path) -> Path | None:
     """The profiler trace a trace-analysis run read (its config.yaml ``trace_dir``: a file, or a
     folder of ``*.json``/``*.json.gz``), when it is still on disk."""
-    from engine.config.yamlfile import ConfigError, load_yaml_file
-    try:
-        cfg = load_yaml_file(run_dir / "config.yaml") or {}
-    except ConfigError:
-        return None
-    recorded = cfg.get("trace_dir") if isinstance(cfg, dict) else None
+    from engine.jobs.query import read_recorded_config
+    recorded = read_recorded_config(run_dir).get("trace_dir")
     if not recorded:
         return None
     path = (run_dir / str(recorded)).resolve()

@@ -12,10 +12,8 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 
-from engine.runs.catalog import RunInfo
-from engine.runs.launch import find_console_log
-from engine.runs.state import status_text
-from engine.safeio import MAX_SMALL_TEXT_BYTES, read_text
+from engine.jobs.launch import find_console_log
+from engine.jobs.query import MAX_SMALL_TEXT_BYTES, RunInfo, read_text, status_text
 from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings

@@ -19,7 +19,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Header, Input, Static
 
-from engine.runs.catalog import CancelRefused, RunInfo, cancel_run
+from engine.errors import MagpieError
+from engine.jobs import attach
+from engine.jobs.query import RunInfo
 from magpie_tui.errors import error_text
 from magpie_tui.messages import RunsChanged
 from magpie_tui.widgets.data_grid import Column, DataGrid
@@ -91,9 +93,9 @@ def confirm_cancel(screen: Screen, info: RunInfo) -> None:
     def answered(yes: bool | None) -> None:
         if yes:
             try:
-                cancel_run(info)
+                attach(info.path).cancel()
                 screen.notify(f"cancelling {info.name} (its report will say so)")
-            except CancelRefused as exc:
+            except MagpieError as exc:  # CancelRefused: finished, or no process proven to be the run's
                 screen.notify(error_text(exc), severity="error")
     screen.app.push_screen(ConfirmScreen(f"Cancel {info.name}?\nIts children are stopped and the report "
                                          "is written with state 'cancelled'.", yes="Cancel run"), answered)
@@ -322,24 +324,24 @@ class RunsScreen(Screen):
         self.app.call_from_thread(self._copy_command if copy else self._ask_rerun, info, plan)
 
     def _copy_command(self, info: RunInfo, plan) -> None:
-        command = f"magpie {' '.join(plan.request.argv()[3:])}"
+        command = f"magpie {' '.join(plan.argv()[3:])}"
         self.app.copy_to_clipboard(command)
         self.notify(f"copied: {command}")
 
     def _ask_rerun(self, info: RunInfo, plan) -> None:
         from magpie_tui.screens.confirm import ConfirmScreen
         question = (f"Run {info.name} again?\nConfig: {plan.source}.\n"
-                    f"$ magpie {' '.join(plan.request.argv()[3:])}")
+                    f"$ magpie {' '.join(plan.argv()[3:])}")
         self.app.push_screen(ConfirmScreen(question, yes="Start"),
                              lambda yes: self._start_rerun(info) if yes else None)
 
     @work(thread=True, exclusive=True, group="rerun-plan", exit_on_error=False, description="start a re-run")
     def _start_rerun(self, info: RunInfo) -> None:
-        from engine.errors import MagpieError
-        from engine.runs.launch import start_run
+        from magpie_tui.launching import start_run
         from magpie_tui.rerun import RerunError
         try:
-            started = start_run(self._plan_rerun(info, write=True).request)
+            plan = self._plan_rerun(info, write=True)
+            started = start_run(plan.request, plan.output_dir)
         except (RerunError, MagpieError, OSError) as exc:
             self.app.call_from_thread(self.notify, error_text(exc) if isinstance(exc, MagpieError) else str(exc),
                                       severity="error")

@@ -9,8 +9,7 @@ from textual.content import Content
 from textual.highlight import highlight
 from textual.widgets import Static
 
-from engine.runs.launch import SOURCE_SUFFIXES
-from engine.safeio import FileTooLarge, NotRegularFile, read_text
+from engine.jobs.query import SOURCE_SUFFIXES, FileTooLarge, NotRegularFile, read_text
 
 MAX_SHOWN_BYTES = 4 << 20  # a larger file (or a FIFO, a device) is refused, never read whole
 

@@ -95,7 +95,7 @@ def _time(ev: dict) -> tuple[float, float] | None:
 def _step_annotations(events: list) -> list[tuple[float, float, str, str | None]]:
     """(start, end, name, stage) of the step annotations, in time order; when some carry the
     detailed attention aggregates, only those (as ``engine.trace.steps.find_steps``)."""
-    from engine.trace.steps import parse_step_annotation
+    from engine.jobs.query import parse_step_annotation
     found = []
     for ev in events:
         if isinstance(ev, dict) and ev.get("ph") == "X" and ev.get("cat") == "user_annotation":
@@ -163,7 +163,7 @@ def steps_from_gap_rows(rows: Iterable[dict[str, Any]], end_us: float | None = N
     """Steps from the gap analysis's step table (``step``, ``start_us``): without the trace the
     GPU window of a step is not known, so each runs until the next starts (the last until
     ``end_us``, else for as long as the one before it)."""
-    from engine.trace.steps import parse_step_annotation
+    from engine.jobs.query import parse_step_annotation
     parsed = []
     for row in rows:
         try:

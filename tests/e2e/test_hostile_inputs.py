@@ -89,7 +89,7 @@ def refused(fn, path, *needles: str, error: type = ConfigError) -> str:
 def test_alias_bomb_is_refused_by_every_loader(tmp_path):
     from engine.config.benchmark import load_benchmark_config
     from engine.config.kernel import load_kernel_config
-    from engine.runs.launch import check_config
+    from engine.jobs.query import check_config
     bomb = alias_bomb(tmp_path / "bomb.yaml")
     refused(load_located_yaml, bomb, f"{bomb}:6:", f"{MAX_ALIAS_NODES:,}", "alias")  # the alias that went over
     refused(load_yaml_file, bomb, "alias")
@@ -144,7 +144,7 @@ def test_fifo_and_directory_configs_are_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file \\(a FIFO\\)"):
         within(10, load_located_yaml, fifo, fifos=(fifo,))
-    from engine.runs.launch import check_config
+    from engine.jobs.query import check_config
     check, _ = within(10, check_config, fifo, fifos=(fifo,))
     assert any("a FIFO" in p for p in check.problems), check.problems
     with pytest.raises(ConfigError, match="a directory"):

@@ -164,9 +164,10 @@ async def test_runs_lists_recorded_runs_and_follows_a_live_one(app, project):
 
 @pytest.mark.slow
 async def test_cancel_a_real_run_from_the_runs_screen(app, project):
-    from engine.runs.launch import LaunchRequest, start_run
-    started = start_run(LaunchRequest("benchmark", project / "benchmarks" / "builtin_tiny_cpu.yaml",
-                                      project / "results", num_prompts=4000))
+    from engine.jobs.launch import form_request
+    from magpie_tui.launching import start_run
+    started = start_run(form_request("benchmark", project / "benchmarks" / "builtin_tiny_cpu.yaml", num_prompts=4000),
+                        project / "results")
     try:
         async with app.run_test(size=SIZE) as pilot:
             await open_runs(pilot, app)

@@ -19,7 +19,8 @@ async def test_the_form_prepares_each_request_once_and_starts_what_it_showed(app
     monkeypatch.setattr(BenchmarkRequest, "_prepare_one",
                         lambda self, *a, **k: calls.append(self.flags.given()) or real(self, *a, **k))
     started = []
-    monkeypatch.setattr(launch_screen, "start_run", lambda req, prepared=None: started.append((req, prepared)))
+    monkeypatch.setattr(launch_screen, "start_run",
+                        lambda req, output_dir=None, prepared=None: started.append((req, prepared)))
     async with app.run_test(size=SIZE) as pilot:
         await wait_screen(pilot, app, ConfigsScreen)
         app.screen.select(project / "benchmarks" / "builtin_tiny_cpu.yaml")
@@ -36,4 +37,4 @@ async def test_the_form_prepares_each_request_once_and_starts_what_it_showed(app
         await pilot.pause()
     assert len(calls) == 3  # the start checked nothing again
     (req, prepared), = started
-    assert req.concurrency == 3 and prepared.config.envs["CONC"] == "3"
+    assert req.flags.concurrency == 3 and prepared.config.envs["CONC"] == "3"

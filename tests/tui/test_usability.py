@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from tui.conftest import build_app, find_run, open_runs, wait_for, wait_screen
 
-from engine.runs.launch import StartedRun, check_config
+from engine.jobs.query import check_config
+from magpie_tui.launching import StartedRun
 from engine.runs.workspace import Workspace
 from magpie_tui.screens.configs import ConfigsScreen
 from magpie_tui.screens.confirm import ConfirmScreen
@@ -528,8 +529,9 @@ def test_rerun_of_a_benchmark_starts_from_its_recorded_config_without_the_record
     catalog.refresh()
     bench = next(r for r in catalog.sorted_runs() if r.mode == "benchmark")
     request = rerun_request(bench, tmp_path / "results")
-    assert request.mode == "benchmark" and request.config.exists()
-    assert check_config(request.config).ok, check_config(request.config).problems  # no 'overrides' key
+    assert request.mode == "benchmark" and Path(request.benchmark_config).exists()
+    check = check_config(request.benchmark_config)
+    assert check.ok, check.problems  # no 'overrides' key
 
 
 async def test_edit_opens_the_editor_and_revalidates(app, project, monkeypatch, tmp_path):

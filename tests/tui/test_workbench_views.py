@@ -140,7 +140,7 @@ def add_capacity_run(project: Path) -> Path:
 
 def test_a_benchmark_without_config_yaml_is_rebuilt_from_its_report(project, tmp_path):
     from engine.runs.catalog import RunCatalog
-    from engine.runs.launch import check_config
+    from engine.jobs.query import check_config
     from magpie_tui.rerun import plan_rerun
     run = add_capacity_run(project)
     (run / "config.yaml").unlink()
@@ -150,8 +150,8 @@ def test_a_benchmark_without_config_yaml_is_rebuilt_from_its_report(project, tmp
     plan = plan_rerun(info, tmp_path / "results", project_dir=project)
     assert plan.source.startswith(f"no config.yaml in {run.name}: rebuilt from benchmark_report.json (framework")
     assert "every other field takes its default" in plan.source
-    assert check_config(plan.request.config).ok, check_config(plan.request.config).problems
-    bench = yaml.safe_load(plan.request.config.read_text())["benchmark"]
+    assert check_config(plan.config).ok, check_config(plan.config).problems
+    bench = yaml.safe_load(plan.config.read_text())["benchmark"]
     assert bench["framework"] == "builtin" and bench["server"] == {"size": "tiny", "max_batch": 16}
     assert bench["envs"]["ISL"] == "32" and bench["client"]["repeats"] == 3
     assert bench["client"]["find_capacity"] == {"ttft": 60.0, "tpot": 15.0}

@@ -73,12 +73,13 @@ def test_the_mcp_benchmark_tool_takes_every_override_and_nothing_else(tmp_path):
 
 
 def test_the_launch_form_offers_the_models_common_overrides():
-    import dataclasses
+    import inspect
 
-    from engine.runs.launch import BENCH_FORM_FIELDS, LaunchRequest
+    from engine.jobs.launch import BENCH_FORM_FIELDS, FORM_FIELDS, form_request
     from magpie_tui.screens import launch as screen
     assert set(BENCH_FORM_FIELDS.values()) == {name for name, meta in OVERRIDES.items() if meta.form}
-    assert set(BENCH_FORM_FIELDS) <= {f.name for f in dataclasses.fields(LaunchRequest)}
+    assert set(BENCH_FORM_FIELDS) <= set(FORM_FIELDS)
+    assert set(FORM_FIELDS) == set(inspect.signature(form_request).parameters) - {"mode", "config"}
     # The form's inputs in benchmark mode: every one an override of the model.
     shown = set(screen._INT_FIELDS + screen._FLOAT_FIELDS + ("profiler",)) - set(screen._KERNEL_FIELDS)
     assert shown == set(BENCH_FORM_FIELDS)

@@ -13,7 +13,9 @@ import pytest
 from engine.config.yamlfile import ConfigError
 from engine.runs.catalog import CancelRefused, RunCatalog, cancel_run, parse_run_name
 from engine.runs.process import process_identity
-from engine.runs.launch import LaunchRequest, check_config, effective_config, find_console_log, start_run
+from engine.jobs.api import submit
+from engine.jobs.launch import command_line, effective_config, find_console_log, form_request, launch_cwd
+from engine.jobs.query import check_config
 from engine.runs.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,16 +126,17 @@ def test_check_config_kinds_and_errors(tmp_path):
 
 
 def test_effective_config_records_overrides(tmp_path):
-    req = LaunchRequest("benchmark", BENCH_CPU, tmp_path, concurrency=2, profiler=False)
+    req = form_request("benchmark", BENCH_CPU, concurrency=2, profiler=False)
     cfg, overrides, _ = effective_config(req)
     fields = {o["field"]: o for o in overrides}
     assert fields["benchmark.envs.CONC"]["cli"] == "2"
     assert cfg["benchmark"]["profiler"]["torch_profiler"]["enabled"] is False
-    assert "--no-torch-profiler" in req.argv() and "--concurrency" in req.argv()
-    req = LaunchRequest("compare", SOFTMAX, tmp_path, repeats=2)
+    argv = command_line(req, tmp_path)
+    assert "--no-torch-profiler" in argv and "--concurrency" in argv
+    req = form_request("compare", SOFTMAX, repeats=2)
     with pytest.raises(ConfigError, match="at least 3"):
         effective_config(req)
-    req = LaunchRequest("compare", SOFTMAX, tmp_path, repeats=5, baseline="one_pass")
+    req = form_request("compare", SOFTMAX, repeats=5, baseline="one_pass")
     cfg, overrides, _ = effective_config(req)
     assert cfg["baseline"]["id"] == "one_pass" and cfg["settings"]["repeats"] == 5
 
@@ -143,7 +146,8 @@ def test_a_launch_that_does_not_check_out_starts_nothing(tmp_path):
     bad = tmp_path / "k.yaml"
     bad.write_text("kernels:\n  - id: a\n    sorce: missing.py\n")
     with pytest.raises(ConfigError) as err:
-        start_run(LaunchRequest("analyze", bad, tmp_path / "results"))
+        req = form_request("analyze", bad)
+        submit(req, tmp_path / "results", executor="local-process", cwd=launch_cwd(req))
     assert any(f"{bad}:3" in p and "sorce" in p for p in err.value.problems)
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
@@ -152,18 +156,20 @@ def test_started_run_is_detached_and_found_by_its_pid(tmp_path):
     cfg = tmp_path / "k.yaml"
     cfg.write_text("kernels:\n  - id: a\n    type: cuda\n    testcase_command: 'true'\n"
                    "  - id: b\n    type: cuda\n    testcase_command: 'true'\n")
-    started = start_run(LaunchRequest("compare", cfg, tmp_path / "results"))
+    req = form_request("compare", cfg)
+    job = submit(req, tmp_path / "results", executor="local-process", cwd=launch_cwd(req))
+    started = job.execution
     try:
         assert os.getpgid(started.pid) == started.pid  # its own group: our Ctrl-C never reaches it
     except ProcessLookupError:
         pass  # already exited and reaped: the group check cannot be made
     assert started.process.wait(timeout=120) == 1  # completed; nothing to time on this machine
-    assert started.run_dir is not None and started.run_dir.parent == (tmp_path / "results").resolve()
+    assert job.run_dir is not None and job.run_dir.parent == (tmp_path / "results").resolve()
     assert find_console_log(tmp_path / "results", started.pid) == started.console_log
-    assert f"workspace: {started.run_dir}" in started.console_log.read_text()
+    assert f"workspace: {job.run_dir}" in started.console_log.read_text()
     runs = RunCatalog([tmp_path / "results"]).refresh()
-    assert [r.path for r in runs] == [started.run_dir] and runs[0].state == "completed"
-    assert started.argv[3:5] == ["compare", "-k"]  # the equivalent command line, for the screen
+    assert [r.path for r in runs] == [job.run_dir] and runs[0].state == "completed"
+    assert command_line(req, tmp_path / "results")[3:5] == ["compare", "-k"]  # the equivalent command line
 
 
 def test_refresh_opens_only_grown_events_files_and_the_quick_check_reads_only_live_runs(tmp_path, monkeypatch):
