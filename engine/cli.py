@@ -12,12 +12,8 @@ from typing import Any, NoReturn, Optional, Sequence
 
 from rich.console import Console
 
-from engine import __version__
-from engine.config.overrides import add_cli_flags, from_cli_args
-from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError, format_error
-from engine.extras import MissingExtra
-from engine.runs.process import CancelToken, install_signal_handlers
+from engine.jobs.query import ConfigError, MissingExtra, __version__
 
 EXIT_CONFIG = 2
 
@@ -98,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_optimize_flags(p: argparse.ArgumentParser) -> None:
-    from engine.loop.schema import STEP_NAMES
+    from engine.jobs.query import STEP_NAMES
     p.add_argument("-b", "--benchmark-config", help="the clean benchmark YAML the loop measures and profiles")
     p.add_argument("-o", "--output-dir", default="./results", help="results root (default ./results)")
     p.add_argument("--resume", metavar="LOOP_DIR", help="continue a loop where it stopped (a killed step restarts)")
@@ -115,6 +111,7 @@ def _add_optimize_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
+    from engine.jobs.requests import add_cli_flags
     b = p.add_argument_group("serving benchmark")
     b.add_argument("framework", nargs="?", choices=["vllm", "sglang", "atom", "builtin"],
                    help="server to benchmark (or benchmark.framework in -b)")
@@ -186,7 +183,7 @@ class _RunProgress:
     and once at the end with the report's figures."""
 
     def __init__(self, mode: str, every_s: float = 10.0) -> None:
-        from engine.runs.catalog import RunInfo
+        from engine.jobs.query import RunInfo
         self.mode, self.every_s = mode, every_s
         self.info = RunInfo(path=Path("."))
         self._last, self._shown_at = "", 0.0
@@ -198,7 +195,7 @@ class _RunProgress:
             pass
 
     def _show(self, event: dict) -> None:
-        from engine.runs.state import status_text
+        from engine.jobs.query import status_text
         if not self.info.apply(dict(event)):
             return
         status = self.info.status
@@ -212,7 +209,7 @@ class _RunProgress:
 
 
 def _run_kernels(args: argparse.Namespace, console: Console) -> int:
-    from engine.jobs import KernelRequest, run_request
+    from engine.jobs import KernelRequest, cancel_on_signals, run_request
 
     request = KernelRequest(
         mode=args.command, kernels=list(args.kernels), kernel_config=args.kernel_config,
@@ -224,12 +221,12 @@ def _run_kernels(args: argparse.Namespace, console: Console) -> int:
         tie_margin=getattr(args, "tie_margin", None), cwd=str(Path.cwd()))
     prepared = request.prepare()
     if args.dry_run:  # the plan, from the engine; nothing starts
-        for line in prepared.plan.plan_lines():
+        from engine.jobs.query import plan_lines
+        for line in plan_lines(prepared):
             console.print(line, highlight=False, markup=False, soft_wrap=True)
         return 0
     _print_prepared(prepared)
-    cancel = CancelToken()
-    install_signal_handlers(cancel)
+    cancel = cancel_on_signals()
     outcome = run_request(request, args.output_dir, cancel=cancel, prepared=prepared,
                           sink=_KernelProgress(args.command, len(prepared.plan.kernels), args.verbose))
     for r in outcome.display:
@@ -250,7 +247,7 @@ def _where_next(outcome: Any) -> None:
 def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
-    from engine.jobs import TraceRequest, run_request
+    from engine.jobs import TraceRequest, cancel_on_signals, run_request
 
     request = TraceRequest(
         trace_dir=args.trace_dir, stages=args.stages, top_k=args.top_k, start_pct=args.start_pct,
@@ -260,8 +257,7 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
         gpu_arch=args.gpu_arch)
     prepared = request.prepare()
     opts = prepared.options
-    cancel = CancelToken()
-    install_signal_handlers(cancel)  # SIGTERM / Ctrl-C: a cancelled report, as in the other modes
+    cancel = cancel_on_signals()  # SIGTERM / Ctrl-C: a cancelled report, as in the other modes
     outcome = run_request(request, args.output_dir, prepared=prepared, log=_log, cancel=cancel)
     result = outcome.details
     if result is None:
@@ -295,7 +291,7 @@ _COMPARED = ("request_throughput", "output_throughput", "total_token_throughput"
 def _compare_reports(paths: list[str], console: Console, allow_different_workloads: bool = False) -> int:
     from rich.table import Table
 
-    from engine.bench.report_compare import ReportCompareError, compare_runs
+    from engine.jobs.query import ReportCompareError, compare_runs
 
     try:
         cmp = compare_runs(paths[0], paths[1], allow_different_workloads=allow_different_workloads)
@@ -329,21 +325,21 @@ def _compare_reports(paths: list[str], console: Console, allow_different_workloa
 
 
 def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
-    from engine.jobs import BenchmarkRequest, run_request
+    from engine.jobs import BenchmarkRequest, cancel_on_signals, run_request
+    from engine.jobs.requests import from_cli_args
 
     flags = from_cli_args(args)
     request = BenchmarkRequest(benchmark_config=args.benchmark_config, framework=args.framework, flags=flags,
                                batch=args.batch, environment=args.environment, ray_address=args.ray_address)
     prepared = request.prepare(plan_only=args.dry_run)
     if args.dry_run:
-        from engine.bench.plan import benchmark_plan, format_plan
-        for line in format_plan(benchmark_plan(prepared, args.output_dir or "./results")):
+        from engine.jobs.query import plan_lines
+        for line in plan_lines(prepared, args.output_dir or "./results"):
             print(line)
         print("dry run: nothing was started")
         return 0
     _print_prepared(prepared)
-    cancel = CancelToken()
-    install_signal_handlers(cancel)
+    cancel = cancel_on_signals()
     outcome = run_request(request, args.output_dir or "./results", cancel=cancel, prepared=prepared, log=_log,
                           sink=_RunProgress("benchmark"))
     for text in outcome.display:
@@ -353,29 +349,28 @@ def _run_benchmark(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_optimize(args: argparse.Namespace, console: Console) -> int:
-    from engine.jobs import LoopRequest, run_request
+    from engine.jobs import LoopRequest, cancel_on_signals, run_request
+    from engine.jobs.query import loop_status
     from engine.jobs.requests import notices
-    from engine.loop.run import format_status
 
     if args.status:
-        console.print(format_status(args.status), highlight=False, markup=False)
+        console.print(loop_status(args.status), highlight=False, markup=False)
         return 0
     request = LoopRequest(benchmark_config=args.benchmark_config, resume=args.resume, until=args.until,
                           kernel=args.kernel, candidates=args.candidates, library=args.library)
     prepared = request.prepare()
     if args.dry_run:
-        from engine.loop.run import loop_plan_lines
-        for line in loop_plan_lines(prepared, args.output_dir):
+        from engine.jobs.query import plan_lines
+        for line in plan_lines(prepared, args.output_dir):
             print(line)
         print("dry run: nothing was started")
         return 0
     for line in notices(prepared):
         print(line, file=sys.stderr)
-    cancel = CancelToken()
-    install_signal_handlers(cancel)
+    cancel = cancel_on_signals()
     outcome = run_request(request, args.output_dir if not args.resume else None, cancel=cancel, prepared=prepared,
                           log=_log)
-    console.print(format_status(str(outcome.workspace)), highlight=False, markup=False)
+    console.print(loop_status(outcome.workspace), highlight=False, markup=False)
     return outcome.exit_code
 
 
@@ -395,8 +390,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # A pipe or a file gets a wide table instead of rich's 80-column default.
     console = Console(width=None if sys.stdout.isatty() else 160)
     if args.gpu_info:
-        from engine.hw.detect import detect_gpu, format_gpu_info
-        console.print(format_gpu_info(detect_gpu()), highlight=False, markup=False)
+        from engine.jobs.query import gpu_info_text
+        console.print(gpu_info_text(), highlight=False, markup=False)
         return 0
     if not args.command:
         parser.print_help()

@@ -14,17 +14,16 @@ import anyio
 import yaml
 from mcp.server.mcpserver import Context
 
-from engine import safeio
-from engine.config.overrides import BenchmarkOverrides, mcp_names
 from engine.jobs import BenchmarkRequest, LoopRequest, TraceRequest
+from engine.jobs import query as safeio  # the safe reads: a FIFO or a device is refused, never waited on
 from engine.jobs.api import JobError
-from engine.jobs.requests import REQUEST_FILE
+from engine.jobs.query import RunCatalog, RunInfo, read_new_events
+from engine.jobs.requests import REQUEST_FILE, BenchmarkOverrides, mcp_names
 from engine.mcp import results as res
 from engine.mcp.confine import COMMAND_KEYS  # noqa: F401 - the keys of an inline config that are command lines
 from engine.mcp.jobs import describe, run_file_uri
 from engine.mcp.security import AccessRefused
 from engine.mcp.server import State, add_tool, dump_yaml, wait_with_progress
-from engine.runs.catalog import RunCatalog, RunInfo, read_new_events
 from engine.runs.schema import BENCHMARK_REPORT
 
 BATCH_NOTE = ("the points are one batch job (magpie benchmark --batch) run by a detached process: it outlives "
@@ -274,7 +273,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                                gpu_arch=gpu_arch or None)
 
         def start() -> Any:
-            from engine.trace.discover import workspace_of
+            from engine.jobs.query import workspace_of
             # Into the benchmark run that recorded the trace, as the command line does; else a new run.
             out = None if (not output_dir and workspace_of(target) is not None) else state.output_dir(output_dir)
             return state.book.submit(request, out)
@@ -333,7 +332,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         workload (the effective configs and reports differ in nothing but the server's kernels); otherwise the
         result is refused (success false, refused true) with every difference listed, unless
         allow_different_workloads is true: then the differences come with each comparison."""
-        from engine.bench.report_compare import compare_runs
+        from engine.jobs.query import compare_runs
         if len(workspace_dirs) < 2:
             raise AccessRefused("workspace_dirs: give at least two runs")
         if labels and len(labels) != len(workspace_dirs):
@@ -423,7 +422,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
 
     def optimize_status(loop_dir: str) -> dict:
         """The loop's chain of steps (state, time, run folder, result) as loop.json records it."""
-        from engine.loop.run import format_status
+        from engine.jobs.query import format_status
         folder = state.run_dir(loop_dir, "loop_dir")
         loop = state.read_json(folder / "loop.json", "loop_dir loop.json")
         return {"loop_dir": str(folder), "status_text": format_status(str(folder)), "loop": loop}

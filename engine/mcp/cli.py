@@ -76,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         from engine.mcp.server import ServerOptions, build_server
     except ImportError as exc:  # the mcp extra is not installed: one line, not a traceback
-        from engine.extras import missing_extra_error
+        from engine.jobs.query import missing_extra_error
         missing = missing_extra_error(exc, "mcp", "magpie mcp (the MCP server)")
         if missing is None:
             raise

@@ -59,18 +59,15 @@ def _split_kernel(value: str) -> tuple[str, str]:
 def bundled_kernels() -> frozenset[str]:
     """``module:function`` of every kernel that ships with the engine: the library's catalog, the
     server's Triton defaults and its PyTorch references."""
-    from engine.library import CATALOG
-    from engine.serve.kernels import _DEFAULTS, TRITON_DEFAULTS
-    paths = {k.path for k in CATALOG} | set(TRITON_DEFAULTS.values())
-    paths |= {f"engine.serve.kernels:{fn.__name__}" for fn in _DEFAULTS.values()}
-    return frozenset(paths)
+    from engine.jobs.query import bundled_kernel_paths
+    return bundled_kernel_paths()
 
 
 def engine_images(framework: Optional[str]) -> tuple[str, ...]:
     """The images the engine itself runs ``framework``'s server in (one per GPU arch family), in the
     table's order; none for a framework without one (the built-in server) or for kernels (None)."""
-    from engine.bench.docker_launch import IMAGES
-    return tuple(dict.fromkeys(IMAGES.get(framework or "", {}).values()))
+    from engine.jobs.query import server_images
+    return tuple(dict.fromkeys(server_images().get(framework or "", {}).values()))
 
 
 def is_engine_image(image: str, framework: Optional[str]) -> bool:
@@ -183,7 +180,7 @@ class Confinement:
         """The ``benchmark:`` mapping of a config (``$VAR`` expanded as the loader does): every
         path in it under a root; with ``inline``, command keys and kernel overrides that are
         code need --allow-commands."""
-        from engine.config.yamlfile import expand_env_vars
+        from engine.jobs.query import expand_env_vars
         if not isinstance(body, dict):
             return
         if inline:
@@ -208,7 +205,7 @@ class Confinement:
 
     def benchmark_file(self, path: Path, where: str) -> None:
         """A benchmark YAML on disk (already resolved under a root): what it names."""
-        from engine.config.yamlfile import load_located_yaml
+        from engine.jobs.query import load_located_yaml
         data = load_located_yaml(path).data
         if isinstance(data, dict):
             self.benchmark_body(data.get("benchmark"), f"{where} ({path})", inline=False)
@@ -224,16 +221,8 @@ class Confinement:
 
     def batch_file(self, path: Path, where: str) -> None:
         """A batch YAML (magpie benchmark --batch): each point's config under a root, and what it names."""
-        from engine.cluster.batch import BatchFile, _points_of
-        from engine.config.yamlfile import load_located_yaml
-        doc = load_located_yaml(path)
-        if not isinstance(doc.data, dict):
-            return
-        try:
-            data = BatchFile.model_validate(doc.data)
-        except Exception:  # noqa: BLE001 - the engine names the problem when it loads the file
-            return
-        for at, config, flags in _points_of(data, doc.path.resolve().parent, where):
+        from engine.jobs.query import batch_points
+        for at, config, flags in batch_points(path, where):
             resolved = self.path(config, at)
             self.benchmark_file(resolved, at)
             self.flags(flags, at)

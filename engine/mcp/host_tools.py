@@ -68,14 +68,15 @@ def register(app: Any, state: State) -> None:  # noqa: ARG001 - the registry's s
         and --docker-image win). Magpie's keys: images{framework:{arch:image}} and details{framework:{arch:
         {image, runner_type}}}; with check_local, each detail also says whether the image is on this machine's
         Docker engine (id, digests, size), and docker says whether the engine answered."""
-        from engine.bench.docker_launch import IMAGES
-        if framework and framework not in IMAGES:
+        from engine.jobs.query import server_images
+        images = server_images()
+        if framework and framework not in images:
             if framework == "builtin":
                 raise AccessRefused("framework builtin: the built-in server runs on this machine (run_mode local) "
                                     "and has no image")
             raise AccessRefused(f"framework {framework!r}: no image table (frameworks with images: "
-                                f"{', '.join(sorted(IMAGES))})")
-        table = {fw: dict(archs) for fw, archs in IMAGES.items() if not framework or fw == framework}
+                                f"{', '.join(sorted(images))})")
+        table = {fw: dict(archs) for fw, archs in images.items() if not framework or fw == framework}
         details = {fw: {arch: {"image": image, "runner_type": "docker"} for arch, image in archs.items()}
                    for fw, archs in table.items()}
         out: dict[str, Any] = {"images": table, "details": details,

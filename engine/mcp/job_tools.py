@@ -6,10 +6,10 @@ from typing import Any, Optional
 import anyio
 from mcp.server.mcpserver import Context
 
+from engine.jobs.query import CancelRefused, RunInfo
 from engine.mcp.jobs import describe
 from engine.mcp.results import ResultError
 from engine.mcp.server import State, add_tool, wait_with_progress
-from engine.runs.catalog import CancelRefused, RunInfo
 
 
 def register(app: Any, state: State) -> None:

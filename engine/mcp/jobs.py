@@ -18,8 +18,8 @@ from typing import Any, Optional
 from engine.errors import MagpieError
 from engine.jobs import Job, attach, submit
 from engine.jobs.api import JobError
+from engine.jobs.query import FINISHED_STATES, RunCatalog, RunInfo, read_new_events
 from engine.mcp.security import AccessRefused
-from engine.runs.catalog import FINISHED_STATES, RunCatalog, RunInfo, read_new_events
 
 EXECUTOR = "local-process"  # a detached child: a job outlives the tool call and the server
 

@@ -10,8 +10,8 @@ already on disk (kernel_config) is run as the command line runs it, with the sam
 from pathlib import Path
 from typing import Any, Optional
 
-from engine.config.kernel import KERNEL_TYPES, TYPE_ALIASES, load_kernel_config
 from engine.jobs import KernelRequest
+from engine.jobs.query import KERNEL_TYPES, TYPE_ALIASES, load_kernel_config
 from engine.mcp.jobs import describe
 from engine.mcp.security import AccessRefused
 from engine.mcp.server import State, add_tool, dump_yaml
@@ -104,7 +104,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         """The GPUs this host's runtime sees (nvidia-smi / amd-smi / rocminfo), with compiler, profilers and
         the arch spec (peak FLOP/s per dtype, bandwidth; measured or datasheet, labelled). Magpie's keys:
         gpu_count, and gpu (device_id) or gpus (include_all)."""
-        from engine.hw.detect import detect_gpu
+        from engine.jobs.query import detect_gpu
         info = detect_gpu()
         if info is None:
             return {"gpu_count": 0, "gpu": None, "note": "no GPU seen by nvidia-smi, amd-smi or rocminfo"}
@@ -232,7 +232,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                          include_examples: bool = True) -> dict:
         """Kernel definitions in a local project (CUDA/HIP __global__ functions, Triton @jit kernels, ATen
         kernel functors), from the engine's source index, with a suggested config per kernel."""
-        from engine.sources.index import build_index
+        from engine.jobs.query import build_index
         if kernel_type not in _MAGPIE_TYPES:
             raise AccessRefused(f"kernel_type {kernel_type!r}: one of {', '.join(_MAGPIE_TYPES)}")
         root = state.path(project_path, "project_path")
@@ -263,8 +263,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         and the fix; a valid config comes with its plan (benchmark: the server's command line and
         environment, image, GPUs, points with their length bounds, profiling; kernel: each kernel's folder,
         commands, correctness and timing) and what only this machine lacks (machine_problems)."""
-        from engine.bench.plan import benchmark_plan
-        from engine.config.yamlfile import ConfigError, load_located_yaml
+        from engine.jobs.query import ConfigError, benchmark_plan, load_located_yaml
         from engine.jobs.requests import BenchmarkRequest
         path = state.path(config_path, "config_path")
         if kind in ("auto", "benchmark"):
@@ -283,12 +282,12 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                 plan = benchmark_plan(prepared, str(state.results))
                 warnings = list(prepared.warnings)
             else:
-                from engine.kernels.describe import describe_plan
+                from engine.jobs.query import kernel_plan
                 request = KernelRequest(mode="compare" if _entries(path) > 1 else "analyze", kernel_config=str(path),
                                         cwd=str(state.roots.first))
                 prepared_k = request.prepare()
                 tools._check_plan_paths(request, prepared_k)
-                plan, warnings = describe_plan(prepared_k.plan), list(prepared_k.warnings)
+                plan, warnings = kernel_plan(prepared_k), list(prepared_k.warnings)
         except ConfigError as exc:
             return {"valid": False, "kind": kind, "path": str(path), "problems": exc.problems, "warnings": []}
         return {"valid": True, "kind": kind, "path": str(path), "problems": [], "warnings": warnings, "plan": plan,

@@ -8,8 +8,8 @@ import csv
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from engine import safeio
 from engine.errors import MagpieError
+from engine.jobs import query as safeio  # the safe reads: a FIFO or a device is refused, never waited on
 from engine.runs.schema import BENCHMARK_REPORT, REPORT_FILES
 
 ROOFLINE_SUFFIX = "_kernel_roofline_simple.csv"

@@ -30,9 +30,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from pydantic import ConfigDict
 
-from engine import __version__
-from engine.config.yamlfile import ConfigError
 from engine.errors import MagpieError
+from engine.jobs.query import ConfigError, __version__
 from engine.mcp import results as res
 from engine.mcp.confine import Confinement
 from engine.mcp.jobs import JobBook, describe, run_file_uri
