@@ -35,6 +35,13 @@ def pytest_configure(config):
                    "first time; a server start ~1 min); opt-in: python -m pytest -m vllm")
 
 
+def pytest_unconfigure(config):
+    """Harness workers run in this process in some tests, and a worker freezes its heap
+    (engine.kernels.worker._settle_heap): thaw it, so that the exit finalizes everything as usual."""
+    import gc
+    gc.unfreeze()
+
+
 def pytest_collection_modifyitems(config, items):
     """`vllm` tests run only when the -m expression names them; the default run skips them."""
     if "vllm" in (config.getoption("markexpr", "") or ""):

@@ -116,6 +116,9 @@ def test_a_compare_holds_about_three_times_one_calls_memory(tmp_path, monkeypatc
     monkeypatch.setattr(harness, "CHUNK_BYTES", 1 << 20)
     monkeypatch.setattr(worker, "CHUNK_BYTES", 1 << 20)
     _compare_run(tmp_path, 8, 64)  # imports and first uses, outside the measurement
+    gc.collect()
+    gc.freeze()  # each request's collection below then scans only what the compare made
+    monkeypatch.setattr(gc, "freeze", lambda: None)  # and the workers' own freezes keep off the test's heap
     rows, cols = 1280, 8192  # 40 MiB of inputs, as much output: M = 80 MiB
     m = 2 * rows * cols * 4
     # An audit batch's inputs plus two outputs within this budget: one call per batch here.
