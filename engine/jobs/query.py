@@ -208,11 +208,6 @@ def _kernel_entries(path: Path) -> int:
     return len(kernels) if isinstance(kernels, list) else 1
 
 
-def kernel_entries(path: Union[Path, str]) -> int:
-    """How many kernels a kernel YAML lists (``kernel:`` counts one; 0 when it cannot be read)."""
-    return _kernel_entries(Path(path))
-
-
 # --------------------------------------------------------------------------- YAML configs
 def read_yaml(path: Union[Path, str], what: str = "a config") -> Any:
     """A YAML file's data through the one safe loader (a FIFO, a huge file, binary or an alias bomb
