@@ -224,11 +224,7 @@ def format_plan(plan: dict[str, Any], indent: str = "") -> list[str]:
 
 
 def _notes(plan: dict[str, Any], indent: str) -> list[str]:
-    from engine.jobs.requests import notices
-
-    class _P:  # notices() reads .warnings and .overrides
-        warnings = plan.get("warnings") or []
-        overrides = plan.get("overrides") or []
+    from engine.config.overrides import notice_lines
     machine = [f"this machine: {m} (the config is fine; a run here would stop)"
                for m in plan.get("machine_problems") or []]
-    return [f"{indent}{line}" for line in notices(_P) + machine]
+    return [f"{indent}{line}" for line in notice_lines(plan.get("warnings") or [], plan.get("overrides") or []) + machine]

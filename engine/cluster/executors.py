@@ -1,4 +1,5 @@
-"""The ``ray`` and ``container`` executors of the job API.
+"""The ``ray`` and ``container`` executors, registered by name into the job API's registry
+(``engine.jobs.api.EXECUTORS``); this module does not import the job API.
 
 A job on Ray or in a container is the same job as a local one: its run folder is made here, its
 driver (the mode's life cycle: events, report, summary) runs where that folder is, as a
@@ -17,21 +18,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from engine.errors import MagpieError
+from engine.jobs.executors import InProcessExecutor, LocalProcessExecutor
+from engine.jobs.requests import BenchmarkRequest, KernelRequest
 
 
 class ExecutorError(MagpieError):
     title = "executor"
-
-
-def evaluator_for(plan: Any, ws: Any, machine: Any, cancel: Any) -> Any:
-    """The Evaluator of a plan whose environment is not local."""
-    if plan.environment == "ray":
-        from engine.cluster.ray_eval import RayEvaluator
-        return RayEvaluator(plan, ws, machine, cancel)
-    if plan.environment == "container":
-        from engine.cluster.container import ContainerEvaluator
-        return ContainerEvaluator(plan, ws, machine, cancel)
-    raise ExecutorError(f"no evaluator for environment {plan.environment!r}")
 
 
 class _ClusterExecutor:
@@ -45,7 +37,6 @@ class _ClusterExecutor:
 
     def adapt_request(self, request: Any) -> Any:
         """The request, pointed at this executor's environment (and its options)."""
-        from engine.jobs.requests import BenchmarkRequest, KernelRequest
         if not isinstance(request, (KernelRequest, BenchmarkRequest)):
             raise ExecutorError(f"a {request.mode} job runs on this machine: use executor local-process or in-process")
         update = {"environment": self.environment, **self._request_fields(request)}
@@ -59,7 +50,6 @@ class _ClusterExecutor:
         return {"environment": self.environment, "driver": self.driver, **self.options}
 
     def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Any:
-        from engine.jobs.api import InProcessExecutor, LocalProcessExecutor
         inner = InProcessExecutor() if self.driver == "in-process" else LocalProcessExecutor(cwd=self.cwd)
         return inner.start(request, run_dir, request_file, prepared)
 
@@ -84,7 +74,6 @@ class ContainerExecutor(_ClusterExecutor):
         super().__init__(driver, cwd, **({"image": image} if image else {}))
 
     def adapt_request(self, request: Any) -> Any:
-        from engine.jobs.requests import KernelRequest
         if not isinstance(request, KernelRequest):
             raise ExecutorError("the container executor evaluates kernels (analyze, compare); a benchmark's server "
                                 "runs in a container with run_mode: docker")
@@ -94,6 +83,3 @@ class ContainerExecutor(_ClusterExecutor):
         image = self.options.get("image")
         return {"docker_image": image} if image else {}
 
-
-def make_executor(name: str, **options: Any) -> Any:
-    return {"ray": RayExecutor, "container": ContainerExecutor}[name](**options)

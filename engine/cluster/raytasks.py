@@ -383,9 +383,9 @@ def kernel_task(payload: dict) -> dict:
 
 # ---------------------------------------------------------------------- benchmark points
 def benchmark_point_task(payload: dict) -> dict:
-    """One point of a batch: the benchmark mode, as on this machine, in a folder of its own."""
+    """One point of a batch: the benchmark mode (``payload["run"]``, the driver's ``run_benchmark``),
+    as on this machine, in a folder of its own."""
 
-    from engine.jobs.modes import run_benchmark
     from engine.runs.workspace import Workspace
 
     token, info, skipped = _start(payload)
@@ -402,7 +402,7 @@ def benchmark_point_task(payload: dict) -> dict:
         forward = _StageForwarder(payload, _sorted_pairs([(new, old) for old, new in pairs]))
         ws.events.listeners.append(forward)
         try:
-            outcome = run_benchmark(request, cancel=token, workspace=ws)
+            outcome = payload["run"](request, cancel=token, workspace=ws)
         finally:
             forward.flush()
         return {"state": outcome.state, "exit_code": outcome.exit_code, "report": outcome.report, "node": info,

@@ -303,5 +303,12 @@ def parse_goodput(items: Optional[list[str]], flag: str = "--goodput") -> Option
     return out
 
 
+def notice_lines(warnings: list[str], overrides: list[dict]) -> list[str]:
+    """The lines printed before a run starts: its warnings, then each flag that replaced a value of
+    the config file (the records of ``apply_cli_overrides``)."""
+    return ([f"warning: {w}" for w in warnings]
+            + [f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})" for o in overrides])
+
+
 __all__ = ["BenchmarkOverrides", "OVERRIDES", "Override", "add_cli_flags", "config_value", "from_cli_args",
-           "mcp_names", "parse_goodput", "parse_sweep", "unknown_override"]
+           "mcp_names", "notice_lines", "parse_goodput", "parse_sweep", "unknown_override"]

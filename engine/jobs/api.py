@@ -7,32 +7,31 @@
     job.cancel()                 # the report is still written, state "cancelled"
     attach(job.run_dir)          # the same job from another process, after the caller went away
 
-Where the work runs is an executor behind one small protocol (``Executor.start`` returns an
-``Execution``): ``in-process`` (a thread of the caller) and ``local-process`` (a detached child
-in its own session and process group that outlives the caller) ship here; the container and Ray
-executors register the same way. What crosses to an executor is plain data: the request (JSON),
-the run folder's path, a cancel that is a call or a signal, never a closure.
+Where the work runs is an executor looked up by name in ``EXECUTORS``: ``in-process`` and
+``local-process`` (``engine.jobs.executors``), ``ray`` and ``container``
+(``engine.cluster.executors``), registered here like any other with ``register_executor``. The
+modes below know none of them; an executor knows the modes, never this module.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol, Union
+from typing import Any, Optional, Union
 
+from engine.cluster.executors import ContainerExecutor, RayExecutor
 from engine.errors import MagpieError
-from engine.jobs.modes import JobOutcome, request_file_for, run_request, workspace_for
+# The executors of this machine and their helpers, importable from here as before.
+from engine.jobs.executors import (  # noqa: F401
+    CANCEL_SIGNALS, Execution, Executor, InProcessExecutor, LocalProcessExecutor, cancel_signals_held,
+    console_log_path, engine_env, release_cancel_signals,
+)
+from engine.jobs.modes import JobOutcome, request_file_for, workspace_for
 from engine.jobs.requests import parse_request, save_prepared
 from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_gone, read_new_events, run_gone
-from engine.runs.process import CancelToken, engine_pythonpath, install_signal_handlers, process_identity
+from engine.runs.process import CancelToken, install_signal_handlers
 from engine.runs.state import RunStatus, status_text
 
 JOB_FILE = "job.json"
@@ -41,25 +40,6 @@ JOB_SCHEMA_VERSION = 1
 
 class JobError(MagpieError):
     title = "job"
-
-
-class Execution(Protocol):
-    """A started job, as its executor sees it."""
-    pid: Optional[int]
-
-    def alive(self) -> bool: ...
-
-    def cancel(self, reason: str) -> None: ...
-
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
-        """The exit code once finished, None while it still runs after ``timeout`` seconds."""
-        ...
-
-
-class Executor(Protocol):
-    name: str
-
-    def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Execution: ...
 
 
 def cancel_on_signals() -> CancelToken:
@@ -71,143 +51,19 @@ def cancel_on_signals() -> CancelToken:
     return token
 
 
-# --------------------------------------------------------------------------- in-process
-class _ThreadExecution:
-    def __init__(self, request: Any, run_dir: Path, prepared: Any) -> None:
-        from engine.runs.workspace import Workspace
-        self.pid: Optional[int] = os.getpid()
-        self.identity = process_identity()
-        self.token = CancelToken()
-        self.outcome: Optional[JobOutcome] = None
-        self.error: Optional[BaseException] = None
-        ws = Workspace(run_dir)
-
-        def work() -> None:
-            try:
-                self.outcome = run_request(request, cancel=self.token, workspace=ws, prepared=prepared)
-            except BaseException as exc:  # kept for wait(); the mode already wrote its report
-                self.error = exc
-        self.thread = threading.Thread(target=work, name=f"magpie-job-{run_dir.name}", daemon=True)
-        self.thread.start()
-
-    def alive(self) -> bool:
-        return self.thread.is_alive()
-
-    def cancel(self, reason: str) -> None:
-        self.token.cancel(reason)
-
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            return None
-        return self.outcome.exit_code if self.outcome is not None else 1
-
-
-class InProcessExecutor:
-    """The work runs on a thread of this process: for tests, notebooks and an MCP server that
-    wants results in memory. It ends with its process."""
-    name = "in-process"
-
-    def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Execution:
-        return _ThreadExecution(request, run_dir, prepared)
-
-
-# --------------------------------------------------------------------------- detached local process
-def console_log_path(output_dir: Path, pid: int, started: float) -> Path:
-    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(started))
-    return output_dir / ".console" / f"{stamp}_{pid}.log"
-
-
-class _ProcessExecution:
-    def __init__(self, proc: subprocess.Popen, console_log: Path, argv: list[str]) -> None:
-        self.process, self.console_log, self.argv = proc, console_log, argv
-        self.pid: Optional[int] = proc.pid
-        # Read while the child is ours and not reaped: its pid cannot have been reused yet.
-        self.identity = process_identity(proc.pid)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def cancel(self, reason: str) -> None:
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)  # the child's handler cancels and writes its report
-
-    def wait(self, timeout: Optional[float]) -> Optional[int]:
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-def engine_env() -> dict[str, str]:
-    """The environment of an engine child: importable even from a source checkout that is not installed."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = engine_pythonpath(env.get("PYTHONPATH"))
-    return env
-
-
-CANCEL_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
-
-
-@contextlib.contextmanager
-def cancel_signals_held() -> Iterator[None]:
-    """Start children with the cancel signals blocked (the mask survives exec): a cancel sent
-    before the child has installed its handlers waits for them instead of killing it without a
-    report. The child unblocks them once its handlers are in (``release_cancel_signals``)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    held = {getattr(signal, name) for name in CANCEL_SIGNALS}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)  # this thread only, for the fork
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def release_cancel_signals() -> None:
-    """In a child: deliver the cancel signals held since its start (to the handlers now installed)."""
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {getattr(signal, name) for name in CANCEL_SIGNALS})
-
-
-class LocalProcessExecutor:
-    """A detached child (``python -m engine.jobs.child RUN_DIR``): a new session, so a terminal
-    hang-up or Ctrl-C in the front end does not reach it; console output to
-    ``<results>/.console/<stamp>_<pid>.log``; it keeps going when the caller exits."""
-    name = "local-process"
-
-    def __init__(self, python: str = sys.executable, cwd: Optional[Path] = None) -> None:
-        self.python, self.cwd = python, cwd
-
-    def start(self, request: Any, run_dir: Path, request_file: str, prepared: Any) -> Execution:
-        console_dir = run_dir.parent / ".console"
-        console_dir.mkdir(parents=True, exist_ok=True)
-        argv = [self.python, "-m", "engine.jobs.child", str(run_dir), request_file]
-        started = time.time()
-        pending = console_dir / f".starting_{os.getpid()}_{int(started * 1e6)}.log"
-        with open(pending, "wb") as out, cancel_signals_held():
-            proc = subprocess.Popen(argv, cwd=str(self.cwd or Path.cwd()), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, env=engine_env(), start_new_session=True)
-        final = console_log_path(run_dir.parent, proc.pid, started)
-        os.replace(pending, final)  # the child keeps writing to the same open file
-        return _ProcessExecution(proc, final, argv)
-
-
-def _cluster_executor(name: str) -> Any:
-    def factory(**options: Any) -> Executor:
-        from engine.cluster.executors import make_executor  # Ray and docker load only when used
-        return make_executor(name, **options)
-    return factory
-
-
-EXECUTORS: dict[str, Any] = {"in-process": InProcessExecutor, "local-process": LocalProcessExecutor,
-                             "ray": _cluster_executor("ray"), "container": _cluster_executor("container")}
+# --------------------------------------------------------------------------- where work runs
+# The executors by name: the two of this machine (engine.jobs.executors) and the cluster's, which
+# are registered here like any other (Ray and docker load only when a job uses them).
+EXECUTORS: dict[str, Any] = {"in-process": InProcessExecutor, "local-process": LocalProcessExecutor}
 
 
 def register_executor(name: str, factory: Any) -> None:
     """Plug in an executor (container, Ray): ``factory(**options)`` returns an ``Executor``."""
     EXECUTORS[name] = factory
+
+
+register_executor("ray", RayExecutor)
+register_executor("container", ContainerExecutor)
 
 
 # --------------------------------------------------------------------------- the job

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from engine.errors import MagpieError, format_error
-from engine.jobs.api import release_cancel_signals
+from engine.jobs.executors import release_cancel_signals
 from engine.jobs.modes import EXIT_FAIL, run_request
 from engine.jobs.requests import REQUEST_FILE, load_prepared, notices, read_request
 from engine.runs.process import CancelToken, install_signal_handlers

@@ -122,7 +122,7 @@ def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, 
     if plan.environment == "local":
         evaluator = Evaluator(plan, ws, Machine.from_gpu_info(gpu_info), cancel)
     else:  # the same stages, run on a Ray cluster or inside a container image
-        from engine.cluster.executors import evaluator_for
+        from engine.cluster.evaluators import evaluator_for
         evaluator = evaluator_for(plan, ws, Machine.from_gpu_info(gpu_info), cancel)
     outcomes = evaluator.outcomes
     state, error = "failed", None
@@ -166,13 +166,13 @@ def run_benchmark(request: BenchmarkRequest, output_dir: Union[Path, str, None] 
     from engine.bench.run import run_benchmark as drive
     prepared = prepared or request.prepare()
     if not isinstance(prepared, PreparedBenchmark):  # a batch: each point a run of its own
-        from engine.cluster.batch import run_batch
+        from engine.cluster.batch_run import run_batch
         ws = workspace or workspace_for(prepared, output_dir)
         _begin(ws, request, sink, "config.yaml", prepared.effective_config(), mode="benchmark", label=prepared.label)
         code, state = EXIT_FAIL, "failed"
         report: dict = {}
         try:
-            code, state, report = run_batch(prepared, ws, cancel or CancelToken(), log)
+            code, state, report = run_batch(prepared, ws, cancel or CancelToken(), log, run_benchmark)
         finally:
             _end(ws, state, code, BENCHMARK_REPORT)
         return JobOutcome(code, state, ws.root, BENCHMARK_REPORT, report,

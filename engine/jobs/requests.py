@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from engine.config.overrides import BenchmarkOverrides
+from engine.config.overrides import BenchmarkOverrides, notice_lines
 # The overrides' metadata and their command-line and MCP forms, for the front ends that build requests.
 from engine.config.overrides import OVERRIDES, add_cli_flags, from_cli_args, mcp_names  # noqa: F401
 from engine.config.yamlfile import ConfigError, load_located_yaml
@@ -405,9 +405,7 @@ def notices(prepared: Any) -> list[str]:
     request = getattr(prepared, "request", None)
     from_file = getattr(request, "benchmark_config", None) or getattr(request, "kernel_config", None) or \
         getattr(request, "batch", None) or request is None
-    return ([f"warning: {w}" for w in prepared.warnings]
-            + [f"override: {o['field']}: {o['yaml']!r} -> {o['cli']!r} ({o['flag']})"
-               for o in (prepared.overrides if from_file else [])])
+    return notice_lines(prepared.warnings, prepared.overrides if from_file else [])
 
 
 @dataclass
