@@ -18,6 +18,7 @@ import yaml
 
 from engine.loop.bottlenecks import BOTTLENECKS_FILE
 from engine.loop.harness import HARNESS_DIR, HARNESS_FILE, chosen_calls, harness_tolerances, write_candidate, write_harness
+from engine.loop.results import CandidatesResult, HarnessResult, IntegrateResult
 from engine.runs.schema import COMPARE_REPORT
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _error(message: str, hint: str = "") -> Exception:
 
 
 # ---------------------------------------------------------------------------- 4. harness
-def step_harness(loop: "Loop", step: "LoopStep") -> dict:
+def step_harness(loop: "Loop", step: "LoopStep") -> HarnessResult:
     table = json.loads((loop.root / "bottlenecks" / BOTTLENECKS_FILE).read_text(encoding="utf-8"))
     op = loop.loop.kernel
     rows = table.get("stages", {}).get("all", {}).get("rows", [])
@@ -57,14 +58,13 @@ def step_harness(loop: "Loop", step: "LoopStep") -> dict:
                      "magpie_args:: annotations?)", hint="profile again with this version's built-in server")
     implementation = _implementation_in_use(loop, op, table.get("device"))
     folder = loop.root / HARNESS_DIR
-    result = write_harness(folder, op, implementation, calls)
-    result["row"] = {"rank": row["rank"], "share_pct": row["share_pct"], "calls": row["calls"],
-                     "confidence": row["mapping"]["confidence"], "method": row["mapping"]["method"]}
-    result["device"] = table.get("device")
+    written = write_harness(folder, op, implementation, calls)
     loop.set_run_dir(step, HARNESS_DIR)
     loop.log(f"magpie optimize: harness {folder / HARNESS_FILE} for kernels.{op} "
              f"({row['share_pct']:.1f}% of the profiled time, {len(calls)} call shape(s))")
-    return result
+    return HarnessResult(**written, row={"rank": row["rank"], "share_pct": row["share_pct"], "calls": row["calls"],
+                                         "confidence": row["mapping"]["confidence"], "method": row["mapping"]["method"]},
+                         device=table.get("device"))
 
 
 def _implementation_in_use(loop: "Loop", op: str, device: Optional[str]) -> str:
@@ -133,19 +133,22 @@ def _unique(cid: str, taken: list[dict]) -> str:
     return out
 
 
-def step_candidates(loop: "Loop", step: "LoopStep") -> dict:
-    harness = loop.loop.step("harness").result
-    harness_file = loop.root / harness["file"]
+def step_candidates(loop: "Loop", step: "LoopStep") -> CandidatesResult:
+    harness = loop.result_of("harness", HarnessResult)
+    if not harness.file or not harness.op:
+        raise _error("the harness step recorded no harness file and op", hint="resume from the harness step")
+    harness_file = loop.root / harness.file
     if not harness_file.is_file():
         raise _error(f"the harness {harness_file} is gone", hint="resume from the harness step or restore the file")
-    result = compare_candidates(loop.root / CANDIDATES_DIR, harness_file, harness["op"], harness.get("device") or "cpu",
+    result = compare_candidates(loop.root / CANDIDATES_DIR, harness_file, harness.op, harness.device or "cpu",
                                 loop.loop.candidates, loop.loop.library, cancel=loop.cancel, log=loop.log,
                                 on_run_dir=lambda d: loop.set_run_dir(step, str(d.relative_to(loop.root))),
-                                timer=_timer_for(loop, harness["op"], harness.get("device")))
-    if result.get("compare_run"):
-        result["compare_run"] = str(Path(result["compare_run"]).relative_to(loop.root))
-        result["report"] = f"{result['compare_run']}/{COMPARE_REPORT}"
-    return result
+                                timer=_timer_for(loop, harness.op, harness.device))
+    if not result.compare_run:
+        return result
+    compare_run = str(Path(result.compare_run).relative_to(loop.root))  # relative to the loop, as the others
+    return CandidatesResult(**{**result.written(), "compare_run": compare_run,
+                               "report": f"{compare_run}/{COMPARE_REPORT}"})
 
 
 def _timer_for(loop: "Loop", op: str, device: Optional[str]) -> Optional[str]:
@@ -161,7 +164,7 @@ def _timer_for(loop: "Loop", op: str, device: Optional[str]) -> Optional[str]:
 
 def compare_candidates(folder: Path, harness_file: Path, op: str, device: str, user_paths: list[str], library: bool,
                        cancel: Any = None, log: Any = lambda s: None, on_run_dir: Any = lambda d: None,
-                       timer: Optional[str] = None) -> dict:
+                       timer: Optional[str] = None) -> CandidatesResult:
     """Write a ModelNew module per candidate into ``folder``, compare them all against the
     harness's Model in one ``magpie compare`` run (``timer``: the GPU timer, default the
     compare's own), and summarize the verdicts."""
@@ -169,9 +172,9 @@ def compare_candidates(folder: Path, harness_file: Path, op: str, device: str, u
     from engine.runs.workspace import Workspace
     usable, left_out = gather_candidates(op, device, user_paths, library, folder)
     if not usable:
-        return {"op": op, "winner": None, "rows": [], "left_out": left_out,
-                "stopped": f"no candidate for kernels.{op} can run here"
-                           + (f" ({'; '.join(c['id'] + ': ' + c['reason'] for c in left_out)})" if left_out else "")}
+        return CandidatesResult(op=op, winner=None, rows=[], left_out=left_out,
+                                stopped=f"no candidate for kernels.{op} can run here"
+                                + (f" ({'; '.join(c['id'] + ': ' + c['reason'] for c in left_out)})" if left_out else ""))
     entries = [{"id": BASELINE_ID, "type": "pytorch", "source_files": [str(harness_file)], "baseline": True}]
     for c in usable:
         src = write_candidate(folder, c["id"], c["path"], c["description"], harness_file)
@@ -191,15 +194,15 @@ def compare_candidates(folder: Path, harness_file: Path, op: str, device: str, u
     if outcome.state == "cancelled":
         raise _error("the candidates' compare was cancelled")
     result = summarize_compare(outcome.report, op, usable, left_out, str(ws.root))
-    for row in result["rows"]:
-        speed = f" {row['speedup']:.3f}x" if row.get("speedup") is not None else ""
-        log(f"  [{row['id']}] {row['verdict']}{speed}" + (f": {row['reason']}" if row.get("reason") else ""))
+    for row in result.rows:
+        speed = f" {row.speedup:.3f}x" if row.speedup is not None else ""
+        log(f"  [{row.id}] {row.verdict}{speed}" + (f": {row.reason}" if row.reason else ""))
     for c in left_out:
         log(f"  [{c['id']}] left out: {c['reason']}")
     return result
 
 
-def summarize_compare(report: dict, op: str, usable: list[dict], left_out: list[dict], run_dir: str) -> dict:
+def summarize_compare(report: dict, op: str, usable: list[dict], left_out: list[dict], run_dir: str) -> CandidatesResult:
     by_id = {c["id"]: c for c in usable}
     rows = []
     for k in (report.get("results") or {}).get("kernel_results", []):
@@ -220,20 +223,21 @@ def summarize_compare(report: dict, op: str, usable: list[dict], left_out: list[
     winner_row = next((r for r in rows if r["id"] == winner), None)
     if winner is None or winner == BASELINE_ID or winner_row is None or winner_row["verdict"] != "faster":
         why = report.get("winner_reason") or f"the compare ended {report.get('state')}"
-        return {"op": op, "compare_run": run_dir, "winner": None, "rows": rows, "left_out": left_out,
-                "stopped": why}
-    return {"op": op, "compare_run": run_dir, "winner": winner, "winner_path": by_id[winner]["path"],
-            "speedup": winner_row["speedup"], "ci95": winner_row["ci95"], "rows": rows, "left_out": left_out,
-            "stopped": None}
+        return CandidatesResult(op=op, compare_run=run_dir, winner=None, rows=rows, left_out=left_out, stopped=why)
+    return CandidatesResult(op=op, compare_run=run_dir, winner=winner, winner_path=by_id[winner]["path"],
+                            speedup=winner_row["speedup"], ci95=winner_row["ci95"], rows=rows, left_out=left_out,
+                            stopped=None)
 
 
 # ---------------------------------------------------------------------------- 6. integrate
-def step_integrate(loop: "Loop", step: "LoopStep") -> dict:
+def step_integrate(loop: "Loop", step: "LoopStep") -> IntegrateResult:
     """The clean YAML with the winner in it: for the built-in server, ``server.kernels.<op>``; for
     vLLM, an out-of-tree plugin (engine.loop.vllm_plugin) installed into ``integrate/site`` and
     named by ``server_env`` (PYTHONPATH, and VLLM_PLUGINS where the clean run restricted it)."""
-    cand = loop.loop.step("candidates").result
-    op, path = cand["op"], cand["winner_path"]
+    cand = loop.result_of("candidates", CandidatesResult)
+    op, path = cand.op, cand.winner_path
+    if not op or not path:
+        raise _error("the candidates step recorded no winner to integrate", hint="resume from the candidates step")
     raw = loop.clean_yaml()
     framework = str((raw.get("benchmark") or {}).get("framework") or "").strip().lower()
     if framework not in ("builtin", "vllm"):
@@ -269,8 +273,8 @@ def step_integrate(loop: "Loop", step: "LoopStep") -> dict:
         for key, kpath in integrated["benchmark"]["server"]["kernels"].items():
             check_kernel_path(key, kpath)  # the server would refuse it at start: fail here, naming it
     loop.set_run_dir(step, INTEGRATE_DIR)
-    return {"config": f"{INTEGRATE_DIR}/{INTEGRATED_CONFIG}", "framework": framework, "kernels": {op: path},
-            "changed": changed, **extra}
+    return IntegrateResult(config=f"{INTEGRATE_DIR}/{INTEGRATED_CONFIG}", framework=framework, kernels={op: path},
+                           changed=changed, **extra)
 
 
 def check_kernel_path(key: str, path: str) -> None:

@@ -23,6 +23,20 @@ import yaml
 from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
 from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
+from engine.loop.results import (
+    BenchmarkStepResult,
+    BottlenecksResult,
+    CandidatesResult,
+    HarnessResult,
+    IntegrateResult,
+    Metric,
+    ProfiledResult,
+    StepResult,
+    StepResultT,
+    VerdictResult,
+    step_result,
+    written_result,
+)
 from engine.loop.schema import LOOP_FILE, MIN_REPEATS, STEP_NAMES, LoopFile, LoopStep, load_loop_file, new_loop_file
 from engine.loop.window import describe as describe_window
 from engine.runs.process import CancelToken, process_start_time
@@ -58,6 +72,13 @@ class Loop:
     def set_run_dir(self, step: LoopStep, rel: str) -> None:
         self._set(step, run_dir=rel)
 
+    def result_of(self, name: str, model: type[StepResultT]) -> StepResultT:
+        """The typed result of an earlier step (``engine.loop.results``, read as any front end reads it)."""
+        result = step_result(self.loop.step(name))
+        if not isinstance(result, model):
+            raise TypeError(f"the {name} step's result is a {type(result).__name__}, not a {model.__name__}")
+        return result
+
     def run(self, until: Optional[str]) -> tuple[int, str]:
         self.loop.until = until
         self.ws.events.emit("run_started", pid=os.getpid(), workspace=str(self.root), mode="loop", label=self.loop.label)
@@ -67,9 +88,8 @@ class Loop:
                 step = self.loop.step(name)
                 if step.state in ("done", "skipped"):
                     continue
-                if name in AFTER_NO_WINNER and not self.loop.step("candidates").result.get("winner"):
-                    self._set(step, state="skipped", reason="no winner: " + str(
-                        self.loop.step("candidates").result.get("stopped")))
+                if name in AFTER_NO_WINNER and not (cand := self.result_of("candidates", CandidatesResult)).winner:
+                    self._set(step, state="skipped", reason=f"no winner: {cand.stopped}")
                     continue
                 if not self._run_step(step):
                     code, state = (130, "cancelled") if self.cancel.cancelled else (1, "failed")
@@ -77,7 +97,7 @@ class Loop:
                 if until == name:
                     break
             verdict = self.loop.step("verdict")
-            if code == 0 and verdict.state == "done" and not verdict.result.get("success"):
+            if code == 0 and verdict.state == "done" and not self.result_of("verdict", VerdictResult).success:
                 code = EXIT_NO_GAIN
         except BaseException:
             state, code = "failed", 1
@@ -107,7 +127,7 @@ class Loop:
         self._set(step, state="running", pid=os.getpid(), start_time=process_start_time(os.getpid()),
                   started=time.time(), finished=None, error=None, reason=None, attempts=step.attempts + 1, result={})
         try:
-            result = STEPS[step.name](self, step)
+            result = written_result(step.name, STEPS[step.name](self, step))  # strict: a malformed result fails here
         except Exception as exc:
             msg = exc.message if isinstance(exc, MagpieError) else f"{type(exc).__name__}: {exc}"
             if isinstance(exc, ConfigError):
@@ -141,7 +161,7 @@ class Loop:
         return prepared, outcome
 
     # ------------------------------------------------------------------ steps
-    def _step_baseline(self, step: LoopStep) -> dict:
+    def _step_baseline(self, step: LoopStep) -> BenchmarkStepResult:
         from engine.config.benchmark import load_benchmark_config
         cfg, _ = load_benchmark_config(self.loop.config, [])
         flags = {"repeats": MIN_REPEATS} if cfg.client.repeats < MIN_REPEATS else {}
@@ -150,11 +170,11 @@ class Loop:
         report_path = outcome.workspace / BENCHMARK_REPORT
         digest = hashlib.sha256(report_path.read_bytes()).hexdigest()
         os.chmod(report_path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)  # the baseline is kept as measured
-        return {"report": str(report_path.relative_to(self.root)), "report_sha256": digest,
-                "repeats": prepared.config.client.repeats, "overrides": prepared.overrides,
-                "metrics": _metrics(outcome.report)}
+        return BenchmarkStepResult(report=str(report_path.relative_to(self.root)), report_sha256=digest,
+                                   repeats=prepared.config.client.repeats, overrides=prepared.overrides,
+                                   metrics=_metrics(outcome.report))
 
-    def _step_profiled(self, step: LoopStep) -> dict:
+    def _step_profiled(self, step: LoopStep) -> ProfiledResult:
         baseline_cfg = self.run_config(self.loop.step("baseline").run_dir)
         twin = profiled_twin(self.clean_yaml())
         twin_path = self.root / PROFILED_CONFIG
@@ -165,9 +185,9 @@ class Loop:
         traces = sorted((outcome.workspace / "torch_trace").glob("*.pt.trace.json*"))
         if not traces:
             raise LoopError(f"the profiled run wrote no trace into {outcome.workspace / 'torch_trace'}")
-        return {"config": PROFILED_CONFIG, "config_diff": diff, "traces": [str(t.relative_to(self.root)) for t in traces],
-                "metrics": _metrics(outcome.report), "note": "profiling perturbs latency: these numbers diagnose, "
-                                                             "the baseline's measure"}
+        return ProfiledResult(config=PROFILED_CONFIG, config_diff=diff,
+                              traces=[str(t.relative_to(self.root)) for t in traces], metrics=_metrics(outcome.report),
+                              note="profiling perturbs latency: these numbers diagnose, the baseline's measure")
 
     def clean_yaml(self) -> dict:
         """The clean benchmark YAML of ``-b`` as written (plain data)."""
@@ -178,10 +198,10 @@ class Loop:
         cfg = load_yaml_file(self.root / str(run_dir) / "config.yaml")
         return cfg["benchmark"]
 
-    def _step_bottlenecks(self, step: LoopStep) -> dict:
+    def _step_bottlenecks(self, step: LoopStep) -> BottlenecksResult:
         import json
         prof = self.loop.step("profiled")
-        traces = prof.result.get("traces") or []
+        traces = self.result_of("profiled", ProfiledResult).traces
         if prof.state != "done" or not traces:
             raise LoopError("the profiled step has no trace to analyse")
         folder = self.root / step.name
@@ -206,12 +226,13 @@ class Loop:
         if top is None:
             raise LoopError("no row of the bottleneck table maps to a replaceable registry op "
                             f"(see {folder / BOTTLENECKS_FILE})")
-        return {"table": f"{step.name}/{BOTTLENECKS_FILE}", "device": table["device"], "top_by_stage": stages,
-                "window": window, "python_stacks": table["python_stacks"]["recorded"],
-                "top_replaceable": {"registry_op": top["registry_op"], "share_pct": top["share_pct"],
-                                    "calls": top["calls"], "confidence": top["mapping"]["confidence"],
-                                    "lines": [f"{ln['file']}:{ln['line']} {ln['function']} {ln['share_pct']:.0f}%"
-                                              for ln in top["mapping"]["lines"]]}}
+        return BottlenecksResult(
+            table=f"{step.name}/{BOTTLENECKS_FILE}", device=table["device"], top_by_stage=stages, window=window,
+            python_stacks=table["python_stacks"]["recorded"],
+            top_replaceable={"registry_op": top["registry_op"], "share_pct": top["share_pct"], "calls": top["calls"],
+                             "confidence": top["mapping"]["confidence"],
+                             "lines": [f"{ln['file']}:{ln['line']} {ln['function']} {ln['share_pct']:.0f}%"
+                                       for ln in top["mapping"]["lines"]]})
 
 
 def _metrics(report: dict) -> dict:
@@ -338,38 +359,39 @@ def format_status(loop_dir: str) -> str:
         detail = s.error or s.reason or _short(s)
         lines.append(f"{i}. {s.name:<12} {state:<10} {elapsed:>9}  {s.run_dir or '-'}  {detail}")
     verdict = loop.step("verdict")
-    if verdict.state == "done" and verdict.result.get("end_to_end"):
+    typed = step_result(verdict)
+    if verdict.state == "done" and isinstance(typed, VerdictResult) and typed.end_to_end:
         from engine.loop.verdict import verdict_lines
-        lines += verdict_lines(verdict.result)[1:]
+        lines += verdict_lines(typed)[1:]
     return "\n".join(lines)
 
 
 def _short(step: LoopStep) -> str:
-    r = step.result
-    if step.name == "harness" and r.get("op"):
-        first = r["shapes"][0]["args"] if r.get("shapes") else ""
-        return f"kernels.{r['op']} at {len(r.get('shapes', []))} call shape(s): {first}"
-    if step.name == "candidates" and "rows" in r:
-        verdicts = ", ".join(f"{row['id']} {row['verdict']}" for row in r["rows"] if row["id"] != "baseline")
-        return (f"winner {r['winner']}" if r.get("winner") else str(r.get("stopped"))) + (f" ({verdicts})" if verdicts else "")
-    if step.name == "integrate" and r.get("kernels"):
-        return ", ".join(f"kernels.{k} = {v}" for k, v in r["kernels"].items())
-    if step.name == "verdict" and "success" in r:
-        return ("SUCCESS: " if r["success"] else "") + str(r.get("message"))
-    if step.name == "bottlenecks" and r.get("top_replaceable"):
-        t = r["top_replaceable"]
-        called = f", called from {', '.join(t['lines'][:2])}" if t.get("lines") else ""
-        window = f"; window {r['window']}" if r.get("window") else ""
-        return f"top replaceable: {t['registry_op']} {t['share_pct']:.1f}% ({r.get('device')}){called}{window}"
-    if step.name == "profiled" and "config_diff" in r:
-        return "diff: " + ", ".join(d["field"].removeprefix("benchmark.") for d in r["config_diff"])
-    m = r.get("metrics", {}).get("output_throughput")
-    if isinstance(m, dict) and m.get("mean") is not None:
-        return f"output {m['mean']:.1f} tok/s over {r.get('repeats')} repeats"
+    r = step_result(step)
+    if isinstance(r, HarnessResult) and r.op:
+        first = r.shapes[0].args if r.shapes else ""
+        return f"kernels.{r.op} at {len(r.shapes)} call shape(s): {first}"
+    if isinstance(r, CandidatesResult) and "rows" in step.result:
+        verdicts = ", ".join(f"{row.id} {row.verdict}" for row in r.rows if row.id != "baseline")
+        return (f"winner {r.winner}" if r.winner else str(r.stopped)) + (f" ({verdicts})" if verdicts else "")
+    if isinstance(r, IntegrateResult) and r.kernels:
+        return ", ".join(f"kernels.{k} = {v}" for k, v in r.kernels.items())
+    if isinstance(r, VerdictResult) and r.decided:
+        return ("SUCCESS: " if r.success else "") + str(r.message)
+    if isinstance(r, BottlenecksResult) and r.top_replaceable is not None:
+        t = r.top_replaceable
+        called = f", called from {', '.join(t.lines[:2])}" if t.lines else ""
+        window = f"; window {r.window}" if r.window else ""
+        return f"top replaceable: {t.registry_op} {t.share_pct or 0.0:.1f}% ({r.device}){called}{window}"
+    if isinstance(r, ProfiledResult) and "config_diff" in step.result:
+        return "diff: " + ", ".join((d.field or "").removeprefix("benchmark.") for d in r.config_diff)
+    m = r.metrics.get("output_throughput") if isinstance(r, BenchmarkStepResult) else None
+    if isinstance(m, Metric) and m.mean is not None:
+        return f"output {m.mean:.1f} tok/s over {r.repeats} repeats"
     return ""
 
 
-def _steps() -> dict[str, Callable[[Loop, LoopStep], dict]]:
+def _steps() -> dict[str, Callable[[Loop, LoopStep], StepResult]]:
     from engine.loop.kernel_steps import step_candidates, step_harness, step_integrate
     from engine.loop.verdict import step_rebenchmark, step_verdict
     return {"baseline": Loop._step_baseline, "profiled": Loop._step_profiled, "bottlenecks": Loop._step_bottlenecks,

@@ -19,6 +19,17 @@ import yaml
 
 from engine.config.yamlfile import load_yaml_file
 from engine.loop.bottlenecks import analyze_trace
+from engine.loop.results import (
+    BenchmarkStepResult,
+    CandidatesResult,
+    EndToEndRow,
+    HarnessResult,
+    IntegrateResult,
+    KernelGain,
+    RebenchmarkResult,
+    VerdictCheck,
+    VerdictResult,
+)
 from engine.runs.schema import BENCHMARK_REPORT
 
 if TYPE_CHECKING:
@@ -32,11 +43,13 @@ PRIMARY_METRIC = "output_throughput"
 PROFILED_AFTER = "profiled_after_config.yaml"
 
 
-def step_rebenchmark(loop: "Loop", step: "LoopStep") -> dict:
+def step_rebenchmark(loop: "Loop", step: "LoopStep") -> RebenchmarkResult:
     from engine.loop.run import _metrics, profiled_twin
-    integ = loop.loop.step("integrate").result
-    config = loop.root / integ["config"]
-    repeats = loop.loop.step("baseline").result.get("repeats")
+    integ = loop.result_of("integrate", IntegrateResult)
+    if not integ.config:
+        raise _error("the integrate step recorded no integrated config", hint="resume from the integrate step")
+    config = loop.root / integ.config
+    repeats = loop.result_of("baseline", BenchmarkStepResult).repeats
     flags = {"repeats": repeats} if repeats else {}
     prepared, outcome = loop.benchmark(step, str(config), flags, folder="rebenchmark")
     report_path = outcome.workspace / BENCHMARK_REPORT
@@ -60,11 +73,19 @@ def step_rebenchmark(loop: "Loop", step: "LoopStep") -> dict:
     else:
         result["kernel_after"] = None
         result["profiled_note"] = f"the profiled run wrote no trace into {prof.workspace / 'torch_trace'}"
-    return result
+    return RebenchmarkResult(**result)
 
 
 def integ_op(loop: "Loop") -> str:
-    return next(iter(loop.loop.step("integrate").result["kernels"]))
+    kernels = loop.result_of("integrate", IntegrateResult).kernels
+    if not kernels:
+        raise _error("the integrate step recorded no kernel", hint="resume from the integrate step")
+    return next(iter(kernels))
+
+
+def _error(message: str, hint: str) -> Exception:
+    from engine.loop.run import LoopError
+    return LoopError(message, hint=hint)
 
 
 def _op_row(table: dict, op: str) -> Optional[dict]:
@@ -74,7 +95,7 @@ def _op_row(table: dict, op: str) -> Optional[dict]:
     return None
 
 
-def step_verdict(loop: "Loop", step: "LoopStep") -> dict:
+def step_verdict(loop: "Loop", step: "LoopStep") -> VerdictResult:
     """The loop's conclusion (also when the candidates step found no winner), kept in ``verdict/``."""
     result = _verdict(loop)
     loop.set_run_dir(step, write_verdict(loop.root, result))
@@ -83,53 +104,57 @@ def step_verdict(loop: "Loop", step: "LoopStep") -> dict:
     return result
 
 
-def _verdict(loop: "Loop") -> dict:
-    cand = loop.loop.step("candidates")
-    if not cand.result.get("winner"):
-        why = cand.result.get("stopped") or "the candidates step found no winner"
-        return {"success": False, "message": f"stopped at the candidates step: {why}", "kernel": None,
-                "end_to_end": [], "checks": [{"name": "faster candidate", "ok": False, "detail": why}],
-                "top_bottleneck_after": None}
-    base = _report(loop, loop.loop.step("baseline").result["report"])
-    new = _report(loop, loop.loop.step("rebenchmark").result["report"])
+def _verdict(loop: "Loop") -> VerdictResult:
+    cand = loop.result_of("candidates", CandidatesResult)
+    if not cand.winner:
+        why = cand.stopped or "the candidates step found no winner"
+        return VerdictResult(success=False, message=f"stopped at the candidates step: {why}", kernel=None,
+                             end_to_end=[], checks=[VerdictCheck(name="faster candidate", ok=False, detail=why)],
+                             top_bottleneck_after=None)
+    after = loop.result_of("rebenchmark", RebenchmarkResult)
+    base = _report(loop, loop.result_of("baseline", BenchmarkStepResult).report)
+    new = _report(loop, after.report)
     rows = end_to_end(base, new)
     checks = _checks(loop, base, new, rows)
-    primary = next((r for r in rows if r["metric"] == PRIMARY_METRIC), None)
-    success = all(c["ok"] for c in checks)
-    regression = primary is not None and primary["verdict"] == "worse"
-    kernel = {"op": cand.result["op"], "winner": cand.result["winner"], "speedup": cand.result.get("speedup"),
-              "ci95": cand.result.get("ci95")}
-    after = loop.loop.step("rebenchmark").result
-    top = after.get("top_after")
+    primary = next((r for r in rows if r.metric == PRIMARY_METRIC), None)
+    success = all(c.ok for c in checks)
+    regression = primary is not None and primary.verdict == "worse"
+    kernel = KernelGain(op=cand.op, winner=cand.winner, speedup=cand.speedup, ci95=cand.ci95)
+    top = after.top_after
     if success:
-        message = (f"kernels.{kernel['op']} = {kernel['winner']}: {_fmt_x(kernel)} on the kernel, "
-                   f"{primary['delta_pct']:+.1f}% output throughput end to end, outside the run-to-run noise")
+        message = (f"kernels.{kernel.op} = {kernel.winner}: {_fmt_x(kernel)} on the kernel, "
+                   f"{_pct(primary, '+.1f')} output throughput end to end, outside the run-to-run noise")
     elif regression:
-        message = (f"REGRESSION: output throughput {primary['delta_pct']:+.1f}% end to end (outside the noise) "
+        message = (f"REGRESSION: output throughput {_pct(primary, '+.1f')} end to end (outside the noise) "
                    f"although the kernel is {_fmt_x(kernel)}")
     else:
-        failed = [c["name"] for c in checks if not c["ok"]]
+        failed = [str(c.name) for c in checks if not c.ok]
         message = f"not proven: {', '.join(failed)} (kernel {_fmt_x(kernel)})"
-    return {"success": success, "regression": regression, "message": message, "kernel": kernel, "end_to_end": rows,
-            "checks": checks, "kernel_after": after.get("kernel_after"),
-            "top_bottleneck_after": f"{top['name']} {top['share_pct']:.1f}%" if top else None,
-            "top_changed": bool(top and top.get("registry_op") != kernel["op"])}
+    return VerdictResult(success=success, regression=regression, message=message, kernel=kernel, end_to_end=rows,
+                         checks=checks, kernel_after=after.kernel_after,
+                         top_bottleneck_after=f"{top.name} {top.share_pct or 0.0:.1f}%" if top else None,
+                         top_changed=bool(top and top.registry_op != kernel.op))
 
 
-def _fmt_x(kernel: dict) -> str:
-    ci = kernel.get("ci95") or [None, None]
-    if kernel.get("speedup") is None:
+def _pct(row: Optional[EndToEndRow], spec: str) -> str:
+    return f"{row.delta_pct:{spec}}%" if row is not None and row.delta_pct is not None else "-"
+
+
+def _fmt_x(kernel: KernelGain) -> str:
+    if kernel.speedup is None:
         return "speedup unknown"
-    if ci[0] is None:
-        return f"{kernel['speedup']:.3f}x"
-    return f"{kernel['speedup']:.3f}x [{ci[0]:.3f}, {ci[1]:.3f}]"
+    if kernel.ci95 is None:
+        return f"{kernel.speedup:.3f}x"
+    return f"{kernel.speedup:.3f}x [{kernel.ci95[0]:.3f}, {kernel.ci95[1]:.3f}]"
 
 
-def _report(loop: "Loop", rel: str) -> dict:
+def _report(loop: "Loop", rel: Optional[str]) -> dict:
+    if not rel:
+        raise _error("a benchmark step recorded no report", hint="resume the loop to run it again")
     return json.loads((loop.root / rel).read_text(encoding="utf-8"))
 
 
-def end_to_end(base: dict, new: dict) -> list[dict]:
+def end_to_end(base: dict, new: dict) -> list[EndToEndRow]:
     """Each E2E metric's change with its Welch interval and noise verdict (engine.bench.metrics)."""
     from engine.bench.metrics import compare_reports
     a = base.get("repeats") or base.get("result") or {}
@@ -141,42 +166,45 @@ def end_to_end(base: dict, new: dict) -> list[dict]:
         if d is None:
             continue
         verdict = {"tie": "within noise"}.get(d["verdict"] or "", d["verdict"])
-        rows.append({"metric": k, "baseline_mean": d["a"], "baseline_ci95": (a.get(k) or {}).get("ci95")
-                     if isinstance(a.get(k), dict) else None, "new_mean": d["b"],
-                     "new_ci95": (b.get(k) or {}).get("ci95") if isinstance(b.get(k), dict) else None,
-                     "delta": d["delta"], "delta_pct": 100.0 * d["rel_delta"] if d["rel_delta"] is not None else None,
-                     "delta_ci95": d["delta_ci95"], "noise": d["noise"], "verdict": verdict})
+        rows.append(EndToEndRow(
+            metric=k, baseline_mean=d["a"], baseline_ci95=(a.get(k) or {}).get("ci95") if isinstance(a.get(k), dict)
+            else None, new_mean=d["b"], new_ci95=(b.get(k) or {}).get("ci95") if isinstance(b.get(k), dict) else None,
+            delta=d["delta"], delta_pct=100.0 * d["rel_delta"] if d["rel_delta"] is not None else None,
+            delta_ci95=d["delta_ci95"], noise=d["noise"], verdict=verdict))
     return rows
 
 
-def _checks(loop: "Loop", base: dict, new: dict, rows: list[dict]) -> list[dict]:
+def _checks(loop: "Loop", base: dict, new: dict, rows: list[EndToEndRow]) -> list[VerdictCheck]:
     from engine.loop.kernel_steps import environment_differences, workload_differences
-    cand = loop.loop.step("candidates").result
-    harness = loop.loop.step("harness").result
-    op = cand["op"]
+    cand = loop.result_of("candidates", CandidatesResult)
+    harness = loop.result_of("harness", HarnessResult)
+    op = cand.op
     clean_cfg = loop.run_config(loop.loop.step("baseline").run_dir)
     new_cfg = loop.run_config(loop.loop.step("rebenchmark").run_dir)
-    allowed = [c["field"] for c in loop.loop.step("integrate").result["changed"]]
+    allowed = [str(c.field) for c in loop.result_of("integrate", IntegrateResult).changed]
     diffs = workload_differences(clean_cfg, new_cfg, allowed)
     diffs += environment_differences(base, new)
-    conf = (harness.get("row") or {}).get("confidence")
-    by = {r["metric"]: r for r in rows}
-    failed_base, failed_new = (by.get("failed") or {}).get("baseline_mean"), (by.get("failed") or {}).get("new_mean")
+    conf = harness.row.confidence if harness.row is not None else None
+    method = harness.row.method if harness.row is not None else None
+    by = {r.metric: r for r in rows}
+    failed = by.get("failed")
+    failed_base, failed_new = (failed.baseline_mean, failed.new_mean) if failed is not None else (None, None)
     primary = by.get(PRIMARY_METRIC)
     return [
-        {"name": "correctness proven", "ok": True,
-         "detail": f"{cand['winner']} passed the compare's correctness gate at every recorded call shape"},
-        {"name": "workload identical", "ok": not diffs,
-         "detail": f"only {', '.join(allowed)} differ{'s' if len(allowed) == 1 else ''}" if not diffs else
-         "; ".join(f"{d['field']}: {d.get('clean')!r} -> {d.get('profiled', d.get('new'))!r}" for d in diffs)},
-        {"name": "mapping confident", "ok": conf == "high",
-         "detail": f"trace rows mapped to kernels.{op} by {(harness.get('row') or {}).get('method')} ({conf})"},
-        {"name": "no more failed requests", "ok": (failed_new or 0) <= (failed_base or 0),
-         "detail": f"failed {failed_base} -> {failed_new}"},
-        {"name": "end-to-end gain outside the noise", "ok": bool(primary and primary["verdict"] == "better"),
-         "detail": (f"{PRIMARY_METRIC} {primary['delta_pct']:+.2f}%, 95% CI of the delta "
-                    f"{_fmt_ci(primary['delta_ci95'])}: {primary['verdict']}") if primary else
-         f"no {PRIMARY_METRIC} in both reports"},
+        VerdictCheck(name="correctness proven", ok=True,
+                     detail=f"{cand.winner} passed the compare's correctness gate at every recorded call shape"),
+        VerdictCheck(name="workload identical", ok=not diffs,
+                     detail=f"only {', '.join(allowed)} differ{'s' if len(allowed) == 1 else ''}" if not diffs else
+                     "; ".join(f"{d['field']}: {d.get('clean')!r} -> {d.get('profiled', d.get('new'))!r}"
+                               for d in diffs)),
+        VerdictCheck(name="mapping confident", ok=conf == "high",
+                     detail=f"trace rows mapped to kernels.{op} by {method} ({conf})"),
+        VerdictCheck(name="no more failed requests", ok=(failed_new or 0) <= (failed_base or 0),
+                     detail=f"failed {failed_base} -> {failed_new}"),
+        VerdictCheck(name="end-to-end gain outside the noise", ok=bool(primary and primary.verdict == "better"),
+                     detail=(f"{PRIMARY_METRIC} {_pct(primary, '+.2f')}, 95% CI of the delta "
+                             f"{_fmt_ci(primary.delta_ci95)}: {primary.verdict}") if primary else
+                     f"no {PRIMARY_METRIC} in both reports"),
     ]
 
 
@@ -184,24 +212,28 @@ def _fmt_ci(ci: Optional[list]) -> str:
     return f"[{ci[0]:+.4g}, {ci[1]:+.4g}]" if ci else "unknown (one run per side)"
 
 
-def verdict_lines(result: dict) -> list[str]:
+def _g(value: Optional[float], spec: str) -> str:
+    return format(value, spec) if value is not None else format("-", spec.split(".")[0])
+
+
+def verdict_lines(result: VerdictResult) -> list[str]:
     """The verdict as the command line prints it."""
-    lines = [("SUCCESS: " if result.get("success") else "") + str(result.get("message"))]
-    for r in result.get("end_to_end", []):
-        pct = f"{r['delta_pct']:+.2f}%" if r.get("delta_pct") is not None else "-"
-        lines.append(f"  {r['metric']:<20} {r['baseline_mean']:>12.4g} -> {r['new_mean']:<12.4g} {pct:>9}  "
-                     f"{r['verdict'] or '-'}")
-    for c in result.get("checks", []):
-        lines.append(f"  [{'ok' if c['ok'] else 'NO'}] {c['name']}: {c['detail']}")
-    if result.get("top_bottleneck_after"):
-        lines.append(f"  top of the profile now: {result['top_bottleneck_after']}")
+    lines = [("SUCCESS: " if result.success else "") + str(result.message)]
+    for r in result.end_to_end:
+        pct = _pct(r, "+.2f")
+        lines.append(f"  {r.metric!s:<20} {_g(r.baseline_mean, '>12.4g')} -> {_g(r.new_mean, '<12.4g')} {pct:>9}  "
+                     f"{r.verdict or '-'}")
+    for c in result.checks:
+        lines.append(f"  [{'ok' if c.ok else 'NO'}] {c.name}: {c.detail}")
+    if result.top_bottleneck_after:
+        lines.append(f"  top of the profile now: {result.top_bottleneck_after}")
     return lines
 
 
-def write_verdict(root: Path, result: dict) -> str:
+def write_verdict(root: Path, result: VerdictResult) -> str:
     """``verdict/verdict.json`` and ``verdict/summary.txt``; the folder, relative to the loop."""
     folder = root / "verdict"
     folder.mkdir(exist_ok=True)
-    (folder / "verdict.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (folder / "verdict.json").write_text(json.dumps(result.written(), indent=1) + "\n", encoding="utf-8")
     (folder / "summary.txt").write_text("\n".join(verdict_lines(result)) + "\n", encoding="utf-8")
     return "verdict"

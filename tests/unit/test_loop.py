@@ -113,14 +113,14 @@ def test_the_winner_must_be_faster_not_a_tie():
            "results": {"kernel_results": [_kernel("baseline", "baseline", speedup=1.0), _kernel("a", "tie", speedup=1.01),
                                           _kernel("b", "faster", correct=False, errors=["outputs differ"])]}}
     r = summarize_compare(tie, "rmsnorm", usable, [], "candidates/compare_x")
-    assert r["winner"] is None and "no correct candidate is faster" in r["stopped"]
-    assert [(x["id"], x["verdict"]) for x in r["rows"]] == [("baseline", "baseline"), ("a", "tie"), ("b", "incorrect")]
+    assert r.winner is None and "no correct candidate is faster" in r.stopped
+    assert [(x.id, x.verdict) for x in r.rows] == [("baseline", "baseline"), ("a", "tie"), ("b", "incorrect")]
     win = {"winner_id": "a", "results": {"kernel_results": [_kernel("baseline", "baseline", speedup=1.0),
                                                             _kernel("a", "faster", speedup=1.5)]}}
     r = summarize_compare(win, "rmsnorm", usable, [], "candidates/compare_x")
-    assert r["winner"] == "a" and r["winner_path"] == "p.a:f" and r["speedup"] == 1.5
+    assert r.winner == "a" and r.winner_path == "p.a:f" and r.speedup == 1.5
     rejected = {"winner_id": "a", "results": {"kernel_results": [_kernel("a", "faster", speedup=3.0, rejected=True)]}}
-    assert summarize_compare(rejected, "rmsnorm", usable, [], "c")["winner"] is None
+    assert summarize_compare(rejected, "rmsnorm", usable, [], "c").winner is None
 
 
 def test_end_to_end_deltas_say_what_lies_inside_the_noise():
@@ -128,12 +128,12 @@ def test_end_to_end_deltas_say_what_lies_inside_the_noise():
                         "median_tpot_ms": {"mean": 10.0, "values": [10.0, 10.1, 9.9], "ci95": [9.75, 10.25]}}}
     new = {"repeats": {"output_throughput": {"mean": 120.0, "values": [119.0, 120.0, 121.0], "ci95": [117.5, 122.5]},
                        "median_tpot_ms": {"mean": 10.05, "values": [9.9, 10.2, 10.05], "ci95": [9.7, 10.4]}}}
-    rows = {r["metric"]: r for r in end_to_end(base, new)}
-    assert rows["output_throughput"]["verdict"] == "better" and rows["output_throughput"]["delta_pct"] == pytest.approx(20.0)
-    assert rows["median_tpot_ms"]["verdict"] == "within noise"
+    rows = {r.metric: r for r in end_to_end(base, new)}
+    assert rows["output_throughput"].verdict == "better" and rows["output_throughput"].delta_pct == pytest.approx(20.0)
+    assert rows["median_tpot_ms"].verdict == "within noise"
     worse = {"repeats": {"output_throughput": {"mean": 80.0, "values": [79.0, 80.0, 81.0]}}}
-    assert {r["metric"]: r for r in end_to_end(base, worse)}["output_throughput"]["verdict"] == "worse"
-    json.dumps(rows)  # the verdict is written as JSON
+    assert {r.metric: r for r in end_to_end(base, worse)}["output_throughput"].verdict == "worse"
+    json.dumps([r.written() for r in rows.values()])  # the verdict is written as JSON
 
 
 def test_the_integrated_path_is_checked_without_importing_it(tmp_path):

@@ -273,8 +273,9 @@ def test_step_integrate_writes_the_vllm_config(tmp_path, monkeypatch):
     steps = {"candidates": SimpleNamespace(result={"op": "rmsnorm", "winner_path": f"{winner}:rmsnorm"})}
     loop = SimpleNamespace(root=root, loop=SimpleNamespace(config=str(clean), step=steps.__getitem__),
                            log=lambda s: None, set_run_dir=lambda step, rel: runs.update(integrate=rel),
-                           clean_yaml=lambda: yaml.safe_load(clean.read_text()))
-    result = step_integrate(loop, SimpleNamespace(name="integrate"))
+                           clean_yaml=lambda: yaml.safe_load(clean.read_text()),
+                           result_of=lambda name, model: model.model_validate(steps[name].result))
+    result = step_integrate(loop, SimpleNamespace(name="integrate")).written()
     assert result["framework"] == "vllm" and result["kernels"] == {"rmsnorm": f"{winner}:rmsnorm"}
     assert result["site"] == "integrate/site" and result["plugin"]["dir"] == "integrate/vllm_plugin"
     assert result["plugin"]["import"] == "._winner:rmsnorm" and runs == {"integrate": "integrate"}

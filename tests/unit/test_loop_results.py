@@ -1,0 +1,165 @@
+"""The loop's step results are typed where they are written (engine.loop.results): every step builds
+its result through its model, strictly (a wrong type or an unknown key is an error in the step that
+wrote it), ``loop.json`` keeps the shape it had, and reading stays lenient for other versions' files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from engine.loop import run as loop_run
+from engine.loop.results import (
+    RESULT_MODELS,
+    BottlenecksResult,
+    CandidateRow,
+    CandidatesResult,
+    IntegrateResult,
+    RebenchmarkResult,
+    VerdictResult,
+    step_result,
+    written_result,
+)
+from engine.loop.schema import LOOP_FILE, load_loop_file
+
+RECORDED = Path(__file__).resolve().parents[1] / "tui" / "data" / "issue33" / "loop_builtin-tiny_20261206_114807_a57b81"
+
+
+def _loop(tmp_path: Path) -> loop_run.Loop:
+    """The recorded loop (baseline .. candidates done, no winner) in a folder of its own, its clean
+    config a small built-in one."""
+    root = Path(shutil.copytree(RECORDED, tmp_path / "loop"))
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(yaml.safe_dump({"benchmark": {"framework": "builtin", "server": {}}}))
+    loop = load_loop_file(root)
+    loop.config = str(clean)
+    quiet = SimpleNamespace(events=SimpleNamespace(emit=lambda *a, **k: None))
+    return loop_run.Loop(root, loop, quiet, log=lambda line: None)
+
+
+def test_recorded_results_build_strictly_and_are_written_back_byte_for_byte():
+    loop = load_loop_file(RECORDED)
+    written = [s for s in loop.steps if s.result]
+    assert {s.name for s in written} == {"baseline", "profiled", "bottlenecks", "harness", "candidates", "verdict"}
+    for step in written:
+        model = RESULT_MODELS[step.name]
+        built = model(**step.result)  # the strict path: raises on any key or type the model does not know
+        assert json.dumps(built.written()) == json.dumps(step.result), step.name  # same keys, order, ints, floats
+        assert json.dumps(written_result(step.name, step.result)) == json.dumps(step.result)
+
+
+def test_a_misspelt_key_or_a_wrong_type_is_an_error_at_the_writer():
+    with pytest.raises(ValidationError, match="unknown key.*'winer'"):
+        CandidatesResult(op="rmsnorm", winer="a")
+    with pytest.raises(ValidationError, match="rows.0.speedup"):
+        CandidatesResult(rows=[{"id": "a", "speedup": "fast"}])
+    with pytest.raises(ValidationError, match="unknown key.*'verdic'"):
+        CandidatesResult(rows=[CandidateRow(id="a"), {"id": "b", "verdic": "faster"}])
+    with pytest.raises(ValidationError, match="unknown key.*'share'"):
+        BottlenecksResult(top_replaceable={"registry_op": "rmsnorm", "share": 3.0})
+    with pytest.raises(ValidationError, match="not an object"):
+        RebenchmarkResult(kernel_after="12%")
+    with pytest.raises(ValidationError, match="changed"):
+        IntegrateResult(changed={"field": "benchmark.server.kernels.rmsnorm"})
+    with pytest.raises(ValidationError, match="not a bool"):
+        VerdictResult(success="yes")
+    with pytest.raises(ValidationError, match="finite"):
+        VerdictResult(kernel={"speedup": float("nan")})
+    with pytest.raises(ValidationError, match="unknown key.*'report'"):  # the profiled step writes no report
+        RESULT_MODELS["profiled"](report="x")
+    with pytest.raises(ValidationError, match="unknown key.*'typo'"):
+        written_result("verdict", {"success": True, "typo": 1})
+    with pytest.raises(TypeError, match="not a VerdictResult"):
+        written_result("verdict", CandidatesResult(op="rmsnorm"))
+    # Reading the same data (a loop.json of another version) never fails: bad values read as unset.
+    read = CandidatesResult.model_validate({"op": "rmsnorm", "winer": "a", "rows": [{"id": 3, "verdict": "tie"}, 7]})
+    assert read.op == "rmsnorm" and read.winner is None and [(r.id, r.verdict) for r in read.rows] == [(None, "tie"),
+                                                                                                         (None, None)]
+    assert RebenchmarkResult.model_validate({"kernel_after": "12%", "metrics": []}).kernel_after is None
+    assert VerdictResult.model_validate({"success": "yes"}).decided is False
+
+
+def test_a_step_whose_builder_misspells_a_key_fails_there(tmp_path, monkeypatch):
+    runner = _loop(tmp_path)
+    step = runner.loop.step("verdict")
+    monkeypatch.setitem(loop_run.STEPS, "verdict", lambda loop, st: {"success": False, "mesage": "no gain"})
+    assert runner._run_step(step) is False
+    assert step.state == "failed" and "mesage" in step.error and not step.result
+    assert load_loop_file(runner.root).step("verdict").state == "failed"  # recorded as the step's failure
+    monkeypatch.setitem(loop_run.STEPS, "verdict", lambda loop, st: CandidatesResult(op="rmsnorm"))
+    assert runner._run_step(step) is False and "not a VerdictResult" in step.error
+
+
+def test_the_verdict_step_without_a_winner_writes_what_the_recorded_loop_has(tmp_path):
+    runner = _loop(tmp_path)
+    recorded = load_loop_file(RECORDED).step("verdict").result
+    step = runner.loop.step("verdict")
+    assert runner._run_step(step) is True and step.state == "done"
+    assert json.dumps(step.result) == json.dumps(recorded)
+    on_disk = json.loads((runner.root / LOOP_FILE).read_text())
+    assert next(s for s in on_disk["steps"] if s["name"] == "verdict")["result"] == recorded
+    assert json.loads((runner.root / "verdict" / "verdict.json").read_text()) == recorded
+
+
+def _report(mean: float) -> dict:
+    values = [mean - 1.0, mean, mean + 1.0]
+    return {"repeats": {"output_throughput": {"mean": mean, "values": values, "ci95": [mean - 2.5, mean + 2.5]},
+                        "failed": {"mean": 0.0, "values": [0.0, 0.0, 0.0], "ci95": [0.0, 0.0]}}}
+
+
+def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tmp_path):
+    """The real builders on small inputs: the harness from a bottleneck table, the verdict of a
+    winner from two reports; each result is valid strictly and typed for the steps after it."""
+    runner = _loop(tmp_path)
+    root = runner.root
+    table = {"device": "cpu", "stages": {"all": {"rows": [
+        {"rank": 1, "name": "rmsnorm", "registry_op": "rmsnorm", "replaceable": True, "share_pct": 12.5, "calls": 4,
+         "mapping": {"confidence": "high", "method": "call-site annotation"},
+         "call_args": [{"args": [{"shape": [2, 8], "dtype": "float32"}, {"shape": [8], "dtype": "float32"},
+                                 {"scalar": 1e-05}], "share_of_op_pct": 100.0}]}]}}}
+    (root / "bottlenecks").mkdir()
+    (root / "bottlenecks" / "bottlenecks.json").write_text(json.dumps(table))
+    harness = runner.loop.step("harness")
+    assert runner._run_step(harness) is True, harness.error
+    typed = step_result(harness)
+    assert typed.op == "rmsnorm" and typed.row.rank == 1 and typed.row.calls == 4 and typed.device == "cpu"
+    assert json.dumps(RESULT_MODELS["harness"](**harness.result).written()) == json.dumps(harness.result)
+    assert list(harness.result) == ["op", "file", "implementation", "shapes", "scalars", "row", "device"]
+    assert (root / typed.file).is_file()
+
+    # A winner, integrated and re-benchmarked: 100 -> 120 tok/s, outside the noise.
+    for name, mean, kernels in (("base_run", 100.0, {}), ("new_run", 120.0, {"rmsnorm": "pkg.mod:fast"})):
+        (root / name).mkdir()
+        (root / name / "config.yaml").write_text(yaml.safe_dump({"benchmark": {"server": {"kernels": kernels}}}))
+        (root / name / "benchmark_report.json").write_text(json.dumps(_report(mean)))
+    runner.loop.step("baseline").run_dir = "base_run"
+    runner.loop.step("baseline").result = {**runner.loop.step("baseline").result, "report": "base_run/benchmark_report.json"}
+    cand = runner.loop.step("candidates")
+    cand.result = written_result("candidates", {**cand.result, "op": "rmsnorm", "winner": "fast",
+                                                "winner_path": "pkg.mod:fast", "speedup": 1.5, "ci95": [1.25, 1.75],
+                                                "stopped": None})
+    integrate = runner.loop.step("integrate")
+    integrate.state, integrate.result = "done", written_result("integrate", IntegrateResult(
+        config="integrate/integrated_config.yaml", framework="builtin", kernels={"rmsnorm": "pkg.mod:fast"},
+        changed=[{"field": "benchmark.server.kernels.rmsnorm", "clean": None, "integrated": "pkg.mod:fast"}]))
+    reb = runner.loop.step("rebenchmark")
+    reb.state, reb.run_dir, reb.result = "done", "new_run", written_result("rebenchmark", RebenchmarkResult(
+        report="new_run/benchmark_report.json", repeats=3, metrics={}, profiled_run="rebenchmark_profiled/x",
+        kernel_after={"share_pct": 4.0, "avg_us": 2.5, "calls": 4, "time_us": 10.0},
+        top_after={"name": "aten::linear", "registry_op": None, "share_pct": 60.0}))
+    verdict = runner.loop.step("verdict")
+    assert runner._run_step(verdict) is True, verdict.error
+    v = step_result(verdict)
+    assert v.success is True and v.regression is False and v.top_changed is True, v.message
+    assert [c.name for c in v.checks if not c.ok] == []
+    assert v.kernel.op == "rmsnorm" and v.kernel.speedup == 1.5 and v.kernel_after.calls == 4
+    assert {r.metric: r.verdict for r in v.end_to_end} == {"output_throughput": "better", "failed": None}
+    assert list(verdict.result) == ["success", "regression", "message", "kernel", "end_to_end", "checks",
+                                    "kernel_after", "top_bottleneck_after", "top_changed"]
+    assert json.dumps(VerdictResult(**verdict.result).written()) == json.dumps(verdict.result)
+    assert "+20.0% output throughput" in v.message and "output_throughput" in loop_run.format_status(str(root))
