@@ -65,6 +65,7 @@ def cases() -> dict[str, list[tuple[str, list[dict]]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.jobs.modes import run_request
     from engine.loop.harness import write_harness
     from engine.loop.kernel_steps import compare_candidates
     from engine.serve.kernels import default_kernel_path
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             try:
                 result = compare_candidates(folder / "candidates", folder / harness["file"], op, "gpu", [], True,
-                                            log=lambda s: print(s, flush=True))
+                                            run_request=run_request, log=lambda s: print(s, flush=True))
             except Exception as exc:  # one failed op must not hide the others
                 rows.append((op, label, "-", f"error: {exc}"[:60], "-", "-", time.monotonic() - started))
                 continue

@@ -1,6 +1,7 @@
-"""Runs as jobs: typed requests (``requests``), one entry point per mode (``modes``), the job API
-with its executors (``api``), what a front end needs around a launch (``launch``) and the
-read-only questions front ends ask (``query``). Front ends use these and nothing below them
+"""Runs as jobs: typed requests (``requests``), one entry point per mode (``modes``), the
+executors of this machine (``executors``), the job API and its registry of executors (``api``),
+what a front end needs around a launch (``launch``) and the read-only questions front ends ask
+(``query``). Front ends use these and nothing below them
 (tests/unit/test_import_rule.py holds them to it).
 
 The names below load their module when first used, so that ``import engine.jobs.query`` (a

@@ -254,7 +254,8 @@ def run_optimize(request: LoopRequest, output_dir: Union[Path, str, None] = None
                  cancel: Optional[CancelToken] = None, sink: Optional[EventSink] = None,
                  workspace: Optional[Workspace] = None, prepared: Optional[PreparedLoop] = None,
                  log: Callable[[str], None] = lambda s: None) -> JobOutcome:
-    """Start or resume a loop (engine.loop.run); each of its steps is a run of the modes above."""
+    """Start or resume a loop (engine.loop.run); each of its steps is a run of the modes above, through
+    the ``run_request`` handed to it (the loop never imports this module)."""
     from engine.loop.run import run_loop
     from engine.loop.schema import LOOP_FILE
     prepared = prepared or request.prepare()
@@ -262,7 +263,7 @@ def run_optimize(request: LoopRequest, output_dir: Union[Path, str, None] = None
     if sink is not None:
         ws.events.listeners.append(sink)
     ws.write_text(request_file_for(ws.root, request), request.to_json() + "\n")
-    code, state, loop = run_loop(prepared, ws, log, cancel or CancelToken())
+    code, state, loop = run_loop(prepared, ws, log, cancel or CancelToken(), run_request=run_request)  # the steps' runs
     return JobOutcome(code, state, ws.root, LOOP_FILE, loop)
 
 

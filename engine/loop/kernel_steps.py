@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any, Optional
 import yaml
 
 from engine.loop.bottlenecks import BOTTLENECKS_FILE
+from engine.loop.context import LoopError, RunRequest, config_diff
 from engine.loop.harness import HARNESS_DIR, HARNESS_FILE, chosen_calls, harness_tolerances, write_candidate, write_harness
 from engine.loop.results import CandidatesResult, HarnessResult, IntegrateResult
 from engine.runs.schema import COMPARE_REPORT
 
 if TYPE_CHECKING:
-    from engine.loop.run import Loop
+    from engine.loop.context import LoopContext as Loop
     from engine.loop.schema import LoopStep
 
 CANDIDATES_DIR = "candidates"
@@ -32,7 +33,6 @@ BASELINE_ID = "baseline"
 
 
 def _error(message: str, hint: str = "") -> Exception:
-    from engine.loop.run import LoopError
     return LoopError(message, hint=hint) if hint else LoopError(message)
 
 
@@ -141,7 +141,8 @@ def step_candidates(loop: "Loop", step: "LoopStep") -> CandidatesResult:
     if not harness_file.is_file():
         raise _error(f"the harness {harness_file} is gone", hint="resume from the harness step or restore the file")
     result = compare_candidates(loop.root / CANDIDATES_DIR, harness_file, harness.op, harness.device or "cpu",
-                                loop.loop.candidates, loop.loop.library, cancel=loop.cancel, log=loop.log,
+                                loop.loop.candidates, loop.loop.library, run_request=loop.run_request,
+                                cancel=loop.cancel, log=loop.log,
                                 on_run_dir=lambda d: loop.set_run_dir(step, str(d.relative_to(loop.root))),
                                 timer=_timer_for(loop, harness.op, harness.device))
     if not result.compare_run:
@@ -163,12 +164,13 @@ def _timer_for(loop: "Loop", op: str, device: Optional[str]) -> Optional[str]:
 
 
 def compare_candidates(folder: Path, harness_file: Path, op: str, device: str, user_paths: list[str], library: bool,
-                       cancel: Any = None, log: Any = lambda s: None, on_run_dir: Any = lambda d: None,
+                       cancel: Any = None, log: Any = lambda s: None, on_run_dir: Any = lambda d: None, *,
+                       run_request: RunRequest,
                        timer: Optional[str] = None) -> CandidatesResult:
     """Write a ModelNew module per candidate into ``folder``, compare them all against the
     harness's Model in one ``magpie compare`` run (``timer``: the GPU timer, default the
     compare's own), and summarize the verdicts."""
-    from engine.jobs import KernelRequest, run_request
+    from engine.jobs.requests import KernelRequest
     from engine.runs.workspace import Workspace
     usable, left_out = gather_candidates(op, device, user_paths, library, folder)
     if not usable:
@@ -306,7 +308,6 @@ def workload_differences(clean: dict, new: dict, allowed: list[str]) -> list[dic
     """Effective-config fields that differ between two runs, other than the ``allowed`` ones (a
     field is allowed when it is one of them or lies under one: ``benchmark.server_env.PYTHONPATH``,
     not ``benchmark.server_env.PYTHONPATHX``)."""
-    from engine.loop.run import config_diff
     return [d for d in config_diff(clean, new)
             if not any(d["field"] == a or d["field"].startswith(a + ".") for a in allowed)]
 

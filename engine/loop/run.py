@@ -1,4 +1,4 @@
-"""``magpie optimize``: the optimization loop as a chain of steps, each a client of engine.jobs.
+"""``magpie optimize``: the optimization loop as a chain of steps, each a run of the modes.
 
 baseline (the clean benchmark, >= 3 repeats) -> profiled (its profiled twin, derived here) ->
 bottlenecks (the ranked per-stage table of ``engine.loop.bottlenecks``) -> harness, candidates,
@@ -6,11 +6,15 @@ integrate (``engine.loop.kernel_steps``) -> rebenchmark, verdict (``engine.loop.
 When no candidate is correct and faster, integrate and rebenchmark are skipped with that reason
 and the verdict says so. Exit codes: 0 a proven gain (or the ``--until`` step reached), 3 the loop
 ended without one (the verdict says which check failed), 1 a step failed, 130 cancelled.
+
+The steps see the loop through ``engine.loop.context`` (``LoopContext``, which ``Loop``
+fulfils; ``LoopError`` and the helpers the steps share), so the step modules sit below this one.
+The loop starts its runs through the modes' ``run_request`` that the optimize mode
+(``engine.jobs.modes.run_optimize``) hands to ``run_loop``: it never imports the job layer above it.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import stat
@@ -23,6 +27,8 @@ import yaml
 from engine.config.yamlfile import ConfigError, load_yaml_file
 from engine.errors import MagpieError
 from engine.loop.bottlenecks import BOTTLENECKS_FILE, analyze_trace, top_replaceable
+# LoopError, profiled_twin and config_diff: importable from here as before.
+from engine.loop.context import LoopError, RunRequest, _metrics, config_diff, profiled_twin  # noqa: F401
 from engine.loop.results import (
     BenchmarkStepResult,
     BottlenecksResult,
@@ -46,19 +52,18 @@ from engine.runs.workspace import Workspace, atomic_write_json
 PROFILED_CONFIG = "profiled_config.yaml"
 EXIT_NO_GAIN = 3
 AFTER_NO_WINNER = ("integrate", "rebenchmark")  # skipped when the candidates step found no winner
-_SUMMARY_KEYS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms",
-                 "median_e2el_ms", "failed")
-
-
-class LoopError(MagpieError):
-    title = "optimization loop"
 
 
 class Loop:
+    """A loop folder's chain of steps (``engine.loop.context.LoopContext`` to its steps).
+    ``run_request``: the modes' entry point (``engine.jobs.modes.run_request``), given by the
+    optimize mode; every benchmark and compare of a step runs through it."""
+
     def __init__(self, root: Path, loop: LoopFile, ws: Workspace, log: Callable[[str], None],
-                 cancel: Optional[CancelToken] = None) -> None:
+                 cancel: Optional[CancelToken] = None, *, run_request: RunRequest) -> None:
         self.root, self.loop, self.ws, self.log = root, loop, ws, log
         self.cancel = cancel or CancelToken()
+        self.run_request = run_request
 
     # ------------------------------------------------------------------ bookkeeping
     def save(self) -> None:
@@ -144,7 +149,7 @@ class Loop:
     def benchmark(self, step: LoopStep, config: str, flags: dict, folder: Optional[str] = None,
                   record: bool = True) -> tuple[Any, Any]:
         """One benchmark run of ``config`` into ``<loop>/<folder or step>/``; a LoopError unless it completed."""
-        from engine.jobs import BenchmarkRequest, run_request
+        from engine.jobs.requests import BenchmarkRequest
         request = BenchmarkRequest(benchmark_config=config, flags=flags)
         prepared = request.prepare()
         for o in prepared.overrides:
@@ -153,7 +158,7 @@ class Loop:
         ws = Workspace.create(self.root / (folder or step.name), "benchmark", prepared.label)
         if record:
             self._set(step, run_dir=str(ws.root.relative_to(self.root)))
-        outcome = run_request(request, cancel=self.cancel, workspace=ws, prepared=prepared, log=self.log)
+        outcome = self.run_request(request, cancel=self.cancel, workspace=ws, prepared=prepared, log=self.log)
         if outcome.exit_code != 0 or outcome.state != "completed":
             errors = outcome.report.get("errors") or outcome.report.get("error") or ""
             raise LoopError(f"the {step.name} benchmark ended {outcome.state} (exit {outcome.exit_code}): {errors} "
@@ -235,67 +240,12 @@ class Loop:
                                        for ln in top["mapping"]["lines"]]})
 
 
-def _metrics(report: dict) -> dict:
-    rep = report.get("repeats") or {}
-    res = report.get("result") or {}
-    out = {}
-    for k in _SUMMARY_KEYS:
-        if isinstance(rep.get(k), dict):
-            out[k] = {"mean": rep[k].get("mean"), "ci95": rep[k].get("ci95")}
-        elif k in res:
-            out[k] = res[k]
-    return out
-
-
-def profiled_twin(raw: dict) -> dict:
-    """The clean YAML with the profiler (with Python stacks) and the inference-stage analysis on;
-    nothing else of the workload changes (repeats go to 1: the twin diagnoses, its latencies are
-    never compared)."""
-    twin = copy.deepcopy(raw)
-    bench = twin.setdefault("benchmark", {})
-    prof = bench.setdefault("profiler", {}) or {}
-    bench["profiler"] = prof
-    tp = prof.setdefault("torch_profiler", {}) or {}
-    prof["torch_profiler"] = tp
-    tp["enabled"] = True
-    tp.setdefault("num_steps", 64)  # the profiler stops by itself: a long trace takes minutes to export
-    # Python stacks: the bottleneck table names the model lines behind each row. vLLM (>= 0.13, the
-    # --profiler-config its launcher passes) reads it as torch_profiler_with_stack, SGLang as
-    # SGLANG_PROFILE_WITH_STACK; the built-in server's profiler always records them.
-    tp.setdefault("with_stack", True)
-    tl = prof.setdefault("tracelens", {}) or {}
-    prof["tracelens"] = tl
-    tl.update({"enabled": True, "analysis_mode": "inference", "analysis_stages": "all", "export_format": "csv"})
-    gap = bench.setdefault("gap_analysis", {}) or {}
-    bench["gap_analysis"] = gap
-    gap["enabled"] = True
-    client = bench.setdefault("client", {}) or {}
-    bench["client"] = client
-    client["repeats"] = 1
-    return twin
-
-
-def _flatten(d: Any, prefix: str = "") -> dict:
-    if isinstance(d, dict):
-        out: dict = {}
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: d}
-
-
-def config_diff(clean: dict, profiled: dict) -> list[dict]:
-    """Every effective-config key that differs between the two runs, as {field, clean, profiled}."""
-    a, b = _flatten(clean), _flatten(profiled)
-    return [{"field": f"benchmark.{k}", "clean": a.get(k), "profiled": b.get(k)}
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-
-
 # ---------------------------------------------------------------------------- entry points
 def run_loop(prepared: Any, ws: Workspace, log: Callable[[str], None],
-             cancel: Optional[CancelToken] = None) -> tuple[int, str, dict]:
+             cancel: Optional[CancelToken] = None, *, run_request: RunRequest) -> tuple[int, str, dict]:
     """Start (``prepared.config``) or resume (``prepared.resume_dir``) a loop in ``ws``: the
-    engine.jobs ``optimize`` mode. Returns (exit code, run state, the loop file as a dict)."""
+    engine.jobs ``optimize`` mode, which gives the modes' ``run_request`` for the steps' runs.
+    Returns (exit code, run state, the loop file as a dict)."""
     request = prepared.request
     if prepared.resume_dir is not None:
         loop = load_loop_file(ws.root)
@@ -313,7 +263,7 @@ def run_loop(prepared: Any, ws: Workspace, log: Callable[[str], None],
         loop.kernel, loop.library = request.kernel, request.library
         loop.candidates = [str(Path(c).expanduser().resolve()) for c in request.candidates]
         log(f"magpie optimize: loop {ws.root}")
-    runner = Loop(ws.root, loop, ws, log, cancel)
+    runner = Loop(ws.root, loop, ws, log, cancel, run_request=run_request)
     runner.save()
     code, state = runner.run(request.until)
     return code, state, runner.loop.to_dict()
@@ -331,20 +281,6 @@ def _resume_options(loop: LoopFile, request: Any) -> None:
             raise LoopError(f"--{key} on resume: the {used_by[key]} step already ran with {getattr(loop, key)!r}",
                             hint="start a new loop for another choice")
         setattr(loop, key, value)
-
-
-def start_loop(config: str, output_dir: str, until: Optional[str], log: Callable[[str], None],
-               cancel: Optional[CancelToken] = None, **options: Any) -> tuple[int, Path]:
-    from engine.jobs import LoopRequest, run_request
-    outcome = run_request(LoopRequest(benchmark_config=config, until=until, **options), output_dir, cancel=cancel, log=log)
-    return outcome.exit_code, outcome.workspace
-
-
-def resume_loop(loop_dir: str, until: Optional[str], log: Callable[[str], None],
-                cancel: Optional[CancelToken] = None, **options: Any) -> tuple[int, Path]:
-    from engine.jobs import LoopRequest, run_request
-    outcome = run_request(LoopRequest(resume=loop_dir, until=until, **options), cancel=cancel, log=log)
-    return outcome.exit_code, outcome.workspace
 
 
 def format_status(loop_dir: str) -> str:

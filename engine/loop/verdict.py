@@ -33,7 +33,7 @@ from engine.loop.results import (
 from engine.runs.schema import BENCHMARK_REPORT
 
 if TYPE_CHECKING:
-    from engine.loop.run import Loop
+    from engine.loop.context import LoopContext as Loop
     from engine.loop.schema import LoopStep
 
 # The end-to-end metrics the verdict reports, and the one whose gain decides success.
@@ -44,7 +44,7 @@ PROFILED_AFTER = "profiled_after_config.yaml"
 
 
 def step_rebenchmark(loop: "Loop", step: "LoopStep") -> RebenchmarkResult:
-    from engine.loop.run import _metrics, profiled_twin
+    from engine.loop.context import _metrics, profiled_twin
     integ = loop.result_of("integrate", IntegrateResult)
     if not integ.config:
         raise _error("the integrate step recorded no integrated config", hint="resume from the integrate step")
@@ -84,7 +84,7 @@ def integ_op(loop: "Loop") -> str:
 
 
 def _error(message: str, hint: str) -> Exception:
-    from engine.loop.run import LoopError
+    from engine.loop.context import LoopError
     return LoopError(message, hint=hint)
 
 
