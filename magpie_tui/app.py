@@ -43,6 +43,11 @@ class WorkbenchApp(App):
         Binding("f1", "help", "Help", show=False, id="app.help_f1"),
         Binding("ctrl+t", "cycle_theme", "Theme", show=False, id="app.cycle_theme"),
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
+        # Priority: the focus moves when the app reads the key, not after the field it leaves has
+        # handled the keys typed before it, so a fast "1 Tab 7" fills two fields, not one with 17.
+        Binding("tab", "focus_next", "Next field", show=False, id="app.focus_next", priority=True),
+        Binding("shift+tab", "focus_previous", "Previous field", show=False, id="app.focus_previous",
+                priority=True),
     ]
 
     MODES = {"configs": lambda: _configs_screen(), "runs": lambda: _runs_screen()}

@@ -572,7 +572,7 @@ class LoopScreen(Screen):
         Binding("c", "cancel_loop", "Cancel loop", id="loop.cancel"),
         Binding("i", "show_tab('tab-step')", "Step", id="loop.step"),
         Binding("b", "show_tab('tab-bottlenecks')", "Bottlenecks", id="loop.bottlenecks"),
-        Binding("k", "show_tab('tab-candidates')", "Candidates", id="loop.candidates"),
+        Binding("a", "show_tab('tab-candidates')", "Candidates", id="loop.candidates"),  # j/k: rows
         Binding("v", "show_tab('tab-verdict')", "Verdict", id="loop.verdict"),
         Binding("n", "next_stage", "Next stage", id="loop.next_stage"),
     ] + tab_bindings("loop")

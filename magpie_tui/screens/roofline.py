@@ -174,7 +174,7 @@ class RooflineScreen(Screen):
         Binding("slash", "focus_filter", "Filter", id="roofline.filter"),
         Binding("t", "show_table", "Table", id="roofline.table"),
         Binding("p", "show_plot", "Plot", id="roofline.plot"),
-        Binding("g", "show_timeline", "Timeline", id="roofline.timeline"),
+        Binding("l", "show_timeline", "Timeline", id="roofline.timeline"),  # g/G: first/last row
     ] + tab_bindings("roofline")
     # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
     FOOTER_KEYS = ("roofline.back", "roofline.filter", "roofline.table", "roofline.plot",

@@ -2,9 +2,10 @@
 command line or from an earlier workbench session.
 
 The list is a ``DataGrid``: ``/`` filters it, ``s`` (or a header click) sorts by the highlighted
-column, ``space`` marks runs (two marked benchmark runs, or two compare runs, side by side with ``v``), ``R``
-re-runs the highlighted run with its recorded config, ``D``/``A`` delete or archive a finished
-run after asking, ``y``/``Y`` copy its folder or its command line.
+column, ``space`` marks runs (two marked benchmark runs, or two compare runs, side by side with
+``v``; ``u`` clears the marks), ``R`` re-runs the highlighted run with its recorded config,
+``D``/``A`` delete or archive a finished run after asking, ``y``/``Y`` copy its folder or its
+command line.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class RunsScreen(Screen):
         Binding("slash", "focus_filter", "Filter", id="runs.filter"),
         Binding("c", "cancel_run", "Cancel", id="runs.cancel"),
         Binding("space", "toggle_mark", "Mark", show=False, id="runs.mark"),
+        Binding("u", "clear_marks", "Clear marks", show=False, id="runs.clear_marks"),
         Binding("v", "compare_marked", "Compare marked", show=False, id="runs.compare_marked"),
         Binding("R", "rerun", "Re-run", show=False, id="runs.rerun"),
         Binding("D", "delete_run", "Delete", show=False, id="runs.delete"),
@@ -140,7 +142,9 @@ class RunsScreen(Screen):
         self._fill(self.app.runs)
         self.app.runs_signal.subscribe(self, self.runs_changed)
         self.set_interval(1.0, self._tick)
-        self.query_one(DataGrid).focus()
+        grid = self.query_one(DataGrid)
+        grid.move_cursor_to_column("state")  # s sorts by a column that tells runs apart, not the mark
+        grid.focus()
 
     def on_unmount(self) -> None:
         self.app.runs_signal.unsubscribe(self)
@@ -171,7 +175,10 @@ class RunsScreen(Screen):
         running = sum(1 for r in runs if r.state == "running")
         shown = grid.visible_count
         counts = f"{len(runs)} runs, {running} running" + (f", {shown} shown" if shown != len(runs) else "")
-        marks = f", {len(self.marked)} marked" if self.marked else ""
+        marks = ""
+        if self.marked:
+            hidden = len(self.marked) - len(self._marked_shown())
+            marks = f", {len(self.marked)} marked" + (f" ({hidden} hidden by the filter)" if hidden else "")
         note = f" · {grid.hidden_sort_note}" if grid.hidden_sort_note else ""
         self.query_one("#runs-summary", Static).update(
             f"{counts}{marks}{note} — enter: open · space: mark, v: compare two · R: re-run · ?: every key")
@@ -257,10 +264,23 @@ class RunsScreen(Screen):
         self.marked ^= {info.path}
         self._fill(self.app.runs)
 
+    def action_clear_marks(self) -> None:
+        if self.marked:
+            self.marked.clear()
+            self._fill(self.app.runs)
+
+    def _marked_shown(self) -> list[RunInfo]:
+        """The marked runs the filter lets through: what ``v`` acts on."""
+        shown = {str(k) for k in self.query_one(DataGrid).visible_keys()}
+        return [r for r in self.app.runs if r.path in self.marked and str(r.path) in shown]
+
     def action_compare_marked(self) -> None:
-        marked = [r for r in self.app.runs if r.path in self.marked]
+        marked = self._marked_shown()
         if len(marked) != 2:
-            self.notify(f"mark exactly two runs (space) to compare them; {len(marked)} marked", severity="warning")
+            hidden = len(self.marked) - len(marked)
+            self.notify(f"mark exactly two runs (space) to compare them; {len(marked)} marked and shown"
+                        + (f", {hidden} more hidden by the filter (esc clears it, u clears the marks)" if hidden else ""),
+                        severity="warning")
             return
         a, b = sorted(marked, key=lambda r: r.started or 0.0)  # the older one is A
         missing = [r.name for r in (a, b) if not r.report_path]

@@ -197,7 +197,7 @@ class _RowMessage(Message):
 class DataGrid(ScrollView, can_focus=True):
     """A sortable, filterable table that renders only the rows on screen.
 
-    Keys: up/down/pageup/pagedown/home/end move the row cursor, left/right the column cursor,
+    Keys: up/down (k/j), pageup/pagedown, home/end (g/G) move the row cursor, left/right the column cursor,
     ``s`` sorts by the cursor column (again to reverse), enter selects the row. Clicking a header
     sorts by that column; clicking a row moves the cursor there (clicking it again selects it).
     ``select_label`` shows enter in the footer under that name (what the screen does on
@@ -205,12 +205,12 @@ class DataGrid(ScrollView, can_focus=True):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "cursor_up", "Up", show=False, id="grid.cursor_up"),
-        Binding("down", "cursor_down", "Down", show=False, id="grid.cursor_down"),
+        Binding("up,k", "cursor_up", "Up", show=False, id="grid.cursor_up"),
+        Binding("down,j", "cursor_down", "Down", show=False, id="grid.cursor_down"),
         Binding("pageup", "page_up", "Page up", show=False, id="grid.page_up"),
         Binding("pagedown", "page_down", "Page down", show=False, id="grid.page_down"),
-        Binding("home", "first_row", "First row", show=False, id="grid.first_row"),
-        Binding("end", "last_row", "Last row", show=False, id="grid.last_row"),
+        Binding("home,g", "first_row", "First row", show=False, id="grid.first_row"),
+        Binding("end,G", "last_row", "Last row", show=False, id="grid.last_row"),
         # Not in the footer: at 80 columns it has room only for the screen's main keys.
         Binding("left", "column_left", "Prev column", show=False, id="grid.column_left",
                 tooltip="Move the column cursor left"),

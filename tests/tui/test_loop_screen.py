@@ -329,7 +329,7 @@ async def test_bottleneck_candidates_and_verdict_panes(project):
         await wait_for(pilot, lambda: grid.row_count == 2)
         assert screen.query_one("#bottleneck-stage").value == "decode_only"
 
-        await pilot.press("k")
+        await pilot.press("a")
         cands = screen.query_one("#candidates-grid", DataGrid).visible_rows()
         assert [(r["id"], r["verdict"], r["winner"]) for r in cands] == [
             ("rms_triton", "faster", "*"), ("rms_tie", "tie", ""), ("eager", "baseline", ""),

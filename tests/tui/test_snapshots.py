@@ -141,7 +141,7 @@ def test_benchmark_distributions(snap_compare, snapshot_app, size):
 
 @pytest.mark.parametrize("size", NEW_SIZES)
 def test_roofline_timeline(snap_compare, snapshot_app, size):
-    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("trace_", ("g",)))
+    assert snap_compare(snapshot_app, terminal_size=size, run_before=_open_report("trace_", ("l",)))
 
 
 @pytest.mark.parametrize("size", NEW_SIZES)
@@ -258,7 +258,7 @@ def test_rerun_without_a_recorded_config(snap_compare, snapshot_app_more_runs, s
 @pytest.mark.parametrize("size", NEW_SIZES)
 def test_roofline_timeline_of_the_mixed_stage(snap_compare, snapshot_app, size):
     async def run_before(pilot):
-        await _open_report("trace_", ("g",))(pilot)
+        await _open_report("trace_", ("l",))(pilot)
         pilot.app.screen.query_one("#timeline-stage").value = "prefilldecode"
         await _settle(pilot)
     assert snap_compare(snapshot_app, terminal_size=size, run_before=run_before)

@@ -301,7 +301,7 @@ async def test_roofline_focus_keys_and_remembered_view(app, project):
         screen.query_one("#stage").value = "prefilldecode"
         await pilot.press("slash", "a", "d", "d", "enter")
         grid.sort_by("achieved_tflops_mean", reverse=True)
-        await pilot.press("g")
+        await pilot.press("l")
         await pilot.press("escape")  # from another tab: back to the table
         assert screen.query_one("#roofline-tabs").active == "tab-table"
         await pilot.press("escape")
@@ -678,7 +678,7 @@ async def test_timeline_tab_draws_the_traces_streams_and_zooms(app, project):
         await open_runs(pilot, app)
         app.open_report(find_run(app, "trace_"))
         await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
-        await pilot.press("g")
+        await pilot.press("l")
         timeline = app.screen.query_one("#gpu-timeline")
         await wait_for(pilot, lambda: len(timeline.lanes) == 2)
         assert [lane.name for lane in timeline.lanes] == ["gpu0 s20", "gpu0 s7"] and app.screen.focused is timeline
@@ -931,9 +931,9 @@ async def test_the_footer_keeps_the_main_keys_of_the_roofline_and_kernel_screens
         app.open_report(find_run(app, "trace_"))
         await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
         await pilot.pause()
-        tabs = {"escape", "slash", "t", "p", "g"}
+        tabs = {"escape", "slash", "t", "p", "l"}
         assert HELP_AND_QUIT | tabs | {"s"} <= footer_keys_in_view(app, 80)
-        await pilot.press("g")  # the timeline's zoom keys come first; the screen's tab keys stay
+        await pilot.press("l")  # the timeline's zoom keys come first; the screen's tab keys stay
         await wait_for(pilot, lambda: HELP_AND_QUIT | tabs | {"plus", "minus"} <= footer_keys_in_view(app, 80))
         await pilot.press("t")
         await pilot.pause()

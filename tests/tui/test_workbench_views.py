@@ -230,7 +230,7 @@ async def _open_timeline(pilot, app):
     await open_runs(pilot, app)
     app.open_report(find_run(app, "trace_"))
     await wait_screen(pilot, app, RooflineScreen, "#roofline-grid")
-    await pilot.press("g")
+    await pilot.press("l")
     timeline = app.screen.query_one(GpuTimeline)
     await wait_for(pilot, lambda: bool(timeline.steps))
     return timeline

@@ -1,0 +1,76 @@
+"""The keys of k9s and lazygit habits: j/k/g/G in every table, u clears marks, marks a filter
+hides are not acted on, s sorts by a column that tells runs apart; and keys that arrive in one
+burst (fast typing, a paste) reach the field that had the focus when each was typed."""
+
+from __future__ import annotations
+
+from textual import events
+
+from tui.conftest import open_runs, wait_for, wait_screen
+
+from magpie_tui.screens.configs import ConfigsScreen
+from magpie_tui.screens.launch import LaunchScreen
+from magpie_tui.widgets.data_grid import DataGrid
+
+SIZE = (140, 45)
+
+
+def _burst(app, *keys: str) -> None:
+    """Post the keys back to back, without waiting between them, as the terminal driver does."""
+    for key in keys:
+        app.post_message(events.Key(key, key if len(key) == 1 else None))
+
+
+async def test_digit_tab_digit_in_one_burst_fills_two_fields(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(project / "benchmarks" / "builtin_tiny_cpu.yaml")
+        await pilot.press("l")
+        await wait_screen(pilot, app, LaunchScreen, "#start")
+        dialog = app.screen
+        assert app.focused is dialog.query_one("#repeats")
+        _burst(app, "1", "tab", "7", "shift+tab", "2")
+        # shift+tab went back before the 2 was read: it replaces the 1 (a field selects its text on focus)
+        await wait_for(pilot, lambda: dialog.query_one("#repeats").value == "2")
+        await pilot.pause()
+        assert dialog.query_one("#concurrency").value == "7"
+        assert "--repeats 2 --concurrency 7" in str(dialog.query_one("#launch-preview-text").render())
+
+
+async def test_j_k_g_G_move_the_runs_cursor(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4)
+        assert grid.cursor_position == 0
+        await pilot.press("j", "j")
+        assert grid.cursor_position == 2
+        await pilot.press("k")
+        assert grid.cursor_position == 1
+        await pilot.press("G")
+        assert grid.cursor_position == 3
+        await pilot.press("g")
+        assert grid.cursor_position == 0
+
+
+async def test_s_sorts_by_state_first_and_marks_hidden_by_a_filter_are_left_out(app, project):
+    async with app.run_test(size=SIZE) as pilot:
+        await open_runs(pilot, app)
+        screen = app.screen
+        grid = screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4)
+        await pilot.press("s")
+        assert grid.sort_column == "state"  # not the mark column the row starts with
+        for _ in range(4):  # mark every run
+            await pilot.press("space", "j")
+        assert sum(r["mark"] == "✓" for r in grid.visible_rows()) == 4
+        await pilot.press("slash", *"bench", "enter")
+        await wait_for(pilot, lambda: grid.visible_count == 2)
+        summary = str(screen.query_one("#runs-summary").render())
+        assert "4 marked (2 hidden by the filter)" in summary
+        assert screen._marked_shown() and len(screen._marked_shown()) == 2  # v acts on the two shown
+        await pilot.press("u")
+        assert not screen.marked and "marked" not in str(screen.query_one("#runs-summary").render())
+        await pilot.press("space", "v")  # one marked: refused, and says how many
+        await pilot.pause()
+        assert any("1 marked and shown" in n.message for n in app._notifications)
