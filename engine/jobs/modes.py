@@ -22,7 +22,7 @@ from engine.jobs.requests import (
 )
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, TRACE_ANALYSIS_REPORT, report_name_for_mode
-from engine.runs.state import benchmark_figures
+from engine.runs.state import benchmark_figures, kernel_figures
 from engine.runs.workspace import Workspace
 
 EXIT_OK, EXIT_FAIL, EXIT_CANCELLED = 0, 1, 130
@@ -154,7 +154,8 @@ def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, 
         ws.write_json(name, report)
         display = renderables + ([f"error: {error}"] if error else []) + [f"workspace: {ws.root}"]
         ws.write_text("summary.txt", render_text(display))
-        _end(ws, state, code, name)
+        figures = kernel_figures(report)  # the verdicts and the winner: what every front end shows after the end
+        _end(ws, state, code, name, **({"figures": figures.model_dump(exclude_none=True)} if figures else {}))
     return JobOutcome(code, state, ws.root, name, report, display=display)
 
 

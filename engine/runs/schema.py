@@ -216,6 +216,12 @@ class RunFigures(_Section):
     steps_done: Optional[int] = None
     steps_total: Optional[int] = None
     outcome: Optional[str] = None  # a loop's end in words ("no proven gain")
+    # analyze / compare: how many kernels got each verdict (a compare's: faster, tie, incorrect,
+    # not judged...; an analyze's: correct, incorrect, not judged), the baseline and the winner
+    verdicts: Optional[dict[str, int]] = None
+    baseline: Optional[str] = None
+    winner: Optional[str] = None
+    winner_speedup: Optional[Figure] = None
 
 
 class RunFinished(Event):

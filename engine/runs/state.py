@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.runs.schema import FINISHED_RUN_STATES, CapacityLevel, Figure, ProgressEvent, RunFigures, RunState
 
 __all__ = ["RequestCounts", "LiveMetrics", "RunProgress", "CapacityStep", "RunStatus", "status_text",
-           "figures_text", "benchmark_figures", "progress_from_event", "no_roofline_reason"]
+           "figures_text", "benchmark_figures", "kernel_figures", "progress_from_event", "no_roofline_reason"]
 
 
 class _State(BaseModel):
@@ -171,6 +171,8 @@ def _finished_text(status: RunStatus) -> str:
     f = status.figures
     if f is not None and f.steps_total:
         return " · ".join(p for p in (f"{f.steps_done}/{f.steps_total} steps", f.outcome or "", exit_part) if p)
+    if f is not None and f.verdicts:
+        return " · ".join(p for p in (_kernels_lead(status, f), _verdict_counts(f.verdicts), exit_part) if p)
     if f is not None and f.requests:
         lead = ""
         if f.capacity_levels:
@@ -201,6 +203,30 @@ def _finished_text(status: RunStatus) -> str:
             reached = f"{p.done}/{p.total}"
         return f"{status.state} at {reached}" + (f" · {exit_part}" if exit_part else "")
     return exit_part or "-"
+
+
+def _kernels_lead(status: RunStatus, f: RunFigures) -> str:
+    """``winner one_pass 9.27x (95% CI 8.87–9.58)``, ``baseline three_pass stands``, ``no winner``;
+    a run that did not complete says so first."""
+    lead = "" if status.state == RunState.COMPLETED else str(status.state)
+    if status.mode != "compare":
+        return lead
+    if f.winner is not None and f.winner != f.baseline:
+        sp = f.winner_speedup
+        what = f"winner {f.winner}" + (f" {sp.mean:.3g}x" if sp else "")
+        if sp and sp.ci95:
+            what += f" (95% CI {sp.ci95[0]:.3g}–{sp.ci95[1]:.3g})"
+    elif f.winner is not None:
+        what = f"baseline {f.winner} stands"
+    else:
+        what = "no winner"
+    return f"{lead} · {what}" if lead else what
+
+
+def _verdict_counts(verdicts: dict[str, int]) -> str:
+    order = ("baseline", "faster", "tie", "slower", "correct", "incorrect", "rejected", "not measured", "not judged")
+    names = sorted(verdicts, key=lambda v: (order.index(v) if v in order else len(order), v))
+    return ", ".join(f"{verdicts[v]} {v}" for v in names if v != "baseline")
 
 
 def _figure(fig: Figure, unit: str, fmt: str) -> str:
@@ -270,6 +296,37 @@ def benchmark_figures(report: dict) -> Optional[RunFigures]:
         figures.capacity_over = capacity.get("over")
         figures.capacity_knee = capacity.get("knee")
         figures.capacity_levels = [x for x in levels if isinstance(x, (int, float))]
+    return figures
+
+
+def kernel_figures(report: dict) -> Optional[RunFigures]:
+    """The headline of an analyze or compare report as it is written (engine.kernels.report): how
+    many kernels got each verdict, the baseline, the winner and its speedup with its interval."""
+    results = report.get("results")
+    rows = results.get("kernel_results") if isinstance(results, dict) else results
+    if not isinstance(rows, list):
+        return None
+    rows = [r for r in rows if isinstance(r, dict)]
+    not_judged = report.get("not_judged") if isinstance(report.get("not_judged"), dict) else {}
+    verdicts: dict[str, int] = {}
+    for r in rows:
+        verdict = r.get("verdict")
+        if not isinstance(verdict, str):  # analyze: the correctness of each kernel
+            verdict = ("not judged" if r.get("kernel_id") in not_judged else
+                       {"SUCCESS": "correct", "FAILED": "incorrect"}.get(str(r.get("correctness_state")), "not judged"))
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+    figures = RunFigures(verdicts=verdicts)
+    baseline = report.get("baseline")
+    if isinstance(baseline, dict) and isinstance(baseline.get("id"), str):
+        figures.baseline = baseline["id"]
+    winner = report.get("winner_id")
+    if isinstance(winner, str):
+        figures.winner = winner
+        row = next((r for r in rows if r.get("kernel_id") == winner), {})
+        speedup, ci = row.get("speedup"), row.get("speedup_ci")
+        if isinstance(speedup, (int, float)) and winner != figures.baseline:
+            ok_ci = isinstance(ci, list) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci)
+            figures.winner_speedup = Figure(mean=speedup, ci95=list(ci) if ok_ci else None)
     return figures
 
 

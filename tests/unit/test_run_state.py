@@ -1,5 +1,5 @@
 """The one run state (engine.runs.state) against real runs: what the workbench's header and list,
-the job API and MCP show must be what the run's report says (issue 33)."""
+the job API and MCP show must be what the run's report says."""
 
 from __future__ import annotations
 
@@ -128,3 +128,46 @@ def step_results_of(loop_dir) -> dict:
     from engine.loop.results import step_result
     from engine.loop.schema import load_loop_file
     return {step.name: step_result(step) for step in load_loop_file(loop_dir).steps}
+
+
+def test_a_finished_compare_shows_its_winner_and_verdicts_from_the_report():
+    """A recorded compare (examples/runs): the winner with its speedup and interval and the other
+    kernels' verdicts, never a stale stage line; a cancelled one says so first."""
+    from pathlib import Path
+
+    from engine.runs.schema import RunFigures
+    from engine.runs.state import RunStatus, kernel_figures, status_text
+    run = next((Path(__file__).resolve().parents[2] / "examples" / "runs").glob("compare_three_pass_*"))
+    report = json.loads((run / "compare_report.json").read_text())
+    figures = kernel_figures(report)
+    one = next(r for r in report["results"]["kernel_results"] if r["kernel_id"] == "one_pass")
+    lo, hi = one["speedup_ci"]
+    assert figures.verdicts == {"baseline": 1, "faster": 1, "incorrect": 1} and figures.baseline == "three_pass"
+    done = RunStatus(state="completed", mode="compare", exit_code=0, figures=figures)
+    assert status_text(done) == (f"winner one_pass {one['speedup']:.3g}x (95% CI {lo:.3g}–{hi:.3g}) · "
+                                 "1 faster, 1 incorrect · exit 0")
+    cancelled = RunStatus(state="cancelled", mode="compare", exit_code=130, figures=figures)
+    assert status_text(cancelled).startswith("cancelled · winner one_pass")
+    stands = RunFigures(verdicts={"baseline": 1, "tie": 2}, baseline="a", winner="a")
+    assert status_text(RunStatus(state="completed", mode="compare", exit_code=0, figures=stands)) == \
+        "baseline a stands · 2 tie · exit 0"
+
+
+def test_run_finished_of_an_analyze_carries_its_verdicts(tmp_path):
+    """A real analyze in this process: run_finished carries the counts, and the catalog's text
+    (the Runs list, the Run header, job_status) is built from them."""
+    from engine.jobs import KernelRequest
+    cfg = tmp_path / "k.yaml"
+    cfg.write_text("kernels:\n"
+                   "  - {id: ok, type: hip, testcase_command: 'true'}\n"
+                   "  - {id: wrong, type: hip, testcase_command: 'false'}\n"
+                   "  - {id: nocc, type: hip, compile_command: 'magpie-no-such-compiler x.c', testcase_command: 'true'}\n")
+    outcome = run_request(KernelRequest(mode="analyze", kernel_config=str(cfg), cwd=str(tmp_path), no_perf=True),
+                          str(tmp_path / "out"))
+    finished = _events(outcome.workspace)[-1]
+    assert finished["event"] == "run_finished"
+    assert finished["figures"]["verdicts"] == {"correct": 1, "incorrect": 1, "not judged": 1}
+    catalog = RunCatalog([tmp_path / "out"])
+    catalog.refresh()
+    info = next(iter(catalog.runs.values()))
+    assert info.progress_text == f"1 correct, 1 incorrect, 1 not judged · exit {outcome.exit_code}"
