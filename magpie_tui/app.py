@@ -42,6 +42,8 @@ class WorkbenchApp(App):
         Binding("question_mark", "help", "Help", key_display="?", id="app.help"),
         Binding("f1", "help", "Help", show=False, id="app.help_f1"),
         Binding("ctrl+t", "cycle_theme", "Theme", show=False, id="app.cycle_theme"),
+        Binding("colon", "command_palette", "Commands", key_display=":", id="app.palette"),
+        Binding("q", "back", "Back", show=False, id="app.back"),
         Binding("ctrl+q", "quit", "Quit", id="app.quit", priority=True),
         # Priority: the focus moves when the app reads the key, not after the field it leaves has
         # handled the keys typed before it, so a fast "1 Tab 7" fills two fields, not one with 17.
@@ -169,6 +171,14 @@ class WorkbenchApp(App):
         self.track_started(started)
         self.select_next = started
         self.action_show_side("runs")
+
+    def action_back(self) -> None:
+        """``q``: what ``esc`` does where it is pressed (back one level, close a dialog), as in k9s
+        and lazygit; on the Configs tree or the Runs list itself, how to quit instead."""
+        if len(self.screen_stack) > 1:
+            self.simulate_key("escape")
+        else:
+            self.notify("q goes back one level; this is the top: ctrl+q quits", timeout=3)
 
     def action_help(self) -> None:
         from magpie_tui.screens.help import HelpScreen

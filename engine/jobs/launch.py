@@ -48,18 +48,21 @@ def form_request(mode: str, config: Union[Path, str], *, repeats: Optional[int] 
                  num_prompts: Optional[int] = None, profiler: Optional[bool] = None,
                  only: Optional[list[str]] = None, until: Optional[str] = None, warmup: Optional[int] = None,
                  timeout: Optional[float] = None, seed: Optional[int] = None, rtol: Optional[float] = None,
-                 atol: Optional[float] = None, no_perf: bool = False) -> Request:
+                 atol: Optional[float] = None, no_perf: bool = False, kernel: Optional[str] = None,
+                 candidates: Optional[list[str]] = None, library: bool = True) -> Request:
     """The typed request of a launch form: ``mode`` (analyze | compare | benchmark | optimize) on
     the config file, with the common overrides (None: keep the config's value). Fields a mode
     does not take are left out: a baseline only for compare; only, rtol, atol and no_perf for
     analyze/compare; the benchmark overrides (``BENCH_FORM_FIELDS``) for benchmark; until for
-    optimize. warmup: untimed calls (analyze/compare) or warm-up requests (benchmark); timeout:
-    per command (analyze/compare) or the whole run (benchmark)."""
+    optimize, with the op to optimise (kernel), candidate paths and whether the bundled library's
+    candidates join them. warmup: untimed calls (analyze/compare) or warm-up requests (benchmark);
+    timeout: per command (analyze/compare) or the whole run (benchmark)."""
     try:
         return _form_request(mode, str(Path(config).resolve()), repeats=repeats, baseline=baseline,
                              concurrency=concurrency, input_len=input_len, output_len=output_len,
                              num_prompts=num_prompts, profiler=profiler, only=only, until=until, warmup=warmup,
-                             timeout=timeout, seed=seed, rtol=rtol, atol=atol, no_perf=no_perf)
+                             timeout=timeout, seed=seed, rtol=rtol, atol=atol, no_perf=no_perf, kernel=kernel,
+                             candidates=candidates, library=library)
     except ValidationError as exc:  # a value of the wrong type: named by its field, as a config problem
         raise ConfigError([f"launch form: {'.'.join(str(p) for p in e['loc']) or mode}: {e['msg']}"
                            for e in exc.errors()]) from None
@@ -67,7 +70,7 @@ def form_request(mode: str, config: Union[Path, str], *, repeats: Optional[int] 
 
 def _form_request(mode: str, path: str, *, repeats: Any, baseline: Any, concurrency: Any, input_len: Any,
                   output_len: Any, num_prompts: Any, profiler: Any, only: Any, until: Any, warmup: Any, timeout: Any,
-                  seed: Any, rtol: Any, atol: Any, no_perf: bool) -> Request:
+                  seed: Any, rtol: Any, atol: Any, no_perf: bool, kernel: Any, candidates: Any, library: bool) -> Request:
     if mode in ("analyze", "compare"):
         # Relative paths resolve where the run starts (the config's folder), in the preview as in the run.
         return KernelRequest(mode=mode, kernel_config=path, cwd=str(Path(path).parent), repeats=repeats,
@@ -81,7 +84,8 @@ def _form_request(mode: str, path: str, *, repeats: Any, baseline: Any, concurre
                                          where="launch form")
         return BenchmarkRequest(benchmark_config=path, flags=flags)
     if mode == "optimize":
-        return LoopRequest(benchmark_config=path, until=until)
+        return LoopRequest(benchmark_config=path, until=until, kernel=kernel or None,
+                           candidates=[str(Path(c).expanduser().resolve()) for c in candidates or []], library=library)
     raise _unknown_mode(mode)
 
 

@@ -291,6 +291,12 @@ def loop_status(loop_dir: Union[Path, str]) -> str:
 
 
 # --------------------------------------------------------------------------- the engine's own parts
+def optimizable_ops() -> tuple[str, ...]:
+    """The registry ops ``magpie optimize --kernel`` takes (the built-in server's swappable kernels)."""
+    from engine.serve.kernels import KERNEL_KEYS
+    return tuple(KERNEL_KEYS)
+
+
 def bundled_kernel_paths() -> frozenset[str]:
     """``module:function`` of every kernel that ships with the engine: the library's catalog, the
     built-in server's Triton defaults and its PyTorch references."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
@@ -33,6 +34,24 @@ class ConfigTree(DirectoryTree):
                     yield path
             elif path.suffix.lower() in WATCHED_SUFFIXES:
                 yield path
+
+
+    def render_label(self, node, base_style, style):
+        """A name too long for the tree loses its middle, not its end: ``builtin_tiny_cpu.yaml`` and
+        ``builtin_tiny_cpu_profiled.yaml`` stay two names at 80 columns (``builtin_ti…filed.yaml``)."""
+        text = super().render_label(node, base_style, style)
+        depth, parent = 0, node.parent
+        while parent is not None:
+            depth, parent = depth + 1, parent.parent
+        room = self.scrollable_content_region.width - max(0, depth - (0 if self.show_root else 1)) * self.guide_depth
+        name = str(node.label)
+        over = text.cell_len - room
+        if over <= 0 or room < 10 or len(name) < 8:
+            return text
+        prefix = len(text.plain) - len(name)  # the folder/file icon
+        keep = max(4, len(name) - over - 1)  # the name's characters that fit, beside the ellipsis
+        left, right = (keep + 1) // 2, keep // 2
+        return Text.assemble(text[:prefix + left], ("…", base_style), text[len(text.plain) - right:])
 
 
 class ConfigsScreen(Screen):

@@ -115,7 +115,7 @@ class HelpScreen(ModalScreen):
         other = "" if self.for_screen is None else (" · a: this screen only" if self.showing_all else
                                                     " · a: every screen")
         self.query_one("#help-title", Static).update(
-            f"Keys of {scope}{other} · esc closes · ctrl+p: command palette. Remap a key by its id under "
+            f"Keys of {scope}{other} · esc or q closes · : or ctrl+p: command palette. Remap a key by its id under "
             f"'keymap:' in {settings_file_hint()}, e.g. 'runs.cancel: ctrl+x'.")
 
     def action_toggle_all(self) -> None:

@@ -5,6 +5,8 @@ effective config before anything starts."""
 from __future__ import annotations
 
 import os
+import shlex
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import yaml
@@ -15,7 +17,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from engine.errors import MagpieError
 from engine.jobs.launch import BENCH_FORM_FIELDS, command_line, config_path, effective_config, form_request
-from engine.jobs.query import STEP_NAMES, ConfigCheck, ConfigError
+from engine.jobs.query import STEP_NAMES, ConfigCheck, ConfigError, optimizable_ops
 from engine.jobs.requests import OVERRIDES
 from magpie_tui.errors import error_text
 from magpie_tui.launching import start_run
@@ -133,6 +135,13 @@ class LaunchScreen(ModalScreen):
                     yield Label("Stop after step", classes="-optimize")
                     yield Select([(f"{i}. {name}", name) for i, name in enumerate(STEP_NAMES, 1)],
                                  prompt="every step", id="until", classes="-optimize", compact=True)
+                    yield Label("Kernel (op)", classes="-optimize")
+                    yield Select([(op, op) for op in optimizable_ops()], prompt="the top replaceable row",
+                                 id="kernel", classes="-optimize", compact=True)
+                    yield Label("Candidates", classes="-optimize")
+                    yield Input(placeholder="files or folders, space-separated (relative: to the config's folder)",
+                                id="candidates", classes="-optimize", compact=True)
+                    yield Checkbox("Bundled library's candidates too", value=True, id="library", classes="-optimize")
                 yield VerticalScroll(Static("", id="launch-preview-text"), id="launch-preview")
             with Horizontal(id="launch-buttons"):
                 yield Button("Start (ctrl+s)", variant="primary", id="start")
@@ -165,6 +174,16 @@ class LaunchScreen(ModalScreen):
             return None
         return float(text) if widget_id in _FLOAT_FIELDS else int(text)
 
+    def _candidates(self) -> list[str]:
+        """The candidate paths typed, each relative to the config's folder unless absolute or ~."""
+        text = self.query_one("#candidates", Input).value
+        base = self.check.path.parent
+        try:
+            words = shlex.split(text)
+        except ValueError as exc:  # an unclosed quote
+            raise ConfigError([f"launch form: candidates: {exc}"]) from None
+        return [str(base / Path(c).expanduser()) for c in words]
+
     def _update(self) -> None:
         mode = self._value("mode")
         optimize = mode == "optimize"
@@ -185,6 +204,9 @@ class LaunchScreen(ModalScreen):
                                baseline=self._value("baseline") if mode == "compare" else None,
                                profiler=None if profiler is None else profiler == "on",
                                until=self._value("until") if optimize else None,
+                               kernel=self._value("kernel") if optimize else None,
+                               candidates=self._candidates() if optimize else None,
+                               library=bool(self._value("library")) if optimize else True,
                                no_perf=bool(self._value("no_perf")) if kernel else False,
                                **{k: v for k, v in values.items() if (mode == "benchmark" or k not in _BENCH_FIELDS)
                                   and (kernel or k not in _KERNEL_FIELDS)})

@@ -10,7 +10,7 @@ from pathlib import Path
 from textual import work
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Header, Select, Static, TabbedContent, TabPane
+from textual.widgets import Header, Input, Select, Static, TabbedContent, TabPane
 
 from engine.jobs.launch import find_console_log
 from engine.jobs.query import MAX_SMALL_TEXT_BYTES, RunInfo, read_text, status_text
@@ -57,13 +57,17 @@ class EventsLog(RunLog):
 
 class RunScreen(Screen):
     BINDINGS = [
-        Binding("escape", "app.pop_screen", "Back", id="run.back"),
+        Binding("escape", "back", "Back", id="run.back"),
         Binding("r", "open_report", "Report", id="run.report"),
         Binding("c", "cancel_run", "Cancel run", id="run.cancel"),
         Binding("l", "next_log", "Next log", id="run.next_log"),
+        Binding("slash", "search_log", "Search", id="run.search"),
+        Binding("n", "search_next", "Next match", show=False, id="run.search_next"),
+        Binding("N", "search_previous", "Previous match", show=False, id="run.search_previous"),
+        Binding("f", "toggle_follow", "Follow", show=False, id="run.follow"),
     ] + tab_bindings("run")
     # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
-    FOOTER_KEYS = ("run.back", "run.report", "run.cancel", "run.next_tab", "run.next_log")
+    FOOTER_KEYS = ("run.back", "run.report", "run.cancel", "run.next_tab", "run.search", "run.next_log")
 
     def action_next_tab(self) -> None:
         cycle_tab(self, 1)
@@ -80,6 +84,11 @@ class RunScreen(Screen):
     def compose(self):
         yield Header()
         yield Static("", id="run-status")
+        search = Input(placeholder="search the log shown (enter: first match below, n/N: next/previous, esc: close)",
+                       id="log-search", compact=True)
+        # Shown by /. Hidden it is also disabled: auto-focus looks at visibility, not display.
+        search.display, search.disabled = False, True
+        yield search
         with TabbedContent(id="run-tabs"):
             with TabPane("Log", id="tab-log"):
                 yield Select([(self._label(p), str(p)) for p in self.logs], prompt="no log yet",
@@ -96,6 +105,77 @@ class RunScreen(Screen):
             return str(path.relative_to(self.info.path))
         except ValueError:
             return f"console ({path.name})"
+
+    # -- the log shown: search and follow -----------------------------------------------------
+    def _shown_log(self) -> RunLog | None:
+        active = self.query_one("#run-tabs", TabbedContent).active
+        found = self.query({"tab-log": "#run-log", "tab-events": "#run-events"}.get(active, "#none"))
+        return found.first() if found else None
+
+    def action_toggle_follow(self) -> None:
+        log = self._shown_log()
+        if log is not None:
+            log.auto_scroll = not log.auto_scroll
+            if log.auto_scroll:
+                log.scroll_end(animate=False)
+            self.notify("following the log's end" if log.auto_scroll else "stopped following: the view stays put",
+                        timeout=2)
+
+    def action_search_log(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.display, box.disabled = True, False
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "log-search":
+            event.stop()
+            self._search_text = event.value
+            self._search_at: int | None = None
+            event.input.display = bool(event.value)
+            event.input.disabled = not event.value
+            log = self._shown_log()
+            if log is not None:
+                log.focus()
+            self._find(1, from_top_of_view=True)
+
+    def action_back(self) -> None:
+        """esc (and q): close the search box when it has the focus, else back to where the run was opened."""
+        box = self.query_one("#log-search", Input)
+        if box.has_focus:
+            box.display, box.disabled = False, True
+            log = self._shown_log()
+            if log is not None:
+                log.focus()
+            return
+        self.app.pop_screen()
+
+    def action_search_next(self) -> None:
+        self._find(1)
+
+    def action_search_previous(self) -> None:
+        self._find(-1)
+
+    def _find(self, step: int, from_top_of_view: bool = False) -> None:
+        """Scroll the log shown to the next line (``step`` 1) or the previous one (-1) that holds the
+        search text, case-insensitive, wrapping around; following stops so the match stays in view."""
+        text, log = getattr(self, "_search_text", ""), self._shown_log()
+        if not text or log is None:
+            return
+        needle, lines = text.lower(), log.lines
+        hits = [i for i, line in enumerate(lines) if needle in line.lower()]
+        if not hits:
+            self.notify(f"'{text}' is not in the {len(lines)} lines shown", severity="warning", timeout=3)
+            return
+        here = int(log.scroll_y) - (1 if from_top_of_view else 0)
+        if step > 0:
+            index = next((i for i in hits if i > here), hits[0])
+        else:
+            index = next((i for i in reversed(hits) if i < here), hits[-1])
+        log.auto_scroll = False
+        log.scroll_to(y=index, animate=False)
+        self._search_at = index
+        self.notify(f"'{text}': line {index + 1} (match {hits.index(index) + 1} of {len(hits)}); f follows again",
+                    timeout=3)
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name

@@ -5,7 +5,8 @@ right edge, so at 80 columns a screen with many keys lost ``?`` (help) and ``ctr
 and on the Diff screen, where the diff view's own keys come first, ``c`` (compare). This footer
 leaves keys out instead, least needed first, until the rest fits:
 
-1. the side keys ``1``/``2`` (together: their screens name them too);
+1. ``:`` (the command palette; Help names it), then the side keys ``1``/``2`` together (their
+   screens name them too);
 2. the keys the screen does not name as main ones, from the right;
 3. the screen's main keys, from the least needed one.
 
@@ -34,13 +35,14 @@ from textual.widgets._footer import FooterKey
 __all__ = ["ALWAYS_SHOWN", "KeysFooter", "LEFT_OUT_FIRST"]
 
 ALWAYS_SHOWN = ("app.help", "app.quit")
-"""Binding ids that are never left out: how to find every other key, and how to leave."""
-LEFT_OUT_FIRST = ("app.configs", "app.runs")
-"""Binding ids left out (together) before any of the screen's keys."""
+"""Binding ids that are never left out: how to find every other key (Help names ``:`` too), and how to leave."""
+LEFT_OUT_FIRST = ("app.configs", "app.runs", "app.palette")
+"""Binding ids left out (together) before any of the screen's keys: at 80 columns a screen's own
+keys matter more than the side keys and ``:`` (the palette, which ``?`` names)."""
 
 
 class KeysFooter(Footer):
-    """A compact footer (no command-palette key: ctrl+p still opens it; Help says so) whose keys
+    """A compact footer (the command palette shown as ``:``; ctrl+p opens it too) whose keys
     fit its width, keeping the screen's main keys (``FOOTER_KEYS``) longest."""
 
     def __init__(self, **kwargs) -> None:
@@ -79,8 +81,9 @@ class KeysFooter(Footer):
         total = sum(cells(k) for k in keys) - 1
         ids = [k[0].id for k in keys]
         kept = ALWAYS_SHOWN + LEFT_OUT_FIRST
-        # Groups of keys, left out a group at a time: 1 and 2 together (one without the other misleads).
-        candidates = [[ids.index(i) for i in LEFT_OUT_FIRST if i in ids]]
+        # Groups of keys, left out a group at a time: : first, then 1 and 2 together (one without
+        # the other misleads).
+        candidates = [[ids.index(i) for i in group if i in ids] for group in (LEFT_OUT_FIRST[2:], LEFT_OUT_FIRST[:2])]
         candidates += [[n] for n in reversed(range(len(keys))) if ids[n] not in kept and ids[n] not in main]
         candidates += [[ids.index(i)] for i in reversed(main) if i in ids and i not in kept]
         left_out: set[int] = set()

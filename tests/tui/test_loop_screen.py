@@ -404,6 +404,39 @@ async def test_launch_optimize_submits_a_loop_request(app, project, submitted):
         assert Path(output_dir) == app.settings.launch_results_dir and executor == "local-process"
 
 
+async def test_launch_optimize_with_its_kernel_and_candidates(app, project, submitted):
+    """Every field of ``magpie optimize``: the op, candidate paths (relative to the config's
+    folder), and leaving out the bundled library."""
+    config = project / "benchmarks" / "builtin_tiny_cpu.yaml"
+    (config.parent / "my_rmsnorm.py").write_text("# a candidate\n")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        app.screen.select(config)
+        await pilot.press("l")
+        await wait_screen(pilot, app, LaunchScreen, "#start")
+        dialog = app.screen
+        dialog.query_one("#mode").value = "optimize"
+        await pilot.pause()
+        assert dialog.query_one("#kernel").display and dialog.query_one("#candidates").display
+        dialog.query_one("#kernel").value = "rmsnorm"
+        dialog.query_one("#candidates").value = "my_rmsnorm.py"
+        dialog.query_one("#library").value = False
+        await pilot.pause()
+        candidate = str((config.parent / "my_rmsnorm.py").resolve())
+        preview = text_of(dialog, "#launch-preview-text")
+        assert f"--kernel rmsnorm --candidates {candidate} --no-library" in preview, preview
+        dialog.query_one("#candidates").value = "missing.py"  # checked as the command line checks it
+        await pilot.pause()
+        assert "--candidates" in dialog.problem and "no such file or folder" in dialog.problem
+        dialog.query_one("#candidates").value = "my_rmsnorm.py"
+        await pilot.pause()
+        await pilot.press("ctrl+s")
+        await wait_screen(pilot, app, RunsScreen)
+        request, _output_dir, _executor, _options = submitted[0]
+        assert request == LoopRequest(benchmark_config=str(config.resolve()), kernel="rmsnorm",
+                                      candidates=[candidate], library=False)
+
+
 # -- the row builders, on results with missing or unexpected keys ---------------------------------
 
 def test_row_builders_take_any_result():
