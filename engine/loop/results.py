@@ -334,6 +334,9 @@ class VerdictResult(_Lenient):
     kernel_after: Optional[KernelAfter] = None
     top_bottleneck_after: Optional[Text] = None
     top_changed: Optional[Flag] = None
+    # The largest end-to-end throughput gain (%) the kernel's share of the profiled time and its
+    # speedup (the interval's upper end) allow by Amdahl's law; None when either is unknown.
+    gain_bound_pct: Optional[Number] = None
 
     _kernel_is_an_object = _object_or_unset("kernel", "kernel_after")
 

@@ -115,15 +115,24 @@ def _verdict(loop: "Loop") -> VerdictResult:
     base = _report(loop, loop.result_of("baseline", BenchmarkStepResult).report)
     new = _report(loop, after.report)
     rows = end_to_end(base, new)
-    checks = _checks(loop, base, new, rows)
     primary = next((r for r in rows if r.metric == PRIMARY_METRIC), None)
+    kernel = KernelGain(op=cand.op, winner=cand.winner, speedup=cand.speedup, ci95=cand.ci95)
+    harness = loop.result_of("harness", HarnessResult)
+    share = harness.row.share_pct if harness.row is not None else None
+    bound = gain_bound_pct(share, kernel.ci95[1] if kernel.ci95 else kernel.speedup)
+    plausible = _plausibility(primary, bound, share, kernel)
+    checks = _checks(loop, base, new, rows) + [plausible]
     success = all(c.ok for c in checks)
     regression = primary is not None and primary.verdict == "worse"
-    kernel = KernelGain(op=cand.op, winner=cand.winner, speedup=cand.speedup, ci95=cand.ci95)
     top = after.top_after
     if success:
         message = (f"kernels.{kernel.op} = {kernel.winner}: {_fmt_x(kernel)} on the kernel, "
                    f"{_pct(primary, '+.1f')} output throughput end to end, outside the run-to-run noise")
+    elif not plausible.ok:
+        message = (f"NOT ATTRIBUTABLE to the kernel: output throughput {_pct(primary, '+.1f')} end to end, "
+                   f"beyond the {bound:+.1f}% that kernels.{kernel.op} ({share:.1f}% of the profiled time, "
+                   f"{_fmt_x(kernel)}) can give; the baseline likely drifted (the machine's load or the server's "
+                   "state changed between the two benchmarks): run the loop again on a quiet machine")
     elif regression:
         message = (f"REGRESSION: output throughput {_pct(primary, '+.1f')} end to end (outside the noise) "
                    f"although the kernel is {_fmt_x(kernel)}")
@@ -133,7 +142,35 @@ def _verdict(loop: "Loop") -> VerdictResult:
     return VerdictResult(success=success, regression=regression, message=message, kernel=kernel, end_to_end=rows,
                          checks=checks, kernel_after=after.kernel_after,
                          top_bottleneck_after=f"{top.name} {top.share_pct or 0.0:.1f}%" if top else None,
-                         top_changed=bool(top and top.registry_op != kernel.op))
+                         top_changed=bool(top and top.registry_op != kernel.op), gain_bound_pct=bound)
+
+
+def gain_bound_pct(share_pct: Optional[float], speedup: Optional[float]) -> Optional[float]:
+    """Amdahl's law: the end-to-end throughput gain (%) when work that took ``share_pct``% of the
+    time runs ``speedup`` times faster and nothing else changes. An upper bound when ``share_pct`` is
+    the op's share of the profiled time and ``speedup`` the upper end of its interval."""
+    if share_pct is None or speedup is None or speedup <= 0 or not 0 <= share_pct <= 100:
+        return None
+    saved = share_pct / 100.0 * (1.0 - 1.0 / speedup)
+    return 100.0 * (1.0 / (1.0 - saved) - 1.0)
+
+
+def _plausibility(primary: Optional[EndToEndRow], bound: Optional[float], share: Optional[float],
+                  kernel: KernelGain) -> VerdictCheck:
+    """Whether the kernel can explain the measured gain: a gain whose interval lies wholly above the
+    Amdahl bound came from somewhere else (a baseline that drifted, a change of load)."""
+    name = "gain the kernel can explain"
+    if bound is None:
+        return VerdictCheck(name=name, ok=True, detail="no bound: the op's share of the profiled time or the kernel's "
+                            "speedup is unknown")
+    low = None
+    if primary is not None and primary.delta_ci95 and primary.baseline_mean:
+        low = 100.0 * primary.delta_ci95[0] / primary.baseline_mean
+    elif primary is not None:
+        low = primary.delta_pct
+    detail = (f"Amdahl: {share:.1f}% of the profiled time at {_fmt_x(kernel)} allows at most {bound:+.2f}%; "
+              f"measured {_pct(primary, '+.2f')}" + (f", its interval from {low:+.2f}%" if low is not None else ""))
+    return VerdictCheck(name=name, ok=low is None or low <= bound, detail=detail)
 
 
 def _pct(row: Optional[EndToEndRow], spec: str) -> str:

@@ -119,13 +119,16 @@ def _report(mean: float) -> dict:
                         "failed": {"mean": 0.0, "values": [0.0, 0.0, 0.0], "ci95": [0.0, 0.0]}}}
 
 
-def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tmp_path):
+@pytest.mark.parametrize("share", [60.0, 12.5])
+def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tmp_path, share):
     """The real builders on small inputs: the harness from a bottleneck table, the verdict of a
-    winner from two reports; each result is valid strictly and typed for the steps after it."""
+    winner from two reports; each result is valid strictly and typed for the steps after it.
+    The op at 60% of the profiled time, 1.5x [1.25, 1.75] faster, can give up to +34.6% (Amdahl):
+    the measured +20% is a success. At 12.5% it can give at most +5.7%: +20% is not the kernel's."""
     runner = _loop(tmp_path)
     root = runner.root
     table = {"device": "cpu", "stages": {"all": {"rows": [
-        {"rank": 1, "name": "rmsnorm", "registry_op": "rmsnorm", "replaceable": True, "share_pct": 12.5, "calls": 4,
+        {"rank": 1, "name": "rmsnorm", "registry_op": "rmsnorm", "replaceable": True, "share_pct": share, "calls": 4,
          "mapping": {"confidence": "high", "method": "call-site annotation"},
          "call_args": [{"args": [{"shape": [2, 8], "dtype": "float32"}, {"shape": [8], "dtype": "float32"},
                                  {"scalar": 1e-05}], "share_of_op_pct": 100.0}]}]}}}
@@ -162,11 +165,18 @@ def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tm
     verdict = runner.loop.step("verdict")
     assert runner._run_step(verdict) is True, verdict.error
     v = step_result(verdict)
+    bound = 100.0 * (1.0 / (1.0 - share / 100.0 * (1.0 - 1.0 / 1.75)) - 1.0)
+    assert v.gain_bound_pct == pytest.approx(bound)
+    if share == 12.5:
+        assert v.success is False and v.regression is False and v.message.startswith("NOT ATTRIBUTABLE"), v.message
+        assert [c.name for c in v.checks if not c.ok] == ["gain the kernel can explain"]
+        assert f"allows at most {bound:+.2f}%" in v.checks[-1].detail and "+5.7%" in v.message
+        return
     assert v.success is True and v.regression is False and v.top_changed is True, v.message
     assert [c.name for c in v.checks if not c.ok] == []
     assert v.kernel.op == "rmsnorm" and v.kernel.speedup == 1.5 and v.kernel_after.calls == 4
     assert {r.metric: r.verdict for r in v.end_to_end} == {"output_throughput": "better", "failed": None}
     assert list(verdict.result) == ["success", "regression", "message", "kernel", "end_to_end", "checks",
-                                    "kernel_after", "top_bottleneck_after", "top_changed"]
+                                    "kernel_after", "top_bottleneck_after", "top_changed", "gain_bound_pct"]
     assert json.dumps(VerdictResult(**verdict.result).written()) == json.dumps(verdict.result)
     assert "+20.0% output throughput" in v.message and "output_throughput" in loop_run.format_status(str(root))
