@@ -360,6 +360,42 @@ def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dic
     return out
 
 
+def compare_paired(a_runs: Sequence[Mapping[str, Any]], b_runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-metric delta b − a over rounds run in pairs (round i of A beside round i of B, in
+    turn), as ``compare_reports`` gives it, but the interval is the paired one: the 95% t-interval
+    of the mean of the per-round differences (n − 1 degrees of freedom). A drift of the machine
+    over the rounds lands on both sides of each pair and leaves the differences alone."""
+    if len(a_runs) != len(b_runs) or not a_runs:
+        raise ValueError("paired rounds: give both sides the same number of rounds, at least one")
+    n = len(a_runs)
+    keys = [k for k in a_runs[0] if all(_numeric(r.get(k)) for r in (*a_runs, *b_runs))]
+    out: dict[str, dict[str, Any]] = {}
+    for k in keys:
+        xa = np.array([float(r[k]) for r in a_runs])
+        xb = np.array([float(r[k]) for r in b_runs])
+        d = xb - xa
+        ma, mb, delta = float(xa.mean()), float(xb.mean()), float(d.mean())
+        ci: list[float] | None = None
+        noise = "unknown"
+        if n >= 2:
+            half = t_quantile_975(n - 1) * float(d.std(ddof=1)) / math.sqrt(n)
+            ci = [delta - half, delta + half]
+            noise = "inside" if ci[0] <= 0.0 <= ci[1] else "outside"
+        direction = _better_direction(k)
+        if direction == 0:
+            verdict: str | None = None
+        elif noise == "unknown":
+            verdict = "unknown"
+        elif noise == "inside":
+            verdict = "tie"
+        else:
+            verdict = "better" if delta * direction > 0 else "worse"
+        out[k] = {"a": ma, "b": mb, "delta": delta, "rel_delta": delta / ma if ma else None, "delta_ci95": ci,
+                  "noise": noise, "verdict": verdict, "paired_rounds": n, "a_values": xa.tolist(),
+                  "b_values": xb.tolist()}
+    return out
+
+
 def _welch_interval(va: Sequence[float], vb: Sequence[float]) -> list[float]:
     xa, xb = np.asarray(va, dtype=float), np.asarray(vb, dtype=float)
     qa, qb = xa.var(ddof=1) / xa.size, xb.var(ddof=1) / xb.size

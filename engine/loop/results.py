@@ -37,9 +37,9 @@ from pydantic import (
 
 __all__ = ["Number", "Metric", "FieldChange", "BenchmarkStepResult", "ProfiledResult", "TopReplaceable",
            "BottlenecksResult", "HarnessShape", "HarnessRow", "HarnessResult", "CandidateRow", "LeftOutCandidate",
-           "CandidatesResult", "IntegrateResult", "KernelAfter", "TopAfter", "RebenchmarkResult", "KernelGain",
-           "EndToEndRow", "VerdictCheck", "VerdictResult", "StepResult", "StepResultT", "RESULT_MODELS", "step_result",
-           "written_result"]
+           "CandidatesResult", "IntegrateResult", "KernelAfter", "TopAfter", "InterleavedRound", "RebenchmarkResult",
+           "KernelGain", "EndToEndRow", "VerdictCheck", "VerdictResult", "StepResult", "StepResultT", "RESULT_MODELS",
+           "step_result", "written_result"]
 
 _STRICT = "loop_result_write"  # the validation context key of the strict (writing) path
 
@@ -288,12 +288,26 @@ class TopAfter(_Lenient):
     share_pct: Optional[Number] = None
 
 
+class InterleavedRound(_Lenient):
+    """One round of the re-benchmark: the clean config and the integrated one, one run each, in
+    ``order``; run folders and reports relative to the loop folder."""
+    index: Optional[Count] = None
+    order: Annotated[list[Text], Items] = []  # ["baseline", "winner"] or the other way round
+    baseline_run: Optional[Text] = None
+    baseline_report: Optional[Text] = None
+    winner_run: Optional[Text] = None
+    winner_report: Optional[Text] = None
+
+
 class RebenchmarkResult(BenchmarkStepResult):
     _not_written: ClassVar[frozenset[str]] = frozenset({"report_sha256", "overrides"})
     profiled_run: Optional[Text] = None
     kernel_after: Optional[KernelAfter] = None
     top_after: Optional[TopAfter] = None
     profiled_note: Optional[Text] = None
+    # The baseline and the winner benchmarked in turn (ABBA...), one run each a round; a loop.json
+    # of an earlier version has none (the winner alone, its repeats against the first baseline).
+    rounds: Annotated[list[InterleavedRound], Items] = []
 
     _after_is_an_object = _object_or_unset("kernel_after", "top_after")
 
@@ -334,11 +348,13 @@ class VerdictResult(_Lenient):
     kernel_after: Optional[KernelAfter] = None
     top_bottleneck_after: Optional[Text] = None
     top_changed: Optional[Flag] = None
+    # The first baseline (the loop's reference) against the baseline of the interleaved rounds.
+    drift: Optional[EndToEndRow] = None
     # The largest end-to-end throughput gain (%) the kernel's share of the profiled time and its
     # speedup (the interval's upper end) allow by Amdahl's law; None when either is unknown.
     gain_bound_pct: Optional[Number] = None
 
-    _kernel_is_an_object = _object_or_unset("kernel", "kernel_after")
+    _kernel_is_an_object = _object_or_unset("kernel", "kernel_after", "drift")
 
     @property
     def decided(self) -> bool:

@@ -25,6 +25,7 @@ from engine.loop.results import (
     EndToEndRow,
     HarnessResult,
     IntegrateResult,
+    InterleavedRound,
     KernelGain,
     RebenchmarkResult,
     VerdictCheck,
@@ -41,20 +42,38 @@ E2E_METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "med
                "median_e2el_ms", "p99_e2el_ms", "failed")
 PRIMARY_METRIC = "output_throughput"
 PROFILED_AFTER = "profiled_after_config.yaml"
+MIN_ROUNDS = 3  # interleaved re-benchmark rounds: the fewest that give the paired delta an interval
 
 
 def step_rebenchmark(loop: "Loop", step: "LoopStep") -> RebenchmarkResult:
+    """The clean config and the integrated one benchmarked in turn, one run each a round, in ABBA
+    order (as many rounds as the baseline had repeats, at least 3): the verdict compares the
+    pairs, so a machine that drifts over the step moves both sides of each pair alike. Then a
+    short profiled run of the winner."""
+    from engine.bench.metrics import aggregate_repeats
     from engine.loop.context import _metrics, profiled_twin
     integ = loop.result_of("integrate", IntegrateResult)
     if not integ.config:
         raise _error("the integrate step recorded no integrated config", hint="resume from the integrate step")
     config = loop.root / integ.config
-    repeats = loop.result_of("baseline", BenchmarkStepResult).repeats
-    flags = {"repeats": repeats} if repeats else {}
-    prepared, outcome = loop.benchmark(step, str(config), flags, folder="rebenchmark")
-    report_path = outcome.workspace / BENCHMARK_REPORT
-    result: dict[str, Any] = {"report": str(report_path.relative_to(loop.root)), "repeats": prepared.config.client.repeats,
-                              "metrics": _metrics(outcome.report)}
+    rounds = max(MIN_ROUNDS, loop.result_of("baseline", BenchmarkStepResult).repeats or 0)
+    clean = str(loop.loop.config)
+    done: list[InterleavedRound] = []
+    winner_results: list[dict] = []
+    for i in range(rounds):
+        order = ("baseline", "winner") if i % 4 in (0, 3) else ("winner", "baseline")
+        paths: dict[str, str] = {}
+        for side in order:
+            _, outcome = loop.benchmark(step, clean if side == "baseline" else str(config), {"repeats": 1},
+                                        folder=f"rebenchmark/round_{i + 1}_{side}", record=i == 0 and side == "winner")
+            paths[f"{side}_run"] = str(outcome.workspace.relative_to(loop.root))
+            paths[f"{side}_report"] = str((outcome.workspace / BENCHMARK_REPORT).relative_to(loop.root))
+            if side == "winner":
+                winner_results.append(outcome.report.get("result") or {})
+        done.append(InterleavedRound(index=i + 1, order=list(order), **paths))
+        loop.log(f"magpie optimize: re-benchmark round {i + 1}/{rounds} ({' then '.join(order)}) done")
+    result: dict[str, Any] = {"report": done[0].winner_report, "repeats": rounds,
+                              "metrics": _metrics({"repeats": aggregate_repeats(winner_results)})}
     # A short profiled run with the winner: the op's new time and share, and what is on top now.
     raw = load_yaml_file(config)
     twin = loop.root / "integrate" / PROFILED_AFTER
@@ -73,7 +92,7 @@ def step_rebenchmark(loop: "Loop", step: "LoopStep") -> RebenchmarkResult:
     else:
         result["kernel_after"] = None
         result["profiled_note"] = f"the profiled run wrote no trace into {prof.workspace / 'torch_trace'}"
-    return RebenchmarkResult(**result)
+    return RebenchmarkResult(**result, rounds=done)
 
 
 def integ_op(loop: "Loop") -> str:
@@ -112,9 +131,16 @@ def _verdict(loop: "Loop") -> VerdictResult:
                              end_to_end=[], checks=[VerdictCheck(name="faster candidate", ok=False, detail=why)],
                              top_bottleneck_after=None)
     after = loop.result_of("rebenchmark", RebenchmarkResult)
-    base = _report(loop, loop.result_of("baseline", BenchmarkStepResult).report)
-    new = _report(loop, after.report)
-    rows = end_to_end(base, new)
+    first = _report(loop, loop.result_of("baseline", BenchmarkStepResult).report)
+    drift = None
+    if after.rounds:  # the pairs of the interleaved rounds; the first baseline stays the reference
+        pairs = [(_report(loop, r.baseline_report), _report(loop, r.winner_report)) for r in after.rounds]
+        rows = end_to_end_paired([a.get("result") or {} for a, _ in pairs], [b.get("result") or {} for _, b in pairs])
+        drift = baseline_drift(first, [a.get("result") or {} for a, _ in pairs])
+        base, new = pairs[0]
+    else:  # a loop.json of an earlier version: the winner's repeats against the first baseline
+        base, new = first, _report(loop, after.report)
+        rows = end_to_end(base, new)
     primary = next((r for r in rows if r.metric == PRIMARY_METRIC), None)
     kernel = KernelGain(op=cand.op, winner=cand.winner, speedup=cand.speedup, ci95=cand.ci95)
     harness = loop.result_of("harness", HarnessResult)
@@ -142,7 +168,8 @@ def _verdict(loop: "Loop") -> VerdictResult:
     return VerdictResult(success=success, regression=regression, message=message, kernel=kernel, end_to_end=rows,
                          checks=checks, kernel_after=after.kernel_after,
                          top_bottleneck_after=f"{top.name} {top.share_pct or 0.0:.1f}%" if top else None,
-                         top_changed=bool(top and top.registry_op != kernel.op), gain_bound_pct=bound)
+                         top_changed=bool(top and top.registry_op != kernel.op), gain_bound_pct=bound,
+                         **({"drift": drift} if drift is not None else {}))
 
 
 def gain_bound_pct(share_pct: Optional[float], speedup: Optional[float]) -> Optional[float]:
@@ -211,13 +238,49 @@ def end_to_end(base: dict, new: dict) -> list[EndToEndRow]:
     return rows
 
 
+def end_to_end_paired(base_runs: list[dict], new_runs: list[dict]) -> list[EndToEndRow]:
+    """Each E2E metric's change over interleaved rounds: the mean of the per-round differences and
+    its paired t-interval (engine.bench.metrics.compare_paired)."""
+    from engine.bench.metrics import aggregate_repeats, compare_paired
+    deltas = compare_paired(base_runs, new_runs)
+    a, b = aggregate_repeats(base_runs), aggregate_repeats(new_runs)
+    rows = []
+    for k in E2E_METRICS:
+        d = deltas.get(k)
+        if d is None:
+            continue
+        rows.append(EndToEndRow(
+            metric=k, baseline_mean=d["a"], baseline_ci95=(a.get(k) or {}).get("ci95"), new_mean=d["b"],
+            new_ci95=(b.get(k) or {}).get("ci95"), delta=d["delta"],
+            delta_pct=100.0 * d["rel_delta"] if d["rel_delta"] is not None else None, delta_ci95=d["delta_ci95"],
+            noise=d["noise"], verdict={"tie": "within noise"}.get(d["verdict"] or "", d["verdict"])))
+    return rows
+
+
+def baseline_drift(first: dict, rounds: list[dict]) -> Optional[EndToEndRow]:
+    """The loop's first baseline (the reference the user started from) against the baseline runs of
+    the interleaved rounds, on the primary metric: how far the machine moved meanwhile."""
+    from engine.bench.metrics import aggregate_repeats, compare_reports
+    later = aggregate_repeats(rounds) if rounds else {}
+    d = compare_reports(first.get("repeats") or first.get("result") or {}, later).get(PRIMARY_METRIC)
+    if d is None:
+        return None
+    return EndToEndRow(metric=PRIMARY_METRIC, baseline_mean=d["a"], new_mean=d["b"], delta=d["delta"],
+                       delta_pct=100.0 * d["rel_delta"] if d["rel_delta"] is not None else None,
+                       delta_ci95=d["delta_ci95"], noise=d["noise"], verdict=d["verdict"])
+
+
 def _checks(loop: "Loop", base: dict, new: dict, rows: list[EndToEndRow]) -> list[VerdictCheck]:
     from engine.loop.kernel_steps import environment_differences, workload_differences
     cand = loop.result_of("candidates", CandidatesResult)
     harness = loop.result_of("harness", HarnessResult)
     op = cand.op
-    clean_cfg = loop.run_config(loop.loop.step("baseline").run_dir)
-    new_cfg = loop.run_config(loop.loop.step("rebenchmark").run_dir)
+    rounds = loop.result_of("rebenchmark", RebenchmarkResult).rounds
+    if rounds:  # the pair that was compared: the same repeats, the same moment
+        clean_cfg, new_cfg = loop.run_config(rounds[0].baseline_run), loop.run_config(rounds[0].winner_run)
+    else:
+        clean_cfg = loop.run_config(loop.loop.step("baseline").run_dir)
+        new_cfg = loop.run_config(loop.loop.step("rebenchmark").run_dir)
     allowed = [str(c.field) for c in loop.result_of("integrate", IntegrateResult).changed]
     diffs = workload_differences(clean_cfg, new_cfg, allowed)
     diffs += environment_differences(base, new)
@@ -262,6 +325,11 @@ def verdict_lines(result: VerdictResult) -> list[str]:
                      f"{r.verdict or '-'}")
     for c in result.checks:
         lines.append(f"  [{'ok' if c.ok else 'NO'}] {c.name}: {c.detail}")
+    d = result.drift
+    if d is not None:
+        lines.append(f"  baseline drift since the first baseline: {d.metric} {_g(d.baseline_mean, '.4g')} -> "
+                     f"{_g(d.new_mean, '.4g')} ({_pct(d, '+.2f')}, {d.noise or 'unknown'} the noise); the verdict "
+                     "compares the interleaved rounds")
     if result.top_bottleneck_after:
         lines.append(f"  top of the profile now: {result.top_bottleneck_after}")
     return lines

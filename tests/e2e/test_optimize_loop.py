@@ -222,6 +222,10 @@ def test_whole_loop_with_the_bundled_candidate_and_a_kill_during_rebenchmark(unt
     assert integrated == clean
     reb = loop.step("rebenchmark")
     assert reb.state == "done" and reb.attempts == 2 and reb.result["repeats"] == 3
+    # Interleaved: the clean config and the winner in turn, one run each a round, ABBA...
+    rounds = reb.result["rounds"]
+    assert [r["order"] for r in rounds] == [["baseline", "winner"], ["winner", "baseline"], ["winner", "baseline"]]
+    assert all((root / r["baseline_report"]).is_file() and (root / r["winner_report"]).is_file() for r in rounds)
     server_logs = "".join(p.read_text() for p in (root / reb.run_dir).glob("**/*.log"))
     assert "rmsnorm=engine.library.rmsnorm:rmsnorm_torch_fused" in server_logs
     assert reb.result["kernel_after"]["share_pct"] > 0
@@ -231,11 +235,13 @@ def test_whole_loop_with_the_bundled_candidate_and_a_kill_during_rebenchmark(unt
     assert verdict["success"] == all(checks.values()) and (resumed.returncode == 0) == verdict["success"]
     assert {r["metric"] for r in verdict["end_to_end"]} >= {"output_throughput", "median_ttft_ms", "median_tpot_ms"}
     assert (root / "verdict" / "verdict.json").is_file() and "workload identical" in resumed.stdout
-    # magpie benchmark --compare-reports on the loop's clean run and its re-run: the same workload,
-    # only the kernel differs (engine.bench.report_compare)
+    assert "re-benchmark round 3/3" in resumed.stdout + resumed.stderr
+    # magpie benchmark --compare-reports on a round's two runs: the same workload, only the kernel
+    # differs (engine.bench.report_compare)
     from engine.bench.report_compare import compare_runs
-    cmp = compare_runs(root / str(loop.step("baseline").run_dir), root / str(reb.run_dir))
+    cmp = compare_runs(root / rounds[0]["baseline_run"], root / rounds[0]["winner_run"])
     assert not cmp.refused and [d.field for d in cmp.differences] == ["benchmark.server.kernels.rmsnorm"], cmp.lines()
+    assert reb.run_dir == rounds[0]["winner_run"]
 
 
 @pytest.mark.slow

@@ -119,12 +119,10 @@ def _report(mean: float) -> dict:
                         "failed": {"mean": 0.0, "values": [0.0, 0.0, 0.0], "ci95": [0.0, 0.0]}}}
 
 
-@pytest.mark.parametrize("share", [60.0, 12.5])
-def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tmp_path, share):
-    """The real builders on small inputs: the harness from a bottleneck table, the verdict of a
-    winner from two reports; each result is valid strictly and typed for the steps after it.
-    The op at 60% of the profiled time, 1.5x [1.25, 1.75] faster, can give up to +34.6% (Amdahl):
-    the measured +20% is a success. At 12.5% it can give at most +5.7%: +20% is not the kernel's."""
+def _through_integrate(tmp_path: Path, share: float) -> loop_run.Loop:
+    """The recorded loop run on to a winner: the real harness step on a bottleneck table where the
+    op takes ``share``% of the profiled time, a winner 1.5x [1.25, 1.75] faster, integrated; the
+    first baseline at 100 tok/s (base_run)."""
     runner = _loop(tmp_path)
     root = runner.root
     table = {"device": "cpu", "stages": {"all": {"rows": [
@@ -132,7 +130,7 @@ def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tm
          "mapping": {"confidence": "high", "method": "call-site annotation"},
          "call_args": [{"args": [{"shape": [2, 8], "dtype": "float32"}, {"shape": [8], "dtype": "float32"},
                                  {"scalar": 1e-05}], "share_of_op_pct": 100.0}]}]}}}
-    (root / "bottlenecks").mkdir()
+    (root / "bottlenecks").mkdir(exist_ok=True)
     (root / "bottlenecks" / "bottlenecks.json").write_text(json.dumps(table))
     harness = runner.loop.step("harness")
     assert runner._run_step(harness) is True, harness.error
@@ -144,9 +142,7 @@ def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tm
 
     # A winner, integrated and re-benchmarked: 100 -> 120 tok/s, outside the noise.
     for name, mean, kernels in (("base_run", 100.0, {}), ("new_run", 120.0, {"rmsnorm": "pkg.mod:fast"})):
-        (root / name).mkdir()
-        (root / name / "config.yaml").write_text(yaml.safe_dump({"benchmark": {"server": {"kernels": kernels}}}))
-        (root / name / "benchmark_report.json").write_text(json.dumps(_report(mean)))
+        _run_folder(root / name, _report(mean), kernels)
     runner.loop.step("baseline").run_dir = "base_run"
     runner.loop.step("baseline").result = {**runner.loop.step("baseline").result, "report": "base_run/benchmark_report.json"}
     cand = runner.loop.step("candidates")
@@ -157,6 +153,23 @@ def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tm
     integrate.state, integrate.result = "done", written_result("integrate", IntegrateResult(
         config="integrate/integrated_config.yaml", framework="builtin", kernels={"rmsnorm": "pkg.mod:fast"},
         changed=[{"field": "benchmark.server.kernels.rmsnorm", "clean": None, "integrated": "pkg.mod:fast"}]))
+    return runner
+
+
+def _run_folder(folder: Path, report: dict, kernels: dict) -> None:
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"benchmark": {"server": {"kernels": kernels}}}))
+    (folder / "benchmark_report.json").write_text(json.dumps(report))
+
+
+@pytest.mark.parametrize("share", [60.0, 12.5])
+def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tmp_path, share):
+    """The real builders on small inputs: the harness from a bottleneck table, the verdict of a
+    winner from two reports; each result is valid strictly and typed for the steps after it.
+    The op at 60% of the profiled time, 1.5x [1.25, 1.75] faster, can give up to +34.6% (Amdahl):
+    the measured +20% is a success. At 12.5% it can give at most +5.7%: +20% is not the kernel's."""
+    runner = _through_integrate(tmp_path, share)
+    root = runner.root
     reb = runner.loop.step("rebenchmark")
     reb.state, reb.run_dir, reb.result = "done", "new_run", written_result("rebenchmark", RebenchmarkResult(
         report="new_run/benchmark_report.json", repeats=3, metrics={}, profiled_run="rebenchmark_profiled/x",
@@ -180,3 +193,39 @@ def test_the_harness_and_verdict_steps_build_their_results_through_the_models(tm
                                     "kernel_after", "top_bottleneck_after", "top_changed", "gain_bound_pct"]
     assert json.dumps(VerdictResult(**verdict.result).written()) == json.dumps(verdict.result)
     assert "+20.0% output throughput" in v.message and "output_throughput" in loop_run.format_status(str(root))
+
+
+def test_the_verdict_compares_interleaved_rounds_in_pairs_and_reports_the_drift(tmp_path):
+    """Three ABBA rounds on a machine slowing down (the baseline 100, 90, 80 tok/s; the winner 5
+    more each round): the pairs say +5.9% outside the noise where two unpaired sets (Welch) could
+    not; the first baseline (120 tok/s, before the machine slowed) is reported as drift."""
+    runner = _through_integrate(tmp_path, 60.0)
+    root = runner.root
+    first = {"repeats": {"output_throughput": {"mean": 120.0, "values": [119.0, 120.0, 121.0], "ci95": [117.5, 122.5]},
+                         "failed": {"mean": 0.0, "values": [0.0, 0.0, 0.0], "ci95": [0.0, 0.0]}}}
+    (root / "base_run" / "benchmark_report.json").write_text(json.dumps(first))
+    rounds = []
+    for i, base in enumerate((100.0, 90.0, 80.0), 1):
+        for side, tok_s, kernels in (("baseline", base, {}), ("winner", base + 5.0, {"rmsnorm": "pkg.mod:fast"})):
+            _run_folder(root / f"r{i}_{side}", {"result": {"output_throughput": tok_s, "failed": 0}}, kernels)
+        rounds.append({"index": i, "order": ["baseline", "winner"] if i != 2 else ["winner", "baseline"],
+                       "baseline_run": f"r{i}_baseline", "baseline_report": f"r{i}_baseline/benchmark_report.json",
+                       "winner_run": f"r{i}_winner", "winner_report": f"r{i}_winner/benchmark_report.json"})
+    reb = runner.loop.step("rebenchmark")
+    reb.state, reb.run_dir, reb.result = "done", "r1_winner", written_result("rebenchmark", RebenchmarkResult(
+        report="r1_winner/benchmark_report.json", repeats=3, metrics={}, rounds=rounds))
+    verdict = runner.loop.step("verdict")
+    assert runner._run_step(verdict) is True, verdict.error
+    v = step_result(verdict)
+    primary = next(r for r in v.end_to_end if r.metric == "output_throughput")
+    assert (primary.baseline_mean, primary.new_mean, primary.delta) == (90.0, 95.0, 5.0)
+    assert primary.delta_ci95 == [5.0, 5.0] and primary.verdict == "better"  # the same +5 in every pair
+    from engine.bench.metrics import aggregate_repeats, compare_reports
+    unpaired = compare_reports(aggregate_repeats([{"output_throughput": x} for x in (100.0, 90.0, 80.0)]),
+                               aggregate_repeats([{"output_throughput": x} for x in (105.0, 95.0, 85.0)]))
+    assert unpaired["output_throughput"]["noise"] == "inside"  # what comparing the sets alone would say
+    assert v.success is True, v.message
+    assert v.drift.baseline_mean == 120.0 and v.drift.new_mean == 90.0 and v.drift.noise == "outside"
+    lines = loop_run.format_status(str(root))
+    assert "baseline drift since the first baseline: output_throughput 120 -> 90" in \
+        (root / "verdict" / "summary.txt").read_text(), lines
