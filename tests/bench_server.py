@@ -50,9 +50,13 @@ ScriptFor = Callable[[str, dict], Script]
 
 
 class BenchServer:
-    def __init__(self, script: Script | ScriptFor = Script(), *, record_stamps: bool = True) -> None:
+    def __init__(self, script: Script | ScriptFor = Script(), *, record_stamps: bool = True,
+                 metrics_slots: int | None = None) -> None:
         self.script_for: ScriptFor = script if callable(script) else (lambda _rid, _body: script)
         self.record_stamps = record_stamps
+        # With a number: GET /metrics answers as vLLM does (requests running, waiting, KV-cache use as
+        # the requests in flight over this many slots); None: no /metrics (404).
+        self.metrics_slots = metrics_slots
         self.stamps: dict[str, list[float]] = {}
         self.arrivals: list[tuple[str, float]] = []
         self.in_flight = 0
@@ -74,7 +78,20 @@ class BenchServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/stamps", self._stamps)
+        if self.metrics_slots is not None:
+            app.router.add_get("/metrics", self._metrics)
         return app
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        slots = self.metrics_slots or 1
+        running = min(self.in_flight, slots)
+        text = ("# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{engine=\"0\"}} {running}\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{{engine=\"0\"}} {self.in_flight - running}\n"
+                "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                f"vllm:kv_cache_usage_perc{{engine=\"0\"}} {running / slots}\n")
+        return web.Response(text=text, content_type="text/plain")
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")

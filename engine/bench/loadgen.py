@@ -232,6 +232,9 @@ class LoadGenerator:
         self.phase_total = config.num_warmups if config.num_warmups > 0 else len(self.requests)
         self.measure_start: float | None = None
         self.measured: list[RequestOutput] = []
+        # Requests sent to the server and not yet ended (a request waiting for a concurrency slot
+        # is not in flight); read by the progress timer.
+        self.in_flight = 0
         self._headers = {"Content-Type": "application/json", **(config.headers or {})}
         self._path = "/" + config.endpoint.lstrip("/")  # the lean client adds the base URL's own path
 
@@ -482,6 +485,7 @@ class LoadGenerator:
         out.start_time = st
         stream = _CompletionStream(out, st)
         timeout = self.config.request_timeout_s
+        self.in_flight += 1
         try:
             request = client.send(payload, stream.feed, stream.feed_many, stream.feed_data_lines, _DATA_LINE) \
                 if lean else \
@@ -499,6 +503,8 @@ class LoadGenerator:
             out.error = "cancelled"
         except Exception as exc:  # a malformed chunk, a dropped connection: this request fails, the run goes on
             out.error = f"{type(exc).__name__}: {exc}"[:_ERROR_TEXT_LIMIT]
+        finally:
+            self.in_flight -= 1
         stream.finish()
         return out
 

@@ -11,13 +11,14 @@ import json
 import math
 import os
 import platform
-import statistics
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+import numpy as np
 
 from engine.bench.capacity import DEFAULT_CEILING, CapacitySearch, capacity_table
 from engine.bench.client_procs import ClientPool, ClientProcessError
@@ -110,7 +111,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
         monitor = _start_monitor(cfg, chosen)
         target = _load_target(run, server, prompts)
         # The server's /metrics once a second, in a thread of its own: off the load generator's event loop.
-        scraper = ServerMetricsScraper(target.base_url, ws.path(SERVER_METRICS_FILE)).start()
+        scraper = run.scraper = ServerMetricsScraper(target.base_url, ws.path(SERVER_METRICS_FILE)).start()
         state = _assemble_results(run, _run_points(run, target))
     except (LaunchError, OSError, TokenizerError, DatasetError, ClientProcessError) as exc:
         report["errors"].append(str(exc))
@@ -265,6 +266,8 @@ class BenchRun:
     server_gone: Optional[str] = None
     # Files of measured data that could not be written (each names the file and the errno).
     save_errors: list[str] = field(default_factory=list)
+    # The server's /metrics scraper, read by the progress events (None: not started yet).
+    scraper: Optional[ServerMetricsScraper] = None
 
 
 @dataclass
@@ -568,7 +571,7 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
         cancel_watch = _watch_cancel(cancel, lg, run)
         progress = ProgressTimer(lg, lambda **f: run.ws.events.emit("progress", **f),
                                  {"repeat": rep, "repeats": cfg.client.repeats, "point": point,
-                                  "point_index": index}).start()
+                                  "point_index": index}, scraper=run.scraper).start()
         if profiled and rep == 0:
             # After the warm-up: the trace's bounded step window holds the measured load.
             lg.before_measure = lambda: _post(base_url + "/start_profile", 60, _profile_body(cfg))
@@ -613,8 +616,9 @@ class ProgressTimer:
     loop is never woken for this."""
 
     def __init__(self, lg: LoadGenerator | ClientPool, emit: Callable[..., None], extra: dict[str, Any],
-                 interval_s: float = 1.0) -> None:
+                 interval_s: float = 1.0, scraper: Optional[ServerMetricsScraper] = None) -> None:
         self.lg, self.emit, self.extra, self.interval_s = lg, emit, extra, interval_s
+        self.scraper = scraper
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._seen = 0
@@ -666,11 +670,33 @@ class ProgressTimer:
         self._seen = n
         start = lg.measure_start
         elapsed = time.perf_counter() - start if start is not None else 0.0
-        return {"phase": "measure", "done": n, "total": lg.phase_total, "completed": self._completed,
-                "failed": self._failed, "never_sent": self._never_sent, "elapsed_s": round(elapsed, 3),
-                "output_tok_s": round(self._tokens / elapsed, 3) if elapsed > 0 else None,
-                "ttft_p50_ms": round(statistics.median(self._ttfts) * 1e3, 3) if self._ttfts else None,
-                "tpot_p50_ms": round(statistics.median(self._tpots) * 1e3, 3) if self._tpots else None}
+        out: dict[str, Any] = {
+            "phase": "measure", "done": n, "total": lg.phase_total, "completed": self._completed,
+            "failed": self._failed, "never_sent": self._never_sent, "elapsed_s": round(elapsed, 3),
+            "output_tok_s": round(self._tokens / elapsed, 3) if elapsed > 0 else None,
+            "output_tokens": self._tokens,
+            "ttft_p50_ms": _ms(self._ttfts, 50), "tpot_p50_ms": _ms(self._tpots, 50),
+            "ttft_p99_ms": _ms(self._ttfts, 99), "tpot_p99_ms": _ms(self._tpots, 99),
+            "in_flight": getattr(lg, "in_flight", None), "eta_s": self._eta(n, elapsed)}
+        if self.scraper is not None:
+            out.update(self.scraper.latest())
+        return out
+
+    def _eta(self, done: int, elapsed: float) -> Optional[float]:
+        """Seconds left in this repeat's measured load: what a duration-bounded run has left, else
+        the requests left at the pace of those done so far (None before the first is done)."""
+        duration = getattr(getattr(self.lg, "config", None), "duration_s", None)
+        if duration is not None:
+            return round(max(0.0, duration - elapsed), 1)
+        total = self.lg.phase_total
+        if not done or not total or elapsed <= 0:
+            return None
+        return round(max(0, total - done) * elapsed / done, 1)
+
+
+def _ms(values: list[float], q: float) -> Optional[float]:
+    """The ``q``-th percentile of seconds, in ms (linear, as the report's percentiles)."""
+    return round(float(np.percentile(values, q)) * 1e3, 3) if values else None
 
 
 def _stop_profiler(run: BenchRun, base_url: str) -> None:

@@ -92,6 +92,31 @@ DERIVED: dict[str, tuple[str, str, float]] = {
     "decode_batch_size_mean": ("magpie_serve_decode_batch_size_sum", "magpie_serve_decode_batch_size_count", 0.0),
 }
 
+# What a live view shows beside the client's numbers, by the first of each server's names found:
+# requests running, requests waiting, and the KV cache's use as a fraction.
+LIVE_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "magpie_serve_requests_running")
+LIVE_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "magpie_serve_requests_waiting")
+LIVE_KV_FRACTION = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+
+
+def live_values(row: dict[str, Any]) -> dict[str, Any]:
+    """A scrape's ``server_running``, ``server_waiting`` and ``server_kv_cache`` (0-1), as a
+    ``progress`` event carries them; a value the server does not expose is left out. vLLM's
+    ``kv_cache_usage_perc`` is a fraction despite its name; the built-in server's is its used
+    slots over its slots."""
+    out: dict[str, Any] = {}
+    for key, names in (("server_running", LIVE_RUNNING), ("server_waiting", LIVE_WAITING)):
+        name = next((n for n in names if n in row), None)
+        if name is not None:
+            out[key] = int(round(row[name]))
+    kv = next((row[n] for n in LIVE_KV_FRACTION if n in row), None)
+    if kv is None and row.get("magpie_serve_kv_cache_slots"):
+        kv = row.get("magpie_serve_kv_cache_slots_used", 0.0) / row["magpie_serve_kv_cache_slots"]
+    if kv is not None:
+        out["server_kv_cache"] = round(float(kv), 4)
+    return out
+
+
 _CUMULATIVE_TYPES = ("counter", "histogram", "summary", "gaugehistogram")
 _SUFFIXES = ("_total", "_sum", "_count")
 
@@ -256,6 +281,15 @@ class ServerMetricsScraper:
                 self.reason = message
                 return False
         return True
+
+    def latest(self, max_age_s: float = 5.0) -> dict[str, Any]:
+        """The newest scrape's live values (``live_values``); empty when there is none from the
+        last ``max_age_s`` seconds (a server whose /metrics stopped answering shows nothing stale)."""
+        with self._lock:
+            row = self.rows[-1] if self.rows else None
+        if row is None or time.time() - row["t"] > max_age_s:
+            return {}
+        return live_values(row)
 
     def stop(self) -> dict[str, Any]:
         self._stop.set()

@@ -24,7 +24,8 @@ from engine.runs.schema import (
     FINISHED_RUN_STATES, REPORT_FILES, CapacityLevel, Event, ProgressEvent, RunFigures, RunFinished, RunStarted,
     RunState, StageEvent, parse_event,
 )
-from engine.runs.state import CapacityStep, LiveMetrics, RunProgress, RunStatus, capacity_step, progress_from_event, status_text
+from engine.runs.state import (CapacityStep, LiveMetrics, LiveSample, RunProgress, RunStatus, add_sample, capacity_step,
+                               progress_from_event, status_text)
 
 REPORT_NAMES = REPORT_FILES  # the old name, kept for importers
 _NAME = re.compile(r"^(?P<mode>[a-z]+)_(?P<label>.+)_(?P<date>\d{8})_(?P<time>\d{6})_(?P<unique>[0-9a-f]+)$")
@@ -52,6 +53,7 @@ class RunInfo:
     # capacity levels tried, and the report's figures once finished.
     progress: RunProgress = field(default_factory=RunProgress)
     live_metrics: Optional[LiveMetrics] = None
+    history: list[LiveSample] = field(default_factory=list)  # the last minute of live numbers (sparklines)
     capacity: list[CapacityStep] = field(default_factory=list)
     figures: Optional[RunFigures] = None
     kernels: list = field(default_factory=list)  # analyze / compare: the kernel ids, in order
@@ -93,7 +95,8 @@ class RunInfo:
     def status(self) -> RunStatus:
         """The run's typed state (engine.runs.state), as every front end shows it."""
         return RunStatus.model_construct(state=self.state, mode=self.mode, stage=self.stage, progress=self.progress,
-                                         live=self.live_metrics, capacity=self.capacity, figures=self.figures,
+                                         live=self.live_metrics, history=self.history, capacity=self.capacity,
+                                         figures=self.figures,
                                          exit_code=self.exit_code, error=self.error)
 
     @property
@@ -138,7 +141,10 @@ class RunInfo:
                 self.done, self.total = ev.done, ev.total
             self.live = {k: getattr(ev, k) for k in ("completed", "failed", "never_sent", "output_tok_s",
                                                       "ttft_p50_ms", "tpot_p50_ms") if getattr(ev, k) is not None}
+            before, same_repeat = self.live_metrics, ev.repeat is not None and ev.repeat + 1 == self.progress.repeat
             self.progress, self.live_metrics = progress_from_event(ev, self.progress)
+            if self.live_metrics is not None:
+                self.history = add_sample(self.history, self.live_metrics, ev.ts, before if same_repeat else None)
             if ev.phase:
                 self.stage = ev.phase
         elif isinstance(ev, CapacityLevel):

@@ -188,6 +188,16 @@ class ProgressEvent(Event):
     output_tok_s: Optional[float] = None
     ttft_p50_ms: Optional[float] = None
     tpot_p50_ms: Optional[float] = None
+    # Added for the live view; every one optional, so older run folders read as before.
+    ttft_p99_ms: Optional[float] = None
+    tpot_p99_ms: Optional[float] = None
+    output_tokens: Optional[int] = None  # output tokens of the completed measured requests so far
+    in_flight: Optional[int] = None  # sent to the server and not ended (one client process only)
+    eta_s: Optional[float] = None  # this repeat's measured load: seconds left, estimated
+    # The server's own /metrics (the newest scrape of server_metrics.jsonl), when it exposes them.
+    server_running: Optional[int] = None
+    server_waiting: Optional[int] = None
+    server_kv_cache: Optional[float] = None  # KV-cache use, 0-1
 
 
 class Figure(_Section):

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.runs.schema import FINISHED_RUN_STATES, CapacityLevel, Figure, ProgressEvent, RunFigures, RunState
 
-__all__ = ["RequestCounts", "LiveMetrics", "RunProgress", "CapacityStep", "RunStatus", "status_text",
+__all__ = ["RequestCounts", "LiveMetrics", "LiveSample", "add_sample", "run_eta_s", "RunProgress", "CapacityStep",
+           "RunStatus", "status_text",
            "figures_text", "benchmark_figures", "kernel_figures", "progress_from_event", "no_roofline_reason"]
 
 
@@ -42,11 +43,50 @@ class RequestCounts(_State):
 
 
 class LiveMetrics(_State):
-    """A benchmark's running numbers over the measured requests finished so far (one repeat)."""
+    """A benchmark's running numbers over the measured requests finished so far (one repeat), and
+    the server's own (its newest /metrics scrape). Every field but the first four came later:
+    a run folder written before them reads them as None."""
     output_tok_s: Optional[float] = None
     ttft_p50_ms: Optional[float] = None
     tpot_p50_ms: Optional[float] = None
     elapsed_s: Optional[float] = None
+    ttft_p99_ms: Optional[float] = None
+    tpot_p99_ms: Optional[float] = None
+    output_tokens: Optional[int] = None
+    in_flight: Optional[int] = None
+    eta_s: Optional[float] = None  # this repeat's measured load
+    server_running: Optional[int] = None
+    server_waiting: Optional[int] = None
+    server_kv_cache: Optional[float] = None  # 0-1
+
+
+class LiveSample(_State):
+    """One point of a live run's recent history (the sparklines): when (the event's time), the
+    output tok/s over the interval since the point before (the repeat's mean for the first point
+    of a repeat, or where the event has no token count), and the p50s so far."""
+    t: float
+    output_tok_s: Optional[float] = None
+    ttft_p50_ms: Optional[float] = None
+    tpot_p50_ms: Optional[float] = None
+
+
+HISTORY_S = 60.0  # how far back the history reaches
+
+
+def add_sample(history: list[LiveSample], live: LiveMetrics, t: Optional[float],
+               before: Optional[LiveMetrics]) -> list[LiveSample]:
+    """``history`` with the point of ``live`` (at time ``t``) appended and the points older than
+    ``HISTORY_S`` before it dropped. ``before`` is the previous live numbers (the rate's start)."""
+    if t is None:
+        return history
+    rate = live.output_tok_s
+    if (before is not None and history and live.output_tokens is not None and before.output_tokens is not None
+            and live.elapsed_s is not None and before.elapsed_s is not None and live.elapsed_s > before.elapsed_s
+            and live.output_tokens >= before.output_tokens):
+        rate = (live.output_tokens - before.output_tokens) / (live.elapsed_s - before.elapsed_s)
+    kept = [h for h in history if h.t >= t - HISTORY_S]
+    kept.append(LiveSample(t=t, output_tok_s=rate, ttft_p50_ms=live.ttft_p50_ms, tpot_p50_ms=live.tpot_p50_ms))
+    return kept
 
 
 class RunProgress(_State):
@@ -75,6 +115,7 @@ class RunStatus(_State):
     stage: str = ""
     progress: RunProgress = Field(default_factory=RunProgress)
     live: Optional[LiveMetrics] = None
+    history: list[LiveSample] = Field(default_factory=list)  # the last minute of live numbers
     capacity: list[CapacityStep] = Field(default_factory=list)
     figures: Optional[RunFigures] = None  # the report's, once finished
     exit_code: Optional[int] = None
@@ -102,9 +143,21 @@ def progress_from_event(ev: ProgressEvent, before: RunProgress) -> tuple[RunProg
                            total=ev.total if ev.total is not None else before.total,
                            repeat=ev.repeat + 1 if ev.repeat is not None else None, repeats=ev.repeats,
                            point=ev.point, warmup=ev.phase == "warmup", requests=requests)
-    values = {k: getattr(ev, k) for k in ("output_tok_s", "ttft_p50_ms", "tpot_p50_ms", "elapsed_s")}
+    values = {k: getattr(ev, k) for k in LiveMetrics.model_fields}
     live = LiveMetrics(**values) if any(v is not None for k, v in values.items() if k != "elapsed_s") else None
     return progress, live
+
+
+def run_eta_s(status: RunStatus) -> Optional[float]:
+    """Seconds left of the point's measured load: this repeat's ETA, plus each repeat still to
+    come at this repeat's estimated length (None when the run does not say)."""
+    p, v = status.progress, status.live
+    if status.is_finished or v is None or v.eta_s is None or p.warmup:
+        return None
+    left = v.eta_s
+    if p.repeat is not None and p.repeats is not None and p.repeats > p.repeat:
+        left += (p.repeats - p.repeat) * ((v.elapsed_s or 0.0) + v.eta_s)
+    return left
 
 
 def capacity_step(ev: CapacityLevel) -> CapacityStep:

@@ -18,6 +18,7 @@ from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.footer import KeysFooter
+from magpie_tui.widgets.live_panel import LivePanel
 from magpie_tui.widgets.run_log import RunLog
 
 
@@ -84,6 +85,9 @@ class RunScreen(Screen):
     def compose(self):
         yield Header()
         yield Static("", id="run-status")
+        live = LivePanel(id="run-live")  # a benchmark's live numbers, above everything else
+        live.display = self.info.mode == "benchmark"
+        yield live
         search = Input(placeholder="search the log shown (enter: first match below, n/N: next/previous, esc: close)",
                        id="log-search", compact=True)
         # Shown by /. Hidden it is also disabled: auto-focus looks at visibility, not display.
@@ -199,13 +203,20 @@ class RunScreen(Screen):
             return  # still mounting
         info = self.info
         parts = [info.state, info.mode, info.label, format_elapsed(info.elapsed(time.time()))]
-        progress = status_text(info.status, detail=True)  # the Runs list's text, plus the report's figures
+        # The Runs list's text, plus the report's figures. A running benchmark's numbers are in its
+        # live view below, whole; here its line would be cut at 80 columns.
+        running_benchmark = info.mode == "benchmark" and not info.is_finished
+        progress = "" if running_benchmark else status_text(info.status, detail=True)
         if progress:
             parts.append(progress)
         if info.error and info.error not in progress:
             parts.append(info.error)
         status = self.query_one("#run-status", Static)
         status.update("  ·  ".join(p for p in parts if p))
+        live = self.query_one("#run-live", LivePanel)
+        live.display = info.mode == "benchmark"
+        if live.display:
+            live.show(info)
         for state in ("running", "completed", "failed", "lost", "cancelled"):
             # completed_with_errors: the numbers are there, the run is not a success: shown as a failure
             status.set_class(info.state == state or (state == "failed" and info.state == "completed_with_errors"),
