@@ -675,8 +675,7 @@ class ProgressTimer:
             "failed": self._failed, "never_sent": self._never_sent, "elapsed_s": round(elapsed, 3),
             "output_tok_s": round(self._tokens / elapsed, 3) if elapsed > 0 else None,
             "output_tokens": self._tokens,
-            "ttft_p50_ms": _ms(self._ttfts, 50), "tpot_p50_ms": _ms(self._tpots, 50),
-            "ttft_p99_ms": _ms(self._ttfts, 99), "tpot_p99_ms": _ms(self._tpots, 99),
+            **_p50_p99("ttft", self._ttfts), **_p50_p99("tpot", self._tpots),
             "in_flight": getattr(lg, "in_flight", None), "eta_s": self._eta(n, elapsed)}
         if self.scraper is not None:
             out.update(self.scraper.latest())
@@ -694,9 +693,13 @@ class ProgressTimer:
         return round(max(0, total - done) * elapsed / done, 1)
 
 
-def _ms(values: list[float], q: float) -> Optional[float]:
-    """The ``q``-th percentile of seconds, in ms (linear, as the report's percentiles)."""
-    return round(float(np.percentile(values, q)) * 1e3, 3) if values else None
+def _p50_p99(name: str, values: list[float]) -> dict[str, Optional[float]]:
+    """``{name}_p50_ms`` and ``{name}_p99_ms`` of seconds (linear, as the report's percentiles),
+    in one pass over the values (the progress thread holds the GIL beside the load generator)."""
+    if not values:
+        return {f"{name}_p50_ms": None, f"{name}_p99_ms": None}
+    p50, p99 = np.percentile(np.asarray(values, dtype=float), [50, 99])
+    return {f"{name}_p50_ms": round(float(p50) * 1e3, 3), f"{name}_p99_ms": round(float(p99) * 1e3, 3)}
 
 
 def _stop_profiler(run: BenchRun, base_url: str) -> None:
