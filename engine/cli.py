@@ -168,9 +168,11 @@ class _KernelProgress:
         if event["event"] == "run_started":
             print(f"magpie {self.mode}: {self.n_kernels} kernel(s), workspace {event['workspace']}",
                   file=sys.stderr, flush=True)
-        elif event["event"] == "stage" and (self.verbose or event["state"] != "running"):
-            extra = f" ({event['backend']})" if event.get("backend") else ""
-            print(f"  [{event['kernel']}] {event['stage']}{extra}: {event['state']}", file=sys.stderr, flush=True)
+        elif event["event"] == "stage":
+            from engine.jobs.query import stage_line
+            line = stage_line(event, verbose=self.verbose)
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
 
 
 def _log(text: str) -> None:

@@ -46,13 +46,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAIL
     for line in notices(prepared):
         log(line)
-    kw = {"log": log} if request.mode in ("benchmark", "trace", "optimize") else {}
+    kw: dict = {"log": log} if request.mode in ("benchmark", "trace", "optimize") else {}
+    if request.mode in ("analyze", "compare"):  # the console says each kernel's stage as it happens
+        kw["sink"] = _stage_lines(log)
     outcome = run_request(request, cancel=cancel, workspace=ws, prepared=prepared, **kw)
     summary = run_dir / "summary.txt"
     if summary.is_file():
         log(summary.read_text())
     log(f"workspace: {run_dir} ({outcome.state}, exit {outcome.exit_code})")
     return outcome.exit_code
+
+
+def _stage_lines(log):
+    from engine.runs.state import stage_line
+
+    def sink(event: dict) -> None:
+        line = stage_line(event, verbose=True)
+        if line is not None:
+            log(line)
+    return sink
 
 
 if __name__ == "__main__":

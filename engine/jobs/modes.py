@@ -22,7 +22,7 @@ from engine.jobs.requests import (
 )
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, TRACE_ANALYSIS_REPORT, report_name_for_mode
-from engine.runs.state import benchmark_figures, kernel_figures
+from engine.runs.state import benchmark_figures, kernel_figures, kernel_verdicts
 from engine.runs.workspace import Workspace
 
 EXIT_OK, EXIT_FAIL, EXIT_CANCELLED = 0, 1, 130
@@ -154,9 +154,19 @@ def _run_kernels(request: KernelRequest, output_dir: Union[Path, str, None], *, 
         ws.write_json(name, report)
         display = renderables + ([f"error: {error}"] if error else []) + [f"workspace: {ws.root}"]
         ws.write_text("summary.txt", render_text(display))
+        _emit_verdicts(ws, plan, report)
         figures = kernel_figures(report)  # the verdicts and the winner: what every front end shows after the end
         _end(ws, state, code, name, **({"figures": figures.model_dump(exclude_none=True)} if figures else {}))
     return JobOutcome(code, state, ws.root, name, report, display=display)
+
+
+def _emit_verdicts(ws: Workspace, plan: Any, report: dict) -> None:
+    """Each kernel's end as a ``done`` stage event (its verdict, its speedup), from the report as
+    written: the live per-kernel view ends where the report does."""
+    index = {k.id: k.index for k in plan.kernels}
+    for kernel, verdict, speedup in kernel_verdicts(report):
+        ws.events.emit("stage", kernel=kernel, index=index.get(kernel), stage="done", state="SUCCESS",
+                       verdict=verdict, **({"speedup": speedup} if speedup is not None else {}))
 
 
 # --------------------------------------------------------------------------- benchmark

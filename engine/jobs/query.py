@@ -51,6 +51,8 @@ LAZY: dict[str, str] = {
                      "IntegrateResult", "Metric", "ProfiledResult", "RebenchmarkResult", "VerdictResult",
                      "step_result"), "engine.loop.results"),
     "format_status": "engine.loop.run",
+    # a kernel run's stages as they go (each kernel's stage, step and verdict; a console line per event)
+    **dict.fromkeys(("KernelProgress", "kernels_text", "stage_line"), "engine.runs.state"),
     # the GPU
     **dict.fromkeys(("detect_gpu", "format_gpu_info", "GpuInfo"), "engine.hw.detect"),
     "resolve_arch": "engine.trace.arch",

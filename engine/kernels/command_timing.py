@@ -144,6 +144,8 @@ def time_interleaved(ev: "Evaluator", outcomes: list["KernelOutcome"], backend: 
                 continue
             t.starts.append(seq)
             seq += 1
+            ev._event(t.outcome.spec, "performance", RUNNING, backend=t.backend, step=r + 1, steps=n_rounds,
+                      detail="one process")
             _one_process(ev, t, r)
             ev.ws.events.emit("progress", phase="timing", done=seq, total=total)
     for t in timed:

@@ -317,9 +317,9 @@ class Evaluator:
         self.ws.path("harness").mkdir(exist_ok=True)
         by_key = {o.spec.id: o for o in outcomes}
 
-        def emit(m: Member, stage: str, state: str) -> None:
+        def emit(m: Member, stage: str, state: str, **extra: Any) -> None:
             if m.key in by_key:
-                self._event(by_key[m.key].spec, stage, state)
+                self._event(by_key[m.key].spec, stage, state, **extra)
 
         def log_stem(m: Member, first: str) -> Path:
             # A kernel's worker logs to logs/<id>/harness.*; a reference module's to the first

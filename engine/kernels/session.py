@@ -535,6 +535,9 @@ class HarnessSession:
         sets = (ref.load if ref is not None and ref.state != "failed" else
                 (selfs[0].load if selfs and selfs[0].state != "failed" else {})).get("set_meta", [])
         for idx, meta in enumerate(sets):
+            for m in self._everyone():  # where the check is: input set i of n, for every kernel still in
+                if m.state != "failed" and not self.cancel.cancelled:
+                    self.emit(m, "correctness", "running", step=idx + 1, steps=len(sets), detail=_set_label(meta))
             for j in judges + selfs:
                 if j.state != "failed" and not self.cancel.cancelled:
                     self._self_check_set(j, idx, meta)
@@ -720,7 +723,7 @@ class HarnessSession:
         """Warm ``m`` up and plan its timing (repeats from the measured call time), or None."""
         timer = self._timer(m)
         m.state = "timing"
-        self.emit(m, "performance", "running")
+        self.emit(m, "performance", "running", detail="warm-up")
         try:
             w = m.worker.request("warm", self.s.perf_timeout_s, warmup=self.s.warmup, l2_flush=self.s.l2_flush,
                                  timer=timer)
@@ -750,6 +753,11 @@ class HarnessSession:
             if m.state != "timing" or r >= plans[m.key]["rounds"]:
                 continue
             p = plans[m.key]
+            if r < 0:
+                self.emit(m, "performance", "running", step=0, steps=p["rounds"], detail="warm-up round")
+            else:
+                self.emit(m, "performance", "running", step=r + 1, steps=p["rounds"],
+                          detail=f"{p['per_round']} calls")
             self._clocks.cool_down(m.key, r)
             try:
                 # Every timed kernel keeps outputs the same way (the judge's own are dropped

@@ -26,6 +26,7 @@ from engine.runs.schema import (
 )
 from engine.runs.state import (CapacityStep, LiveMetrics, LiveSample, RunProgress, RunStatus, add_sample, capacity_step,
                                progress_from_event, status_text)
+from engine.runs.state import KernelProgress, fold_kernel_stage
 
 REPORT_NAMES = REPORT_FILES  # the old name, kept for importers
 _NAME = re.compile(r"^(?P<mode>[a-z]+)_(?P<label>.+)_(?P<date>\d{8})_(?P<time>\d{6})_(?P<unique>[0-9a-f]+)$")
@@ -57,6 +58,8 @@ class RunInfo:
     capacity: list[CapacityStep] = field(default_factory=list)
     figures: Optional[RunFigures] = None
     kernels: list = field(default_factory=list)  # analyze / compare: the kernel ids, in order
+    # analyze / compare: each kernel's stage, step and verdict (engine.runs.state.KernelProgress)
+    kernel_rows: dict[str, KernelProgress] = field(default_factory=dict)
     exit_code: Optional[int] = None
     report_name: Optional[str] = None
     error: Optional[str] = None
@@ -95,9 +98,19 @@ class RunInfo:
     def status(self) -> RunStatus:
         """The run's typed state (engine.runs.state), as every front end shows it."""
         return RunStatus.model_construct(state=self.state, mode=self.mode, stage=self.stage, progress=self.progress,
+                                         kernels=self.kernel_progress,
                                          live=self.live_metrics, history=self.history, capacity=self.capacity,
                                          figures=self.figures,
                                          exit_code=self.exit_code, error=self.error)
+
+    @property
+    def kernel_progress(self) -> list[KernelProgress]:
+        """Each kernel's stage (analyze / compare), in the order the run listed them; empty when the
+        run has written no kernel stage yet."""
+        if not any(r.state is not None or r.stage != "waiting" for r in self.kernel_rows.values()):
+            return []
+        order = {k: i for i, k in enumerate(self.kernels)}
+        return sorted(self.kernel_rows.values(), key=lambda r: (order.get(r.kernel, len(order)), r.kernel))
 
     @property
     def progress_text(self) -> str:
@@ -122,6 +135,7 @@ class RunInfo:
             if ev.label:
                 self.label = ev.label
             self.kernels = list(ev.kernels or [])
+            self.kernel_rows = {k: KernelProgress(kernel=k, index=i) for i, k in enumerate(self.kernels)}
         elif isinstance(ev, RunFinished):
             self.state = ev.state or RunState.COMPLETED
             self.finished = self.last_event
@@ -131,11 +145,10 @@ class RunInfo:
             self.figures = ev.figures
         elif isinstance(ev, StageEvent):
             self.stage = f"{ev.kernel}: {ev.stage}" if ev.kernel else ev.stage
-            if ev.kernel and ev.index is not None and self.kernels:
-                # "kernel 2 of 3" during a compare: which one, and how many are left.
-                self.stage = f"kernel {ev.index + 1} of {len(self.kernels)} {self.stage}"
             if ev.state:
                 self.stage += f" {ev.state.lower()}"
+            if ev.kernel:  # kernels go in parallel: each one's own stage (status_text sums them up)
+                fold_kernel_stage(self.kernel_rows, ev)
         elif isinstance(ev, ProgressEvent):
             if ev.done is not None and ev.total is not None:
                 self.done, self.total = ev.done, ev.total

@@ -162,6 +162,15 @@ class StageEvent(Event):
     index: Optional[int] = None
     backend: Optional[str] = None
     median_ms: Optional[float] = None
+    # A kernel's place inside a stage (optional; run folders before them still read): which input
+    # set of a correctness check (``step`` of ``steps``, 1-based), which timing round; ``detail``
+    # says what the step is. A compare's ``done`` stage carries each kernel's ``verdict`` (and
+    # ``speedup`` over the baseline), written with the report, before ``run_finished``.
+    step: Optional[int] = None
+    steps: Optional[int] = None
+    detail: Optional[str] = None
+    verdict: Optional[str] = None
+    speedup: Optional[float] = None
     argv: Optional[list[Any]] = None  # benchmark server (written with default=str)
     ready_s: Optional[float] = None
     image: Optional[str] = None

@@ -21,11 +21,14 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.runs.schema import FINISHED_RUN_STATES, CapacityLevel, Figure, ProgressEvent, RunFigures, RunState
+from engine.runs.schema import (
+    FINISHED_RUN_STATES, CapacityLevel, Figure, ProgressEvent, RunFigures, RunState, StageEvent,
+)
 
 __all__ = ["RequestCounts", "LiveMetrics", "LiveSample", "add_sample", "run_eta_s", "RunProgress", "CapacityStep",
            "RunStatus", "status_text",
-           "figures_text", "benchmark_figures", "kernel_figures", "progress_from_event", "no_roofline_reason"]
+           "figures_text", "benchmark_figures", "kernel_figures", "progress_from_event", "no_roofline_reason",
+           "KernelProgress", "fold_kernel_stage", "kernel_verdicts", "kernels_text", "stage_line"]
 
 
 class _State(BaseModel):
@@ -108,11 +111,173 @@ class CapacityStep(_State):
     passed: Optional[bool] = None
 
 
+class KernelProgress(_State):
+    """Where one kernel of an analyze or compare is, folded from its ``stage`` events: the stage it
+    is in (``compile``, ``testcase``, ``loading``, ``correctness``, ``checked``, ``timing``, ``timed``,
+    ``done``, or the failed / cancelled stage), which step of it (input set i of n, timing round
+    i of n), and, at the end, its verdict."""
+    kernel: str
+    index: Optional[int] = None
+    stage: str = "waiting"
+    state: Optional[str] = None  # the last stage event's state (running, SUCCESS, FAILED, ...)
+    step: Optional[int] = None
+    steps: Optional[int] = None
+    detail: str = ""
+    checked: Optional[bool] = None  # its correctness check ended: True passed, False failed
+    median_ms: Optional[float] = None
+    verdict: Optional[str] = None
+    speedup: Optional[float] = None
+
+    @property
+    def where(self) -> str:
+        """``correctness set 2/4``, ``timing round 3/10``, ``timing warm-up``, ``compile``."""
+        name = {"performance": "timing", "harness": "loading"}.get(self.stage, self.stage)
+        if self.step is not None and self.steps:
+            unit = "round" if name == "timing" else "set"
+            return f"{name} warm-up" if self.step == 0 else f"{name} {unit} {self.step}/{self.steps}"
+        return name
+
+    @property
+    def detail_text(self) -> str:
+        if self.stage == "done" and self.speedup is not None and self.verdict != "baseline":
+            return f"{self.speedup:.3g}x" + (f" · {self.median_ms:.4g} ms" if self.median_ms is not None else "")
+        if self.median_ms is not None and self.stage in ("timed", "done"):
+            return f"median {self.median_ms:.4g} ms"
+        return self.detail
+
+
+# Stage events that end a stage: the stage a kernel is then in.
+_AFTER = {("harness", "SUCCESS"): "checked", ("testcase", "SUCCESS"): "checked", ("accordo", "SUCCESS"): "checked",
+          ("performance", "SUCCESS"): "timed", ("compile", "SUCCESS"): "compiled"}
+
+
+def fold_kernel_stage(rows: dict[str, KernelProgress], ev: StageEvent) -> None:
+    """Fold one ``stage`` event of a kernel into ``rows`` (kernel id -> its progress). Events
+    without the fine-grained fields (run folders written before them) fold just as well."""
+    if not ev.kernel:
+        return
+    row = rows.get(ev.kernel) or KernelProgress(kernel=ev.kernel, index=ev.index)
+    rows[ev.kernel] = row
+    state = ev.state or ""
+    if ev.stage == "done":
+        row.stage, row.state, row.step, row.steps = "done", state or None, None, None
+        row.verdict, row.speedup = ev.verdict, ev.speedup
+        row.detail = ev.detail or ""
+        return
+    if row.stage == "done":
+        return
+    row.state = state or None
+    if state in ("FAILED", "CANCELLED", "SKIPPED"):
+        row.stage, row.step, row.steps = ev.stage, None, None
+        if ev.stage in ("harness", "testcase", "accordo", "correctness") and state == "FAILED":
+            row.checked = False
+        row.detail = {"FAILED": "failed", "CANCELLED": "cancelled", "SKIPPED": "not judged"}[state]
+        return
+    if state and state != "running":  # a stage ended
+        row.stage = _AFTER.get((ev.stage, state), ev.stage)
+        row.step = row.steps = None
+        if row.stage == "checked":
+            row.checked = True
+        if ev.median_ms is not None:
+            row.median_ms = ev.median_ms
+        row.detail = ev.backend or ""
+        return
+    # running: the stage, and where in it
+    stage = ev.stage
+    if stage == "harness":
+        stage = "loading"
+    elif stage == "performance" and ev.step is None and row.stage == "timing" and row.step is not None:
+        return  # the pipeline's own "timing started" after the harness's rounds: keep the last round
+    row.stage = "timing" if stage == "performance" else stage
+    row.step, row.steps = ev.step, ev.steps
+    row.detail = ev.detail or (ev.backend or "")
+
+
+def kernels_text(rows: list[KernelProgress]) -> str:
+    """A running analyze/compare in one line, true when its kernels go in parallel:
+    ``2 checked · timing round 3/10``, ``3 in correctness set 2/4``, ``1 failed · compile``."""
+    if not rows:
+        return ""
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.stage == "done":
+            key = "done"
+        elif r.detail in ("failed", "cancelled", "not judged") and r.state in ("FAILED", "CANCELLED", "SKIPPED"):
+            key = r.detail
+        elif r.stage in ("timed",):
+            key = "timed"
+        elif r.checked or r.stage == "timing":
+            key = "checked"
+        else:
+            key = ""
+        if key:
+            counts[key] = counts.get(key, 0) + 1
+    parts = [f"{n} {k}" for k, n in counts.items() if k in ("checked", "timed", "failed", "not judged", "cancelled",
+                                                            "done")]
+    active = [r for r in rows if r.state == "running"]
+    if active:
+        # the furthest stage any kernel is in, where in it, and (checked in parallel) how many are in it
+        rank = ("compile", "testcase", "accordo", "loading", "correctness", "timing")
+        lead = max(active, key=lambda r: (rank.index(r.stage) if r.stage in rank else -1, r.step or 0))
+        parts.append(lead.where)
+        if lead.stage != "timing" and len(rows) > 1:  # checked in parallel: how many are at it
+            parts.append(f"{sum(1 for r in rows if r.stage == lead.stage)} of {len(rows)} kernels")
+    return " · ".join(parts)
+
+
+def stage_line(event: dict, verbose: bool = True) -> Optional[str]:
+    """One console line for a kernel ``stage`` event as it is written (the command line's and a
+    detached run's console): ``  [one_pass] correctness set 2/4 (main inputs)``, ``  [one_pass]
+    timing round 3/10 (20 calls)``, ``  [one_pass] done: faster (9.27x)``. ``verbose`` False leaves
+    out the bare start of a stage (None); its steps and its end are always a line."""
+    if event.get("event") != "stage" or not event.get("kernel"):
+        return None
+    stage, state = event.get("stage", "?"), event.get("state")
+    if event.get("verdict") or stage == "done":
+        sp = event.get("speedup")
+        tail = f" ({sp:.3g}x)" if isinstance(sp, (int, float)) and event.get("verdict") != "baseline" else ""
+        return f"  [{event['kernel']}] done: {event.get('verdict') or '-'}{tail}"
+    step, steps = event.get("step"), event.get("steps")
+    if state == "running" and not verbose and step is None:
+        return None
+    extra = f" ({event['backend']})" if event.get("backend") else ""
+    if step is not None and steps:
+        name = {"performance": "timing"}.get(stage, stage)
+        unit = "round" if name == "timing" else "set"
+        where = f"{name} warm-up" if step == 0 else f"{name} {unit} {step}/{steps}"
+        detail = event.get("detail")
+        return f"  [{event['kernel']}] {where}" + (f" ({detail})" if detail else "")
+    return f"  [{event['kernel']}] {stage}{extra}: {state}"  # as the command line always wrote it
+
+
+def kernel_verdicts(report: dict) -> list[tuple[str, str, Optional[float]]]:
+    """(kernel id, verdict, speedup) of each kernel of an analyze or compare report as it is
+    written: a compare's verdict, an analyze's correctness (``correct`` / ``incorrect`` / ``not
+    judged``)."""
+    results = report.get("results")
+    rows = results.get("kernel_results") if isinstance(results, dict) else results
+    if not isinstance(rows, list):
+        return []
+    not_judged = report.get("not_judged") if isinstance(report.get("not_judged"), dict) else {}
+    out = []
+    for r in rows:
+        if not isinstance(r, dict) or not isinstance(r.get("kernel_id"), str):
+            continue
+        verdict = r.get("verdict")
+        if not isinstance(verdict, str):
+            verdict = ("not judged" if r.get("kernel_id") in not_judged else
+                       {"SUCCESS": "correct", "FAILED": "incorrect"}.get(str(r.get("correctness_state")), "not judged"))
+        sp = r.get("speedup")
+        out.append((r["kernel_id"], verdict, float(sp) if isinstance(sp, (int, float)) else None))
+    return out
+
+
 class RunStatus(_State):
     """The state of one run as every front end shows it."""
     state: str = RunState.PENDING
     mode: str = "?"
     stage: str = ""
+    kernels: list[KernelProgress] = Field(default_factory=list)  # analyze / compare: each kernel's stage
     progress: RunProgress = Field(default_factory=RunProgress)
     live: Optional[LiveMetrics] = None
     history: list[LiveSample] = Field(default_factory=list)  # the last minute of live numbers
@@ -201,6 +366,10 @@ def _capacity_text(status: RunStatus) -> str:
 
 def _running_text(status: RunStatus) -> str:
     p = status.progress
+    if status.kernels and status.mode in ("analyze", "compare"):
+        # each kernel's stage, unless a run folder from before the steps counts its timing processes
+        if not (p.done is not None and p.total and not any(r.step is not None for r in status.kernels)):
+            return kernels_text(status.kernels)
     parts = []
     capacity = _capacity_text(status)
     if capacity:

@@ -18,6 +18,7 @@ from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.footer import KeysFooter
+from magpie_tui.widgets.kernel_stages import KernelStages
 from magpie_tui.widgets.live_panel import LivePanel
 from magpie_tui.widgets.run_log import RunLog
 
@@ -94,6 +95,9 @@ class RunScreen(Screen):
         search.display, search.disabled = False, True
         yield search
         with TabbedContent(id="run-tabs"):
+            if self.info.mode in ("analyze", "compare"):  # each kernel's stage as it goes, first
+                with TabPane("Kernels", id="tab-kernels"):
+                    yield KernelStages(id="run-kernels")
             with TabPane("Log", id="tab-log"):
                 yield Select([(self._label(p), str(p)) for p in self.logs], prompt="no log yet",
                              value=str(self.logs[0]) if self.logs else Select.NULL, id="log-choice", compact=True)
@@ -213,6 +217,8 @@ class RunScreen(Screen):
             parts.append(info.error)
         status = self.query_one("#run-status", Static)
         status.update("  ·  ".join(p for p in parts if p))
+        for kernels in self.query("#run-kernels").results(KernelStages):
+            kernels.show(info)
         live = self.query_one("#run-live", LivePanel)
         live.display = info.mode == "benchmark"
         if live.display:

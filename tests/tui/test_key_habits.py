@@ -105,7 +105,7 @@ async def test_search_the_events_log_and_toggle_follow(app, project):
         await open_runs(pilot, app)
         app.open_run(find_run(app, "compare_"))
         await wait_screen(pilot, app, RunScreen, "#run-log")
-        await pilot.press("right_square_bracket")  # the Events tab
+        await pilot.press("right_square_bracket", "right_square_bracket")  # the Events tab (after Kernels, Log)
         events_log = app.screen.query_one("#run-events")
         await wait_for(pilot, lambda: len(events_log.lines) > 3)
         await pilot.press("slash", *"finished", "enter")
