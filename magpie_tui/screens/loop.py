@@ -27,12 +27,15 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
+from rich.cells import cell_len, set_cell_size
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import DataTable, Header, Select, Static, TabbedContent, TabPane
+from textual.widget import Widget
+from textual.widgets import Header, Select, Static, TabbedContent, TabPane
 
 from engine.errors import MagpieError
 from engine.jobs import attach
@@ -43,17 +46,27 @@ from engine.jobs.query import (
 )
 from magpie_tui.errors import error_text
 from magpie_tui.screens.reports import VERDICT_CLASS
-from magpie_tui.screens.runs import format_elapsed, theme_style
+from magpie_tui.screens.runs import format_elapsed
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.data_grid import Column, DataGrid
 from magpie_tui.widgets.footer import KeysFooter
 
-CHAIN_COLUMNS = (("n", "#"), ("step", "Step"), ("state", "State"), ("elapsed", "Elapsed"), ("attempts", "Tries"),
-                 ("detail", "Detail"))
+# At 80 columns Tries and Elapsed step aside (the step tab has both) and Detail takes the rest of the line.
+CHAIN_COLUMNS = [
+    Column("n", "#", "number", width=1),
+    Column("step", "Step", width=11),
+    Column("state", "State", width=7),
+    Column("elapsed", "Elapsed", fmt=format_elapsed, width=7, drop_order=2),
+    Column("attempts", "Tries", "number", width=5, drop_order=1),
+    Column("detail", "Detail", max_width=200, squeeze_to=16),
+]
 KILLED = "killed"  # shown for a step left ``running`` by a loop process that is gone
-# Theme variable that colours each step state.
-STEP_STATE_VARIABLES = {"pending": "muted", "running": "running", "done": "correct", "failed": "incorrect",
-                        "waiting": "warning", "skipped": "tie", KILLED: "incorrect"}
+# The row colour (DataGrid row class) of each step state.
+STEP_STATE_CLASSES = {"pending": "muted", "running": "running", "done": "correct", "failed": "incorrect",
+                      "waiting": "suspect", "skipped": "tie", KILLED: "incorrect"}
+SHORT_SCREEN = 36
+"""Below this many lines the chain folds to its highlighted step on the bottlenecks, candidates
+and verdict tabs, so that their tables have the room (at 80x24, 17 lines)."""
 # Where Enter goes for a step without a run folder.
 STEP_TABS = {"bottlenecks": "tab-bottlenecks", "candidates": "tab-candidates", "verdict": "tab-verdict"}
 METRIC_NAMES = {"output_throughput": "output tok/s", "request_throughput": "requests/s", "median_ttft_ms": "TTFT ms",
@@ -262,19 +275,20 @@ def step_text(step: LoopStep, index: int, dead: Iterable[str]) -> str:
 
 # -- bottlenecks -----------------------------------------------------------------------------------
 
+# At 80 columns: rank, op, share and what replaces it; the rest steps aside, the last first.
 BOTTLENECK_COLUMNS = [
     Column("rank", "#", "number", fmt=lambda v: f"{v:.0f}", min_width=2),
-    Column("name", "Op", max_width=36),
-    Column("replace", "Replace", max_width=26),
-    Column("share_pct", "Share %", "number", fmt=lambda v: f"{v:.1f}"),
-    Column("time_us", "Time us", "number", fmt=lambda v: f"{v:,.0f}"),
-    Column("calls", "Calls", "number", fmt=lambda v: f"{v:.0f}"),
-    Column("avg_us", "Avg us", "number", fmt=lambda v: f"{v:.4g}"),
-    Column("confidence", "Mapping", max_width=30),
-    Column("bound", "Bound", max_width=14),
-    Column("roofline_pct", "% roof", "number", fmt=lambda v: f"{v:.1f}"),
-    Column("why_not", "Why not replaceable", max_width=60),
-    Column("behind", "Behind it", max_width=80),
+    Column("name", "Op", max_width=36, squeeze_to=16),
+    Column("share_pct", "Share %", "number", fmt=lambda v: f"{v:.1f}", width=7),
+    Column("replace", "Replace", max_width=26, squeeze_to=14),
+    Column("time_us", "Time us", "number", fmt=lambda v: f"{v:,.0f}", drop_order=8),
+    Column("calls", "Calls", "number", fmt=lambda v: f"{v:.0f}", drop_order=6),
+    Column("avg_us", "Avg us", "number", fmt=lambda v: f"{v:.4g}", drop_order=5),
+    Column("confidence", "Mapping", max_width=30, drop_order=7),
+    Column("bound", "Bound", max_width=14, drop_order=4),
+    Column("roofline_pct", "% roof", "number", fmt=lambda v: f"{v:.1f}", drop_order=3),
+    Column("why_not", "Why not replaceable", max_width=50, drop_order=2, squeeze_to=20),
+    Column("behind", "Behind it", max_width=80, drop_order=1, squeeze_to=20),
 ]
 
 
@@ -328,23 +342,23 @@ def bottleneck_note(table: Any, stage: str) -> str:
              "accounted" if _number(st.get("accounted_time_us")) is not None and _number(st.get("step_time_us"))
              is not None else "",
              _text(window.get("rule"))]
-    return " · ".join(p for p in parts if p) + "  —  n: next stage; Replace names the registry op of a replaceable row"
+    return " · ".join(p for p in parts if p) + "\nn: next stage; Replace names the registry op of a replaceable row"
 
 
 # -- candidates ----------------------------------------------------------------------------------
 
 CANDIDATE_COLUMNS = [
     Column("winner", "W", min_width=1, max_width=1),
-    Column("id", "Candidate", max_width=32),
-    Column("origin", "Origin", max_width=10),
-    Column("correct", "Correct", min_width=7),
-    Column("verdict", "Verdict"),
-    Column("speedup", "Speedup", "number", fmt=lambda v: f"{v:.3f}x"),
-    Column("ci_low", "95% CI low", "number", fmt=lambda v: f"{v:.3f}"),
-    Column("ci_high", "high", "number", fmt=lambda v: f"{v:.3f}"),
-    Column("median_ms", "Median ms", "number", fmt=lambda v: f"{v:.4g}"),
-    Column("reason", "Why", max_width=70),
-    Column("source", "Source", max_width=60),
+    Column("id", "Candidate", max_width=32, squeeze_to=12),
+    Column("origin", "Origin", max_width=10, drop_order=3),
+    Column("correct", "Correct", min_width=7, width=7),
+    Column("verdict", "Verdict", squeeze_to=9),
+    Column("speedup", "Speedup", "number", fmt=lambda v: f"{v:.3f}x", width=7),
+    Column("ci_low", "95% CI", "number", fmt=lambda v: f"{v:.3f}", width=6),
+    Column("ci_high", "high", "number", fmt=lambda v: f"{v:.3f}", width=6),
+    Column("median_ms", "Median ms", "number", fmt=lambda v: f"{v:.4g}", drop_order=4),
+    Column("reason", "Why", max_width=70, drop_order=2, squeeze_to=16),
+    Column("source", "Source", max_width=60, drop_order=1),
 ]
 
 
@@ -386,17 +400,19 @@ def candidates_note(loop: LoopFile | None) -> str:
 
 # -- verdict ---------------------------------------------------------------------------------------
 
+# Every column fits 80 columns whole (short labels; the means give way first): the intervals are
+# what the verdict stands on.
 E2E_COLUMNS = [
-    Column("metric", "Metric", max_width=28),
-    Column("baseline_mean", "Baseline", "number", fmt=lambda v: f"{v:.4g}"),
-    Column("baseline_ci95", "Baseline 95% CI", max_width=26),
-    Column("new_mean", "New", "number", fmt=lambda v: f"{v:.4g}"),
-    Column("new_ci95", "New 95% CI", max_width=26),
-    Column("delta_pct", "Delta %", "number", fmt=lambda v: f"{v:+.1f}"),
-    Column("verdict", "Verdict", max_width=14),
+    Column("metric", "Metric", max_width=28, squeeze_to=12),
+    Column("baseline_mean", "Base", "number", fmt=lambda v: f"{v:.4g}", squeeze_to=5),
+    Column("baseline_ci95", "95% CI", max_width=26, squeeze_to=14),
+    Column("new_mean", "New", "number", fmt=lambda v: f"{v:.4g}", squeeze_to=6),
+    Column("new_ci95", "95% CI", max_width=26, squeeze_to=14),
+    Column("delta_pct", "Δ%", "number", fmt=lambda v: f"{v:+.1f}" if abs(v) < 10 else f"{v:+.0f}"),
+    Column("verdict", "Verdict", max_width=14, squeeze_to=12),
 ]
-CHECK_COLUMNS = [Column("ok", "Check", min_width=5), Column("name", "Name", max_width=36),
-                 Column("detail", "Detail", max_width=100)]
+CHECK_COLUMNS = [Column("ok", "Check", width=5), Column("name", "Name", max_width=36),
+                 Column("detail", "Detail", max_width=160, squeeze_to=24)]
 E2E_CLASS = {"better": "correct", "worse": "incorrect", "within noise": "tie"}
 
 
@@ -404,8 +420,8 @@ def verdict_rows(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     """(end-to-end deltas, checks) of the verdict step."""
     r = result if isinstance(result, VerdictResult) else VerdictResult.model_validate(result)
     e2e = [{"metric": METRIC_NAMES.get(row.metric or "", row.metric or "") or "?",
-            "baseline_mean": row.baseline_mean, "baseline_ci95": fmt_ci(row.baseline_ci95),
-            "new_mean": row.new_mean, "new_ci95": fmt_ci(row.new_ci95),
+            "baseline_mean": row.baseline_mean, "baseline_ci95": fmt_ci(row.baseline_ci95, ".3g"),
+            "new_mean": row.new_mean, "new_ci95": fmt_ci(row.new_ci95, ".3g"),
             "delta_pct": row.delta_pct, "verdict": row.verdict or ""} for row in r.end_to_end]
     checks = [{"ok": {True: "pass", False: "FAIL"}.get(row.ok, "?"), "name": row.name or "?", "detail": row.detail or ""}
               for row in r.checks]
@@ -545,23 +561,65 @@ class LoopReader:
 
 # -- the screen ------------------------------------------------------------------------------------
 
+MORE_HINT = " m: more"
+
+
+class Note(Widget):
+    """A note shown in one line (cut, ending in ``… m: more`` when there is more) until
+    ``expanded``, then in all its lines. ``text`` is the whole note."""
+
+    DEFAULT_CSS = "Note { height: auto; }"
+    expanded: reactive[bool] = reactive(False, layout=True)
+
+    def __init__(self, text: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.text = text
+
+    def update(self, text: str | Text) -> None:
+        text = text.plain if isinstance(text, Text) else str(text)
+        if text != self.text:
+            self.text = text
+            self.refresh(layout=True)
+
+    @property
+    def folded(self) -> bool:
+        """True when the one line shown leaves something out."""
+        first, _, rest = self.text.partition("\n")
+        return not self.expanded and (bool(rest.strip()) or cell_len(first) > self.size.width)
+
+    def render(self) -> Text:
+        if self.expanded:
+            return Text(self.text)
+        first = self.text.partition("\n")[0]
+        width = self.size.width
+        if not self.folded or width <= len(MORE_HINT) + 4:
+            return Text(first, no_wrap=True, overflow="ellipsis")
+        room = width - len(MORE_HINT) - 2
+        line = Text(first + " ·" if cell_len(first) <= room else set_cell_size(first, room).rstrip() + "…",
+                    no_wrap=True, overflow="ellipsis")
+        line.append(MORE_HINT, style="italic")
+        return line
+
+
 class LoopScreen(Screen):
     DEFAULT_CSS = """
-    LoopScreen #loop-status { height: auto; padding: 0 1; background: $panel; }
+    LoopScreen #loop-status { padding: 0 1; background: $panel; }
     LoopScreen #loop-status.-running { color: $running; }
     LoopScreen #loop-status.-completed { color: $correct; }
     LoopScreen #loop-status.-failed, LoopScreen #loop-status.-lost { color: $incorrect; }
     LoopScreen #loop-status.-cancelled { color: $muted; }
     LoopScreen #loop-chain { height: auto; max-height: 12; }
+    LoopScreen.-fold #loop-chain { height: 2; scrollbar-size-vertical: 0; }
     LoopScreen #loop-tabs { height: 1fr; }
-    LoopScreen .loop-note { height: auto; padding: 0 1; color: $text-muted; }
+    LoopScreen .loop-note { padding: 0 1; color: $text-muted; }
     LoopScreen #bottleneck-controls { height: auto; }
-    LoopScreen #bottleneck-stage { width: 30; }
+    LoopScreen #bottleneck-stage { width: 22; }
     LoopScreen #bottleneck-note { width: 1fr; }
-    LoopScreen #verdict-headline { height: auto; padding: 0 1; text-style: bold; }
+    LoopScreen #verdict-headline { padding: 0 1; text-style: bold; }
     LoopScreen #verdict-headline.-success { color: $correct; }
     LoopScreen #verdict-headline.-failure { color: $incorrect; }
-    LoopScreen #verdict-e2e, LoopScreen #verdict-checks { height: 1fr; }
+    LoopScreen #verdict-e2e { height: auto; max-height: 12; }
+    LoopScreen #verdict-checks { height: 1fr; min-height: 3; }
     """
 
     BINDINGS = [
@@ -575,6 +633,8 @@ class LoopScreen(Screen):
         Binding("a", "show_tab('tab-candidates')", "Candidates", id="loop.candidates"),  # j/k: rows
         Binding("v", "show_tab('tab-verdict')", "Verdict", id="loop.verdict"),
         Binding("n", "next_stage", "Next stage", id="loop.next_stage"),
+        Binding("m", "toggle_notes", "More", id="loop.more",
+                tooltip="Show the notes (status, bottleneck note, verdict headline) whole, or in one line again"),
     ] + tab_bindings("loop")
     # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
     FOOTER_KEYS = ("loop.back", "loop.open", "loop.report", "loop.cancel", "loop.next_tab", "loop.resume")
@@ -590,26 +650,28 @@ class LoopScreen(Screen):
         self._resuming = False
         self._resumed_pid: int | None = None
         self._step_text = ""
+        self._chain: list[dict[str, Any]] = []
 
     def compose(self):
         yield Header()
-        yield Static("reading loop.json ...", id="loop-status")
-        yield DataTable(id="loop-chain", cursor_type="row", zebra_stripes=True)
+        yield Note("reading loop.json ...", id="loop-status")
+        yield DataGrid(CHAIN_COLUMNS, id="loop-chain", select_label="Open step",
+                       row_class=lambda row: STEP_STATE_CLASSES.get(row["state"], "muted"))
         with TabbedContent(id="loop-tabs", initial=self.initial_tab or "tab-step"):
             with TabPane("Step", id="tab-step"):
                 yield VerticalScroll(Static("", id="step-text"), id="step-scroll")
             with TabPane("Bottlenecks", id="tab-bottlenecks"):
                 with Horizontal(id="bottleneck-controls"):
-                    yield Select([], prompt="no table yet", id="bottleneck-stage")
-                    yield Static("", id="bottleneck-note", classes="loop-note")
+                    yield Select([], prompt="no table yet", id="bottleneck-stage", compact=True)
+                    yield Note(id="bottleneck-note", classes="loop-note")
                 yield DataGrid(BOTTLENECK_COLUMNS, id="bottleneck-grid", fixed_columns=2,
                                row_class=lambda row: "correct" if row["replaceable"] else None)
             with TabPane("Candidates", id="tab-candidates"):
-                yield Static("", id="candidates-note", classes="loop-note")
+                yield Note(id="candidates-note", classes="loop-note")
                 yield DataGrid(CANDIDATE_COLUMNS, id="candidates-grid", fixed_columns=2,
                                row_class=lambda row: VERDICT_CLASS.get(row["verdict"]))
             with TabPane("Verdict", id="tab-verdict"):
-                yield Static("", id="verdict-headline")
+                yield Note(id="verdict-headline")
                 yield DataGrid(E2E_COLUMNS, id="verdict-e2e", fixed_columns=1,
                                row_class=lambda row: E2E_CLASS.get(row["verdict"]))
                 yield DataGrid(CHECK_COLUMNS, id="verdict-checks",
@@ -618,13 +680,31 @@ class LoopScreen(Screen):
 
     def on_mount(self) -> None:
         self.sub_title = self.root.name
-        table = self.query_one("#loop-chain", DataTable)
-        for key, label in CHAIN_COLUMNS:
-            table.add_column(label, key=key)
-        table.focus()
+        self.query_one("#loop-chain", DataGrid).focus()
+        self._fold()
         self._poll()
         self.set_interval(getattr(self.app, "poll_interval", 0.5), self._poll)
-        self.watch(self.app, "theme", lambda _theme: self._show_chain(force=True), init=False)
+
+    # -- folding for a short terminal ------------------------------------------------------------
+    def on_resize(self, event: events.Resize) -> None:
+        self._fold()
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.tabbed_content.id == "loop-tabs":
+            self._fold()
+
+    def _fold(self) -> None:
+        """On a short terminal the bottlenecks, candidates and verdict tabs take the chain's
+        lines: it folds to its header and the highlighted step (j/k still move it; i unfolds)."""
+        tabs = self.query_one("#loop-tabs", TabbedContent)
+        self.set_class(self.size.height < SHORT_SCREEN and tabs.active not in ("tab-step", ""), "-fold")
+        self.call_after_refresh(self.query_one("#loop-chain", DataGrid)._scroll_cursor_into_view)
+
+    def action_toggle_notes(self) -> None:
+        notes = list(self.query(Note))
+        expand = not any(n.expanded for n in notes)
+        for note in notes:
+            note.expanded = expand
 
     # -- polling ---------------------------------------------------------------------------------
     def _poll(self) -> None:
@@ -660,7 +740,7 @@ class LoopScreen(Screen):
 
     def _show_status(self) -> None:
         view = self.view
-        status = self.query_one("#loop-status", Static)
+        status = self.query_one("#loop-status", Note)
         if view is None or view.loop is None:
             status.update(Text(view.problem if view is not None and view.problem else "reading loop.json ..."))
             return
@@ -670,58 +750,39 @@ class LoopScreen(Screen):
         if view.dead:
             state = "killed"
         skipped = sum(1 for s in loop.steps if s.state == "skipped")  # counted as the Runs list counts them
+        # What to do next before what the loop is: at 80 columns the line is cut at its end.
         parts = [state, f"{loop.settled_steps()}/{len(loop.steps)} steps done" + (f" ({skipped} skipped)" if skipped else ""),
                  *(_ending(info) if info is not None and info.is_finished else ()),
-                 loop.label,
-                 f"until {loop.until}" if loop.until else "", f"config {loop.config}"]
-        if self._resume_refusal() is None:
-            parts.append("R: resume")
-        if view.problem:
-            parts.append(view.problem)
+                 "R: resume" if self._resume_refusal() is None else "", view.problem or "",
+                 loop.label, f"until {loop.until}" if loop.until else "", f"config {loop.config}"]
         status.update(Text("  ·  ".join(p for p in parts if p)))
         for name in ("running", "completed", "failed", "lost", "cancelled"):
             status.set_class(state == name or (name == "lost" and state == "killed"), f"-{name}")
 
-    def _chain_cells(self, row: dict[str, Any]) -> list:
-        state = row["state"]
-        style = theme_style(self.app, STEP_STATE_VARIABLES.get(state, "muted"), bold=state == "running")
-        detail = row["detail"].splitlines()[0] if row["detail"] else ""  # one line; the step pane has the rest
-        return [str(row["n"]), row["step"], Text(state, style=style), format_elapsed(row["elapsed"]),
-                str(row["attempts"]), Text(detail)]
-
-    def _show_chain(self, force: bool = False) -> None:
+    def _show_chain(self) -> None:
         if self.view is None or self.view.loop is None:
             return
-        table = self.query_one("#loop-chain", DataTable)
         rows = chain_rows(self.view.loop, self.view.dead)
-        keys = [row["step"] for row in rows]
-        if force or [str(k.value) for k in table.rows] != keys:
-            cursor = table.cursor_row
-            table.clear()
-            for row in rows:
-                table.add_row(*self._chain_cells(row), key=row["step"])
-            if rows:
-                table.move_cursor(row=min(max(cursor, 0), len(rows) - 1), animate=False)
-            return
         for row in rows:
-            for (key, _label), value in zip(CHAIN_COLUMNS, self._chain_cells(row)):
-                if table.get_cell(row["step"], key) != value:
-                    table.update_cell(row["step"], key, value)
+            row["detail"] = row["detail"].splitlines()[0] if row["detail"] else ""  # one line; the step tab has the rest
+        if rows != self._chain:
+            self._chain = rows
+            self.query_one("#loop-chain", DataGrid).set_rows(rows, keys=[row["step"] for row in rows])
 
     def selected_step(self) -> tuple[int, LoopStep] | None:
-        table = self.query_one("#loop-chain", DataTable)
-        if self.view is None or self.view.loop is None or not table.row_count:
+        grid = self.query_one("#loop-chain", DataGrid)
+        if self.view is None or self.view.loop is None or not grid.visible_count:
             return None
-        index = table.cursor_row
+        index = grid.cursor_position
         steps = self.view.loop.steps
         return (index + 1, steps[index]) if 0 <= index < len(steps) else None
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.data_table.id == "loop-chain":
+    def on_data_grid_row_highlighted(self, event: DataGrid.RowHighlighted) -> None:
+        if event.grid.id == "loop-chain":
             self._show_step()
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.data_table.id == "loop-chain":
+    def on_data_grid_row_selected(self, event: DataGrid.RowSelected) -> None:
+        if event.grid.id == "loop-chain":
             event.stop()
             self.action_open_step()
 
@@ -745,7 +806,7 @@ class LoopScreen(Screen):
     def _show_bottlenecks(self) -> None:
         view = self.view
         choice = self.query_one("#bottleneck-stage", Select)
-        note = self.query_one("#bottleneck-note", Static)
+        note = self.query_one("#bottleneck-note", Note)
         grid = self.query_one("#bottleneck-grid", DataGrid)
         if view is None or view.table is None:
             grid.set_rows([])
@@ -768,13 +829,13 @@ class LoopScreen(Screen):
         step = _step(loop, "candidates") if loop is not None else None
         rows = candidate_rows(step.result) if step is not None else []
         self.query_one("#candidates-grid", DataGrid).set_rows(rows, keys=[r["key"] for r in rows])
-        self.query_one("#candidates-note", Static).update(Text(candidates_note(loop)))
+        self.query_one("#candidates-note", Note).update(Text(candidates_note(loop)))
 
     def _show_verdict(self) -> None:
         loop = self.view.loop if self.view is not None else None
         step = _step(loop, "verdict") if loop is not None else None
         text, cls = verdict_headline(step)
-        headline = self.query_one("#verdict-headline", Static)
+        headline = self.query_one("#verdict-headline", Note)
         headline.update(Text(text))
         headline.set_class(cls == "-success", "-success")
         headline.set_class(cls == "-failure", "-failure")

@@ -28,10 +28,10 @@ from magpie_tui.screens.configs import ConfigsScreen
 from magpie_tui.screens.help import all_bindings
 from magpie_tui.screens.launch import LaunchScreen
 from magpie_tui.screens.loop import (
-    LoopScreen, bottleneck_rows, candidate_rows, chain_rows, short_result, step_text, verdict_headline, verdict_rows,
+    LoopScreen, Note, bottleneck_rows, candidate_rows, chain_rows, short_result, step_text, verdict_headline, verdict_rows,
 )
 from magpie_tui.screens.run import RunScreen
-from magpie_tui.screens.runs import RunsScreen
+from magpie_tui.screens.runs import RunsScreen, format_elapsed
 from magpie_tui.widgets.data_grid import DataGrid
 
 SIZE = (140, 45)
@@ -204,13 +204,15 @@ async def open_loop(pilot, app) -> LoopScreen:
     await wait_for(pilot, lambda: any(r.mode == "loop" for r in app.runs))
     app.open_run(next(r for r in app.runs if r.mode == "loop"))
     await wait_screen(pilot, app, LoopScreen, "#loop-chain")
-    await wait_for(pilot, lambda: app.screen.query_one("#loop-chain").row_count == len(STEP_NAMES))
+    await wait_for(pilot, lambda: app.screen.query_one("#loop-chain", DataGrid).row_count == len(STEP_NAMES))
     return app.screen
 
 
 def chain(screen) -> dict[str, list[str]]:
-    table = screen.query_one("#loop-chain")
-    return {str(k.value): [getattr(c, "plain", c) for c in table.get_row(k)] for k in table.rows}
+    """Each step's cells: number, step, state, elapsed, tries, detail."""
+    grid = screen.query_one("#loop-chain", DataGrid)
+    return {r["step"]: [str(r["n"]), r["step"], r["state"], format_elapsed(r["elapsed"]), str(r["attempts"]),
+                        r["detail"]] for r in grid.visible_rows()}
 
 
 def state_of(screen, step: str) -> str:
@@ -218,13 +220,20 @@ def state_of(screen, step: str) -> str:
 
 
 def text_of(screen, selector: str) -> str:
-    return str(screen.query_one(selector).render())
+    """What a widget says: a note's whole text (on screen it may be folded to one line)."""
+    widget = screen.query_one(selector)
+    return widget.text if isinstance(widget, Note) else str(widget.render())
+
+
+def drawn_lines(app) -> list[str]:
+    """The terminal's lines as drawn now."""
+    return ["".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()]
 
 
 async def select_step(pilot, screen, name: str) -> None:
-    table = screen.query_one("#loop-chain")
-    table.focus()
-    table.move_cursor(row=list(STEP_NAMES).index(name))
+    grid = screen.query_one("#loop-chain", DataGrid)
+    grid.focus()
+    grid.move_cursor_to_key(name)
     await pilot.pause()
 
 
@@ -345,10 +354,103 @@ async def test_bottleneck_candidates_and_verdict_panes(project):
         e2e = screen.query_one("#verdict-e2e", DataGrid).visible_rows()
         assert [(r["metric"], r["verdict"]) for r in e2e] == [("output tok/s", "better"), ("TTFT ms", "within noise"),
                                                               ("TPOT ms", "worse")]
-        assert e2e[0]["delta_pct"] == 6.3 and e2e[0]["baseline_ci95"] == "[411.5, 534]"
+        assert e2e[0]["delta_pct"] == 6.3 and e2e[0]["baseline_ci95"] == "[412, 534]"
         checks = screen.query_one("#verdict-checks", DataGrid).visible_rows()
         assert [(r["name"], r["ok"]) for r in checks] == [("baseline report unchanged", "pass"),
                                                           ("no failed requests", "FAIL")]
+
+
+# -- 80x24: an SSH window -------------------------------------------------------------------------
+
+RECORDED_LOOP = Path(__file__).resolve().parent / "data" / "issue33" / "loop_builtin-tiny_20261206_114807_a57b81"
+"""A real ``magpie optimize`` loop on the built-in server: its bottleneck table as the loop wrote it
+(25 rows a stage; the rows' call lines, input shapes and stack notes trimmed)."""
+RECORDED_VERDICT = Path(__file__).resolve().parent / "data" / "loop_verdict.json"
+"""A verdict of full size: the end-to-end rows that ``engine.loop.verdict.end_to_end`` computed
+from two recorded three-repeat benchmarks of the built-in server (examples/runs/benchmark_..._793ef2
+against data/issue33/benchmark_..._2fd002: all eight metrics), the six checks and a message as
+long as the engine writes them."""
+
+
+def in_view(app, grid: DataGrid, rows: int) -> bool:
+    """The grid's header and its first ``rows`` rows lie on the screen, above the footer."""
+    from textual.widgets import Footer
+    footer = app.screen.query_one(Footer).region
+    return grid.region.height >= rows + 1 and grid.region.y + rows < footer.y
+
+
+async def test_at_80x24_the_chain_the_bottleneck_table_and_the_verdict_are_read_without_scrolling(project):
+    from tui.test_usability import row_cells
+    steps = finished_steps(dead_pid())
+    steps[-1]["result"] = json.loads(RECORDED_VERDICT.read_text())
+    root = make_loop(project, steps, dead_pid(), finished=True)
+    shutil.copy(RECORDED_LOOP / "bottlenecks" / "bottlenecks.json", root / "bottlenecks" / "bottlenecks.json")
+    table = json.loads((root / "bottlenecks" / "bottlenecks.json").read_text())
+    app = build_app(project)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await open_loop(pilot, app)
+        await pilot.pause()
+        # The chain: every step in view, Detail takes the line's rest (Tries and Elapsed step aside).
+        chain_grid = screen.query_one("#loop-chain", DataGrid)
+        assert in_view(app, chain_grid, len(STEP_NAMES))
+        assert chain_grid.column_widths["detail"] >= 45, chain_grid.column_widths
+        for y, row in enumerate(chain_grid.visible_rows(), start=1):
+            cells = row_cells(chain_grid, y)
+            assert cells["step"] == row["step"] and cells["state"] == row["state"]
+            assert cells["detail"].rstrip("…") == row["detail"][:len(cells["detail"].rstrip("…"))]
+            assert len(cells["detail"]) >= min(len(row["detail"]), 45)
+        assert screen.query_one("#loop-status").region.height == 1  # one line; m shows it whole
+
+        # b: the bottleneck table, its top rows with rank, op, share and what replaces them.
+        await pilot.press("b")
+        grid = screen.query_one("#bottleneck-grid", DataGrid)
+        recorded = table["stages"]["all"]["rows"]
+        await wait_for(pilot, lambda: grid.row_count == len(recorded))
+        await pilot.pause()
+        assert screen.query_one("#bottleneck-note").region.height == 1
+        assert in_view(app, grid, 8), (grid.region, screen.query_one("#loop-tabs").region)
+        assert {"rank", "name", "share_pct", "replace"} <= set(grid.shown_columns)
+        lines = drawn_lines(app)
+        for y, row in enumerate(recorded[:8], start=1):
+            cells = row_cells(grid, y)
+            assert cells["rank"] == str(row["rank"]) and cells["name"] == row["name"]
+            assert cells["share_pct"] == f"{row['share_pct']:.1f}"
+            assert cells["replace"] == (f"yes: {row['registry_op']}" if row["replaceable"] else "")
+            assert any(row["name"] in line and f"{row['share_pct']:.1f}" in line for line in lines), row["name"]
+        assert "accounted" in text_of(screen, "#bottleneck-note")
+        await pilot.press("m")  # the note, whole
+        await wait_for(pilot, lambda: screen.query_one("#bottleneck-note").region.height > 1)
+        await pilot.press("m")
+        await wait_for(pilot, lambda: screen.query_one("#bottleneck-note").region.height == 1)
+
+        # v: the headline, every end-to-end row with both intervals, every check.
+        await pilot.press("v")
+        await pilot.pause()
+        e2e = screen.query_one("#verdict-e2e", DataGrid)
+        checks = screen.query_one("#verdict-checks", DataGrid)
+        verdict = steps[-1]["result"]
+        assert e2e.row_count == len(verdict["end_to_end"]) == 8 and checks.row_count == 6
+        assert in_view(app, e2e, 8) and in_view(app, checks, 6), (e2e.region, checks.region)
+        assert set(e2e.shown_columns) == {c.key for c in e2e.columns}
+        lines = drawn_lines(app)
+        headline = screen.query_one("#verdict-headline")
+        assert headline.region.height == 1 and lines[headline.region.y].strip().startswith("NO GAIN: not proven")
+        for y, row in enumerate(e2e.visible_rows(), start=1):
+            cells = row_cells(e2e, y)
+            assert cells["metric"] == row["metric"]
+            assert cells["baseline_ci95"] == row["baseline_ci95"] and cells["new_ci95"] == row["new_ci95"]
+            assert cells["verdict"] == row["verdict"]
+        for y, row in enumerate(verdict["checks"], start=1):
+            cells = row_cells(checks, y)
+            assert cells["ok"] == ("pass" if row["ok"] else "FAIL") and cells["name"] == row["name"]
+            assert any(row["name"] in line for line in lines)
+
+        # i: the chain and the step's details again; q goes back.
+        await pilot.press("i")
+        await pilot.pause()
+        assert in_view(app, chain_grid, len(STEP_NAMES))
+        await pilot.press("q")
+        await wait_screen(pilot, app, RunsScreen)
 
 
 # -- reaching it -----------------------------------------------------------------------------------

@@ -283,9 +283,10 @@ NO_PID = 4_194_400
 """Above Linux's largest pid (2**22): the same in every picture, and never a live process."""
 
 
-@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("size", SIZES + [(200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_loop_screen(snap_compare, size):
-    """A finished loop; at 80x24 the footer keeps Back, Open step, Report, Cancel, Resume and ] Next tab."""
+    """A finished loop; at 80x24 the footer keeps Back, Open step, Report, Cancel, Resume and ] Next tab,
+    the status is one line and the chain's Detail takes the width Tries and Elapsed leave."""
     from tui.test_loop_screen import finished_steps, make_loop
     project = make_project(SNAPSHOT_ROOT)
     make_loop(project, finished_steps(NO_PID), NO_PID, finished=True)
@@ -298,4 +299,31 @@ def test_loop_screen(snap_compare, size):
             await pilot.pause(0.05)
         app.open_run(next(r for r in app.runs if r.mode == "loop"))
         await _settle(pilot, 0.5)
+    assert snap_compare(build_app(project), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("tab", ["b", "v"])
+def test_loop_screen_bottlenecks_and_verdict(snap_compare, size, tab):
+    """The recorded bottleneck table (b) and a verdict of full size (v: eight end-to-end rows, six
+    checks); at 80x24 the chain folds to its highlighted step and the notes to one line."""
+    import json
+    import shutil
+    from tui.test_loop_screen import RECORDED_LOOP, RECORDED_VERDICT, finished_steps, make_loop
+    project = make_project(SNAPSHOT_ROOT)
+    steps = finished_steps(NO_PID)
+    steps[-1]["result"] = json.loads(RECORDED_VERDICT.read_text())
+    root = make_loop(project, steps, NO_PID, finished=True)
+    shutil.copy(RECORDED_LOOP / "bottlenecks" / "bottlenecks.json", root / "bottlenecks" / "bottlenecks.json")
+
+    async def run_before(pilot):
+        app = pilot.app
+        await pilot.press("2")
+        deadline = time.monotonic() + 10
+        while not any(r.mode == "loop" for r in app.runs) and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        app.open_run(next(r for r in app.runs if r.mode == "loop"))
+        await _settle(pilot, 0.5)
+        await pilot.press(tab)
+        await _settle(pilot)
     assert snap_compare(build_app(project), terminal_size=size, run_before=run_before)
