@@ -33,7 +33,7 @@ BENCH_FORM_FIELDS = {"repeats": "repeats", "concurrency": "concurrency", "input_
 
 # The launch form's fields (None: keep the config's value), by the modes that use them.
 FORM_FIELDS = ("repeats", "baseline", "concurrency", "input_len", "output_len", "num_prompts", "profiler", "only",
-               "until", "warmup", "timeout", "seed", "rtol", "atol", "no_perf")
+               "until", "warmup", "timeout", "seed", "rtol", "atol", "no_perf", "kernel", "candidates", "library")
 
 Request = Union[KernelRequest, BenchmarkRequest, LoopRequest, TraceRequest]
 
