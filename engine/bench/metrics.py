@@ -339,25 +339,27 @@ def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dic
         if sa is None or sb is None:
             continue
         (ma, va), (mb, vb) = sa, sb
-        delta = mb - ma
-        ci: list[float] | None = None
-        noise = "unknown"
-        if va is not None and vb is not None:
-            ci = _welch_interval(va, vb)
-            noise = "inside" if ci[0] <= 0.0 <= ci[1] else "outside"
-        direction = _better_direction(k)
-        verdict: str | None
-        if direction == 0:
-            verdict = None
-        elif noise == "unknown":
-            verdict = "unknown"
-        elif noise == "inside":
-            verdict = "tie"
-        else:
-            verdict = "better" if delta * direction > 0 else "worse"
-        out[k] = {"a": ma, "b": mb, "delta": delta, "rel_delta": delta / ma if ma else None,
-                  "delta_ci95": ci, "noise": noise, "verdict": verdict}
+        ci = _welch_interval(va, vb) if va is not None and vb is not None else None
+        out[k] = _delta(k, ma, mb, mb - ma, ci)
     return out
+
+
+def _delta(key: str, ma: float, mb: float, delta: float, ci: list[float] | None) -> dict[str, Any]:
+    """One metric's delta entry: whether its interval ``ci`` (None: no noise estimate) holds 0, and
+    the verdict that follows on a metric with a direction."""
+    noise = "unknown" if ci is None else ("inside" if ci[0] <= 0.0 <= ci[1] else "outside")
+    direction = _better_direction(key)
+    verdict: str | None
+    if direction == 0:
+        verdict = None
+    elif noise == "unknown":
+        verdict = "unknown"
+    elif noise == "inside":
+        verdict = "tie"
+    else:
+        verdict = "better" if delta * direction > 0 else "worse"
+    return {"a": ma, "b": mb, "delta": delta, "rel_delta": delta / ma if ma else None, "delta_ci95": ci,
+            "noise": noise, "verdict": verdict}
 
 
 def compare_paired(a_runs: Sequence[Mapping[str, Any]], b_runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -374,25 +376,13 @@ def compare_paired(a_runs: Sequence[Mapping[str, Any]], b_runs: Sequence[Mapping
         xa = np.array([float(r[k]) for r in a_runs])
         xb = np.array([float(r[k]) for r in b_runs])
         d = xb - xa
-        ma, mb, delta = float(xa.mean()), float(xb.mean()), float(d.mean())
+        delta = float(d.mean())
         ci: list[float] | None = None
-        noise = "unknown"
         if n >= 2:
             half = t_quantile_975(n - 1) * float(d.std(ddof=1)) / math.sqrt(n)
             ci = [delta - half, delta + half]
-            noise = "inside" if ci[0] <= 0.0 <= ci[1] else "outside"
-        direction = _better_direction(k)
-        if direction == 0:
-            verdict: str | None = None
-        elif noise == "unknown":
-            verdict = "unknown"
-        elif noise == "inside":
-            verdict = "tie"
-        else:
-            verdict = "better" if delta * direction > 0 else "worse"
-        out[k] = {"a": ma, "b": mb, "delta": delta, "rel_delta": delta / ma if ma else None, "delta_ci95": ci,
-                  "noise": noise, "verdict": verdict, "paired_rounds": n, "a_values": xa.tolist(),
-                  "b_values": xb.tolist()}
+        out[k] = {**_delta(k, float(xa.mean()), float(xb.mean()), delta, ci), "paired_rounds": n,
+                  "a_values": xa.tolist(), "b_values": xb.tolist()}
     return out
 
 

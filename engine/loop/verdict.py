@@ -223,18 +223,23 @@ def end_to_end(base: dict, new: dict) -> list[EndToEndRow]:
     from engine.bench.metrics import compare_reports
     a = base.get("repeats") or base.get("result") or {}
     b = new.get("repeats") or new.get("result") or {}
-    deltas = compare_reports(a, b)
+    return _rows(compare_reports(a, b), a, b)
+
+
+def _rows(deltas: dict, a: dict, b: dict) -> list[EndToEndRow]:
+    """The E2E metrics' rows of a comparison (``deltas``), each side's interval from ``a`` / ``b``."""
+    def ci(side: dict, k: str) -> Any:
+        return side[k].get("ci95") if isinstance(side.get(k), dict) else None
     rows = []
     for k in E2E_METRICS:
         d = deltas.get(k)
         if d is None:
             continue
-        verdict = {"tie": "within noise"}.get(d["verdict"] or "", d["verdict"])
         rows.append(EndToEndRow(
-            metric=k, baseline_mean=d["a"], baseline_ci95=(a.get(k) or {}).get("ci95") if isinstance(a.get(k), dict)
-            else None, new_mean=d["b"], new_ci95=(b.get(k) or {}).get("ci95") if isinstance(b.get(k), dict) else None,
+            metric=k, baseline_mean=d["a"], baseline_ci95=ci(a, k), new_mean=d["b"], new_ci95=ci(b, k),
             delta=d["delta"], delta_pct=100.0 * d["rel_delta"] if d["rel_delta"] is not None else None,
-            delta_ci95=d["delta_ci95"], noise=d["noise"], verdict=verdict))
+            delta_ci95=d["delta_ci95"], noise=d["noise"],
+            verdict={"tie": "within noise"}.get(d["verdict"] or "", d["verdict"])))
     return rows
 
 
@@ -242,19 +247,7 @@ def end_to_end_paired(base_runs: list[dict], new_runs: list[dict]) -> list[EndTo
     """Each E2E metric's change over interleaved rounds: the mean of the per-round differences and
     its paired t-interval (engine.bench.metrics.compare_paired)."""
     from engine.bench.metrics import aggregate_repeats, compare_paired
-    deltas = compare_paired(base_runs, new_runs)
-    a, b = aggregate_repeats(base_runs), aggregate_repeats(new_runs)
-    rows = []
-    for k in E2E_METRICS:
-        d = deltas.get(k)
-        if d is None:
-            continue
-        rows.append(EndToEndRow(
-            metric=k, baseline_mean=d["a"], baseline_ci95=(a.get(k) or {}).get("ci95"), new_mean=d["b"],
-            new_ci95=(b.get(k) or {}).get("ci95"), delta=d["delta"],
-            delta_pct=100.0 * d["rel_delta"] if d["rel_delta"] is not None else None, delta_ci95=d["delta_ci95"],
-            noise=d["noise"], verdict={"tie": "within noise"}.get(d["verdict"] or "", d["verdict"])))
-    return rows
+    return _rows(compare_paired(base_runs, new_runs), aggregate_repeats(base_runs), aggregate_repeats(new_runs))
 
 
 def baseline_drift(first: dict, rounds: list[dict]) -> Optional[EndToEndRow]:
