@@ -112,6 +112,17 @@ async def wait_screen(pilot, app, cls, selector: str = "Footer", timeout: float 
     await pilot.pause()
 
 
+async def open_launch(pilot, app, config: Path):
+    """From the Configs tree: select ``config`` and open its launch form (``l``); returns the form."""
+    from magpie_tui.screens.configs import ConfigsScreen
+    from magpie_tui.screens.launch import LaunchScreen
+    await wait_screen(pilot, app, ConfigsScreen)
+    app.screen.select(config)
+    await pilot.press("l")
+    await wait_screen(pilot, app, LaunchScreen, "#start")
+    return app.screen
+
+
 def find_run(app, prefix: str):
     """The catalog's run whose folder name starts with ``prefix``."""
     return next(r for r in app.runs if r.name.startswith(prefix))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tui.conftest import build_app, find_run, open_runs, wait_for, wait_screen
+from tui.conftest import build_app, find_run, open_launch, open_runs, wait_for, wait_screen
 
 from engine.runs.workspace import Workspace
 from magpie_tui.screens.configs import ConfigsScreen
@@ -67,11 +67,7 @@ async def test_config_changed_on_disk_is_revalidated(project):
 
 async def test_launch_form_previews_overrides_and_refuses_bad_values(app, project):
     async with app.run_test(size=SIZE) as pilot:
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(project / "benchmarks" / "builtin_tiny_cpu_profiled.yaml")
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
-        dialog = app.screen
+        dialog = await open_launch(pilot, app, project / "benchmarks" / "builtin_tiny_cpu_profiled.yaml")
         dialog.query_one("#concurrency").value = "3"
         await pilot.pause()
         preview = str(dialog.query_one("#launch-preview-text").render())
@@ -82,10 +78,7 @@ async def test_launch_form_previews_overrides_and_refuses_bad_values(app, projec
         preview = str(dialog.query_one("#launch-preview-text").render())
         assert "--no-torch-profiler" in preview and "profiler.torch_profiler.enabled: True -> False" in preview
         await pilot.press("escape")
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(project / "kernels" / "softmax_triton" / "compare.yaml")
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
+        await open_launch(pilot, app, project / "kernels" / "softmax_triton" / "compare.yaml")
         app.screen.query_one("#repeats").value = "2"
         await pilot.pause()
         assert "at least 3 repeats" in str(app.screen.query_one("#launch-preview-text").render())
@@ -97,10 +90,7 @@ async def test_launch_form_previews_overrides_and_refuses_bad_values(app, projec
 async def test_a_config_broken_after_its_preview_is_refused_at_start(app, project):
     config = project / "kernels" / "softmax_triton" / "compare.yaml"
     async with app.run_test(size=SIZE) as pilot:
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(config)
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
+        await open_launch(pilot, app, config)
         assert not app.screen.query_one("#start").disabled
         config.write_text("kernels: [oops\n")  # edited in another window after the preview
         await pilot.press("ctrl+s")
@@ -112,10 +102,7 @@ async def test_a_config_broken_after_its_preview_is_refused_at_start(app, projec
 @pytest.mark.slow
 async def test_launch_a_compare_watch_it_and_open_its_report(app, project):
     async with app.run_test(size=SIZE) as pilot:
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(project / "kernels" / "softmax_triton" / "compare.yaml")
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
+        await open_launch(pilot, app, project / "kernels" / "softmax_triton" / "compare.yaml")
         app.screen.query_one("#repeats").value = "5"
         app.screen.query_one("#baseline").value = "three_pass"
         await pilot.pause()

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from textual import events
 
-from tui.conftest import open_runs, wait_for, wait_screen
+from tui.conftest import open_launch, open_runs, wait_for, wait_screen
 
 from magpie_tui.screens.configs import ConfigsScreen
-from magpie_tui.screens.launch import LaunchScreen
 from magpie_tui.widgets.data_grid import DataGrid
 
 SIZE = (140, 45)
@@ -23,11 +22,7 @@ def _burst(app, *keys: str) -> None:
 
 async def test_digit_tab_digit_in_one_burst_fills_two_fields(app, project):
     async with app.run_test(size=SIZE) as pilot:
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(project / "benchmarks" / "builtin_tiny_cpu.yaml")
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
-        dialog = app.screen
+        dialog = await open_launch(pilot, app, project / "benchmarks" / "builtin_tiny_cpu.yaml")
         assert app.focused is dialog.query_one("#repeats")
         _burst(app, "1", "tab", "7", "shift+tab", "2")
         # shift+tab went back before the 2 was read: it replaces the 1 (a field selects its text on focus)

@@ -3,12 +3,10 @@ an earlier one), and starts the run it showed without checking it again."""
 
 from __future__ import annotations
 
-from tui.conftest import wait_screen
+from tui.conftest import open_launch
 
 from engine.jobs.requests import BenchmarkRequest
 from magpie_tui.screens import launch as launch_screen
-from magpie_tui.screens.configs import ConfigsScreen
-from magpie_tui.screens.launch import LaunchScreen
 
 SIZE = (140, 45)
 
@@ -22,11 +20,7 @@ async def test_the_form_prepares_each_request_once_and_starts_what_it_showed(app
     monkeypatch.setattr(launch_screen, "start_run",
                         lambda req, output_dir=None, prepared=None: started.append((req, prepared)))
     async with app.run_test(size=SIZE) as pilot:
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(project / "benchmarks" / "builtin_tiny_cpu.yaml")
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
-        dialog = app.screen
+        dialog = await open_launch(pilot, app, project / "benchmarks" / "builtin_tiny_cpu.yaml")
         assert calls == [{}]  # the placeholders and the first preview: one check
         for text in ("3", "", "3", "31", "3"):  # back to requests already checked: not again
             dialog.query_one("#concurrency").value = text

@@ -18,15 +18,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tui.conftest import build_app, wait_for, wait_screen
+from tui.conftest import build_app, open_launch, wait_for, wait_screen
 
 from engine.jobs.requests import LoopRequest
 from engine.loop.schema import STEP_NAMES, LoopFile, LoopStep
 from engine.runs.process import process_identity, process_start_time
 from engine.runs.workspace import Workspace, atomic_write_json
-from magpie_tui.screens.configs import ConfigsScreen
 from magpie_tui.screens.help import all_bindings
-from magpie_tui.screens.launch import LaunchScreen
 from magpie_tui.screens.loop import (
     LoopScreen, Note, bottleneck_rows, candidate_rows, chain_rows, short_result, step_text, verdict_headline, verdict_rows,
 )
@@ -486,11 +484,7 @@ async def test_a_loop_row_in_the_runs_table_opens_the_loop_screen(project):
 async def test_launch_optimize_submits_a_loop_request(app, project, submitted):
     config = project / "benchmarks" / "builtin_tiny_cpu.yaml"
     async with app.run_test(size=SIZE) as pilot:
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(config)
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
-        dialog = app.screen
+        dialog = await open_launch(pilot, app, config)
         dialog.query_one("#mode").value = "optimize"
         await pilot.pause()
         assert not dialog.query_one("#repeats").display and dialog.query_one("#until").display
@@ -512,11 +506,7 @@ async def test_launch_optimize_with_its_kernel_and_candidates(app, project, subm
     config = project / "benchmarks" / "builtin_tiny_cpu.yaml"
     (config.parent / "my_rmsnorm.py").write_text("# a candidate\n")
     async with app.run_test(size=SIZE) as pilot:
-        await wait_screen(pilot, app, ConfigsScreen)
-        app.screen.select(config)
-        await pilot.press("l")
-        await wait_screen(pilot, app, LaunchScreen, "#start")
-        dialog = app.screen
+        dialog = await open_launch(pilot, app, config)
         dialog.query_one("#mode").value = "optimize"
         await pilot.pause()
         assert dialog.query_one("#kernel").display and dialog.query_one("#candidates").display
