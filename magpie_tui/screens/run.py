@@ -82,6 +82,8 @@ class RunScreen(Screen):
         self.info = info
         self.logs = log_files(info)
         self._scanning = False  # a log/summary scan is in flight
+        self._search_text = ""  # the log search (/), and the line of its last match
+        self._search_at: int | None = None
 
     def compose(self):
         yield Header()
@@ -137,8 +139,7 @@ class RunScreen(Screen):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "log-search":
             event.stop()
-            self._search_text = event.value
-            self._search_at: int | None = None
+            self._search_text, self._search_at = event.value, None
             event.input.display = bool(event.value)
             event.input.disabled = not event.value
             log = self._shown_log()
@@ -166,7 +167,7 @@ class RunScreen(Screen):
     def _find(self, step: int, from_top_of_view: bool = False) -> None:
         """Scroll the log shown to the next line (``step`` 1) or the previous one (-1) that holds the
         search text, case-insensitive, wrapping around; following stops so the match stays in view."""
-        text, log = getattr(self, "_search_text", ""), self._shown_log()
+        text, log = self._search_text, self._shown_log()
         if not text or log is None:
             return
         needle, lines = text.lower(), log.lines
