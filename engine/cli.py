@@ -131,6 +131,10 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
                         "load, model, framework, ...); every difference is printed above the verdict")
     g = p.add_argument_group("trace analysis (gap analysis, GPU idle, TraceLens-compatible reports)")
     g.add_argument("--trace-dir", help="a trace file, a folder of traces (ranks from names), or a benchmark workspace")
+    g.add_argument("--trace-diff", nargs=2, metavar=("A", "B"),
+                   help="compare two traces (files, folders of traces or benchmark workspaces), A the baseline: "
+                        "per op and kernel by name and call site, time, calls, share and roofline, A/B/delta; "
+                        "only-in-A and only-in-B; a new run folder with the JSON report and TraceLens-shaped CSVs")
     g.add_argument("--top-k", type=int, default=20, help="kernels kept in the gap-analysis tables (default 20)")
     g.add_argument("--start-pct", type=float, default=0.0, help="window start, %% of the trace span (default 0)")
     g.add_argument("--end-pct", type=float, default=100.0, help="window end, %% of the trace span (default 100)")
@@ -275,6 +279,8 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     for rank, idle in result.idle.items():
         console.print(f"rank {rank}: GPU idle {idle['total_idle_us'] / 1e3:.3f} ms between busy periods, "
                       f"{idle['host_bound_idle_pct']:.1f}% of it waiting for a launch from the host", highlight=False)
+    for line in result.report.get("summary_lines") or []:  # the self-checks and the idle gaps by cause
+        console.print(line, highlight=False, markup=False, style="bold yellow" if line.startswith("WARNING") else None)
     tl = result.report.get("tracelens_analysis", {})
     for e in tl.get("errors", []) if isinstance(tl, dict) else []:
         console.print(f"tracelens: {e}", highlight=False, markup=False)
@@ -283,6 +289,65 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
     console.print(f"workspace: {outcome.workspace} ({result.report['elapsed_s']:.2f} s)", highlight=False)
     _where_next(outcome)
     return result.exit_code
+
+
+def _run_trace_diff(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from engine.jobs import TraceDiffRequest, cancel_on_signals, run_request
+
+    if args.trace_dir:
+        raise ConfigError(["--trace-diff A B and --trace-dir: give one (--trace-diff analyses its own two traces)"])
+    request = TraceDiffRequest(a=args.trace_diff[0], b=args.trace_diff[1], top_k=args.top_k, gpu_arch=args.gpu_arch)
+    prepared = request.prepare()
+    _print_prepared(prepared)
+    outcome = run_request(request, args.output_dir or "./results", prepared=prepared, log=_log,
+                          cancel=cancel_on_signals())
+    report = outcome.report
+    if outcome.state != "completed":
+        print(f"{'cancelled' if outcome.state == 'cancelled' else 'error'}: {report.get('error')}", file=sys.stderr)
+        _where_next(outcome)
+        return outcome.exit_code
+    t = report["totals"]
+    unit = "GPU time" if report["basis"] == "gpu" else "CPU time (no GPU events in the traces)"
+    console.print(f"A = {report['a']['path']}\nB = {report['b']['path']}", highlight=False, markup=False, soft_wrap=True)
+
+    def num(v: Any, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    tt = t["time_us"]
+    console.print(f"total {unit}: {num(tt['a'], ',.1f')} us -> {num(tt['b'], ',.1f')} us "
+                  f"({num(tt['delta'], '+,.1f')} us, {num(tt['pct'], '+.2f')}%)", highlight=False, markup=False)
+    for what in ("ops", "kernels"):
+        c = t[what]
+        console.print(f"{what}: {c['both']} in both, {c['only_a']} only in A, {c['only_b']} only in B",
+                      highlight=False, markup=False)
+    roof = bool(report.get("roofline"))
+    for what, label in (("ops", "op"), ("kernels", "kernel")):
+        for key, title in (("movers", f"largest {label} movers (B - A, by time)"), ("only_a", f"{what} only in A"),
+                           ("only_b", f"{what} only in B")):
+            rows = report[what][key]
+            if not rows:
+                continue
+            table = Table(title=title, title_justify="left")
+            for col in ("name", "call site", "A us", "B us", "delta us", "delta %", "calls A->B", "share % A->B") + \
+                    (("TFLOPS/s A->B", "% roofline A->B") if roof and what == "ops" else ()):
+                table.add_column(col, justify="left" if col in ("name", "call site") else "right", overflow="fold")
+            for r in rows:
+                tm, calls, share = r.get("time_us", {}), r.get("calls", {}), r.get("share_pct", {})
+                cells = [r["name"][:80], " > ".join(r["stack"])[-80:] or "-", num(tm.get("a"), ",.1f"),
+                         num(tm.get("b"), ",.1f"), num(tm.get("delta"), "+,.1f"), num(tm.get("pct"), "+.1f"),
+                         f"{calls.get('a', '-')} -> {calls.get('b', '-')}",
+                         f"{num(share.get('a'), '.1f')} -> {num(share.get('b'), '.1f')}"]
+                if roof and what == "ops":
+                    tf, pr = r.get("tflops_s", {}), r.get("pct_roofline", {})
+                    cells += [f"{num(tf.get('a'), '.2f')} -> {num(tf.get('b'), '.2f')}",
+                              f"{num(pr.get('a'), '.1f')} -> {num(pr.get('b'), '.1f')}"]
+                table.add_row(*cells)
+            console.print(table)
+    console.print(f"workspace: {outcome.workspace} ({report.get('elapsed_s', 0):.2f} s)", highlight=False)
+    _where_next(outcome)
+    return outcome.exit_code
 
 
 _COMPARED = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
@@ -405,6 +470,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if args.allow_different_workloads:
                 raise ConfigError(["--allow-different-workloads applies only to --compare-reports A B: add "
                                    "--compare-reports, or drop the flag"])
+            if args.trace_diff:
+                return _run_trace_diff(args, console)
             if args.trace_dir:
                 return _run_trace_analysis(args, console)
             return _run_benchmark(args, console)

@@ -16,8 +16,9 @@ _NAMES = {
     **dict.fromkeys(("EXECUTORS", "Job", "JobError", "attach", "cancel_on_signals", "register_executor", "submit"),
                     "engine.jobs.api"),
     **dict.fromkeys(("JobOutcome", "run_analyze", "run_benchmark", "run_compare", "run_optimize", "run_request",
-                     "run_trace"), "engine.jobs.modes"),
-    **dict.fromkeys(("BenchmarkRequest", "KernelRequest", "LoopRequest", "TraceRequest", "parse_request"),
+                     "run_trace", "run_trace_diff"), "engine.jobs.modes"),
+    **dict.fromkeys(("BenchmarkRequest", "KernelRequest", "LoopRequest", "TraceDiffRequest", "TraceRequest",
+                     "parse_request"),
                     "engine.jobs.requests"),
 }
 

@@ -46,7 +46,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_FAIL
     for line in notices(prepared):
         log(line)
-    kw: dict = {"log": log} if request.mode in ("benchmark", "trace", "optimize") else {}
+    kw: dict = {"log": log} if request.mode in ("benchmark", "trace", "trace_diff", "optimize") else {}
     if request.mode in ("analyze", "compare"):  # the console says each kernel's stage as it happens
         kw["sink"] = _stage_lines(log)
     outcome = run_request(request, cancel=cancel, workspace=ws, prepared=prepared, **kw)

@@ -260,6 +260,58 @@ def run_trace(request: TraceRequest, output_dir: Union[Path, str, None] = None, 
     return JobOutcome(result.exit_code, result.report["state"], ws.root, name, result.report, details=result)
 
 
+# --------------------------------------------------------------------------- trace diff
+def run_trace_diff(request: Any, output_dir: Union[Path, str, None] = None, *,
+                   cancel: Optional[CancelToken] = None, sink: Optional[EventSink] = None,
+                   workspace: Optional[Workspace] = None, prepared: Any = None,
+                   log: Callable[[str], None] = lambda s: None) -> JobOutcome:
+    """``magpie benchmark --trace-diff A B``: each side's trace profiled (engine.trace.diff), the two
+    matched by op/kernel name and call site, into a new run folder: ``trace_diff_report.json``, the
+    TraceLens-shaped comparison CSVs under ``trace_diff/`` and ``summary.txt``. A trace that cannot
+    be read, or two that cannot be compared, fail the run with exit code 2 (nothing was judged)."""
+    from engine.runs.provenance import trace_provenance
+    from engine.runs.schema import TRACE_DIFF_REPORT
+    from engine.trace.diff import diff_traces, summary_lines, write_csvs
+    from engine.trace.load import TraceCancelled, TraceError
+    prepared = prepared or request.prepare()
+    ws = workspace or workspace_for(prepared, output_dir)
+    name = TRACE_DIFF_REPORT
+    a, b = str(prepared.a), str(prepared.b)
+    _begin(ws, request, sink, "config.yaml", {"mode": "trace_diff", "a": a, "b": b, "top_k": request.top_k,
+                                              "gpu_arch": request.gpu_arch, "warnings": prepared.warnings},
+           mode="trace_diff", target=f"{a} {b}")
+    started = time.perf_counter()
+    base: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "mode": "trace_diff", "a": a, "b": b,
+                            "warnings": prepared.warnings}
+    code, state, error = EXIT_OK, "completed", None
+    report: dict[str, Any] = {}
+    try:
+        diff = diff_traces(prepared.a, prepared.b, request.gpu_arch, cancel, log)
+        files = write_csvs(diff, ws.path("trace_diff"))
+        report = {**base, **diff.report(request.top_k), "output_files": [str(p) for p in files]}
+    except (TraceCancelled, KeyboardInterrupt) as exc:
+        code, state, error = EXIT_CANCELLED, "cancelled", str(exc) or "interrupted"
+    except (TraceError, ValueError, OSError) as exc:  # a file that is not a trace, two that do not compare
+        code, state, error = EXIT_NOT_JUDGED, "failed", str(exc)
+    except BaseException as exc:
+        code, state, error = EXIT_FAIL, "failed", f"{type(exc).__name__}: {exc}"
+        (ws.logs_dir / "engine_error.log").write_text(traceback.format_exc())
+        raise
+    finally:
+        report = report or dict(base)
+        report.update(state=state, workspace_dir=str(ws.root), elapsed_s=round(time.perf_counter() - started, 3),
+                      provenance=trace_provenance(ws.root))
+        if error is not None:
+            report["error"] = error
+        if state == "cancelled":
+            report["cancel_reason"] = (cancel.reason if cancel is not None and cancel.cancelled else "") or error
+        ws.write_json(name, report)
+        lines = [f"error: {error}"] if error is not None else summary_lines(report, request.top_k)
+        ws.write_text("summary.txt", "\n".join(lines + [f"workspace: {ws.root}"]) + "\n")
+        _end(ws, state, code, name, **({"error": error} if error is not None else {}))
+    return JobOutcome(code, state, ws.root, name, report, display=lines)
+
+
 # --------------------------------------------------------------------------- optimization loop
 def run_optimize(request: LoopRequest, output_dir: Union[Path, str, None] = None, *,
                  cancel: Optional[CancelToken] = None, sink: Optional[EventSink] = None,
@@ -304,6 +356,9 @@ def workspace_for(prepared: Any, output_dir: Union[Path, str, None]) -> Workspac
         if existing is not None:
             return Workspace(existing)
         return Workspace.create(output_dir or "./results", "trace", prepared.target.stem.split(".")[0])
+    from engine.jobs.requests import PreparedTraceDiff
+    if isinstance(prepared, PreparedTraceDiff):
+        return Workspace.create(output_dir or "./results", "tracediff", prepared.b.name.split(".")[0])
     if isinstance(prepared, PreparedLoop):
         if prepared.resume_dir is not None:
             return Workspace(prepared.resume_dir)
@@ -313,6 +368,7 @@ def workspace_for(prepared: Any, output_dir: Union[Path, str, None]) -> Workspac
 
 MODES: dict[str, Callable[..., JobOutcome]] = {
     "analyze": run_analyze, "compare": run_compare, "benchmark": run_benchmark, "trace": run_trace,
+    "trace_diff": run_trace_diff,
     "optimize": run_optimize,
 }
 

@@ -269,6 +269,45 @@ class TraceRequest(_Request):
         return PreparedTrace(request=self, target=target, options=opts)
 
 
+class TraceDiffRequest(_Request):
+    """``magpie benchmark --trace-diff A B``: two recorded traces (or run folders holding them) compared
+    op by op and kernel by kernel, A the baseline, B the variant."""
+    mode: Literal["trace_diff"] = "trace_diff"
+    a: str = Field(description="the baseline: a trace file, a folder of traces or a benchmark workspace")
+    b: str = Field(description="the variant: a trace file, a folder of traces or a benchmark workspace")
+    top_k: int = Field(20, description="rows of each list kept in the report and printed (the CSVs have all)")
+    gpu_arch: Optional[str] = Field(None, description="arch for the roofline columns (default: the traces' "
+                                                      "deviceProperties)")
+
+    def prepare(self) -> "PreparedTraceDiff":
+        from engine.trace.discover import discover_traces
+        problems: list[str] = []
+        picked: list[Path] = []
+        notes: list[str] = []
+        for flag, value in (("A", self.a), ("B", self.b)):
+            target = Path(value).expanduser().resolve()
+            try:
+                traces = discover_traces(target)
+            except FileNotFoundError as exc:
+                problems.append(f"--trace-diff {flag} {value}: {exc}")
+                continue
+            picked.append(traces[0][1])
+            if len(traces) > 1:
+                notes.append(f"--trace-diff {flag}: {len(traces)} ranks found; rank {traces[0][0]} is compared "
+                             f"({traces[0][1]})")
+        if self.top_k < 1:
+            problems.append(f"--top-k {self.top_k}: must be at least 1")
+        if self.gpu_arch:
+            from engine.trace.arch import resolve_arch
+            try:
+                resolve_arch(self.gpu_arch)
+            except (ValueError, OSError) as exc:
+                problems.append(f"--gpu-arch: {exc}")
+        if problems:
+            raise ConfigError(problems)
+        return PreparedTraceDiff(request=self, a=picked[0], b=picked[1], warnings=notes)
+
+
 class LoopRequest(_Request):
     """``magpie optimize``: start a loop on a clean benchmark YAML, or resume a loop folder."""
     mode: Literal["optimize"] = "optimize"
@@ -308,11 +347,13 @@ class LoopRequest(_Request):
         return PreparedLoop(request=self, label=bench.label, config=str(path), warnings=bench.warnings)
 
 
-JobRequest = Annotated[Union[KernelRequest, BenchmarkRequest, TraceRequest, LoopRequest], Field(discriminator="mode")]
+JobRequest = Annotated[Union[KernelRequest, BenchmarkRequest, TraceRequest, TraceDiffRequest, LoopRequest],
+                       Field(discriminator="mode")]
 _ADAPTER: TypeAdapter = TypeAdapter(JobRequest)
 
 
-def parse_request(data: Union[str, bytes, dict]) -> Union[KernelRequest, BenchmarkRequest, TraceRequest, LoopRequest]:
+def parse_request(data: Union[str, bytes, dict]) -> Union[KernelRequest, BenchmarkRequest, TraceRequest,
+                                                         TraceDiffRequest, LoopRequest]:
     """A request from JSON text or a dict; a ConfigError naming the field when it is not one."""
     try:
         if isinstance(data, (str, bytes)):
@@ -322,7 +363,7 @@ def parse_request(data: Union[str, bytes, dict]) -> Union[KernelRequest, Benchma
         raise ConfigError([f"request: {exc}"]) from None
 
 
-def read_request(path: Path) -> Union[KernelRequest, BenchmarkRequest, TraceRequest, LoopRequest]:
+def read_request(path: Path) -> Union[KernelRequest, BenchmarkRequest, TraceRequest, TraceDiffRequest, LoopRequest]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -432,6 +473,15 @@ class PreparedTrace:
     request: TraceRequest
     target: Path
     options: Any  # engine.trace.analyze.TraceAnalysisOptions
+    warnings: list[str] = field(default_factory=list)
+    overrides: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class PreparedTraceDiff:
+    request: TraceDiffRequest
+    a: Path  # the trace file compared on each side
+    b: Path
     warnings: list[str] = field(default_factory=list)
     overrides: list[dict] = field(default_factory=list)
 

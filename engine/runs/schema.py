@@ -93,11 +93,12 @@ ANALYZE_REPORT: Final = "analyze_report.json"
 COMPARE_REPORT: Final = "compare_report.json"
 BENCHMARK_REPORT: Final = "benchmark_report.json"
 TRACE_ANALYSIS_REPORT: Final = "trace_analysis_report.json"
+TRACE_DIFF_REPORT: Final = "trace_diff_report.json"
 # In the order a run folder is searched for its report when run_finished names none.
-REPORT_FILES: Final = (COMPARE_REPORT, ANALYZE_REPORT, BENCHMARK_REPORT, TRACE_ANALYSIS_REPORT)
+REPORT_FILES: Final = (COMPARE_REPORT, ANALYZE_REPORT, BENCHMARK_REPORT, TRACE_ANALYSIS_REPORT, TRACE_DIFF_REPORT)
 KERNEL_REPORTS: Final = frozenset({COMPARE_REPORT, ANALYZE_REPORT})
 _BY_MODE = {"analyze": ANALYZE_REPORT, "compare": COMPARE_REPORT, "benchmark": BENCHMARK_REPORT,
-            "trace_analysis": TRACE_ANALYSIS_REPORT}
+            "trace_analysis": TRACE_ANALYSIS_REPORT, "trace_diff": TRACE_DIFF_REPORT}
 
 
 def report_name_for_mode(mode: str) -> str:
