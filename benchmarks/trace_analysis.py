@@ -3,8 +3,9 @@
 For each size, a synthetic torch-profiler trace shaped like an LLM forward on a GPU (cpu_op ->
 cudaLaunchKernel -> kernel with ac2g flows, GEMMs / norms / elementwise / attention, Input Dims
 recorded) is written to disk, then analysed in a FRESH process (so peak RSS is that run's):
-load + event tree + gap analysis + GPU idle analysis + GPU timeline + the pytorch-mode report
-with roofline (H200 arch). It prints events/s and peak RSS per size; cost should grow linearly.
+load + event tree + gap analysis + GPU idle analysis + GPU timeline + the self-checks and the
+idle gaps by cause + the pytorch-mode report with roofline (H200 arch). It prints events/s and
+peak RSS per size; cost should grow linearly.
 "base MB" is the process's RSS just before the load (Python, the modules: the same for every
 trace), so "peak - base" is what the analysis itself held at its peak.
 
@@ -99,6 +100,9 @@ def analyse(path: Path) -> dict:
     """The full analysis of one trace, timed; run in a fresh process."""
     from engine.runs.workspace import Workspace
     from engine.trace.arch import resolve_arch
+    from engine.trace.checks import run_checks
+    from engine.trace.graphs import graph_replays
+    from engine.trace.idle_causes import classify_idle_gaps
     from engine.trace.csvout import write_csvs
     from engine.trace.gaps import aggregate_kernels, gap_rows, idle_analysis, trace_window
     from engine.trace.load import load_trace, peak_rss_mb
@@ -118,10 +122,17 @@ def analyse(path: Path) -> dict:
     times["tree"] = time.perf_counter() - t
     t = time.perf_counter()
     window = trace_window(trace)
-    gap_rows(aggregate_kernels(trace, window), 20)
-    idle_analysis(tree, window)
-    gpu_timeline(tree.linked_gpu_events)
+    aggs = aggregate_kernels(trace, window)
+    gap_rows(aggs, 20)
+    idle = idle_analysis(tree, window)
+    timeline = gpu_timeline(tree.linked_gpu_events)
     times["gap+idle+timeline"] = time.perf_counter() - t
+    t = time.perf_counter()
+    graphs = graph_replays(tree, window.lo, window.hi)
+    classify_idle_gaps(tree, idle, window.lo, window.hi, graphs)
+    run_checks(0, tree, window.lo, window.hi, aggs, idle, [], graphs, categories=("kernel", "gpu"),
+               ignore=("gpu_user_annotation", "user_annotation"), min_duration_us=0.0, timeline_rows=timeline)
+    times["checks+idle causes"] = time.perf_counter() - t
     t = time.perf_counter()
     tables = pytorch_report(tree, resolve_arch("H200", trace))
     with tempfile.TemporaryDirectory() as d:

@@ -931,6 +931,8 @@ def _analyse_traces(cfg: BenchmarkConfig, ws: Workspace, trace_dir: Path, report
         if ga.enabled:
             report["gap_analysis"] = result.report["gap_analysis"]
         report["tracelens_analysis"] = result.report["tracelens_analysis"]
+        report["trace_checks"] = result.report["trace_checks"]
+        report["trace_analysis_summary"] = result.report["summary_lines"]
     except Exception as exc:  # the measured numbers above stand on their own
         report["errors"].append(f"trace analysis: {type(exc).__name__}: {exc}")
 
@@ -982,6 +984,7 @@ def summary_text(report: dict) -> str:
         lines.append(f"tracelens: skipped: {report['tracelens_analysis']['skipped']}")
     for name in report.get("top_bottlenecks", [])[:5]:
         lines.append(f"bottleneck: {name[:100]}")
+    lines += report.get("trace_analysis_summary") or []  # the trace's self-checks, the idle gaps by cause
     for e in report.get("errors", []):
         lines.append(f"error: {e.splitlines()[0] if e else e}")
     for e in report.get("analysis_errors") or []:

@@ -15,11 +15,15 @@ from typing import Any, Callable, Optional, Sequence
 from engine.runs.provenance import trace_provenance
 from engine.runs.schema import SCHEMA_VERSION, StageState
 from engine.runs.workspace import Workspace
+from engine.trace import critical_path
+from engine.trace.checks import check_lines, checks_section, run_checks
 from engine.trace.discover import discover_traces
 from engine.trace.gaps import (
     DEFAULT_CATEGORIES, DEFAULT_IGNORE, GAP_COLUMNS, GAP_EXTRA_COLUMNS, aggregate_kernels, gap_rows, idle_analysis,
     merge_ranks, step_launch_analysis, trace_window,
 )
+from engine.trace.graphs import graph_replays
+from engine.trace.idle_causes import CSV_COLUMNS as CAUSE_COLUMNS, classify_idle_gaps, summary_line
 from engine.trace.load import Trace, TraceCancelled, load_trace
 from engine.trace.timeline import gpu_timeline
 from engine.trace.tree import EventTree, build_tree
@@ -133,9 +137,8 @@ def _idle_files(rank: int, idle: dict, steps: list[dict], out_dir: Path) -> list
     return [str(f) for f in files]
 
 
-def _steps_for(trace: Trace, window) -> list[tuple[str, float, float]]:
-    from engine.trace.steps import find_steps
-    steps = [s for s in find_steps(trace) if s.ts + s.dur >= window.lo and s.ts <= window.hi]
+def _steps_for(found: list, window) -> list[tuple[str, float, float]]:
+    steps = [s for s in found if s.ts + s.dur >= window.lo and s.ts <= window.hi]
     return [(s.name, s.ts, s.ts + s.dur) for s in steps]
 
 
@@ -196,6 +199,18 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
     return section
 
 
+def summary_lines(report: dict) -> list[str]:
+    """The self-checks (each failed one as a WARNING line, each passing one with what it compared) and
+    the idle gaps by cause, per rank: the text summary, and what the command line prints."""
+    lines = check_lines(report.get("trace_checks") or {})
+    gap = report.get("gap_analysis") or {}
+    for rank, causes in (gap.get("idle_causes") or {}).items():
+        lines.append(summary_line(rank, causes))
+    for rank, paths in (gap.get("critical_path") or {}).items():
+        lines.append(critical_path.summary_line(rank, paths))
+    return lines
+
+
 def _stop_if_cancelled(cancel: Any, where: str) -> None:
     if cancel is not None and cancel.cancelled:
         raise TraceCancelled(f"trace analysis cancelled {where} ({cancel.reason or 'cancelled'})")
@@ -205,6 +220,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
                        log: Callable[[str], None] = lambda s: None, cancel: Any = None) -> AnalysisResult:
     """The analysis of ``target``'s traces. ``cancel`` (a ``CancelToken``) is looked at while each
     trace loads and between the stages: ``TraceCancelled`` once it is set."""
+    from engine.trace.steps import find_steps
     t0 = time.perf_counter()
     traces = discover_traces(target)
     ws.events.emit("stage", stage="discover", state=StageState.SUCCESS, traces=[str(p) for _, p in traces])
@@ -215,6 +231,10 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     steps_by_rank: dict = {}
     timeline_rows = None
     idle_files: list[str] = []
+    checks: list[dict] = []
+    causes_by_rank: dict = {}
+    paths_by_rank: dict = {}
+    excluded_by_rank: dict = {}
     rank0_trace = rank0_tree = None
     for rank, path in traces:
         _stop_if_cancelled(cancel, f"before loading rank {rank}")
@@ -231,14 +251,32 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
         finally:
             gc.enable()
         idle = idle_analysis(tree, window)
-        steps = step_launch_analysis(tree, _steps_for(trace, window), idle["gaps"])
+        found_steps = find_steps(trace)
+        steps = step_launch_analysis(tree, _steps_for(found_steps, window), idle["gaps"])
         idle_by_rank[rank], steps_by_rank[rank] = idle, steps
         idle_files += _idle_files(rank, idle, steps, gap_dir)
-        if rank0_trace is None:
+        is_rank0 = rank0_trace is None
+        if is_rank0:
             rank0_trace, rank0_tree = trace, tree
             linked = tree.linked_gpu_events
             if linked:
                 timeline_rows = gpu_timeline(linked)
+        graphs = graph_replays(tree, window.lo, window.hi)
+        causes = classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, steps=found_steps)
+        causes_file = _write_csv(gap_dir / f"gpu_idle_causes_rank{rank}.csv", CAUSE_COLUMNS, causes.rows)
+        idle_files.append(str(causes_file))
+        causes_by_rank[rank] = {**causes.summary, "file": str(causes_file)}
+        rank_checks, excluded_by_rank[rank] = run_checks(
+            rank, tree, window.lo, window.hi, per_rank[rank], idle, steps, graphs, categories=opts.categories,
+            ignore=opts.ignore_categories, min_duration_us=opts.min_duration_us,
+            timeline_rows=timeline_rows if is_rank0 else None)
+        checks += rank_checks
+        path_rows = critical_path.step_critical_paths(tree, found_steps, window.lo, window.hi)
+        if path_rows:
+            path_file = _write_csv(gap_dir / f"critical_path_rank{rank}.csv", critical_path.COLUMNS,
+                                   [[r[k] for k in critical_path.COLUMNS] for r in path_rows])
+            idle_files.append(str(path_file))
+            paths_by_rank[rank] = {**critical_path.summary(path_rows), "file": str(path_file)}
         ws.events.emit("stage", stage=f"load rank {rank}", state=StageState.SUCCESS, events=len(trace.events))
         log(f"rank {rank}: {len(trace.events)} events, {len(tree.gpu_events)} GPU events ({path})")
     _stop_if_cancelled(cancel, "after loading the traces")
@@ -247,12 +285,19 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     gap["idle"] = {str(r): {"total_idle_us": i["total_idle_us"], "host_bound_idle_us": i["host_bound_idle_us"],
                             "host_bound_idle_pct": i["host_bound_idle_pct"],
                             "launch_bound_steps": sum(1 for s in steps_by_rank[r] if s["launch_bound"]),
-                            "steps": len(steps_by_rank[r])} for r, i in idle_by_rank.items()}
+                            "steps": len(steps_by_rank[r]),
+                            "idle_inside_unrecorded_graph_replays_us": excluded_by_rank[r],
+                            "idle_without_unrecorded_graph_replays_us": i["total_idle_us"] - excluded_by_rank[r]}
+                   for r, i in idle_by_rank.items()}
+    gap["idle_causes"] = {str(r): c for r, c in causes_by_rank.items()}
+    if paths_by_rank:
+        gap["critical_path"] = {str(r): c for r, c in paths_by_rank.items()}
     gap["output_files"] += idle_files
     if timeline_rows:
         gap["gpu_timeline"] = {name: {"time_ms": ms, "percent": pct} for name, ms, pct in timeline_rows}
+    trace_checks = checks_section(checks)
     report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
-                              "gap_analysis": gap,
+                              "gap_analysis": gap, "trace_checks": trace_checks,
                               "options": opts.to_dict(), "provenance": trace_provenance(ws.root)}
     tl: dict[str, Any] = {"enabled": False}
     _stop_if_cancelled(cancel, "before TraceLens")
@@ -275,5 +320,8 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
                 tl = {"enabled": True, "errors": [f"{type(exc).__name__}: {exc}"]}
     report["tracelens_analysis"] = tl
     report["elapsed_s"] = round(time.perf_counter() - t0, 3)
+    report["summary_lines"] = summary_lines(report)
+    report["trace_checks"]["summary_file"] = str(ws.write_text("trace_analysis_summary.txt",
+                                                               "\n".join(report["summary_lines"]) + "\n"))
     return AnalysisResult(report=report, top_rows=rows, idle=idle_by_rank, steps=steps_by_rank.get(traces[0][0], []),
                           exit_code=0 if n_kernels else 1)
