@@ -205,7 +205,8 @@ def summary_lines(report: dict) -> list[str]:
     lines = check_lines(report.get("trace_checks") or {})
     gap = report.get("gap_analysis") or {}
     for rank, causes in (gap.get("idle_causes") or {}).items():
-        lines.append(summary_line(rank, causes))
+        if causes["gaps_classified"] or causes["graph_unrecorded"]["gaps"]:
+            lines.append(summary_line(rank, causes))
     for rank, paths in (gap.get("critical_path") or {}).items():
         lines.append(critical_path.summary_line(rank, paths))
     return lines
@@ -271,7 +272,8 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
             ignore=opts.ignore_categories, min_duration_us=opts.min_duration_us,
             timeline_rows=timeline_rows if is_rank0 else None)
         checks += rank_checks
-        path_rows = critical_path.step_critical_paths(tree, found_steps, window.lo, window.hi)
+        path_rows = critical_path.step_critical_paths(tree, found_steps, window.lo, window.hi) \
+            if len(tree.gpu_uids) else []  # a CPU-only run's steps: the host's alone
         if path_rows:
             path_file = _write_csv(gap_dir / f"critical_path_rank{rank}.csv", critical_path.COLUMNS,
                                    [[r[k] for k in critical_path.COLUMNS] for r in path_rows])

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 from engine.trace.gaps import IdleGaps, KernelAgg, _matches
 from engine.trace.graphs import GraphReplays
 from engine.trace.timeline import union_length
-from engine.trace.tree import GPU_CATS, EventTree
+from engine.trace.tree import GPU_CATS, RUNTIME_CATS, EventTree
 
 STREAM_SLACK = 1e-3  # a stream's kernel sum may exceed its busy time by 0.1% + 1 us (clock rounding)
 MISSING_SHARE = 0.01  # GPU time missing from a report beyond 1% fails
@@ -248,6 +248,8 @@ def run_checks(rank: Any, tree: EventTree, lo: float, hi: float, aggs: dict[str,
                steps: Sequence[dict], graphs: GraphReplays, *, categories: Sequence[str], ignore: Sequence[str],
                min_duration_us: float, timeline_rows: Sequence | None = None) -> tuple[list[dict], float]:
     """The four checks of one rank, and the idle time excluded as inside missing graph replays."""
+    if not len(tree.gpu_uids):
+        return _without_gpu_events(rank, tree, steps, graphs, idle), 0.0
     per_stream, others, counted_names, tree_names, largest, left_us, left_n = _counted_streams(
         tree, lo, hi, categories, ignore, min_duration_us)
     excluded = excluded_idle_us(idle["gaps"], graphs)
@@ -256,6 +258,33 @@ def run_checks(rank: Any, tree: EventTree, lo: float, hi: float, aggs: dict[str,
             kernel_counts_check(rank, tree, aggs, counted_names, tree_names),
             graph_check(rank, graphs, idle, excluded),
             steps_check(rank, steps, largest, tree, report_us, graphs)], excluded
+
+
+def _launch_calls(tree: EventTree) -> int:
+    from engine.trace.idle_causes import is_launch_call
+    trace = tree.trace
+    runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
+    launch = bytearray(is_launch_call(n) for n in trace.names)
+    kind, name = trace.kind, trace.name
+    return sum(1 for u in tree.host_order if runtime[kind[u]] and launch[name[u]])
+
+
+def _without_gpu_events(rank: Any, tree: EventTree, steps: Sequence[dict], graphs: GraphReplays, idle: dict) -> list:
+    """A trace without one GPU event: a CPU-only run when nothing was launched either (nothing to
+    reconcile), a recording that lost all GPU activity when launch calls are there."""
+    launches = _launch_calls(tree)
+    graph = graph_check(rank, graphs, idle, 0.0)
+    if not launches:
+        why = "the trace has no GPU event and no launch call (a CPU-only run): nothing to reconcile"
+        return [_check(name, rank, "skipped", why, {"gpu_events": 0, "launch_calls": 0})
+                for name in ("kernel_time", "kernel_counts")] + [graph, _check(
+                    "steps_with_gpu_work", rank, "skipped", why, {"steps": len(steps), "gpu_events": 0})]
+    warning = (f"the trace has {launches} launch calls but not one GPU event: the profiler recorded no GPU "
+               "activity, so there is no kernel time, idle time or roofline to report")
+    numbers = {"gpu_events": 0, "launch_calls": launches}
+    return [_check("kernel_time", rank, "failed", f"{launches} launch calls against 0 GPU events", numbers, warning),
+            _check("kernel_counts", rank, "skipped", "no GPU event to count", numbers), graph,
+            steps_check(rank, steps, [], tree, 0.0, graphs)]
 
 
 def checks_section(checks: list[dict]) -> dict:

@@ -319,3 +319,20 @@ def test_critical_path_of_a_host_bound_step(tmp_path):
     r = _path_row(report)
     assert r["bound"] == "host" and r["gpu_us"] == 0.0
     assert r["host_other_us"] + r["host_launch_us"] == 200.0 and r["host_launch_us"] == 6.0
+
+
+def test_a_cpu_only_run_is_not_flagged_but_lost_gpu_activity_is(tmp_path):
+    b = TraceBuilder()
+    for i in range(4):
+        b.annotation(DECODE, i * 100.0, 90)
+        b.op("aten::mm", i * 100.0 + 5, 50)
+    report, checks, _ = _analyse(tmp_path, b.write(tmp_path / "cpu.json"))
+    assert report["trace_checks"]["passed"] and {c["status"] for c in checks.values()} == {"skipped"}
+    assert "a CPU-only run" in checks["kernel_time"]["compared"] and "critical_path" not in report["gap_analysis"]
+    # the same steps with launch calls whose GPU events were all lost
+    for i in range(4):
+        _runtime(b, "cudaLaunchKernel", i * 100.0 + 10, 3)
+    report, checks, _ = _analyse(tmp_path / "lost", b.write(tmp_path / "lost.json"))
+    assert checks["kernel_time"]["status"] == "failed"
+    assert "4 launch calls but not one GPU event" in checks["kernel_time"]["warning"]
+    assert checks["steps_with_gpu_work"]["status"] == "failed"
