@@ -6,7 +6,7 @@ Four checks, on every rank:
 * ``kernel_time``: the kernel time the gap analysis reports, stream by stream, against the busy
   time of that stream (the union of its GPU events' intervals). Kernels on one stream run one after
   another, so a report total above the stream's busy time counts time twice (overlapping events: a
-  recording artefact). The report's total must be the trace's GPU events in the window, less only
+  recording artefact, or overlapping launches such as programmatic dependent launch). The report's total must be the trace's GPU events in the window, less only
   what the options left out. On the rank whose GPU timeline is reported (TraceLens's, built from
   the GPU events linked to a launch): the timeline's busy time against the union of every GPU
   event; GPU events linked to no launch are missing from the TraceLens reports.
@@ -129,7 +129,8 @@ def kernel_time_check(rank: Any, tree: EventTree, aggs: dict[str, KernelAgg], id
         numbers["streams_over_busy"] = [{"stream": w, "kernel_us": a, "busy_us": b} for w, a, b in over]
         problems.append(f"on {len(over)} stream(s) the report counts more kernel time than the stream was busy "
                         f"({where}: {_us(s_sum)} of kernels in {_us(busy)} busy): GPU events overlap on one stream, "
-                        f"so their time is counted twice (a recording artefact)")
+                        f"so the overlap is counted twice (a recording artefact, or overlapping launches such as "
+                        f"programmatic dependent launch): per-kernel times add up to more than the GPU's time")
     if report_n != counted_n or abs(report_us - counted_us) > max(1.0, MISSING_SHARE * counted_us):
         problems.append(f"the report counts {report_n} events, {_us(report_us)}, but the trace has {counted_n} GPU "
                         f"events, {_us(counted_us)}, in the window")
