@@ -3,13 +3,14 @@ came from, so that a report a broken or partial recording would make misleading 
 
 Four checks, on every rank:
 
-* ``kernel_time``: the kernel time the gap analysis reports, stream by stream, against the busy
-  time of that stream (the union of its GPU events' intervals). Kernels on one stream run one after
+* ``kernel_time``: the kernel time the gap analysis reports, stream by stream, against the busy time
+  of that stream (the union of its GPU events' intervals). Kernels on one stream run one after
   another, so a report total above the stream's busy time counts time twice (overlapping events: a
   recording artefact, or overlapping launches such as programmatic dependent launch). The report's
-  total must be the trace's GPU events in the window, less only what the options left out. On the rank whose GPU timeline is reported (TraceLens's, built from
-  the GPU events linked to a launch): the timeline's busy time against the union of every GPU
-  event; GPU events linked to no launch are missing from the TraceLens reports.
+  total must be the trace's GPU events in the window, less only what the options left out. On the
+  rank whose GPU timeline is reported (TraceLens's, built from the GPU events linked to a launch):
+  the timeline's busy time against the union of every GPU event; GPU events linked to no launch are
+  missing from the TraceLens reports.
 * ``kernel_counts``: calls per kernel name in the report against a count of the event tree's GPU
   events in the same window.
 * ``graph_replays``: CUDA/HIP graph launches whose GPU events are missing from the trace
