@@ -16,7 +16,7 @@ from engine.runs.provenance import trace_provenance
 from engine.runs.schema import SCHEMA_VERSION, StageState
 from engine.runs.workspace import Workspace
 from engine.trace import critical_path
-from engine.trace.checks import check_lines, checks_section, run_checks
+from engine.trace.checks import check_lines, checks_section, run_checks, tracelens_report_check
 from engine.trace.discover import discover_traces
 from engine.trace.gaps import (
     DEFAULT_CATEGORIES, DEFAULT_IGNORE, GAP_COLUMNS, GAP_EXTRA_COLUMNS, aggregate_kernels, gap_rows, idle_analysis,
@@ -143,14 +143,14 @@ def _steps_for(found: list, window) -> list[tuple[str, float, float]]:
 
 
 def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: Path, opts: TraceAnalysisOptions,
-                       log: Callable[[str], None]) -> dict:
+                       log: Callable[[str], None], rank: Any = 0) -> dict:
     from engine.trace.arch import resolve_arch
     from engine.trace.csvout import write_csvs
     from engine.trace.report import pytorch_report
     from engine.trace.steps import find_steps
     section: dict[str, Any] = {"enabled": True, "rank0_trace": str(trace.path), "errors": [], "warnings": [],
                                "output_dir": str(ws_root / "tracelens"), "stage_results": {}, "phase_picks": {},
-                               "output_files": []}
+                               "output_files": [], "checks": []}
     arch = resolve_arch(opts.gpu_arch, trace)
     section["gpu_arch"] = (arch or {}).get("name")
     if arch is None:
@@ -161,6 +161,7 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
         section["analysis_mode"] = "pytorch"
         out = ws_root / "tracelens_rank0_csvs"
         tables = pytorch_report(tree, arch)
+        section["checks"].append(tracelens_report_check(rank, "pytorch", tables, tree))
         section["output_files"] = [str(p) for p in write_csvs(tables, out)]
         section["output_dir"] = str(out)
         log(f"tracelens (pytorch mode): {len(tables)} tables -> {out}")
@@ -186,8 +187,10 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
         result["trace_path"] = str(step_path)
         out = ws_root / "tracelens" / stage
         step_trace = load_trace(step_path)
-        tables = pytorch_report(build_tree(step_trace), arch, inference=True, group_by_num_kernels=True,
+        step_tree = build_tree(step_trace)
+        tables = pytorch_report(step_tree, arch, inference=True, group_by_num_kernels=True,
                                 group_by_parent_module=True)
+        section["checks"].append(tracelens_report_check(rank, stage, tables, step_tree))
         result["files"] = [str(p) for p in write_csvs(tables, out)]
         result["output_dir"] = str(out)
         simple = ws_root / "tracelens" / simple_csv_name(stage, opts.isl, opts.osl, opts.conc)
@@ -297,9 +300,8 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     gap["output_files"] += idle_files
     if timeline_rows:
         gap["gpu_timeline"] = {name: {"time_ms": ms, "percent": pct} for name, ms, pct in timeline_rows}
-    trace_checks = checks_section(checks)
     report: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "mode": "trace_analysis", "target": str(target),
-                              "gap_analysis": gap, "trace_checks": trace_checks,
+                              "gap_analysis": gap,
                               "options": opts.to_dict(), "provenance": trace_provenance(ws.root)}
     tl: dict[str, Any] = {"enabled": False}
     _stop_if_cancelled(cancel, "before TraceLens")
@@ -315,12 +317,13 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
             try:
                 split_dir = (ws.root / "torch_trace" / "trace_split") if (ws.root / "torch_trace").is_dir() \
                     else ws.path("trace_split")
-                tl = _tracelens_section(rank0_trace, rank0_tree, ws.root, split_dir, opts, log)
+                tl = _tracelens_section(rank0_trace, rank0_tree, ws.root, split_dir, opts, log, rank=traces[0][0])
             except Exception as exc:  # the gap analysis above is still worth its files
                 import traceback
                 (ws.logs_dir / "tracelens_error.log").write_text(traceback.format_exc())
                 tl = {"enabled": True, "errors": [f"{type(exc).__name__}: {exc}"]}
     report["tracelens_analysis"] = tl
+    report["trace_checks"] = checks_section(checks + tl.pop("checks", []))
     report["elapsed_s"] = round(time.perf_counter() - t0, 3)
     report["summary_lines"] = summary_lines(report)
     report["trace_checks"]["summary_file"] = str(ws.write_text("trace_analysis_summary.txt",

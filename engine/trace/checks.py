@@ -1,7 +1,7 @@
 """Self-checks of a trace analysis: the numbers of the reports reconciled with the trace they
 came from, so that a report a broken or partial recording would make misleading says so.
 
-Four checks, on every rank:
+Four checks on every rank:
 
 * ``kernel_time``: the kernel time the gap analysis reports, stream by stream, against the busy time
   of that stream (the union of its GPU events' intervals). Kernels on one stream run one after
@@ -18,6 +18,10 @@ Four checks, on every rank:
 * ``steps_with_gpu_work``: with step annotations, the share of steps whose launches put no GPU
   event in the trace, and whether one GPU event holds most of the kernel time (TraceLens issue 972:
   30 of 32 decode steps without a GPU event, reported as 0.04% idle).
+
+And each TraceLens report against its own GPU timeline (``tracelens_report``, TraceLens's sanity
+check): the perf report's kernel time is at least the timeline's computation + memcpy time, and
+``kernel_summary``'s calls per name equal the trace's linked kernels.
 
 A check is ``passed`` (it says what it compared, with the numbers), ``failed`` (its warning goes
 into the report, the text summary and onto the terminal) or ``skipped`` (nothing to compare).
@@ -287,6 +291,57 @@ def _without_gpu_events(rank: Any, tree: EventTree, steps: Sequence[dict], graph
     return [_check("kernel_time", rank, "failed", f"{launches} launch calls against 0 GPU events", numbers, warning),
             _check("kernel_counts", rank, "skipped", "no GPU event to count", numbers), graph,
             steps_check(rank, steps, [], tree, 0.0, graphs)]
+
+
+def tracelens_report_check(rank: Any, label: str, tables: dict, tree: EventTree | None) -> dict:
+    """A TraceLens report against its own GPU timeline (TraceLens's sanity check): the kernel time of
+    the perf report (``unified_perf_summary``, every op that launched computation or copies;
+    collectives are reported apart) is at least the timeline's computation plus memcpy time (a sum of
+    kernel times is never below their union), and, where ``kernel_summary`` is written, its calls per
+    kernel name equal the linked kernels of the trace the report was made from."""
+    name = f"tracelens_report ({label})"
+    tl = tables.get("gpu_timeline")
+    unified = tables.get("unified_perf_summary")
+    if tl is None or unified is None or not len(unified):
+        return _check(name, rank, "skipped", "no perf summary or GPU timeline in this report", {})
+    times = {row[0]: row[1] * 1000.0 for row in tl.rows}
+    kernel_us = math.fsum(v for v in unified.column("Kernel Time (µs)_sum") if isinstance(v, (int, float)))
+    floor = times.get("computation_time", 0.0) + times.get("total_memcpy_time", 0.0)
+    numbers: dict[str, Any] = {"perf_report_kernel_us": kernel_us, "ops": len(unified),
+                               "timeline_computation_us": times.get("computation_time", 0.0),
+                               "timeline_memcpy_us": times.get("total_memcpy_time", 0.0),
+                               "timeline_busy_us": times.get("busy_time", 0.0)}
+    compared = (f"perf report kernel time {_us(kernel_us)} ({len(unified)} op rows) >= the GPU timeline's "
+                f"computation + memcpy {_us(floor)}")
+    problems = []
+    if kernel_us < floor * (1 - MISSING_SHARE) - 1.0:
+        problems.append(f"the perf report holds {_us(kernel_us)} of kernel time but its GPU timeline counts "
+                        f"{_us(floor)} of computation and copies: {_us(floor - kernel_us)} of GPU work is in no "
+                        f"op of the report (kernels no op row accounts for, or op rows whose kernel time the "
+                        f"report left out, as for a GEMM recorded without its input shapes)")
+    ks = tables.get("kernel_summary")
+    if ks is not None and tree is not None:
+        report_counts: Counter = Counter()
+        for k, n in zip(ks.column("Kernel name"), ks.column("Kernel duration (µs)_count")):
+            report_counts[k] += int(n)
+        trace = tree.trace
+        kernel_kind = trace.kinds_where(lambda ph, cat: cat == "kernel")
+        linked: Counter = Counter(trace.name_of(g) for g in tree.gpu_uids
+                                  if tree.parent[g] >= 0 and kernel_kind[trace.kind[g]])
+        diff = sorted(((k, report_counts.get(k, 0), linked.get(k, 0)) for k in set(report_counts) | set(linked)
+                       if report_counts.get(k, 0) != linked.get(k, 0)), key=lambda d: -abs(d[1] - d[2]))
+        numbers["kernel_summary_calls"] = sum(report_counts.values())
+        numbers["linked_kernels"] = sum(linked.values())
+        compared += (f"; kernel_summary calls per kernel name against the trace's linked kernels "
+                     f"({sum(report_counts.values())} vs {sum(linked.values())})")
+        if diff:
+            numbers["mismatches"] = [{"name": k, "report": a, "tree": b} for k, a, b in diff[:20]]
+            problems.append(f"{len(diff)} kernel name(s) have a different number of calls in kernel_summary than "
+                            f"linked kernels in the trace (" + "; ".join(f"{k[:60]}: report {a}, tree {b}"
+                                                                         for k, a, b in diff[:3]) + ")")
+    if problems:
+        return _check(name, rank, "failed", compared, numbers, "; ".join(problems))
+    return _check(name, rank, "passed", compared, numbers)
 
 
 def checks_section(checks: list[dict]) -> dict:

@@ -17,7 +17,7 @@ def test_cli_prints_a_failed_check_and_the_idle_causes(tmp_path):
         for j, (start, length) in enumerate(kernels):
             b.events.append({"ph": "X", "cat": "kernel", "name": f"k{j}", "pid": 0, "tid": 7, "ts": start,
                              "dur": length, "args": {"correlation": corr}})
-    b.op_with_kernel("aten::mm", 400, "gemm", 406, 10)  # the host came back late: a host-bound gap
+    b.op_with_kernel("aten::mm", 400, "gemm", 406, 10, dims=[[64, 128], [128, 256]])  # the host came back late: a host-bound gap
     proc = run_magpie("benchmark", "--trace-dir", b.write(tmp_path / "graph.pt.trace.json"), "-o", tmp_path / "out")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())  # rich wraps long lines

@@ -336,3 +336,60 @@ def test_a_cpu_only_run_is_not_flagged_but_lost_gpu_activity_is(tmp_path):
     assert checks["kernel_time"]["status"] == "failed"
     assert "4 launch calls but not one GPU event" in checks["kernel_time"]["warning"]
     assert checks["steps_with_gpu_work"]["status"] == "failed"
+
+
+def test_tracelens_report_reconciled_with_its_gpu_timeline(tmp_path, monkeypatch):
+    """The TraceLens perf report against its own GPU timeline: a graph replay outside any op is a synthetic
+    op of the report, so it passes; a report that lost an op's kernels fails, saying how much."""
+    arch = str(GOLDEN / "arch" / "H200.json")
+    b = TraceBuilder()
+    b.op_with_kernel("aten::mm", 0, "gemm", 100, 10, dims=[[64, 128], [128, 256]])
+    _graph_launch(b, 30, [("graph_k1", 120, 30), ("graph_k2", 150, 20)])  # no cpu_op above it
+    path = b.write(tmp_path / "t.json")
+
+    def check(where):
+        ws = Workspace.create(tmp_path / where, "trace", "t")
+        result = run_trace_analysis(path, TraceAnalysisOptions(gpu_arch=arch), ws)
+        return {c["check"]: c for c in result.report["trace_checks"]["checks"]}["tracelens_report (pytorch)"]
+
+    c = check("good")
+    assert c["status"] == "passed" and c["numbers"]["perf_report_kernel_us"] == 60.0
+    assert c["compared"] == ("perf report kernel time 60.0 us (3 op rows) >= the GPU timeline's computation + memcpy "
+                             "60.0 us; kernel_summary calls per kernel name against the trace's linked kernels (3 vs 3)")
+    import engine.trace.report as report_module
+    real = report_module.pytorch_report
+
+    def losing(*a, **k):  # a report that lost the graph replay's first kernel
+        tables = real(*a, **k)
+        unified, ks = tables["unified_perf_summary"], tables["kernel_summary"]
+        unified.rows = [r for r in unified.rows if "graph_k1" not in str(r[0])]
+        ks.rows = [r for r in ks.rows if r[2] != "graph_k1"]
+        return tables
+
+    monkeypatch.setattr(report_module, "pytorch_report", losing)
+    c = check("lossy")
+    assert c["status"] == "failed" and c["numbers"]["perf_report_kernel_us"] == 30.0
+    assert "30.0 us of GPU work is in no op of the report" in c["warning"]
+    assert "graph_k1: report 0, tree 1" in c["warning"]
+    monkeypatch.setattr(report_module, "pytorch_report", real)
+    for trace in REAL[:2]:  # the real traces pass (inference stages included)
+        ws = Workspace.create(tmp_path / trace.name, "trace", "t")
+        result = run_trace_analysis(trace, TraceAnalysisOptions(gpu_arch=arch), ws)
+        tl_checks = [c for c in result.report["trace_checks"]["checks"] if c["check"].startswith("tracelens_report")]
+        assert tl_checks and all(c["status"] == "passed" for c in tl_checks), tl_checks
+        assert result.report["trace_checks"]["passed"]
+
+
+def test_a_gemm_without_shapes_leaves_its_kernel_time_out_of_the_perf_report(tmp_path):
+    """A GEMM recorded without input shapes: the perf report's op row has no kernel time, while the GPU
+    timeline counts the kernel; the report check says so instead of letting the total look complete."""
+    b = TraceBuilder()
+    b.op_with_kernel("aten::mm", 0, "gemm", 100, 10)  # no Input Dims
+    b.op_with_kernel("aten::add", 20, "add", 120, 5, dims=[[4, 16], [4, 16]])
+    ws = Workspace.create(tmp_path / "out", "trace", "t")
+    result = run_trace_analysis(b.write(tmp_path / "t.json"),
+                                TraceAnalysisOptions(gpu_arch=str(GOLDEN / "arch" / "H200.json")), ws)
+    c = {c["check"]: c for c in result.report["trace_checks"]["checks"]}["tracelens_report (pytorch)"]
+    assert c["status"] == "failed"
+    assert (c["numbers"]["perf_report_kernel_us"], c["numbers"]["timeline_computation_us"]) == (5.0, 15.0)
+    assert "10.0 us of GPU work is in no op of the report" in c["warning"]
