@@ -16,7 +16,7 @@ from engine.runs.provenance import trace_provenance
 from engine.runs.schema import SCHEMA_VERSION, StageState
 from engine.runs.workspace import Workspace
 from engine.trace import critical_path
-from engine.trace.checks import check_lines, checks_section, run_checks, tracelens_report_check
+from engine.trace.checks import check_lines, checks_section, profiler_steps, run_checks, tracelens_report_check
 from engine.trace.discover import discover_traces
 from engine.trace.gaps import (
     DEFAULT_CATEGORIES, DEFAULT_IGNORE, GAP_COLUMNS, GAP_EXTRA_COLUMNS, aggregate_kernels, gap_rows, idle_analysis,
@@ -270,8 +270,9 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
         causes_file = _write_csv(gap_dir / f"gpu_idle_causes_rank{rank}.csv", CAUSE_COLUMNS, causes.rows)
         idle_files.append(str(causes_file))
         causes_by_rank[rank] = {**causes.summary, "file": str(causes_file)}
+        check_steps = steps or step_launch_analysis(tree, profiler_steps(trace, window.lo, window.hi), idle["gaps"])
         rank_checks, excluded_by_rank[rank] = run_checks(
-            rank, tree, window.lo, window.hi, per_rank[rank], idle, steps, graphs, categories=opts.categories,
+            rank, tree, window.lo, window.hi, per_rank[rank], idle, check_steps, graphs, categories=opts.categories,
             ignore=opts.ignore_categories, min_duration_us=opts.min_duration_us,
             timeline_rows=timeline_rows if is_rank0 else None)
         checks += rank_checks

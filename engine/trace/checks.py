@@ -250,6 +250,21 @@ def steps_check(rank: Any, steps: Sequence[dict], largest: Iterable[int], tree: 
     return _check("steps_with_gpu_work", rank, "passed", compared, numbers)
 
 
+def profiler_steps(trace: Any, lo: float, hi: float) -> list[tuple[str, float, float]]:
+    """torch.profiler's own step ranges (``ProfilerStep#N``) of the window, for the step check of a
+    trace without inference step annotations (a training loop). The names table is looked at first:
+    no pass over the events when there are none."""
+    wanted = {i for i, n in enumerate(trace.names) if n.startswith("ProfilerStep#")}
+    if not wanted:
+        return []
+    annotation = trace.kinds_where(lambda ph, cat: ph == "X" and cat == "user_annotation")
+    kind, name, ts, dur = trace.kind, trace.name, trace.ts, trace.dur
+    out = [(trace.names[name[u]], ts[u], ts[u] + dur[u]) for u in range(len(kind))
+           if name[u] in wanted and annotation[kind[u]] and ts[u] + dur[u] >= lo and ts[u] <= hi]
+    out.sort(key=lambda s: s[1])
+    return out
+
+
 def run_checks(rank: Any, tree: EventTree, lo: float, hi: float, aggs: dict[str, KernelAgg], idle: dict,
                steps: Sequence[dict], graphs: GraphReplays, *, categories: Sequence[str], ignore: Sequence[str],
                min_duration_us: float, timeline_rows: Sequence | None = None) -> tuple[list[dict], float]:

@@ -393,3 +393,16 @@ def test_a_gemm_without_shapes_leaves_its_kernel_time_out_of_the_perf_report(tmp
     assert c["status"] == "failed"
     assert (c["numbers"]["perf_report_kernel_us"], c["numbers"]["timeline_computation_us"]) == (5.0, 15.0)
     assert "10.0 us of GPU work is in no op of the report" in c["warning"]
+
+
+def test_profiler_steps_are_checked_without_inference_annotations(tmp_path):
+    """A training trace's ProfilerStep#N ranges stand in for step annotations in the step check."""
+    b = TraceBuilder()
+    for i in range(8):
+        b.annotation(f"ProfilerStep#{i}", i * 100.0, 90)
+        if i == 7:
+            b.op_with_kernel("aten::mm", i * 100.0 + 5, "gemm", i * 100.0 + 20, 5)
+    report, checks, _ = _analyse(tmp_path, b.write(tmp_path / "p.json"))
+    s = checks["steps_with_gpu_work"]
+    assert s["status"] == "failed" and "7 of 8 steps have no GPU event" in s["warning"]
+    assert report["gap_analysis"]["idle"]["0"]["steps"] == 0  # the step tables stay those of inference steps
