@@ -213,12 +213,13 @@ def graph_check(rank: Any, graphs: GraphReplays, idle: dict, excluded_us: float)
         parts.append(f"{len(graphs.empty)} of {graphs.launches} graph replays have no GPU event in the trace")
     if graphs.partial:
         parts.append(f"{len(graphs.partial)} recorded fewer nodes than their graph has")
-    warning = (", ".join(parts) + f" (the profiler did not record them): {_us(excluded_us)} of the "
-               f"{_us(idle['total_idle_us'])} idle lies inside those replays and is not idle; idle without it "
-               f"{_us(idle['total_idle_us'] - excluded_us)}")
+    why = ("the profiler did not record them" if not graphs.unlinked_windows else
+           "not recorded, or recorded without the correlation that links them to their launch")
+    warning = (", ".join(parts) + f" ({why}): {_us(excluded_us)} of the {_us(idle['total_idle_us'])} idle lies "
+               f"inside those replays and is not idle; idle without it {_us(idle['total_idle_us'] - excluded_us)}")
     if graphs.unlinked_windows:
-        warning += (f"; {graphs.unlinked_windows} of them have GPU events linked to no launch where they ran, "
-                    "so their time was not excluded")
+        warning += (f"; {graphs.unlinked_windows} of them have GPU events linked to no launch where they ran "
+                    "(perhaps their own), so their time was not excluded")
     return _check("graph_replays", rank, "failed", compared, numbers, warning)
 
 
