@@ -266,8 +266,12 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
             if linked:
                 timeline_rows = gpu_timeline(linked)
         graphs = graph_replays(tree, window.lo, window.hi)
-        causes = classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, steps=found_steps)
-        causes_file = _write_csv(gap_dir / f"gpu_idle_causes_rank{rank}.csv", CAUSE_COLUMNS, causes.rows)
+        causes_file = gap_dir / f"gpu_idle_causes_rank{rank}.csv"
+        gap_dir.mkdir(parents=True, exist_ok=True)
+        with open(causes_file, "w", newline="", encoding="utf-8") as fh:  # rows written as they are made
+            w = csv.writer(fh)
+            w.writerow(CAUSE_COLUMNS)
+            causes = classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, steps=found_steps, sink=w.writerow)
         idle_files.append(str(causes_file))
         causes_by_rank[rank] = {**causes.summary, "file": str(causes_file)}
         check_steps = steps or step_launch_analysis(tree, profiler_steps(trace, window.lo, window.hi), idle["gaps"])

@@ -34,7 +34,7 @@ import math
 from itertools import accumulate
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from engine.trace.graphs import GraphReplays
 from engine.trace.tree import RUNTIME_CATS, EventTree
@@ -118,7 +118,7 @@ class _Spans:
 
 @dataclass
 class IdleCauses:
-    rows: list[list]  # CSV_COLUMNS, in gap start order
+    rows: list[list]  # CSV_COLUMNS, in gap start order (none kept when a sink took them)
     summary: dict
 
 
@@ -186,9 +186,12 @@ def _stage_table(trace: Any, lo: float, hi: float, steps: Sequence | None) -> tu
 
 
 def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs: GraphReplays | None = None,
-                       noise_floor_us: float = NOISE_FLOOR_US, steps: Sequence | None = None) -> IdleCauses:
+                       noise_floor_us: float = NOISE_FLOOR_US, steps: Sequence | None = None,
+                       sink: Callable[[list], Any] | None = None) -> IdleCauses:
     """Every device gap of ``idle_analysis(...)["gaps"]`` explained (see the module's docstring).
-    ``steps``: the trace's ``find_steps`` (found here when not given)."""
+    ``steps``: the trace's ``find_steps`` (found here when not given). ``sink`` (a csv writer's
+    ``writerow``) takes each row as it is made, so that a trace with a gap per kernel does not hold
+    them all; without one they are kept in ``rows``."""
     gaps = idle["gaps"]
     trace = tree.trace
     ts, dur, parent, pid_col, tid_col = trace.ts, trace.dur, tree.parent, trace.pid, trace.tid
@@ -205,6 +208,7 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
     step_starts, step_rest = _stage_table(trace, lo, hi, steps)
 
     rows: list[list] = []
+    emit = sink if sink is not None else rows.append
     by_cause = {c: [0, 0.0] for c in CAUSES}
     by_drain = {"sync_drain": [0, 0.0], "no_sync": [0, 0.0]}
     by_host = {h: [0, 0.0] for h in HOST_CLASSES}
@@ -252,7 +256,7 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
         stage, step = ("none", "")
         if j >= 0 and step_rest[j][0] >= t_stage:
             stage, step = step_rest[j][1], step_rest[j][2]
-        rows.append([trace.pid_of(after), trace.end_of(before), trace.ts_of(after), length, trace.name_of(before),
+        emit([trace.pid_of(after), trace.end_of(before), trace.ts_of(after), length, trace.name_of(before),
                      trace.name_of(after), cause, drain, sync_call, host_class, round(shares[0], 3),
                      round(shares[1], 3), round(shares[2], 3), round(shares[3], 3),
                      round(call, 3) if call is not None else "", round(latency, 3) if latency is not None else "",
