@@ -17,6 +17,7 @@ trace), so "peak - base" is what the analysis itself held at its peak.
 from __future__ import annotations
 
 import argparse
+import csv
 import gzip
 import json
 import subprocess
@@ -129,7 +130,8 @@ def analyse(path: Path) -> dict:
     times["gap+idle+timeline"] = time.perf_counter() - t
     t = time.perf_counter()
     graphs = graph_replays(tree, window.lo, window.hi)
-    classify_idle_gaps(tree, idle, window.lo, window.hi, graphs)
+    with tempfile.TemporaryDirectory() as d, open(Path(d) / "causes.csv", "w", newline="") as fh:
+        classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, sink=csv.writer(fh).writerow)
     run_checks(0, tree, window.lo, window.hi, aggs, idle, [], graphs, categories=("kernel", "gpu"),
                ignore=("gpu_user_annotation", "user_annotation"), min_duration_us=0.0, timeline_rows=timeline)
     times["checks+idle causes"] = time.perf_counter() - t

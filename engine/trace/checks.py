@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import compress, repeat
+from operator import add, and_, ge, le, not_
 from typing import Any, Iterable, Sequence
 
 from engine.trace.gaps import IdleGaps, KernelAgg, _matches
@@ -63,24 +65,26 @@ def _counted_streams(tree: EventTree, lo: float, hi: float, categories: Sequence
     kind, ts, dur, name, pid, tid = trace.kind, trace.ts, trace.dur, trace.name, trace.pid, trace.tid
     wanted = trace.kinds_where(lambda ph, cat: ph == "X" and _matches(cat, categories, ignore))
     gpu = trace.kinds_where(lambda ph, cat: ph == "X" and cat in GPU_CATS)
+    # Filtered with iterators (no Python step per event): in the window, then counted by the options.
+    gpu_uids = tree.gpu_uids
+    starts = list(map(ts.__getitem__, gpu_uids))
+    durs = list(map(dur.__getitem__, gpu_uids))
+    inside = list(map(and_, map(ge, map(add, starts, durs), repeat(lo)), map(le, starts, repeat(hi))))
+    in_window = list(compress(gpu_uids, inside))
+    tree_names: Counter = Counter(map(name.__getitem__, in_window))
+    keep = list(map(and_, map(wanted.__getitem__, map(kind.__getitem__, in_window)),
+                    map(ge, map(dur.__getitem__, in_window), repeat(min_duration_us))))
+    counted = list(compress(in_window, keep))
+    left = list(compress(in_window, map(not_, keep)))
+    left_out_us, left_out = math.fsum(map(dur.__getitem__, left)), len(left)
+    counted_names: Counter = Counter(map(name.__getitem__, counted))
+    largest = max(counted, key=dur.__getitem__) if counted else -1
     per_stream: dict[tuple[int, int], list[int]] = {}
-    counted_names: Counter = Counter()
-    tree_names: Counter = Counter()
-    left_out_us, left_out = 0.0, 0
-    largest = -1
-    for u in tree.gpu_uids:
-        start, d = ts[u], dur[u]
-        if start + d < lo or start > hi:
-            continue
-        tree_names[name[u]] += 1
-        if wanted[kind[u]] and d >= min_duration_us:
-            per_stream.setdefault((pid[u], tid[u]), []).append(u)
-            counted_names[name[u]] += 1
-            if largest < 0 or d > dur[largest]:
-                largest = u
-        else:
-            left_out_us += d
-            left_out += 1
+    for u, key in zip(counted, zip(map(pid.__getitem__, counted), map(tid.__getitem__, counted))):
+        group = per_stream.get(key)
+        if group is None:
+            group = per_stream[key] = []
+        group.append(u)
     others: list[int] = []
     extra = [k for k in range(len(trace.kinds)) if wanted[k] and not gpu[k]]
     if extra:  # events the options count that are no kernel, copy or memset: one more pass, for them only
@@ -109,7 +113,7 @@ def kernel_time_check(rank: Any, tree: EventTree, aggs: dict[str, KernelAgg], id
     streams = 0
     busy_total = 0.0
     for (p, t), uids in per_stream.items():
-        s_sum = math.fsum(dur[u] for u in uids)
+        s_sum = math.fsum(map(dur.__getitem__, uids))
         counted_us += s_sum
         counted_n += len(uids)
         key = (trace.ids[p], trace.ids[t])

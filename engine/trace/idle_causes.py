@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from itertools import accumulate
+from itertools import accumulate, compress, islice, repeat
+from operator import add, gt, mul, sub
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -91,9 +92,21 @@ class _Spans:
         self.cum.append(self.cum[-1] + (e - s))
         self.labels.append(label)
 
-    def finish(self) -> None:
-        """The running lengths of spans appended to ``starts`` / ``ends`` directly (merged already)."""
-        self.cum = [0.0, *accumulate(e - s for s, e in zip(self.starts, self.ends))]
+    @classmethod
+    def union(cls, starts: list[float], ends: list[float]) -> "_Spans":
+        """The union of intervals given in start order, merged with iterators (no Python loop per
+        interval): a span ends where the running maximum of the ends falls before the next start."""
+        out = cls()
+        n = len(starts)
+        if not n:
+            return out
+        reach = list(accumulate(ends, max))  # the furthest end so far
+        breaks = list(compress(range(1, n), map(gt, islice(starts, 1, None), reach)))  # a new span starts here
+        out.starts = [starts[0], *map(starts.__getitem__, breaks)]
+        out.ends = [*map(reach.__getitem__, [b - 1 for b in breaks]), reach[-1]]
+        out.cum = [0.0, *accumulate(map(sub, out.ends, out.starts))]
+        out.labels = []
+        return out
 
     def overlap(self, a: float, b: float) -> float:
         starts, ends = self.starts, self.ends
@@ -124,56 +137,35 @@ class IdleCauses:
 
 def _host_spans(tree: EventTree, threads: set[int]) -> tuple[_Spans, _Spans, _Spans, _Spans, list[str]]:
     """Unions of the given threads' launch calls, runtime calls, all host events, and sync calls.
-    One pass over the host events, the merging written out (a method call per event cost a few
-    percent of a whole analysis)."""
+    The host events are filtered and merged with iterators: a Python step per event cost a few
+    percent of a whole analysis."""
     trace = tree.trace
     kind, name, ts, dur, pid, tid = trace.kind, trace.name, trace.ts, trace.dur, trace.pid, trace.tid
     width = len(trace.ids)
     runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
     launch_name = bytearray(is_launch_call(n) for n in trace.names)
     sync_name = bytearray(is_sync_call(n) for n in trace.names)
-    launch, rt, host, sync = _Spans(), _Spans(), _Spans(), _Spans()
+    hosts = tree.host_order  # by start
+    keys = map(add, map(mul, map(pid.__getitem__, hosts), repeat(width)), map(tid.__getitem__, hosts))
+    mine = list(compress(hosts, map(threads.__contains__, keys)))
+    rt = list(compress(mine, map(runtime.__getitem__, map(kind.__getitem__, mine))))
+    launch = list(compress(rt, map(launch_name.__getitem__, map(name.__getitem__, rt))))
+
+    def spans(uids: list[int]) -> _Spans:
+        starts = list(map(ts.__getitem__, uids))
+        return _Spans.union(starts, list(map(add, starts, map(dur.__getitem__, uids))))
+
+    sync = _Spans()
     sync_labels: list[str] = []
     label_of: dict[int, int] = {}
-    hs, he, rs, re_, ls, le = host.starts, host.ends, rt.starts, rt.ends, launch.starts, launch.ends
-    h_end = r_end = l_end = float("-inf")
-    one = next(iter(threads)) if len(threads) == 1 else None
-    for u in tree.host_order:  # by start
-        if (pid[u] * width + tid[u] != one) if one is not None else (pid[u] * width + tid[u] not in threads):
-            continue
-        s = ts[u]
-        e = s + dur[u]
-        if s > h_end:
-            hs.append(s)
-            he.append(e)
-            h_end = e
-        elif e > h_end:
-            he[-1] = h_end = e
-        if not runtime[kind[u]]:
-            continue
-        if s > r_end:
-            rs.append(s)
-            re_.append(e)
-            r_end = e
-        elif e > r_end:
-            re_[-1] = r_end = e
+    for u in compress(rt, map(sync_name.__getitem__, map(name.__getitem__, rt))):
         n = name[u]
-        if launch_name[n]:
-            if s > l_end:
-                ls.append(s)
-                le.append(e)
-                l_end = e
-            elif e > l_end:
-                le[-1] = l_end = e
-        elif sync_name[n]:
-            lab = label_of.get(n)
-            if lab is None:
-                lab = label_of[n] = len(sync_labels)
-                sync_labels.append(trace.names[n])
-            sync.add(s, e, lab)
-    for spans in (launch, rt, host):
-        spans.finish()
-    return launch, rt, host, sync, sync_labels
+        lab = label_of.get(n)
+        if lab is None:
+            lab = label_of[n] = len(sync_labels)
+            sync_labels.append(trace.names[n])
+        sync.add(ts[u], ts[u] + dur[u], lab)
+    return spans(launch), spans(rt), spans(mine), sync, sync_labels
 
 
 def _stage_table(trace: Any, lo: float, hi: float, steps: Sequence | None) -> tuple[list[float], list[tuple]]:
@@ -203,7 +195,7 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
         p = parent[g]
         if p >= 0:
             threads.setdefault(pid_col[g], set()).add(pid_col[p] * width + tid_col[p])
-    spans = {dev: _host_spans(tree, th) for dev, th in threads.items()}
+    spans: dict[Any, tuple] = {}  # a device's host spans, made when its first gap above the floor needs them
     empty = (_Spans(), _Spans(), _Spans(), _Spans(), [])
     step_starts, step_rest = _stage_table(trace, lo, hi, steps)
 
@@ -225,7 +217,10 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
             continue
         before, after = gaps.before[i], gaps.after[i]
         dev = pid_col[after]
-        launch, rt, host, sync, sync_labels = spans.get(dev, empty)
+        got = spans.get(dev)
+        if got is None:
+            got = spans[dev] = _host_spans(tree, threads[dev]) if dev in threads else empty
+        launch, rt, host, sync, sync_labels = got
         inside_graph = graphs.excluded_overlap(trace.pid_of(after), s, e) if graphs is not None else 0.0
         k = sync.containing(s, SYNC_SLACK_US)
         drain = "sync_drain" if k >= 0 and sync.starts[k] <= s else "no_sync"

@@ -406,3 +406,21 @@ def test_profiler_steps_are_checked_without_inference_annotations(tmp_path):
     s = checks["steps_with_gpu_work"]
     assert s["status"] == "failed" and "7 of 8 steps have no GPU event" in s["warning"]
     assert report["gap_analysis"]["idle"]["0"]["steps"] == 0  # the step tables stay those of inference steps
+
+
+def test_span_union_merges_as_one_interval_at_a_time_would():
+    import random
+
+    from engine.trace.idle_causes import _Spans
+    rng = random.Random(7)
+    for _ in range(200):
+        ivs = sorted((s, s + rng.choice([0.0, 0.5, 1, 3, 10])) for s in (rng.uniform(0, 50) for _ in range(rng.randint(0, 30))))
+        one = _Spans()
+        for s, e in ivs:
+            one.add(s, e)
+        fast = _Spans.union([s for s, _ in ivs], [e for _, e in ivs])
+        assert (fast.starts, fast.ends) == (one.starts, one.ends)
+        assert fast.cum == pytest.approx(one.cum)
+        for a, b in ((rng.uniform(-5, 55), rng.uniform(-5, 55)) for _ in range(5)):
+            a, b = min(a, b), max(a, b)
+            assert fast.overlap(a, b) == pytest.approx(one.overlap(a, b))
