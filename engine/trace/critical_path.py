@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from itertools import compress, islice, repeat
+from operator import add, eq, mul
 from typing import Any, Sequence
 
 from engine.trace.idle_causes import _Spans, is_launch_call, is_sync_call
@@ -36,32 +38,26 @@ _SEGMENTS = ("gpu_us", "gpu_wait_us", "launch_latency_us", "host_launch_us", "ho
 
 
 class _Thread:
-    """One host thread: its runtime calls by start, its launch-call spans, its sync calls by end."""
+    """One host thread: its runtime calls by start, its launch-call spans, its sync calls by end.
+    Filtered with iterators, not a Python step per host event."""
 
     def __init__(self, tree: EventTree, key: int) -> None:
         trace = tree.trace
         kind, name, ts, dur, pid, tid = trace.kind, trace.name, trace.ts, trace.dur, trace.pid, trace.tid
         width = len(trace.ids)
         runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
-        launch_name: dict[int, bool] = {}
-        sync_name: dict[int, bool] = {}
-        self.calls: list[int] = []  # runtime calls by start
-        self.launch = _Spans()
-        syncs: list[tuple[float, float]] = []
-        for u in tree.host_order:
-            if not runtime[kind[u]] or pid[u] * width + tid[u] != key:
-                continue
-            self.calls.append(u)
-            n = name[u]
-            if n not in launch_name:
-                launch_name[n] = is_launch_call(trace.names[n])
-                sync_name[n] = is_sync_call(trace.names[n])
-            if launch_name[n]:
-                self.launch.add(ts[u], ts[u] + dur[u])
-            elif sync_name[n]:
-                syncs.append((ts[u] + dur[u], ts[u]))
-        syncs.sort()
-        self.call_starts = [ts[u] for u in self.calls]
+        launch_name = bytearray(is_launch_call(n) for n in trace.names)
+        sync_name = bytearray(is_sync_call(n) for n in trace.names)
+        hosts = tree.host_order
+        calls = list(compress(hosts, map(runtime.__getitem__, map(kind.__getitem__, hosts))))
+        keys = map(add, map(mul, map(pid.__getitem__, calls), repeat(width)), map(tid.__getitem__, calls))
+        self.calls: list[int] = list(compress(calls, map(eq, keys, repeat(key))))  # by start
+        self.call_starts = list(map(ts.__getitem__, self.calls))
+        launches = list(compress(self.calls, map(launch_name.__getitem__, map(name.__getitem__, self.calls))))
+        starts = list(map(ts.__getitem__, launches))
+        self.launch = _Spans.union(starts, list(map(add, starts, map(dur.__getitem__, launches))))
+        syncs = sorted((ts[u] + dur[u], ts[u]) for u in
+                       compress(self.calls, map(sync_name.__getitem__, map(name.__getitem__, self.calls))))
         self.sync_ends = [e for e, _ in syncs]
         self.sync_starts = [s for _, s in syncs]
 
@@ -80,11 +76,12 @@ class CriticalPaths:
         self.prev: dict[int, int] = {}
         for uids in by_stream.values():
             uids.sort(key=ts.__getitem__)
-            for a, b in zip(uids, uids[1:]):
-                self.prev[b] = a
-        ends = sorted((ts[g] + dur[g], g) for g in tree.gpu_uids)
-        self.end_times = [e for e, _ in ends]
-        self.end_uids = [g for _, g in ends]
+            self.prev.update(zip(islice(uids, 1, None), uids))
+        gpu = tree.gpu_uids
+        ends = list(map(add, map(ts.__getitem__, gpu), map(dur.__getitem__, gpu)))
+        order = sorted(range(len(gpu)), key=ends.__getitem__)
+        self.end_times = list(map(ends.__getitem__, order))
+        self.end_uids = list(map(gpu.__getitem__, order))
         self.threads: dict[int, _Thread] = {}
 
     def thread(self, key: int) -> _Thread:
