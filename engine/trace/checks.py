@@ -339,6 +339,19 @@ def tracelens_report_check(rank: Any, label: str, tables: dict, tree: EventTree 
                         f"{_us(floor)} of computation and copies: {_us(floor - kernel_us)} of GPU work is in no "
                         f"op of the report (kernels no op row accounts for, or op rows whose kernel time the "
                         f"report left out, as for a GEMM recorded without its input shapes)")
+    if tree is not None:  # graph replays of this report's trace whose kernels are missing: its idle is not idle
+        from engine.trace.gaps import idle_analysis, trace_window
+        from engine.trace.graphs import graph_replays
+        window = trace_window(tree.trace)
+        graphs = graph_replays(tree, window.lo, window.hi)
+        if graphs.missing:
+            excluded = excluded_idle_us(idle_analysis(tree, window)["gaps"], graphs)
+            idle_us = times.get("idle_time", 0.0)
+            numbers.update(graph_launches=graphs.launches, graph_replays_missing=graphs.missing,
+                           timeline_idle_us=idle_us, idle_inside_unrecorded_graph_replays_us=excluded)
+            problems.append(f"{graphs.missing} of {graphs.launches} graph replays in this report's trace have no GPU "
+                            f"event (or fewer nodes than their graph): its GPU timeline's idle {_us(idle_us)} holds "
+                            f"{_us(excluded)} inside them, which is not idle")
     ks = tables.get("kernel_summary")
     if ks is not None and tree is not None:
         report_counts: Counter = Counter()

@@ -28,7 +28,10 @@ def test_cli_prints_a_failed_check_and_the_idle_causes(tmp_path):
            in out
     ws = only_workspace(tmp_path / "out")
     report = json.loads((ws / "trace_analysis_report.json").read_text())
-    assert report["trace_checks"]["passed"] is False and len(report["trace_checks"]["warnings"]) == 1
+    assert report["trace_checks"]["passed"] is False
+    assert [w.split(":")[1].strip() for w in report["trace_checks"]["warnings"]] == ["graph_replays",
+                                                                                   "tracelens_report (pytorch)"]
+    assert "WARNING trace check tracelens_report (pytorch) (rank 0): 1 of 3 graph replays in this report's trace" in out
     assert (ws / "gap_analysis" / "gpu_idle_causes_rank0.csv").is_file()
     assert str(ws / "gap_analysis" / "gpu_idle_causes_rank0.csv") in report["gap_analysis"]["output_files"]
     assert "WARNING trace check graph_replays" in (ws / "trace_analysis_summary.txt").read_text()

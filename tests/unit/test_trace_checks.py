@@ -424,3 +424,14 @@ def test_span_union_merges_as_one_interval_at_a_time_would():
         for a, b in ((rng.uniform(-5, 55), rng.uniform(-5, 55)) for _ in range(5)):
             a, b = min(a, b), max(a, b)
             assert fast.overlap(a, b) == pytest.approx(one.overlap(a, b))
+
+
+def test_tracelens_timeline_idle_inside_unrecorded_graph_replays_is_flagged(tmp_path):
+    """TraceLens issue 728: the report's GPU timeline shows idle where a graph replay ran unrecorded."""
+    ws = Workspace.create(tmp_path / "out", "trace", "t")
+    result = run_trace_analysis(_graph_trace(second_recorded=False).write(tmp_path / "g.json"),
+                                TraceAnalysisOptions(gpu_arch=str(GOLDEN / "arch" / "H200.json")), ws)
+    c = {c["check"]: c for c in result.report["trace_checks"]["checks"]}["tracelens_report (pytorch)"]
+    assert c["status"] == "failed"
+    assert c["numbers"]["timeline_idle_us"] == 182.0 and c["numbers"]["idle_inside_unrecorded_graph_replays_us"] == 180.0
+    assert "its GPU timeline's idle 182.0 us holds 180.0 us inside them" in c["warning"]
