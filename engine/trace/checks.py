@@ -342,10 +342,9 @@ def tracelens_report_check(rank: Any, label: str, tables: dict, tree: EventTree 
     if tree is not None:  # graph replays of this report's trace whose kernels are missing: its idle is not idle
         from engine.trace.gaps import idle_analysis, trace_window
         from engine.trace.graphs import graph_replays
-        window = trace_window(tree.trace)
-        graphs = graph_replays(tree, window.lo, window.hi)
+        graphs = graph_replays(tree, float("-inf"), float("inf"))  # no pass over the events without graphs
         if graphs.missing:
-            excluded = excluded_idle_us(idle_analysis(tree, window)["gaps"], graphs)
+            excluded = excluded_idle_us(idle_analysis(tree, trace_window(tree.trace))["gaps"], graphs)
             idle_us = times.get("idle_time", 0.0)
             numbers.update(graph_launches=graphs.launches, graph_replays_missing=graphs.missing,
                            timeline_idle_us=idle_us, idle_inside_unrecorded_graph_replays_us=excluded)
