@@ -169,7 +169,9 @@ class LlamaModel(nn.Module):
         self._annotated: Kernels | None = None
         self._tracked: Kernels | None = None
         with torch.device("meta"):  # shapes only; the seeded init below fills them on the device
-            self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+            # _weight: no reset_parameters on meta, whose normal_ imports torch._dynamo (~1.8 s of CPU).
+            self.embed = nn.Embedding(config.vocab_size, config.hidden_size,
+                                      _weight=torch.empty(config.vocab_size, config.hidden_size))
             self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
             self.final_norm = nn.Parameter(torch.ones(config.hidden_size))
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
