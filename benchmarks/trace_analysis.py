@@ -133,7 +133,8 @@ def analyse(path: Path) -> dict:
     with tempfile.TemporaryDirectory() as d, open(Path(d) / "causes.csv", "w", newline="") as fh:
         classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, sink=csv.writer(fh).writerow)
     run_checks(0, tree, window.lo, window.hi, aggs, idle, [], graphs, categories=("kernel", "gpu"),
-               ignore=("gpu_user_annotation", "user_annotation"), min_duration_us=0.0, timeline_rows=timeline)
+               ignore=("gpu_user_annotation", "user_annotation"), min_duration_us=0.0, timeline_rows=timeline,
+               whole=True)
     times["checks+idle causes"] = time.perf_counter() - t
     t = time.perf_counter()
     tables = pytorch_report(tree, resolve_arch("H200", trace))

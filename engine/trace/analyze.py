@@ -278,7 +278,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
         rank_checks, excluded_by_rank[rank] = run_checks(
             rank, tree, window.lo, window.hi, per_rank[rank], idle, check_steps, graphs, categories=opts.categories,
             ignore=opts.ignore_categories, min_duration_us=opts.min_duration_us,
-            timeline_rows=timeline_rows if is_rank0 else None)
+            timeline_rows=timeline_rows if is_rank0 else None, whole=opts.start_pct == 0 and opts.end_pct == 100)
         checks += rank_checks
         path_rows = critical_path.step_critical_paths(tree, found_steps, window.lo, window.hi) \
             if len(tree.gpu_uids) else []  # a CPU-only run's steps: the host's alone

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from itertools import compress, repeat
-from operator import add, and_, ge, le, not_
+from operator import add, and_, eq, ge, le, lt, mul, not_
 from typing import Any, Iterable, Sequence
 
 from engine.trace.gaps import IdleGaps, KernelAgg, _matches
@@ -56,35 +56,47 @@ def _us(v: float) -> str:
 
 
 def _counted_streams(tree: EventTree, lo: float, hi: float, categories: Sequence[str], ignore: Sequence[str],
-                     min_duration_us: float) -> tuple[dict, list[int], Counter, Counter, list[int], float, int]:
+                     min_duration_us: float, whole: bool = False
+                     ) -> tuple[dict, list[int], Counter, Counter, list[int], float, int]:
     """The GPU events of the window as the gap analysis counts them: per stream (their uids), the
     other events the options count (no kernel, copy or memset: on no GPU stream), per name (counted,
     and all GPU events of the window), the largest event, the time and number of GPU events left out
-    by the options."""
+    by the options. ``whole``: the window is the whole trace (nothing to filter)."""
     trace = tree.trace
     kind, ts, dur, name, pid, tid = trace.kind, trace.ts, trace.dur, trace.name, trace.pid, trace.tid
     wanted = trace.kinds_where(lambda ph, cat: ph == "X" and _matches(cat, categories, ignore))
     gpu = trace.kinds_where(lambda ph, cat: ph == "X" and cat in GPU_CATS)
-    # Filtered with iterators (no Python step per event): in the window, then counted by the options.
+    # Filtered with iterators (no Python step per event): in the window, then counted by the options;
+    # the usual case (the whole trace, every GPU event counted) skips both filters.
     gpu_uids = tree.gpu_uids
-    starts = list(map(ts.__getitem__, gpu_uids))
-    durs = list(map(dur.__getitem__, gpu_uids))
-    inside = list(map(and_, map(ge, map(add, starts, durs), repeat(lo)), map(le, starts, repeat(hi))))
-    in_window = list(compress(gpu_uids, inside))
+    if whole:
+        in_window = gpu_uids
+    else:
+        starts = list(map(ts.__getitem__, gpu_uids))
+        inside = map(and_, map(ge, map(add, starts, map(dur.__getitem__, gpu_uids)), repeat(lo)),
+                     map(le, starts, repeat(hi)))
+        in_window = list(compress(gpu_uids, inside))
     tree_names: Counter = Counter(map(name.__getitem__, in_window))
-    keep = list(map(and_, map(wanted.__getitem__, map(kind.__getitem__, in_window)),
-                    map(ge, map(dur.__getitem__, in_window), repeat(min_duration_us))))
-    counted = list(compress(in_window, keep))
-    left = list(compress(in_window, map(not_, keep)))
+    if min_duration_us <= 0 and all(wanted[k] for k in range(len(trace.kinds)) if gpu[k]):
+        counted, left, counted_names = in_window, [], tree_names
+    else:
+        keep = list(map(and_, map(wanted.__getitem__, map(kind.__getitem__, in_window)),
+                        map(ge, map(dur.__getitem__, in_window), repeat(min_duration_us))))
+        counted = list(compress(in_window, keep))
+        left = list(compress(in_window, map(not_, keep)))
+        counted_names = Counter(map(name.__getitem__, counted))
     left_out_us, left_out = math.fsum(map(dur.__getitem__, left)), len(left)
-    counted_names: Counter = Counter(map(name.__getitem__, counted))
-    largest = max(counted, key=dur.__getitem__) if counted else -1
+    largest = max(counted, key=dur.__getitem__) if len(counted) else -1
+    width = len(trace.ids)
+    keys = list(map(add, map(mul, map(pid.__getitem__, counted), repeat(width)), map(tid.__getitem__, counted)))
+    streams = set(keys)
     per_stream: dict[tuple[int, int], list[int]] = {}
-    for u, key in zip(counted, zip(map(pid.__getitem__, counted), map(tid.__getitem__, counted))):
-        group = per_stream.get(key)
-        if group is None:
-            group = per_stream[key] = []
-        group.append(u)
+    if len(streams) <= 16:  # a pass with iterators per stream
+        for key in streams:
+            per_stream[divmod(key, width)] = list(compress(counted, map(eq, keys, repeat(key))))
+    else:
+        for u, key in zip(counted, keys):
+            per_stream.setdefault(divmod(key, width), []).append(u)
     others: list[int] = []
     extra = [k for k in range(len(trace.kinds)) if wanted[k] and not gpu[k]]
     if extra:  # events the options count that are no kernel, copy or memset: one more pass, for them only
@@ -150,7 +162,7 @@ def kernel_time_check(rank: Any, tree: EventTree, aggs: dict[str, KernelAgg], id
         compared += f"; {left_out} GPU events ({_us(left_out_us)}) left out by the options (categories, min duration)"
     if timeline_rows:
         tl = {row[0]: row[1] * 1000.0 for row in timeline_rows}
-        unlinked = [g for g in tree.gpu_uids if tree.parent[g] < 0]
+        unlinked = list(compress(tree.gpu_uids, map(lt, map(tree.parent.__getitem__, tree.gpu_uids), repeat(0))))
         numbers["timeline_busy_us"] = tl.get("busy_time", 0.0)
         numbers["unlinked_gpu_events"] = len(unlinked)
         if unlinked:
@@ -272,12 +284,14 @@ def profiler_steps(trace: Any, lo: float, hi: float) -> list[tuple[str, float, f
 
 def run_checks(rank: Any, tree: EventTree, lo: float, hi: float, aggs: dict[str, KernelAgg], idle: dict,
                steps: Sequence[dict], graphs: GraphReplays, *, categories: Sequence[str], ignore: Sequence[str],
-               min_duration_us: float, timeline_rows: Sequence | None = None) -> tuple[list[dict], float]:
-    """The four checks of one rank, and the idle time excluded as inside missing graph replays."""
+               min_duration_us: float, timeline_rows: Sequence | None = None, whole: bool = False
+               ) -> tuple[list[dict], float]:
+    """The four checks of one rank, and the idle time excluded as inside missing graph replays.
+    ``whole``: the window [lo, hi] is the whole trace."""
     if not len(tree.gpu_uids):
         return _without_gpu_events(rank, tree, steps, graphs, idle), 0.0
     per_stream, others, counted_names, tree_names, largest, left_us, left_n = _counted_streams(
-        tree, lo, hi, categories, ignore, min_duration_us)
+        tree, lo, hi, categories, ignore, min_duration_us, whole)
     excluded = excluded_idle_us(idle["gaps"], graphs)
     report_us = math.fsum(a.total for a in aggs.values())
     return [kernel_time_check(rank, tree, aggs, idle, per_stream, others, left_us, left_n, timeline_rows),

@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import math
 from itertools import accumulate, compress, islice, repeat
-from operator import add, gt, mul, sub
+from operator import add, ge, gt, mul, not_, sub
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -189,15 +189,26 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
     ts, dur, parent, pid_col, tid_col = trace.ts, trace.dur, tree.parent, trace.pid, trace.tid
     width = len(trace.ids)
     runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
-    # The launching threads of each device: those whose launches put GPU work on it.
-    threads: dict[Any, set[int]] = {}
-    for g in tree.gpu_uids:
-        p = parent[g]
-        if p >= 0:
-            threads.setdefault(pid_col[g], set()).add(pid_col[p] * width + tid_col[p])
+    # Most gaps of a GPU-bound trace are under the floor: they are counted with iterators, and what
+    # only the others need (launching threads, host spans, steps) is made only when there are some.
+    lengths = list(map(sub, gaps.end, gaps.start))
+    above = list(map(ge, lengths, repeat(noise_floor_us)))
+    below = [len(lengths) - sum(above), math.fsum(compress(lengths, map(not_, above)))]
+    order = sorted(compress(range(len(lengths)), above), key=gaps.start.__getitem__)
+    threads: dict[Any, set[int]] = {}  # the launching threads of each device: their launches put GPU work on it
+    step_starts: list[float] = []
+    step_rest: list[tuple] = []
+    if order:
+        gpu = tree.gpu_uids
+        linked = list(compress(gpu, map(ge, map(parent.__getitem__, gpu), repeat(0))))
+        launchers = list(map(parent.__getitem__, linked))
+        for dev, key in set(zip(map(pid_col.__getitem__, linked),
+                                map(add, map(mul, map(pid_col.__getitem__, launchers), repeat(width)),
+                                    map(tid_col.__getitem__, launchers)))):
+            threads.setdefault(dev, set()).add(key)
+        step_starts, step_rest = _stage_table(trace, lo, hi, steps)
     spans: dict[Any, tuple] = {}  # a device's host spans, made when its first gap above the floor needs them
     empty = (_Spans(), _Spans(), _Spans(), _Spans(), [])
-    step_starts, step_rest = _stage_table(trace, lo, hi, steps)
 
     rows: list[list] = []
     emit = sink if sink is not None else rows.append
@@ -205,16 +216,10 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
     by_drain = {"sync_drain": [0, 0.0], "no_sync": [0, 0.0]}
     by_host = {h: [0, 0.0] for h in HOST_CLASSES}
     by_stage: dict[str, dict[str, float]] = {}
-    below = [0, 0.0]
     excluded_us = 0.0
-    order = sorted(range(len(gaps)), key=gaps.start.__getitem__)
     for i in order:
         s, e = gaps.start[i], gaps.end[i]
-        length = e - s
-        if length < noise_floor_us:
-            below[0] += 1
-            below[1] += length
-            continue
+        length = lengths[i]
         before, after = gaps.before[i], gaps.after[i]
         dev = pid_col[after]
         got = spans.get(dev)
