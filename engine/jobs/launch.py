@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from engine.config.overrides import OVERRIDES, BenchmarkOverrides
 from engine.config.yamlfile import ConfigError
-from engine.jobs.requests import BenchmarkRequest, KernelRequest, LoopRequest, TraceRequest
+from engine.jobs.requests import BenchmarkRequest, KernelRequest, LoopRequest, TraceDiffRequest, TraceRequest
 
 MODES = ("analyze", "compare", "benchmark", "optimize")
 
@@ -133,6 +133,9 @@ def command_line(request: Request, output_dir: Union[Path, str, None], python: s
             + [request.mode] + _benchmark_args(request, output)
     if isinstance(request, LoopRequest):
         return head + [request.mode] + _loop_args(request, output)
+    if isinstance(request, TraceDiffRequest):
+        return head + ["benchmark", "--trace-diff", str(Path(request.a).resolve()), str(Path(request.b).resolve()),
+                       "--top-k", str(request.top_k)] + _options((("--gpu-arch", request.gpu_arch),)) + ["-o", output]
     raise _unknown_mode(getattr(request, "mode", request))
 
 

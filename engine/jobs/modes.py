@@ -281,8 +281,8 @@ def run_trace_diff(request: Any, output_dir: Union[Path, str, None] = None, *,
                                               "gpu_arch": request.gpu_arch, "warnings": prepared.warnings},
            mode="trace_diff", target=f"{a} {b}")
     started = time.perf_counter()
-    base: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "mode": "trace_diff", "a": a, "b": b,
-                            "warnings": prepared.warnings}
+    base: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "mode": "trace_diff", "a": {"path": a},
+                            "b": {"path": b}, "warnings": prepared.warnings}
     code, state, error = EXIT_OK, "completed", None
     report: dict[str, Any] = {}
     try:

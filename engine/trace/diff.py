@@ -17,9 +17,10 @@ and sums:
   % of roofline = roofline time / kernel time; only for ops with a model, and with an arch (from
   ``--gpu-arch`` or the trace's ``deviceProperties``) for the last.
 * **CPU-only trace** (no GPU events: the built-in server on a CPU): there is no device timeline.
-  An *op* is a top-level ``cpu_op`` (CPU time, its whole duration); a *kernel* is a leaf
-  ``cpu_op`` (no ``cpu_op`` inside it: the call that does the work), with its duration. Shares are
-  of the summed top-level (ops) or leaf (kernels) CPU time. No roofline.
+  An *op* is a top-level ``cpu_op`` (CPU time, its whole duration); a *kernel* is every ``cpu_op``
+  with its self time (its duration less the ``cpu_op`` calls directly inside it: where the work
+  is done, as the profiler's "self CPU" column). Shares are of the summed top-level time (ops) or
+  self time (kernels). No roofline.
 
 Rows are keyed by (name, call site), so the same op name called from two places stays two rows.
 ``diff_profiles`` matches the keys of A and B: rows in both (with A, B, delta and delta %), rows
@@ -102,6 +103,10 @@ class TraceProfile:
     arch: Optional[str] = None
     roofline: bool = False  # whether any op had a perf model (the roofline columns mean something)
     elapsed_s: float = 0.0
+    # Events counted by name for ``profile_trace(..., watch=)``: label -> count; and whether the
+    # trace recorded Python frames (``python_function`` events, ``with_stack``).
+    watched: dict[str, int] = field(default_factory=dict)
+    python_stacks: bool = False
 
 
 class CallSites:
@@ -198,9 +203,12 @@ class CallSites:
 
 
 def profile_trace(path: Path | str, arch: Any = None, cancel: Any = None,
-                  trace: Optional[Trace] = None) -> TraceProfile:
+                  trace: Optional[Trace] = None, watch: Optional[Callable[[str], Optional[str]]] = None
+                  ) -> TraceProfile:
     """One trace's ops and kernels by (name, call site). ``arch``: a ``--gpu-arch`` value (name or
-    JSON file) or an arch dict; None: from the trace's ``deviceProperties`` when known."""
+    JSON file) or an arch dict; None: from the trace's ``deviceProperties`` when known.
+    ``watch``: given each distinct event name, a label to count its events under (None: not
+    counted); the counts land in ``watched`` (an annotation's calls, a Python function's frames)."""
     t0 = time.perf_counter()
     trace = trace if trace is not None else load_trace(path, cancel)
     if not len(trace.kind):
@@ -211,8 +219,7 @@ def profile_trace(path: Path | str, arch: Any = None, cancel: Any = None,
     try:
         tree = build_tree(trace)
         sites = CallSites(trace, tree)
-        linked = any(tree.parent[g] >= 0 for g in tree.gpu_uids)
-        if linked:
+        if len(tree.gpu_uids):  # GPU events, linked to their launches or not
             prof = _gpu_profile(trace, tree, sites, arch)
         else:
             prof = _cpu_profile(trace, tree, sites)
@@ -220,8 +227,25 @@ def profile_trace(path: Path | str, arch: Any = None, cancel: Any = None,
         if was:
             gc.enable()
     prof.path, prof.events = str(path), len(trace.kind)
+    prof.python_stacks = any(cat == "python_function" for _, cat in trace.kinds)
+    if watch is not None:
+        prof.watched = _count_names(trace, watch)
     prof.elapsed_s = round(time.perf_counter() - t0, 3)
     return prof
+
+
+def _count_names(trace: Trace, watch: Callable[[str], Optional[str]]) -> dict[str, int]:
+    """Host events (not the GPU-side copies of annotations) counted by the label ``watch`` gives their name."""
+    labels = {i: lab for i, n in enumerate(trace.names) if (lab := watch(n)) is not None}
+    out = dict.fromkeys(labels.values(), 0)
+    if labels:
+        host = trace.kinds_where(lambda ph, cat: ph == "X" and not cat.startswith("gpu_"))
+        kind = trace.kind
+        for uid, i in enumerate(trace.name):
+            lab = labels.get(i)
+            if lab is not None and host[kind[uid]]:
+                out[lab] += 1
+    return out
 
 
 def _launcher(trace: Trace, tree: EventTree, g: int, cpu_op: bytearray, execute: int) -> int:
@@ -329,26 +353,28 @@ def _add_roofline(rep: Any, op: int, row: Row) -> bool:
 def _cpu_profile(trace: Trace, tree: EventTree, sites: CallSites) -> TraceProfile:
     kind, dur, parent, site = trace.kind, trace.dur, tree.parent, sites.site
     cpu_op = trace.kinds_where(lambda ph, cat: cat == "cpu_op")
-    has_op_child = bytearray(len(kind))
-    for uid in tree.preorder:
+    ops_uids = [u for u in tree.preorder if cpu_op[kind[u]]]
+    inner = {}  # op uid -> the summed durations of the ops directly inside it
+    for uid in ops_uids:
         p = parent[uid]
-        if p >= 0 and cpu_op[kind[uid]]:
-            has_op_child[p] = 1
+        if p >= 0:
+            inner[p] = inner.get(p, 0.0) + dur[uid]
 
-    def rows(uids: Any) -> tuple[dict[Key, Row], float]:
+    def rows(pairs: Any) -> tuple[dict[Key, Row], float]:
         by_site: dict[int, Row] = {}
         total = 0.0
-        for uid in uids:
+        for uid, us in pairs:
             r = by_site.get(site[uid])
             if r is None:
                 r = by_site[site[uid]] = Row()
-            r.time_us += dur[uid]
+            r.time_us += us
             r.calls += 1
-            total += dur[uid]
+            total += us
         return {sites.key(s): r for s, r in by_site.items()}, total
 
-    ops, ops_total = rows(tree.roots)  # the top-level ops: CPU time, their whole duration
-    kernels, k_total = rows(u for u in tree.preorder if cpu_op[kind[u]] and not has_op_child[u])
+    ops, ops_total = rows((u, dur[u]) for u in tree.roots)  # the top-level ops: their whole duration
+    # A "kernel" on the CPU: an op's self time (its duration less the ops inside it), where the work is.
+    kernels, k_total = rows((u, max(0.0, dur[u] - inner.get(u, 0.0))) for u in ops_uids)
     return TraceProfile(path="", events=0, basis="cpu", ops=ops, kernels=kernels, ops_total_us=ops_total,
                         kernels_total_us=k_total)
 
