@@ -38,7 +38,8 @@ from pydantic import (
 __all__ = ["Number", "Metric", "FieldChange", "BenchmarkStepResult", "ProfiledResult", "TopReplaceable",
            "BottlenecksResult", "HarnessShape", "HarnessRow", "HarnessResult", "CandidateRow", "LeftOutCandidate",
            "CandidatesResult", "IntegrateResult", "KernelAfter", "TopAfter", "InterleavedRound", "RebenchmarkResult",
-           "KernelGain", "EndToEndRow", "VerdictCheck", "VerdictResult", "StepResult", "StepResultT", "RESULT_MODELS",
+           "KernelGain", "EndToEndRow", "VerdictCheck", "TraceMover", "TraceDiffSummary", "KernelCalls", "Engagement",
+           "VerdictResult", "StepResult", "StepResultT", "RESULT_MODELS",
            "step_result", "written_result"]
 
 _STRICT = "loop_result_write"  # the validation context key of the strict (writing) path
@@ -338,6 +339,60 @@ class VerdictCheck(_Lenient):
     detail: Optional[Text] = None
 
 
+class TraceMover(_Lenient):
+    """One row of the trace diff (engine.trace.diff): an op or kernel at its call site, before
+    (the profiled baseline) and after (the profiled run with the winner)."""
+    name: Optional[Text] = None
+    stack: Annotated[list[Text], Items] = []
+    status: Optional[Text] = None  # both, only_a (before only), only_b (after only)
+    before_us: Optional[Number] = None
+    after_us: Optional[Number] = None
+    delta_us: Optional[Number] = None
+    delta_pct: Optional[Number] = None
+    calls_before: Optional[Count] = None
+    calls_after: Optional[Count] = None
+
+
+class TraceDiffSummary(_Lenient):
+    """The profiled baseline's trace against the profiled run's after integration: the largest
+    movers (the whole diff is in ``report``, with its CSVs beside it)."""
+    report: Optional[Text] = None  # trace_diff_report.json, relative to the loop folder
+    before: Optional[Text] = None  # the traces, relative to the loop folder
+    after: Optional[Text] = None
+    basis: Optional[Text] = None  # gpu (GPU-event time) or cpu (CPU time of the ops)
+    total_before_us: Optional[Number] = None
+    total_after_us: Optional[Number] = None
+    total_delta_pct: Optional[Number] = None
+    top_ops: Annotated[list[TraceMover], Items] = []
+    top_kernels: Annotated[list[TraceMover], Items] = []
+    kernels_only_before: Optional[Count] = None
+    kernels_only_after: Optional[Count] = None
+    error: Optional[Text] = None  # why there is no diff
+
+
+class KernelCalls(_Lenient):
+    name: Optional[Text] = None  # the kernel (on a CPU: the leaf op) with its path below the op's call site
+    calls: Optional[Count] = None
+
+
+class Engagement(_Lenient):
+    """Proof that the winner ran in the profiled run after integration: the kernels under the op's
+    call site (``magpie_kernel::<op>``) after and before, and the winner's function among the
+    trace's Python frames."""
+    ok: Optional[Flag] = None
+    op: Optional[Text] = None
+    winner: Optional[Text] = None
+    function: Optional[Text] = None  # the winner's function as its Python frames name it (file: function)
+    annotation: Optional[Text] = None
+    calls_before: Optional[Count] = None  # calls of the op (its annotation spans)
+    calls_after: Optional[Count] = None
+    kernels_before: Annotated[list[KernelCalls], Items] = []
+    kernels_after: Annotated[list[KernelCalls], Items] = []
+    winner_frames_before: Optional[Count] = None  # None: the trace has no Python frames
+    winner_frames_after: Optional[Count] = None
+    detail: Optional[Text] = None
+
+
 class VerdictResult(_Lenient):
     success: Optional[Flag] = None
     regression: Optional[Flag] = None
@@ -353,8 +408,12 @@ class VerdictResult(_Lenient):
     # The largest end-to-end throughput gain (%) the kernel's share of the profiled time and its
     # speedup (the interval's upper end) allow by Amdahl's law; None when either is unknown.
     gain_bound_pct: Optional[Number] = None
+    # The profiled traces before and after integration compared (engine.trace.diff), and whether
+    # the winner's own kernels ran in the one after (a check of its own too: "winner engaged").
+    trace_diff: Optional[TraceDiffSummary] = None
+    engagement: Optional[Engagement] = None
 
-    _kernel_is_an_object = _object_or_unset("kernel", "kernel_after", "drift")
+    _kernel_is_an_object = _object_or_unset("kernel", "kernel_after", "drift", "trace_diff", "engagement")
 
     @property
     def decided(self) -> bool:

@@ -27,6 +27,7 @@ from engine.loop.results import (
     IntegrateResult,
     InterleavedRound,
     KernelGain,
+    ProfiledResult,
     RebenchmarkResult,
     VerdictCheck,
     VerdictResult,
@@ -147,11 +148,15 @@ def _verdict(loop: "Loop") -> VerdictResult:
     share = harness.row.share_pct if harness.row is not None else None
     bound = gain_bound_pct(share, kernel.ci95[1] if kernel.ci95 else kernel.speedup)
     plausible = _plausibility(primary, bound, share, kernel)
-    checks = _checks(loop, base, new, rows) + [plausible]
+    trace_diff, engaged = _trace_evidence(loop, cand)
+    checks = _checks(loop, base, new, rows) + [plausible, VerdictCheck(name="winner engaged", ok=engaged.ok,
+                                                                       detail=engaged.detail)]
     success = all(c.ok for c in checks)
     regression = primary is not None and primary.verdict == "worse"
     top = after.top_after
-    if success:
+    if not engaged.ok:
+        message = f"NOT ENGAGED: {engaged.detail}"
+    elif success:
         message = (f"kernels.{kernel.op} = {kernel.winner}: {_fmt_x(kernel)} on the kernel, "
                    f"{_pct(primary, '+.1f')} output throughput end to end, outside the run-to-run noise")
     elif not plausible.ok:
@@ -169,7 +174,20 @@ def _verdict(loop: "Loop") -> VerdictResult:
                          checks=checks, kernel_after=after.kernel_after,
                          top_bottleneck_after=f"{top.name} {top.share_pct or 0.0:.1f}%" if top else None,
                          top_changed=bool(top and top.registry_op != kernel.op), gain_bound_pct=bound,
-                         **({"drift": drift} if drift is not None else {}))
+                         **({"drift": drift} if drift is not None else {}), trace_diff=trace_diff, engagement=engaged)
+
+
+def _trace_evidence(loop: "Loop", cand: CandidatesResult) -> tuple[Any, Any]:
+    """The profiled baseline's trace against the profiled run's with the winner
+    (``engine.loop.engagement``; the whole diff into ``verdict/trace_diff/``), and whether the
+    winner ran there."""
+    from engine.loop.engagement import DIFF_FOLDER, trace_evidence
+    profiled = loop.result_of("profiled", ProfiledResult)
+    before = loop.root / profiled.traces[0] if profiled.traces else None
+    run = loop.result_of("rebenchmark", RebenchmarkResult).profiled_run
+    after_traces = sorted((loop.root / run / "torch_trace").glob("*.pt.trace.json*")) if run else []
+    return trace_evidence(loop.root, before, after_traces[0] if after_traces else None, str(cand.op), str(cand.winner),
+                          str(cand.winner_path or cand.winner), loop.root / "verdict" / DIFF_FOLDER)
 
 
 def gain_bound_pct(share_pct: Optional[float], speedup: Optional[float]) -> Optional[float]:
@@ -309,6 +327,10 @@ def _g(value: Optional[float], spec: str) -> str:
     return format(value, spec) if value is not None else format("-", spec.split(".")[0])
 
 
+def _n(value: Optional[float], spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def verdict_lines(result: VerdictResult) -> list[str]:
     """The verdict as the command line prints it."""
     lines = [("SUCCESS: " if result.success else "") + str(result.message)]
@@ -325,6 +347,19 @@ def verdict_lines(result: VerdictResult) -> list[str]:
                      "compares the interleaved rounds")
     if result.top_bottleneck_after:
         lines.append(f"  top of the profile now: {result.top_bottleneck_after}")
+    td = result.trace_diff
+    if td is not None and td.error:
+        lines.append(f"  trace diff: {td.error}")
+    elif td is not None:
+        unit = "GPU time" if td.basis == "gpu" else "CPU time"
+        lines.append(f"  trace diff, profiled before -> after ({unit}, {td.report}): total "
+                     f"{_n(td.total_before_us, '.1f')} -> {_n(td.total_after_us, '.1f')} us "
+                     f"({_n(td.total_delta_pct, '+.1f')}%); kernels only before {_n(td.kernels_only_before, 'd')}, "
+                     f"only after {_n(td.kernels_only_after, 'd')}")
+        for m in td.top_kernels[:5]:
+            where = f" [{' > '.join(m.stack)}]" if m.stack else ""
+            lines.append(f"    {_n(m.delta_us, '+.1f')} us  {_n(m.before_us, '.1f')} -> {_n(m.after_us, '.1f')} us, "
+                         f"calls {_n(m.calls_before, 'd')} -> {_n(m.calls_after, 'd')}  {m.name}{where}")
     return lines
 
 

@@ -234,6 +234,17 @@ def test_whole_loop_with_the_bundled_candidate_and_a_kill_during_rebenchmark(unt
     assert checks["correctness proven"] and checks["workload identical"] and checks["mapping confident"]
     assert verdict["success"] == all(checks.values()) and (resumed.returncode == 0) == verdict["success"]
     assert {r["metric"] for r in verdict["end_to_end"]} >= {"output_throughput", "median_ttft_ms", "median_tpot_ms"}
+    # The profiled traces before and after integration, diffed, and the winner's engagement: its own
+    # function in the after-trace's Python frames, its CPU ops under the rmsnorm call site.
+    engaged = verdict["engagement"]
+    assert checks["winner engaged"] and engaged["ok"], engaged
+    assert engaged["calls_after"] > 0 and engaged["winner_frames_after"] > 0 and engaged["winner_frames_before"] == 0
+    assert engaged["function"] == "engine/library/rmsnorm.py: rmsnorm_torch_fused"
+    assert engaged["kernels_after"] != engaged["kernels_before"]
+    diff = verdict["trace_diff"]
+    assert diff["basis"] == "cpu" and diff["top_kernels"] and (root / diff["report"]).is_file()
+    assert diff["before"] == loop.step("profiled").result["traces"][0]
+    assert "winner engaged" in resumed.stdout and "trace diff, profiled before -> after" in resumed.stdout
     assert (root / "verdict" / "verdict.json").is_file() and "workload identical" in resumed.stdout
     assert "re-benchmark round 3/3" in resumed.stdout + resumed.stderr
     # magpie benchmark --compare-reports on a round's two runs: the same workload, only the kernel
