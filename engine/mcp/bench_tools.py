@@ -1,4 +1,4 @@
-"""Benchmark, trace and loop tools: benchmark, benchmark_batch, batch_status, gap_analysis,
+"""Benchmark, trace and loop tools: benchmark, benchmark_batch, batch_status, gap_analysis, trace_diff,
 list_benchmark_results, get_benchmark_result, compare_benchmark_reports, suggest_optimizations,
 roofline_table, optimize, optimize_status, optimize_resume."""
 
@@ -14,7 +14,7 @@ import anyio
 import yaml
 from mcp.server.mcpserver import Context
 
-from engine.jobs import BenchmarkRequest, LoopRequest, TraceRequest
+from engine.jobs import BenchmarkRequest, LoopRequest, TraceDiffRequest, TraceRequest
 from engine.jobs import query as safeio  # the safe reads: a FIFO or a device is refused, never waited on
 from engine.jobs.api import JobError
 from engine.jobs.query import RunCatalog, RunInfo, read_new_events
@@ -283,6 +283,27 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
             info["report"] = await anyio.to_thread.run_sync(job.result)
         return info
 
+    async def trace_diff(a: str, b: str, ctx: Context, top_k: int = 20, gpu_arch: str = "", output_dir: str = "",
+                         wait_s: float = 3.0) -> dict:
+        """Two torch-profiler traces (files, folders of traces or benchmark run folders; a the baseline, b the
+        variant) compared per op and per kernel, matched by name and call site: time, calls, share of GPU time
+        and roofline figures with a, b, delta and delta %, the largest movers first, and the rows only in a or
+        only in b (magpie benchmark --trace-diff A B). A job: waits up to wait_s (at most 5) and returns the
+        report when done, else the job id; the run folder holds trace_diff_report.json and the CSVs."""
+        paths = []
+        for name, value in (("a", a), ("b", b)):
+            target = state.path(value, name)
+            if target.is_dir():
+                state.confine.files_under(target, name)
+            paths.append(str(target))
+        state.confine.named(gpu_arch, "gpu_arch")
+        request = TraceDiffRequest(a=paths[0], b=paths[1], top_k=top_k, gpu_arch=gpu_arch or None)
+        job = await anyio.to_thread.run_sync(lambda: state.book.submit(request, state.output_dir(output_dir)))
+        info = await wait_with_progress(ctx, job, max(0.0, min(float(wait_s), max_wait)))
+        if info["state"] in ("completed", "failed"):
+            info["report"] = await anyio.to_thread.run_sync(job.result)
+        return info
+
     def list_benchmark_results(output_dir: str = "", limit: int = 20) -> dict:
         """Benchmark runs under a results folder (default the server's), newest first, with Magpie's keys."""
         folder = state.output_dir(output_dir)
@@ -427,7 +448,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
         loop = state.read_json(folder / "loop.json", "loop_dir loop.json")
         return {"loop_dir": str(folder), "status_text": format_status(str(folder)), "loop": loop}
 
-    for fn in (benchmark, benchmark_batch, batch_status, gap_analysis, list_benchmark_results, get_benchmark_result,
+    for fn in (benchmark, benchmark_batch, batch_status, gap_analysis, trace_diff, list_benchmark_results, get_benchmark_result,
                compare_benchmark_reports, suggest_optimizations, roofline_table, optimize, optimize_resume,
                optimize_status):
         add_tool(app, fn)

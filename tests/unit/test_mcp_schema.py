@@ -38,6 +38,7 @@ MAPPED = {
     ("benchmark", "find_kernel_sources"): [("gap_analysis", "find_kernel_sources")],
     ("benchmark", "kernel_source_repos"): [("gap_analysis", "kernel_source_repos")],
     ("benchmark", "stages"): [("gap_analysis", "stages")],
+    ("benchmark", "trace_diff"): [("trace_diff", "a"), ("trace_diff", "b")],
     ("benchmark", "gpu_arch"): [("benchmark", "gpu_arch"), ("gap_analysis", "gpu_arch")],
     ("benchmark", "output_dir"): [("benchmark", "output_dir"), ("gap_analysis", "output_dir")],
     # A dry run is validate_config: the same checks, the plan returned, nothing started.
@@ -151,5 +152,5 @@ def test_magpie_tool_names_and_arguments_are_kept(schemas):
         assert tool in schemas, tool
         assert args <= schemas[tool], f"{tool}: missing {sorted(args - schemas[tool])}"
     for ours in ("job_status", "job_result", "job_cancel", "job_list", "optimize", "optimize_status",
-                 "optimize_resume", "validate_config", "roofline_table", "batch_status"):
+                 "optimize_resume", "validate_config", "roofline_table", "batch_status", "trace_diff"):
         assert ours in schemas, ours

@@ -191,6 +191,20 @@ def test_gap_analysis_runs_as_a_job_and_returns_its_report(call, tmp_path):
     assert "outside the allowed roots" in call("gap_analysis", {"trace_dir": "/"}, error=True)
 
 
+def test_trace_diff_runs_as_a_job_and_returns_its_report(call, tmp_path):
+    h200 = REPO / "tests" / "data" / "tracelens-golden" / "h200_real" / "h200_block_bf16.json.gz"
+    out = call("trace_diff", {"a": str(h200), "b": str(h200), "output_dir": str(tmp_path / "diff"), "top_k": 3,
+                              "wait_s": 5})
+    deadline = time.monotonic() + 120
+    while not out["finished"] and time.monotonic() < deadline:
+        out = call("job_status", {"job_id": out["job_id"], "wait_s": 5})
+    assert out["state"] == "completed", out
+    report = call("job_result", {"job_id": out["job_id"]})["report"]
+    assert report["mode"] == "trace_diff" and report["basis"] == "gpu" and len(report["ops"]["movers"]) == 3
+    assert report["totals"]["time_us"]["delta"] == 0 and not report["ops"]["only_b"]
+    assert "outside the allowed roots" in call("trace_diff", {"a": "/", "b": str(h200)}, error=True)
+
+
 def test_discover_kernels_finds_triton_kernels(call):
     out = call("discover_kernels", {"project_path": str(REPO / "examples" / "kernels" / "softmax_triton"),
                                     "kernel_type": "triton"})
