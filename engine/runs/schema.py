@@ -486,10 +486,29 @@ class TraceAnalysisReport(RunFile):
     elapsed_s: Optional[float] = None
 
 
-Report = Union[AnalyzeReport, CompareReport, BenchmarkReport, TraceAnalysisReport]
+# ----------------------------------------------------------------------------- trace diff report
+
+class TraceDiffReport(RunFile):
+    """``magpie benchmark --trace-diff A B`` (engine.trace.diff): rows are dicts with ``name``,
+    ``stack``, ``status`` and per metric ``{a, b, delta, pct}``."""
+    mode: str = "trace_diff"
+    state: str  # RunState
+    a: dict[str, Any]  # the trace compared on each side: path (and once read: events, basis, arch, ops, kernels)
+    b: dict[str, Any]
+    error: Optional[str] = None  # set when the traces could not be read or compared
+    basis: Optional[str] = None  # gpu (GPU-event time) or cpu (CPU time: traces without GPU events)
+    totals: Optional[dict[str, Any]] = None
+    ops: Optional[dict[str, Any]] = None  # movers, only_a, only_b, rows, unchanged
+    kernels: Optional[dict[str, Any]] = None
+    gpu_timeline: Optional[list[dict[str, Any]]] = None
+    provenance: Optional[dict[str, Any]] = None
+    elapsed_s: Optional[float] = None
+
+
+Report = Union[AnalyzeReport, CompareReport, BenchmarkReport, TraceAnalysisReport, TraceDiffReport]
 REPORT_MODELS: Final[dict[str, type[RunFile]]] = {
     ANALYZE_REPORT: AnalyzeReport, COMPARE_REPORT: CompareReport, BENCHMARK_REPORT: BenchmarkReport,
-    TRACE_ANALYSIS_REPORT: TraceAnalysisReport,
+    TRACE_ANALYSIS_REPORT: TraceAnalysisReport, TRACE_DIFF_REPORT: TraceDiffReport,
 }
 
 

@@ -777,5 +777,8 @@ def open_report_screen(app, info: RunInfo, files: ReportFiles | None = None) -> 
     if isinstance(report, schema.TraceAnalysisReport):
         from magpie_tui.screens.roofline import RooflineScreen
         return RooflineScreen(info)
+    if isinstance(report, schema.TraceDiffReport):
+        from magpie_tui.screens.trace_diff import TraceDiffScreen
+        return TraceDiffScreen(info, report)
     return None
 
