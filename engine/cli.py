@@ -337,7 +337,7 @@ def _run_trace_diff(args: argparse.Namespace, console: Console) -> int:
                 tm, calls, share = r.get("time_us", {}), r.get("calls", {}), r.get("share_pct", {})
                 cells = [r["name"][:80], " > ".join(r["stack"])[-80:] or "-", num(tm.get("a"), ",.1f"),
                          num(tm.get("b"), ",.1f"), num(tm.get("delta"), "+,.1f"), num(tm.get("pct"), "+.1f"),
-                         f"{calls.get('a', '-')} -> {calls.get('b', '-')}",
+                         f"{num(calls.get('a'), 'd')} -> {num(calls.get('b'), 'd')}",
                          f"{num(share.get('a'), '.1f')} -> {num(share.get('b'), '.1f')}"]
                 if roof and what == "ops":
                     tf, pr = r.get("tflops_s", {}), r.get("pct_roofline", {})

@@ -619,6 +619,8 @@ def summary_lines(report: dict, top: int = 10) -> list[str]:
 def _row_line(r: dict) -> str:
     tm, calls = r.get("time_us", {}), r.get("calls", {})
     where = f"  [{SEP.join(r['stack'])}]" if r["stack"] else ""
-    return (f"{_fmt(tm.get('delta'), '+10.1f')} us {_fmt(tm.get('pct'), '+7.1f')}%  "
-            f"{_fmt(tm.get('a'), '.1f')} -> {_fmt(tm.get('b'), '.1f')} us, calls {calls.get('a', '-')} -> "
-            f"{calls.get('b', '-')}  {r['name']}{where}")
+    pct = tm.get("pct")
+    rel = {"only_a": "only A", "only_b": "only B"}.get(r.get("status"), "-") if pct is None else f"{pct:+.1f}%"
+    return (f"{_fmt(tm.get('delta'), '+10.1f')} us {rel:>8}  "
+            f"{_fmt(tm.get('a'), '.1f')} -> {_fmt(tm.get('b'), '.1f')} us, calls {_fmt(calls.get('a'), 'd')} -> "
+            f"{_fmt(calls.get('b'), 'd')}  {r['name']}{where}")
