@@ -17,7 +17,6 @@ trace), so "peak - base" is what the analysis itself held at its peak.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import subprocess
@@ -131,7 +130,7 @@ def analyse(path: Path) -> dict:
     t = time.perf_counter()
     graphs = graph_replays(tree, window.lo, window.hi)
     with tempfile.TemporaryDirectory() as d, open(Path(d) / "causes.csv", "w", newline="") as fh:
-        classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, sink=csv.writer(fh).writerow)
+        classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, out=fh)
     run_checks(0, tree, window.lo, window.hi, aggs, idle, [], graphs, categories=("kernel", "gpu"),
                ignore=("gpu_user_annotation", "user_annotation"), min_duration_us=0.0, timeline_rows=timeline,
                whole=True)

@@ -23,7 +23,7 @@ from engine.trace.gaps import (
     merge_ranks, step_launch_analysis, trace_window,
 )
 from engine.trace.graphs import graph_replays
-from engine.trace.idle_causes import CSV_COLUMNS as CAUSE_COLUMNS, classify_idle_gaps, summary_line
+from engine.trace.idle_causes import classify_idle_gaps, summary_line
 from engine.trace.load import Trace, TraceCancelled, load_trace
 from engine.trace.timeline import gpu_timeline
 from engine.trace.tree import EventTree, build_tree
@@ -269,9 +269,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
         causes_file = gap_dir / f"gpu_idle_causes_rank{rank}.csv"
         gap_dir.mkdir(parents=True, exist_ok=True)
         with open(causes_file, "w", newline="", encoding="utf-8") as fh:  # rows written as they are made
-            w = csv.writer(fh)
-            w.writerow(CAUSE_COLUMNS)
-            causes = classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, steps=found_steps, sink=w.writerow)
+            causes = classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, steps=found_steps, out=fh)
         idle_files.append(str(causes_file))
         causes_by_rank[rank] = {**causes.summary, "file": str(causes_file)}
         check_steps = steps or step_launch_analysis(tree, profiler_steps(trace, window.lo, window.hi), idle["gaps"])

@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import bisect
 import math
-from itertools import accumulate, compress, islice, repeat
-from operator import add, ge, gt, mul, not_, sub
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from itertools import accumulate, compress, islice
+from operator import gt, sub
+from functools import partial
+from typing import Any, Iterable, Sequence, TextIO
+
+import numpy as np
 
 from engine.trace.graphs import GraphReplays
 from engine.trace.tree import RUNTIME_CATS, EventTree
@@ -131,40 +134,61 @@ class _Spans:
 
 @dataclass
 class IdleCauses:
-    rows: list[list]  # CSV_COLUMNS, in gap start order (none kept when a sink took them)
+    rows: list[tuple]  # CSV_COLUMNS, device by device, each by start (none kept when written out)
     summary: dict
 
 
-def _host_spans(tree: EventTree, threads: set[int]) -> tuple[_Spans, _Spans, _Spans, _Spans, list[str]]:
-    """Unions of the given threads' launch calls, runtime calls, all host events, and sync calls.
-    The host events are filtered and merged with iterators: a Python step per event cost a few
-    percent of a whole analysis."""
-    trace = tree.trace
-    kind, name, ts, dur, pid, tid = trace.kind, trace.name, trace.ts, trace.dur, trace.pid, trace.tid
-    width = len(trace.ids)
-    runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
-    launch_name = bytearray(is_launch_call(n) for n in trace.names)
-    sync_name = bytearray(is_sync_call(n) for n in trace.names)
-    hosts = tree.host_order  # by start
-    keys = map(add, map(mul, map(pid.__getitem__, hosts), repeat(width)), map(tid.__getitem__, hosts))
-    mine = list(compress(hosts, map(threads.__contains__, keys)))
-    rt = list(compress(mine, map(runtime.__getitem__, map(kind.__getitem__, mine))))
-    launch = list(compress(rt, map(launch_name.__getitem__, map(name.__getitem__, rt))))
+class _Columns:
+    """Disjoint spans sorted by start as numpy columns, with running lengths (``_Spans`` for the
+    classification, which asks about all gaps at once)."""
 
-    def spans(uids: list[int]) -> _Spans:
-        starts = list(map(ts.__getitem__, uids))
-        return _Spans.union(starts, list(map(add, starts, map(dur.__getitem__, uids))))
+    __slots__ = ("starts", "ends", "cum")
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """The union of intervals given in start order: a span ends where the running maximum of
+        the ends falls before the next start."""
+        n = len(starts)
+        if not n:
+            self.starts = self.ends = np.zeros(0)
+            self.cum = np.zeros(1)
+            return
+        reach = np.maximum.accumulate(ends)
+        breaks = np.flatnonzero(starts[1:] > reach[:-1]) + 1
+        self.starts = starts[np.concatenate(([0], breaks))]
+        self.ends = reach[np.concatenate((breaks - 1, [n - 1]))]
+        self.cum = np.concatenate(([0.0], np.cumsum(self.ends - self.starts)))
+
+
+def _host_spans(tree: EventTree, threads: set[int]) -> tuple[_Columns, _Columns, _Columns, _Spans, list[str]]:
+    """Unions of the given threads' launch calls, runtime calls, all host events, and sync calls,
+    on numpy views of the trace's columns."""
+    trace = tree.trace
+    ts, dur = _np(trace.ts, np.float64), _np(trace.dur, np.float64)
+    kind, name = _np(trace.kind, np.uint32), _np(trace.name, np.uint32)
+    pid, tid = _np(trace.pid, np.uint32), _np(trace.tid, np.uint32)
+    runtime = np.frombuffer(trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS), dtype=np.uint8).astype(bool)
+    launch_name = np.frombuffer(bytearray(is_launch_call(n) for n in trace.names), dtype=np.uint8).astype(bool)
+    sync_name = np.frombuffer(bytearray(is_sync_call(n) for n in trace.names), dtype=np.uint8).astype(bool)
+    hosts = _np(tree.host_order, np.int32)  # by start
+    keys = pid[hosts].astype(np.int64) * len(trace.ids) + tid[hosts]
+    mine = hosts[np.isin(keys, np.fromiter(threads, dtype=np.int64))]
+    rt = mine[runtime[kind[mine]]]
+    launch = rt[launch_name[name[rt]]]
+
+    def spans(uids: np.ndarray) -> _Columns:
+        starts = ts[uids]
+        return _Columns(starts, starts + dur[uids])
 
     sync = _Spans()
     sync_labels: list[str] = []
     label_of: dict[int, int] = {}
-    for u in compress(rt, map(sync_name.__getitem__, map(name.__getitem__, rt))):
-        n = name[u]
+    for u in rt[sync_name[name[rt]]].tolist():
+        n = trace.name[u]
         lab = label_of.get(n)
         if lab is None:
             lab = label_of[n] = len(sync_labels)
             sync_labels.append(trace.names[n])
-        sync.add(ts[u], ts[u] + dur[u], lab)
+        sync.add(trace.ts[u], trace.ts[u] + trace.dur[u], lab)
     return spans(launch), spans(rt), spans(mine), sync, sync_labels
 
 
@@ -177,118 +201,223 @@ def _stage_table(trace: Any, lo: float, hi: float, steps: Sequence | None) -> tu
     return [s.ts for s in kept], [(s.ts + s.dur, s.kind, s.name) for s in kept]
 
 
+def _np(column: Any, dtype: Any) -> np.ndarray:
+    """A trace column (an ``array``) as a numpy view, no copy."""
+    return np.frombuffer(column, dtype=dtype) if len(column) else np.zeros(0, dtype=dtype)
+
+
 def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs: GraphReplays | None = None,
                        noise_floor_us: float = NOISE_FLOOR_US, steps: Sequence | None = None,
-                       sink: Callable[[list], Any] | None = None) -> IdleCauses:
+                       out: TextIO | None = None) -> IdleCauses:
     """Every device gap of ``idle_analysis(...)["gaps"]`` explained (see the module's docstring).
-    ``steps``: the trace's ``find_steps`` (found here when not given). ``sink`` (a csv writer's
-    ``writerow``) takes each row as it is made, so that a trace with a gap per kernel does not hold
-    them all; without one they are kept in ``rows``."""
+    ``steps``: the trace's ``find_steps`` (found here when not given). ``out`` (a text file) gets
+    the CSV, header first, a chunk of gaps at a time, so that a trace with a gap per kernel does not
+    hold them all; without it the rows are kept in ``rows``. Rows come device by device, each
+    device's by start. The gaps are classified a column at a time on numpy views of the trace's
+    columns: a host-bound trace has a gap per kernel, and a Python step per gap and column cost as
+    much as the rest of the analysis."""
     gaps = idle["gaps"]
     trace = tree.trace
-    ts, dur, parent, pid_col, tid_col = trace.ts, trace.dur, tree.parent, trace.pid, trace.tid
-    width = len(trace.ids)
-    runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
-    # Most gaps of a GPU-bound trace are under the floor: they are counted with iterators, and what
-    # only the others need (launching threads, host spans, steps) is made only when there are some.
-    lengths = list(map(sub, gaps.end, gaps.start))
-    above = list(map(ge, lengths, repeat(noise_floor_us)))
-    below = [len(lengths) - sum(above), math.fsum(compress(lengths, map(not_, above)))]
-    order = sorted(compress(range(len(lengths)), above), key=gaps.start.__getitem__)
-    threads: dict[Any, set[int]] = {}  # the launching threads of each device: their launches put GPU work on it
-    step_starts: list[float] = []
-    step_rest: list[tuple] = []
-    if order:
-        gpu = tree.gpu_uids
-        linked = list(compress(gpu, map(ge, map(parent.__getitem__, gpu), repeat(0))))
-        launchers = list(map(parent.__getitem__, linked))
-        for dev, key in set(zip(map(pid_col.__getitem__, linked),
-                                map(add, map(mul, map(pid_col.__getitem__, launchers), repeat(width)),
-                                    map(tid_col.__getitem__, launchers)))):
-            threads.setdefault(dev, set()).add(key)
-        step_starts, step_rest = _stage_table(trace, lo, hi, steps)
-    spans: dict[Any, tuple] = {}  # a device's host spans, made when its first gap above the floor needs them
-    empty = (_Spans(), _Spans(), _Spans(), _Spans(), [])
-
+    start, end = _np(gaps.start, np.float64), _np(gaps.end, np.float64)
+    lengths = end - start
+    above = lengths >= noise_floor_us
+    below = [int(len(lengths) - np.count_nonzero(above)), float(lengths[~above].sum())]
+    order = np.flatnonzero(above)
+    order = order[np.argsort(start[order], kind="stable")]
     rows: list[list] = []
-    emit = sink if sink is not None else rows.append
-    by_cause = {c: [0, 0.0] for c in CAUSES}
-    by_drain = {"sync_drain": [0, 0.0], "no_sync": [0, 0.0]}
-    by_host = {h: [0, 0.0] for h in HOST_CLASSES}
-    by_stage: dict[str, dict[str, float]] = {}
-    excluded_us = 0.0
-    for i in order:
-        s, e = gaps.start[i], gaps.end[i]
-        length = lengths[i]
-        before, after = gaps.before[i], gaps.after[i]
-        dev = pid_col[after]
-        got = spans.get(dev)
-        if got is None:
-            got = spans[dev] = _host_spans(tree, threads[dev]) if dev in threads else empty
-        launch, rt, host, sync, sync_labels = got
-        inside_graph = graphs.excluded_overlap(trace.pid_of(after), s, e) if graphs is not None else 0.0
-        k = sync.containing(s, SYNC_SLACK_US)
-        drain = "sync_drain" if k >= 0 and sync.starts[k] <= s else "no_sync"
-        sync_call = sync_labels[sync.labels[k]] if drain == "sync_drain" else ""
-        in_launch = launch.overlap(s, e)
-        in_rt = rt.overlap(s, e)
-        in_host = host.overlap(s, e)
-        shares = (in_launch, max(in_rt - in_launch, 0.0), max(in_host - in_rt, 0.0), max(length - in_host, 0.0))
-        host_class = HOST_CLASSES[shares.index(max(shares))]
-        lau = parent[after]
-        if lau >= 0 and not runtime[trace.kind[lau]]:
-            lau = -1
-        call = dur[lau] if lau >= 0 else None
-        latency = (ts[after] - ts[lau] - dur[lau]) if lau >= 0 else None
-        prequeued = lau >= 0 and ts[lau] + dur[lau] <= s
-        if inside_graph >= length * 0.5:
-            cause = "graph_unrecorded"
-        elif drain == "sync_drain":
-            cause = "sync_drain"
-        elif prequeued:
-            cause = "queued_not_started"
-        elif latency is not None and latency > LAUNCH_LATENCY_SHARE * length:
-            cause = "launch_latency"
-        else:
-            cause = "host_" + host_class
-        t_stage = ts[lau] if lau >= 0 else s
-        j = bisect.bisect_right(step_starts, t_stage) - 1
-        stage, step = ("none", "")
-        if j >= 0 and step_rest[j][0] >= t_stage:
-            stage, step = step_rest[j][1], step_rest[j][2]
-        emit([trace.pid_of(after), trace.end_of(before), trace.ts_of(after), length, trace.name_of(before),
-                     trace.name_of(after), cause, drain, sync_call, host_class, round(shares[0], 3),
-                     round(shares[1], 3), round(shares[2], 3), round(shares[3], 3),
-                     round(call, 3) if call is not None else "", round(latency, 3) if latency is not None else "",
-                     prequeued, stage, step])
-        c = by_cause[cause]
-        c[0] += 1
-        c[1] += length
-        if cause == "graph_unrecorded":
-            excluded_us += length
-            continue
-        by_drain[drain][0] += 1
-        by_drain[drain][1] += length
-        by_host[host_class][0] += 1
-        by_host[host_class][1] += length
-        st = by_stage.setdefault(stage, {})
-        st[cause] = st.get(cause, 0.0) + length
-    classified = math.fsum(v[1] for k, v in by_cause.items() if k != "graph_unrecorded")
+    if out is not None:
+        out.write(",".join(CSV_COLUMNS) + "\r\n")
+    emit = partial(_write_rows, out) if out is not None else rows.extend
+    acc = _Totals()
+    if len(order):
+        parent, pid = _np(tree.parent, np.int32), _np(trace.pid, np.uint32)
+        tid = _np(trace.tid, np.uint32)
+        width = len(trace.ids)
+        # the launching threads of each device: their launches put GPU work on it
+        gpu = _np(tree.gpu_uids, np.int32)
+        par = parent[gpu]
+        linked = par >= 0
+        dev_of = pid[gpu[linked]].astype(np.int64)
+        launcher = par[linked]
+        thread_of = pid[launcher].astype(np.int64) * width + tid[launcher]
+        threads: dict[int, set[int]] = {}
+        for key in np.unique(dev_of * (width * width + 1) + thread_of).tolist():
+            threads.setdefault(key // (width * width + 1), set()).add(key % (width * width + 1))
+        step_starts, step_rest = _stage_table(trace, lo, hi, steps)
+        devs = pid[_np(gaps.after, np.int32)[order]]
+        for dev in np.unique(devs).tolist():
+            idx = order[devs == dev]
+            none = _Columns(np.zeros(0), np.zeros(0))
+            spans = _host_spans(tree, threads[dev]) if dev in threads else (none, none, none, _Spans(), [])
+            for k in range(0, len(idx), _CHUNK):
+                emit(_classify_chunk(tree, gaps, idx[k:k + _CHUNK], spans, graphs, step_starts, step_rest, acc))
+    return IdleCauses(rows, acc.summary(noise_floor_us, below))
 
-    def table(d: dict) -> dict:
-        return {k: {"gaps": n, "idle_us": round(us, 3), "pct": round(us / classified * 100.0, 2) if classified else 0.0}
-                for k, (n, us) in d.items() if n}
 
-    summary = {"noise_floor_us": noise_floor_us,
-               "gaps_classified": sum(v[0] for k, v in by_cause.items() if k != "graph_unrecorded"),
-               "idle_classified_us": round(classified, 3),
-               "below_noise_floor": {"gaps": below[0], "idle_us": round(below[1], 3)},
-               "graph_unrecorded": {"gaps": by_cause["graph_unrecorded"][0], "idle_us": round(excluded_us, 3)},
-               "by_cause": table({k: v for k, v in by_cause.items() if k != "graph_unrecorded"}),
-               "by_drain": table(by_drain), "by_host": table(by_host),
-               "by_stage": {st: {k: round(v, 3) for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
-                            for st, d in by_stage.items()}}
-    return IdleCauses(rows, summary)
+_CHUNK = 20000  # gaps classified (and their rows held) at a time
+_STAGE_NONE = "none"
+
+
+class _Totals:
+    """Idle time and gap counts by cause, drain, host activity and stage."""
+
+    def __init__(self) -> None:
+        self.by_cause = {c: [0, 0.0] for c in CAUSES}
+        self.by_drain = {"sync_drain": [0, 0.0], "no_sync": [0, 0.0]}
+        self.by_host = {h: [0, 0.0] for h in HOST_CLASSES}
+        self.by_stage: dict[str, dict[str, float]] = {}
+
+    @staticmethod
+    def _add(table: dict, labels: Sequence[str], codes: np.ndarray, lengths: np.ndarray) -> None:
+        counts = np.bincount(codes, minlength=len(labels)).tolist()
+        sums = np.bincount(codes, weights=lengths, minlength=len(labels)).tolist()
+        for label, n, us in zip(labels, counts, sums):
+            if n:
+                t = table.setdefault(label, [0, 0.0])
+                t[0] += n
+                t[1] += us
+
+    def add(self, cause: np.ndarray, drained: np.ndarray, host: np.ndarray, stage: np.ndarray,
+            stage_names: list[str], lengths: np.ndarray) -> None:
+        """Codes: ``cause`` into CAUSES, ``host`` into HOST_CLASSES, ``stage`` into ``stage_names``."""
+        self._add(self.by_cause, CAUSES, cause, lengths)
+        kept = cause != 0  # graph_unrecorded: not idle, in no other total
+        self._add(self.by_drain, ("no_sync", "sync_drain"), drained[kept].astype(np.int64), lengths[kept])
+        self._add(self.by_host, HOST_CLASSES, host[kept], lengths[kept])
+        pair = stage[kept] * len(CAUSES) + cause[kept]
+        sums = np.bincount(pair, weights=lengths[kept], minlength=len(stage_names) * len(CAUSES)).tolist()
+        counts = np.bincount(pair, minlength=len(stage_names) * len(CAUSES)).tolist()
+        for k, (n, us) in enumerate(zip(counts, sums)):
+            if n:
+                st = self.by_stage.setdefault(stage_names[k // len(CAUSES)], {})
+                c = CAUSES[k % len(CAUSES)]
+                st[c] = st.get(c, 0.0) + us
+
+    def summary(self, noise_floor_us: float, below: list) -> dict:
+        graph = self.by_cause["graph_unrecorded"]
+        kept = {k: v for k, v in self.by_cause.items() if k != "graph_unrecorded"}
+        classified = math.fsum(v[1] for v in kept.values())
+
+        def table(d: dict) -> dict:
+            return {k: {"gaps": n, "idle_us": round(us, 3),
+                        "pct": round(us / classified * 100.0, 2) if classified else 0.0} for k, (n, us) in d.items() if n}
+
+        return {"noise_floor_us": noise_floor_us, "gaps_classified": sum(v[0] for v in kept.values()),
+                "idle_classified_us": round(classified, 3),
+                "below_noise_floor": {"gaps": below[0], "idle_us": round(below[1], 3)},
+                "graph_unrecorded": {"gaps": graph[0], "idle_us": round(graph[1], 3)},
+                "by_cause": table(kept), "by_drain": table(self.by_drain), "by_host": table(self.by_host),
+                "by_stage": {st: {k: round(v, 3) for k, v in sorted(d.items(), key=lambda kv: -kv[1])}
+                             for st, d in self.by_stage.items()}}
+
+
+def _overlaps(spans: _Columns, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """How much of each [a[i], b[i]] the spans cover (``_Spans.overlap`` of every interval at once)."""
+    if not len(spans.starts):
+        return np.zeros(len(a))
+    st, en, cum = spans.starts, spans.ends, spans.cum
+    first = np.searchsorted(en, a, "right")  # the first span ending after a
+    stop = np.searchsorted(st, b, "left")  # spans starting before b: [.., stop)
+    head = np.maximum(a - np.append(st, np.inf)[first], 0.0)
+    tail = np.maximum(en[stop - 1] - b, 0.0)
+    return np.maximum(cum[stop] - cum[first] - head - tail, 0.0)  # none inside (first >= stop): 0
+
+
+def _classify_chunk(tree: EventTree, gaps: Any, idx: np.ndarray, spans: tuple, graphs: GraphReplays | None,
+                    step_starts: list[float], step_rest: list[tuple], acc: _Totals) -> Iterable[tuple]:
+    """The rows of the gaps ``idx`` (one device's, by start), a column at a time."""
+    trace = tree.trace
+    ts, dur = _np(trace.ts, np.float64), _np(trace.dur, np.float64)
+    kind, parent = _np(trace.kind, np.uint32), _np(tree.parent, np.int32)
+    launch, rt, host, sync, sync_labels = spans
+    S, E = _np(gaps.start, np.float64)[idx], _np(gaps.end, np.float64)[idx]
+    L = E - S
+    B, A = _np(gaps.before, np.int32)[idx], _np(gaps.after, np.int32)[idx]
+    n = len(idx)
+    # what the host did: union overlaps, launch within runtime within all host events
+    in_launch, in_rt, in_host = _overlaps(launch, S, E), _overlaps(rt, S, E), _overlaps(host, S, E)
+    shares = np.stack([in_launch, np.maximum(in_rt - in_launch, 0.0), np.maximum(in_host - in_rt, 0.0),
+                       np.maximum(L - in_host, 0.0)], axis=1)
+    host_code = shares.argmax(axis=1)  # the first largest share
+    # a sync call spanning the gap's start
+    if sync.starts:
+        K = np.searchsorted(np.asarray(sync.starts), S, "right") - 1
+        drained = (K >= 0) & (np.asarray(sync.ends)[K] + SYNC_SLACK_US >= S)
+        label_of = np.asarray(sync.labels)[K]
+        sync_calls = [sync_labels[k] if d else "" for k, d in zip(label_of.tolist(), drained.tolist())]
+    else:
+        drained, sync_calls = np.zeros(n, dtype=bool), [""] * n
+    # the launch of the kernel after the gap
+    runtime = np.frombuffer(trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS), dtype=np.uint8)
+    P = parent[A]
+    has = P >= 0
+    has[has] = runtime[kind[P[has]]].astype(bool)
+    Pc = np.where(has, P, 0)
+    call = np.where(has, dur[Pc], np.nan)
+    latency = np.where(has, ts[A] - ts[Pc] - dur[Pc], np.nan)
+    prequeued = has & (ts[Pc] + dur[Pc] <= S)
+    if graphs is not None and graphs.excluded:
+        ids, pid = trace.ids, trace.pid
+        inside = np.array([graphs.excluded_overlap(ids[pid[a]], s, e) for a, s, e in zip(A.tolist(), S.tolist(),
+                                                                                       E.tolist())])
+    else:
+        inside = np.zeros(n)
+    cause = np.select([inside >= 0.5 * L, drained, prequeued, has & (latency > LAUNCH_LATENCY_SHARE * L)],
+                      [0, 1, 2, 3], default=4 + host_code)
+    # the step whose host span holds the launch (else the gap's start)
+    stage_names = [_STAGE_NONE] + sorted({r[1] for r in step_rest})
+    if step_starts:
+        T = np.where(has, ts[Pc], S)
+        J = np.searchsorted(np.asarray(step_starts), T, "right") - 1
+        held = (J >= 0) & (np.asarray([r[0] for r in step_rest])[J] >= T)
+        kind_code = np.asarray([stage_names.index(r[1]) for r in step_rest])
+        stage = np.where(held, kind_code[J], 0)
+        names_of_steps = [r[2] for r in step_rest]
+        step_names = [names_of_steps[j] if h else "" for j, h in zip(J.tolist(), held.tolist())]
+    else:
+        stage, step_names = np.zeros(n, dtype=np.int64), [""] * n
+    acc.add(cause, drained, host_code, stage, stage_names, L)
+
+    # the rows, column by column (csv takes the tuples of a zip: no Python step per row)
+    names, name_col, ids, pid = trace.names, trace.name, trace.ids, trace.pid
+    a_list, b_list = A.tolist(), B.tolist()
+    r3 = np.round(shares, 3)
+
+    def text(values: np.ndarray) -> list:
+        return ["" if v != v else v for v in np.round(values, 3).tolist()]  # NaN (no launch): empty
+
+    return zip(list(map(ids.__getitem__, map(pid.__getitem__, a_list))), (ts[B] + dur[B]).tolist(), ts[A].tolist(),
+               L.tolist(), list(map(names.__getitem__, map(name_col.__getitem__, b_list))),
+               list(map(names.__getitem__, map(name_col.__getitem__, a_list))),
+               np.asarray(CAUSES, dtype=object)[cause].tolist(),
+               np.where(drained, "sync_drain", "no_sync").tolist(), sync_calls,
+               np.asarray(HOST_CLASSES, dtype=object)[host_code].tolist(), *(r3[:, k].tolist() for k in range(4)),
+               text(call), text(latency), prequeued.tolist(), np.asarray(stage_names, dtype=object)[stage].tolist(),
+               step_names)
+
+
+def _csv_text(value: str) -> str:
+    """A CSV field as the csv module writes it (quoted only when it must be)."""
+    if any(c in value for c in ',"\r\n'):
+        return '"' + value.replace('"', '""') + '"'
+    return value
+
+
+_QUOTE = (0, 4, 5, 8, 18)  # the columns that may hold a comma: device, before, after, sync_call, step
+_LINE = ",".join(["%s"] * len(CSV_COLUMNS)) + "\r\n"
+
+
+def _write_rows(out: TextIO, rows: Iterable[tuple]) -> None:
+    """The rows as csv.writer writes them (minimal quoting, CRLF), twice as fast: the text fields that
+    may need quoting are quoted once per distinct value, the line formatted in one operation (str of a
+    float is its repr, as the csv module writes it)."""
+    columns = [list(c) for c in zip(*rows)]
+    if not columns:
+        return
+    for k in _QUOTE:
+        quoted = {v: _csv_text(v) if isinstance(v, str) else v for v in set(columns[k])}
+        columns[k] = list(map(quoted.__getitem__, columns[k]))
+    out.writelines(map(_LINE.__mod__, zip(*columns)))
 
 
 def summary_line(rank: Any, summary: dict, top: int = 4) -> str:

@@ -411,7 +411,9 @@ def test_profiler_steps_are_checked_without_inference_annotations(tmp_path):
 def test_span_union_merges_as_one_interval_at_a_time_would():
     import random
 
-    from engine.trace.idle_causes import _Spans
+    import numpy as np
+
+    from engine.trace.idle_causes import _Columns, _overlaps, _Spans
     rng = random.Random(7)
     for _ in range(200):
         ivs = sorted((s, s + rng.choice([0.0, 0.5, 1, 3, 10])) for s in (rng.uniform(0, 50) for _ in range(rng.randint(0, 30))))
@@ -421,9 +423,13 @@ def test_span_union_merges_as_one_interval_at_a_time_would():
         fast = _Spans.union([s for s, _ in ivs], [e for _, e in ivs])
         assert (fast.starts, fast.ends) == (one.starts, one.ends)
         assert fast.cum == pytest.approx(one.cum)
-        for a, b in ((rng.uniform(-5, 55), rng.uniform(-5, 55)) for _ in range(5)):
-            a, b = min(a, b), max(a, b)
+        pairs = [tuple(sorted((rng.uniform(-5, 55), rng.uniform(-5, 55)))) for _ in range(8)]
+        for a, b in pairs:
             assert fast.overlap(a, b) == pytest.approx(one.overlap(a, b))
+        cols = _Columns(np.array([s for s, _ in ivs]), np.array([e for _, e in ivs]))  # the numpy columns
+        assert (cols.starts.tolist(), cols.ends.tolist()) == (one.starts, one.ends)
+        many = _overlaps(cols, np.array([a for a, _ in pairs]), np.array([b for _, b in pairs]))
+        assert many.tolist() == pytest.approx([one.overlap(a, b) for a, b in pairs])  # all at once, the same
 
 
 def test_tracelens_timeline_idle_inside_unrecorded_graph_replays_is_flagged(tmp_path):
@@ -435,3 +441,18 @@ def test_tracelens_timeline_idle_inside_unrecorded_graph_replays_is_flagged(tmp_
     assert c["status"] == "failed"
     assert c["numbers"]["timeline_idle_us"] == 182.0 and c["numbers"]["idle_inside_unrecorded_graph_replays_us"] == 180.0
     assert "its GPU timeline's idle 182.0 us holds 180.0 us inside them" in c["warning"]
+
+
+def test_idle_causes_csv_is_written_as_the_csv_module_writes_it():
+    import io
+
+    from engine.trace.idle_causes import CSV_COLUMNS, _write_rows
+    rows = [(0, 1000000.125, 1000010.5, 10.375, 'void k<4, "x">(int)', "plain", "host_cpu", "no_sync", "", "cpu",
+             1.0, 0.0, 9.375, 0.0, "", 2.5, False, "decode", "decode[bs=2 ctx=[1,2]]"),
+            ("GPU 1", 1e-05, 2.0, 1.99999, "a\nb", "k,2", "sync_drain", "sync_drain", "cudaDeviceSynchronize",
+             "idle", 0.0, 0.0, 0.0, 1.99999, 3.0, "", True, "none", "")]
+    assert len(rows[0]) == len(CSV_COLUMNS)
+    ours, theirs = io.StringIO(), io.StringIO()
+    _write_rows(ours, rows)
+    csv.writer(theirs).writerows(rows)
+    assert ours.getvalue() == theirs.getvalue()
