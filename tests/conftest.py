@@ -35,6 +35,16 @@ def pytest_configure(config):
                    "first time; a server start ~1 min); opt-in: python -m pytest -m vllm")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_fork_servers():
+    """The commands the tests start (``magpie compare`` ...) fork their harness workers from this
+    process's fork servers instead of each importing torch in a server of its own
+    (engine.kernels.forkserver.share)."""
+    from engine.kernels import forkserver
+    forkserver.share()
+    yield
+
+
 def pytest_unconfigure(config):
     """Harness workers run in this process in some tests, and a worker freezes its heap
     (engine.kernels.worker._settle_heap): thaw it, so that the exit finalizes everything as usual."""

@@ -20,6 +20,15 @@ taken, so the parent's signals to that group can reach nothing else. It exits wh
 closes, its parent is gone, or it has had no worker and no request for ``IDLE_EXIT_S``; the
 parent's watchdog stops it and every worker group if the parent is killed outright.
 
+A long-lived process that starts many runs as child processes (a test session, the workbench, the
+MCP server) can share its servers with them (``share``): it listens on a private socket named in
+``MAGPIE_FORKSERVER``, and a child that would start a server of its own asks it instead. The owner
+starts the server for the child's python and environment (less the per-invocation variables in
+``VOLATILE_ENV``, which the forked worker gets back exactly) and relays the child's requests; the
+child's workers stay its own (its watchdog stops their groups if it is killed) and the ones it
+never reaped are reaped by the server when they end. A child whose environment needs a server the
+owner cannot start falls back to one of its own.
+
 A process that has initialised CUDA or ROCm cannot be forked safely, so the server is used only
 where no GPU device exists (``usable``); elsewhere, or with ``MAGPIE_WORKER_START=spawn``, each
 worker is a fresh process (``engine.kernels.session``).
@@ -33,8 +42,10 @@ import os
 import select
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -51,6 +62,10 @@ _MAX_SERVERS = 2  # one a distinct environment; a third closes the oldest
 _MSG_BYTES = 1 << 16
 # A server with no worker left exits after this long without a request (it holds torch's memory).
 IDLE_EXIT_S = 300.0
+SHARE_ENV = "MAGPIE_FORKSERVER"  # the socket of a process that shares its servers (``share``)
+# Set per invocation, never read at import: a shared server ignores them when matching an
+# environment, and the forked worker gets the asking process's values.
+VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
 
 
 def usable() -> bool:
@@ -140,6 +155,56 @@ class ForkServer:
         WATCHDOG.forget(self.proc.pid)
 
 
+class SharedForkServer:
+    """A connection to the servers of the process named in ``MAGPIE_FORKSERVER`` (``share``),
+    with ForkServer's ``request``/``alive``/``close``; spawn requests carry this process's exact
+    environment."""
+
+    def __init__(self, path: str, python: str, env: dict) -> None:
+        self._lock = threading.Lock()
+        self.env = env
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.broken = False
+        try:
+            self.sock.settimeout(_READY_TIMEOUT_S)
+            self.sock.connect(path)
+            self.sock.send(json.dumps({"python": python, "env": env}).encode())
+            data = self.sock.recv(_MSG_BYTES)
+            self.sock.settimeout(None)
+            reply = json.loads(data) if data else {"why": "the sharing process closed the connection"}
+        except (OSError, ValueError) as exc:
+            reply = {"why": f"{type(exc).__name__}: {exc}"}
+        if not reply.get("ready"):
+            self.close()
+            raise ForkServerError(f"shared fork server not used: {reply.get('why', '?')}")
+
+    def request(self, msg: dict, fds: tuple = ()) -> dict:
+        with self._lock:
+            try:
+                socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+            except OSError as exc:
+                self.broken = True
+                raise NotSent(str(exc)) from None
+            data = self.sock.recv(_MSG_BYTES)
+            if not data:
+                self.broken = True
+                raise ForkServerError("the sharing process closed the connection")
+            reply = json.loads(data)
+        if "error" in reply:
+            raise ForkServerError(reply["error"])
+        return reply
+
+    def alive(self) -> bool:
+        return not self.broken
+
+    def close(self) -> None:
+        self.broken = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
 class ForkedWorker:
     """A forked worker as ``subprocess.Popen`` shows one (pid, poll, wait, returncode); the pid is
     its reaper's, the leader of the worker's process group. ``poll`` and ``wait`` read the exit
@@ -207,8 +272,8 @@ _FAILED: set = set()
 _OWNER = [0]
 
 
-def _server_for(python: str, env: dict) -> ForkServer:
-    key = (python, tuple(sorted(env.items())))
+def _server_for(python: str, env: dict, local: bool = False):
+    key = (python, tuple(sorted(env.items())), local)
     with _SERVERS_LOCK:
         if _OWNER[0] != os.getpid():  # a forked copy of this process starts servers of its own
             _SERVERS.clear()
@@ -221,11 +286,20 @@ def _server_for(python: str, env: dict) -> ForkServer:
             _SERVERS.pop(key).close()
         if key in _FAILED:  # e.g. that python has no torch: the spawned worker says so
             raise ForkServerError("no fork server for this environment")
-        try:
-            server = ForkServer(python, env)
-        except OSError:
-            _FAILED.add(key)
-            raise
+        server = None
+        shared = os.environ.get(SHARE_ENV)
+        ours = _SHARER[0] is not None and _SHARER[0].path == shared  # this process shares them
+        if shared and not local and not ours and (shared, key) not in _FAILED:
+            try:
+                server = SharedForkServer(shared, python, env)
+            except OSError:
+                _FAILED.add((shared, key))  # a server of its own, as without one to share
+        if server is None:
+            try:
+                server = ForkServer(python, env)
+            except OSError:
+                _FAILED.add(key)
+                raise
         _SERVERS[key] = server
         while len(_SERVERS) > _MAX_SERVERS:
             _SERVERS.popitem(last=False)[1].close()
@@ -236,6 +310,109 @@ def close_all() -> None:
     with _SERVERS_LOCK:
         while _SERVERS:
             _SERVERS.popitem()[1].close()
+
+
+class Sharer:
+    """This process's fork servers offered to its child processes (``share``): a private socket,
+    a thread per connected child relaying its requests to the server of its environment."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="magpie-forkserver-")  # mode 0700: this user only
+        self.path = os.path.join(self.dir, "socket")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.listener.bind(self.path)
+        self.listener.listen(64)
+        self.closed = False
+        threading.Thread(target=self._accept, name="forkserver-sharer", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="forkserver-client", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        started: dict[int, ForkServer] = {}  # the child's workers it has not had reaped yet
+        try:
+            hello = json.loads(conn.recv(_MSG_BYTES) or b"{}")
+            python, env = str(hello["python"]), dict(hello["env"])
+            server_env = {k: v for k, v in env.items() if k not in VOLATILE_ENV}
+            try:
+                _server_for(python, server_env, local=True)
+            except OSError as exc:
+                conn.send(json.dumps({"ready": False, "why": str(exc)}).encode())
+                return
+            conn.send(json.dumps({"ready": True}).encode())
+            while True:
+                data, fds, _flags, _addr = socket.recv_fds(conn, _MSG_BYTES, 8)
+                if not data:
+                    return
+                try:
+                    msg = json.loads(data)
+                    op, pid = msg.get("op"), msg.get("pid")
+                    if op == "spawn":
+                        msg["env"] = env  # the worker's environment, exactly the child's
+                        server = _server_for(python, server_env, local=True)
+                        try:
+                            reply = server.request(msg, tuple(fds))
+                        except NotSent:  # it had just exited (idle): once more, as start_worker does
+                            server = _server_for(python, server_env, local=True)
+                            reply = server.request(msg, tuple(fds))
+                        started[int(reply["pid"])] = server
+                    elif op in ("status", "reap") and pid in started:
+                        reply = started[pid].request(msg)
+                        if op == "reap":
+                            started.pop(pid)
+                    else:
+                        reply = {"error": f"not a request this connection may make: {op!r} {pid!r}"}
+                except (OSError, ValueError, KeyError) as exc:
+                    reply = {"error": f"{type(exc).__name__}: {exc}"}
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                conn.send(json.dumps(reply).encode())
+        except (OSError, ValueError, KeyError):
+            return
+        finally:
+            conn.close()
+            for pid, server in started.items():  # the child is gone: its server reaps them when they end
+                try:
+                    server.request({"op": "release", "pid": pid})
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.listener.close()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_SHARER: list = [None]
+
+
+@atexit.register
+def _stop_sharing() -> None:
+    if _SHARER[0] is not None:
+        _SHARER[0].close()
+
+
+def share() -> Optional[str]:
+    """Offer this process's fork servers to the child processes it starts from now on (sets
+    ``MAGPIE_FORKSERVER`` in ``os.environ``); returns the socket's path, or None where workers
+    are not forked here. Idempotent; undone by ``close_all`` (at exit)."""
+    if not usable():
+        return None
+    with _SERVERS_LOCK:
+        if _SHARER[0] is None or _SHARER[0].closed or _OWNER[0] not in (0, os.getpid()):
+            _SHARER[0] = Sharer()
+        os.environ[SHARE_ENV] = _SHARER[0].path
+        return _SHARER[0].path
 
 
 atexit.register(close_all)
@@ -343,6 +520,9 @@ def _fork_worker(worker_main, msg: dict, fds: list[int], sock: socket.socket) ->
         for fd in (devnull, out_fd, err_fd):
             os.close(fd)
         os.chdir(msg["cwd"])
+        if "env" in msg:  # asked through a sharing process: the asking process's exact environment
+            os.environ.clear()
+            os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
 
         def start() -> int:
             return _run_worker(worker_main, read_fd, write_fd, msg["scratch"])
@@ -363,9 +543,18 @@ def serve(sock: socket.socket, idle_exit_s: float = IDLE_EXIT_S) -> None:
         return
     parent = os.getppid()
     children: set[int] = set()  # forked, not yet reaped
+    released: set[int] = set()  # of those, the ones whose parent is gone: reaped here when they end
     last_request = time.monotonic()
     while True:
         ready, _, _ = select.select([sock], [], [], 1.0)
+        for pid in list(released):
+            try:
+                done = os.waitpid(pid, os.WNOHANG)[0] == pid
+            except ChildProcessError:
+                done = True
+            if done:
+                released.discard(pid)
+                children.discard(pid)
         if not ready:
             if os.getppid() != parent:
                 return  # the parent is gone
@@ -392,6 +581,10 @@ def serve(sock: socket.socket, idle_exit_s: float = IDLE_EXIT_S) -> None:
             elif msg.get("op") == "reap":
                 os.waitpid(int(msg["pid"]), 0)
                 children.discard(int(msg["pid"]))
+                reply = {}
+            elif msg.get("op") == "release":  # reaped when it ends, without blocking the others
+                if int(msg["pid"]) in children:
+                    released.add(int(msg["pid"]))
                 reply = {}
             else:
                 reply = {"error": f"unknown request {msg.get('op')!r}"}

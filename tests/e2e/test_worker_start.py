@@ -33,6 +33,10 @@ def _cmdline(pid):
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().replace(b"\\0", b" ").decode(errors="replace")
 
+def _ppid(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
 def record(module):
     main = sys.modules["__main__"]
     seen = getattr(sys, "_probe_seen_by", None)  # set by the first kernel module in this process
@@ -42,6 +46,8 @@ def record(module):
         "parent_cmdline": _cmdline(os.getppid()), "cmdline": _cmdline(os.getpid()),
         "seen_by": seen, "random": random.random(), "cwd": os.getcwd(), "path0": sys.path[0],
         "probe_var": os.environ.get("PROBE_VAR"), "malloc": os.environ.get("MALLOC_MMAP_THRESHOLD_"),
+        "volatile": os.environ.get("PYTEST_CURRENT_TEST"),
+        "server_parent": _ppid(_ppid(os.getppid())),  # worker -> reaper -> server -> whoever started it
         "stdin": _link(0), "stdout": _link(1), "stderr": _link(2),
         "sigint_default": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
         "main_spec": getattr(getattr(main, "__spec__", None), "name", None),
@@ -100,22 +106,36 @@ kernels:
 '''
 
 
-@pytest.fixture(scope="module", params=["fork", "spawn"])
+@pytest.fixture(scope="module", params=["fork", "shared", "spawn"])
 def probed(request, tmp_path_factory):
-    """One compare per way of starting workers; every probe record it wrote."""
+    """One compare per way of starting workers; every probe record it wrote. ``fork``: from the
+    command's own fork server; ``shared``: from a server of this test process (forkserver.share),
+    the command's per-invocation variable (PYTEST_CURRENT_TEST) set apart from this process's."""
     how = request.param
-    if how == "fork" and not forkserver.usable():
+    if how != "spawn" and not forkserver.usable():
         pytest.skip("workers are not forked on this machine (a GPU, or MAGPIE_WORKER_START=spawn)")
+    env = {"MAGPIE_WORKER_START": "spawn" if how == "spawn" else "fork",
+           forkserver.SHARE_ENV: forkserver.share() if how == "shared" else "",
+           "PYTEST_CURRENT_TEST": f"probe {how}"}
     folder = tmp_path_factory.mktemp(f"probe_{how}")
     for name, text in (("probe.py", PROBE), ("reference.py", REFERENCE), ("candidate.py", CANDIDATE),
                        ("compare.yaml", YAML)):
         (folder / name).write_text(textwrap.dedent(text))
     out = folder / "out"
-    proc = run_magpie("compare", "-k", folder / "compare.yaml", "-o", out, "--no-perf",
-                      env={"MAGPIE_WORKER_START": how})
+    proc = run_magpie("compare", "-k", folder / "compare.yaml", "-o", out, "--no-perf", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(p.read_text()) for p in sorted((folder / "probes").glob("*.json"))]
     return how, folder, records, read_report(out), os.getpgrp()
+
+
+def test_a_shared_server_is_this_processs_and_the_worker_gets_the_commands_environment(probed):
+    how, folder, records, _, _ = probed
+    for r in records:
+        assert r["volatile"] == f"probe {how}", r  # the command's own value, not the server's
+        if how == "shared":
+            assert r["server_parent"] == os.getpid(), r
+        elif how == "fork":
+            assert r["server_parent"] != os.getpid(), r
 
 
 def test_each_kernel_gets_its_own_worker(probed):
@@ -233,6 +253,7 @@ def test_a_parent_killed_outright_leaves_no_fork_server_or_worker(tmp_path):
     from conftest import REPO
     from engine.runs.process import engine_pythonpath
     env = dict(os.environ, PYTHONPATH=engine_pythonpath(os.environ.get("PYTHONPATH")))
+    env.pop(forkserver.SHARE_ENV, None)  # a server of its own
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
@@ -306,3 +327,53 @@ def test_an_idle_fork_server_exits_and_the_next_worker_starts_another(monkeypatc
     second.stop_group(1.0)
     os.close(r)
     forkserver.close_all()
+
+
+SHARED_CHILD = '''
+import os, sys
+from pathlib import Path
+from engine.kernels import forkserver
+tmp = Path(sys.argv[1])
+r_child, w_parent = os.pipe()
+r_parent, w_child = os.pipe()
+out, err = open(tmp / "w.stdout.log", "ab"), open(tmp / "w.stderr.log", "ab")
+worker = forkserver.start_worker(sys.executable, dict(os.environ), tmp, tmp, r_child, w_child, out.fileno(),
+                                 err.fileno(), tmp / "w.escaped.jsonl")
+assert isinstance(worker.server, forkserver.SharedForkServer), worker.server
+print(worker.pid, flush=True)
+sys.stdin.read()  # until killed
+'''
+
+
+def test_a_child_killed_outright_leaves_no_worker_and_the_shared_server_reaps_it(tmp_path):
+    """SIGKILL of a process whose worker came from this process's shared server: its watchdog
+    stops the worker's group, and the server (our grandchild) reaps the worker's reaper."""
+    if not forkserver.usable():
+        pytest.skip("workers are not forked on this machine")
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+    from engine.runs.process import engine_pythonpath
+    env = dict(os.environ, PYTHONPATH=engine_pythonpath(os.environ.get("PYTHONPATH")))
+    env[forkserver.SHARE_ENV] = forkserver.share()
+    child = subprocess.Popen([sys.executable, "-c", SHARED_CHILD, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        worker = int(child.stdout.readline())
+        os.killpg(worker, 0)  # running
+        server = _ppid(worker)
+        assert _ppid(server) == os.getpid(), "the worker was not forked from this process's server"
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{worker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{worker}"), "the worker's reaper is still running or was never reaped"
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
