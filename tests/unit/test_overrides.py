@@ -24,7 +24,8 @@ TINY = REPO / "examples" / "benchmarks" / "builtin_tiny_cpu.yaml"
 
 # The benchmark subcommand's options that are not overrides of the YAML, and the tool arguments.
 CLI_NOT_OVERRIDES = {"help", "framework", "benchmark_config", "batch", "dry_run", "compare_reports",
-                     "allow_different_workloads", "trace_dir", "top_k", "start_pct", "end_pct", "min_duration_us",
+                     "allow_different_workloads", "trace_dir", "trace_diff", "top_k", "start_pct", "end_pct",
+                     "min_duration_us",
                      "categories", "ignore_categories", "no_rank_csv", "find_kernel_sources", "kernel_source_repos",
                      "stages", "output_dir"}
 MCP_NOT_OVERRIDES = {"framework", "benchmark_config", "output_dir", "batch", "environment", "ray_address"}
