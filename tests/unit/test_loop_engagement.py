@@ -111,3 +111,41 @@ def test_a_missing_trace_fails_the_check(traces, tmp_path):
     assert eng.ok is False and "left no trace" in eng.detail and diff.error
     diff, eng = _evidence(tmp_path, traces["before"], tmp_path / "gone.json")
     assert eng.ok is False and "could not be compared" in eng.detail and "gone.json" in eng.detail
+
+
+def _gpu_trace(path: Path, triton: bool) -> Path:
+    """A GPU-shaped trace (Kineto's layout: launch -> kernel by correlation and an ac2g flow) of four
+    registry calls inside ``magpie_kernel::rmsnorm``: the reference's aten ops and their kernels, or
+    the winner's one Triton launch (a runtime call under the span, no cpu_op); an aten::linear
+    outside the span in both."""
+    from trace_builder import TraceBuilder
+    tb = TraceBuilder()
+    t, g = 1000.0, 5000.0
+    for _ in range(4):
+        tb.annotation("magpie_kernel::rmsnorm", t, 40.0)
+        if triton:
+            tb.launch(t + 2.0, "_rmsnorm_kernel", g, 3.0, runtime="cuLaunchKernel")
+        else:
+            tb.op_with_kernel("aten::pow", t + 2.0, "pow_kernel", g, 2.0)
+            tb.op_with_kernel("aten::mul", t + 15.0, "mul_kernel", g + 5.0, 2.0)
+        tb.op_with_kernel("aten::linear", t + 50.0, "gemm_kernel", g + 10.0, 8.0)
+        t, g = t + 100.0, g + 100.0
+    return tb.write(path)
+
+
+def test_on_a_gpu_trace_the_kernels_under_the_call_decide(tmp_path):
+    before = _gpu_trace(tmp_path / "before.json", triton=False)
+    after = _gpu_trace(tmp_path / "after.json", triton=True)
+    diff, eng = trace_evidence(tmp_path, before, after, "rmsnorm", "rmsnorm_triton",
+                               "engine.library.rmsnorm:rmsnorm_triton", tmp_path / "out")
+    assert eng.ok, eng.detail
+    assert eng.calls_after == eng.calls_before == 4 and eng.winner_frames_after is None
+    assert [(k.name, k.calls) for k in eng.kernels_after] == [("cuLaunchKernel > _rmsnorm_kernel", 4)]
+    assert {k.name for k in eng.kernels_before} == {"aten::pow > pow_kernel", "aten::mul > mul_kernel"}
+    assert "GPU kernels" in eng.detail and diff.basis == "gpu"
+    assert {m.name for m in diff.top_kernels if m.status == "only_b"} == {"_rmsnorm_kernel"}
+    gemm = next(m for m in diff.top_kernels if m.name == "gemm_kernel")
+    assert gemm.status == "both" and gemm.delta_us == 0 and gemm.stack == ["aten::linear"]
+    _, same = trace_evidence(tmp_path, before, _gpu_trace(tmp_path / "same.json", triton=False), "rmsnorm",
+                             "rmsnorm_triton", "engine.library.rmsnorm:rmsnorm_triton", tmp_path / "out2")
+    assert same.ok is False and "the same GPU kernels" in same.detail
