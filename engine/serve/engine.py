@@ -48,6 +48,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from engine.serve.graphs import DecodeRunner, PrefillRunner, batch_buckets, token_buckets
 from engine.serve.model import LlamaModel
+from engine.serve.prefix_cache import DEFAULT_BLOCK_SIZE, PrefixCache
 from engine.serve.tokenizer import EOS_ID
 
 T = TypeVar("T")
@@ -63,6 +64,7 @@ class TokenEvent:
     token: int | None
     finish_reason: str | None = None
     error: str | None = None
+    cached_tokens: int | None = None  # on a request's first token: its prompt tokens found in the prefix cache
 
 
 @dataclass
@@ -75,6 +77,7 @@ class _Request:
     output: list[int] = field(default_factory=list)
     slot: int | None = None
     prefilled: int = 0  # prompt tokens whose keys and values are in the cache
+    cached: int = 0  # prompt tokens loaded from the prefix cache instead of prefilled
 
 
 def step_annotation(context: Sequence[tuple[int, int]], generation: Sequence[tuple[int, int]]) -> str:
@@ -167,12 +170,16 @@ class Engine:
     and steps of whole prompts from graphs per token bucket (``graphs.token_buckets``);
     ``packed_prompts`` (default: on a GPU) runs whole prompts padded to those buckets, with
     graphs or without, so that an eager engine computes what a graph engine does;
-    ``stats_interval_s`` > 0 prints a stats line that often while steps run."""
+    ``stats_interval_s`` > 0 prints a stats line that often while steps run. ``prefix_caching``
+    keeps the keys and values of full blocks of ``prefix_block_size`` tokens in a pool of
+    ``prefix_cache_blocks`` blocks (``engine.serve.prefix_cache``; default: a quarter of the KV
+    cache's tokens), and a request whose prompt starts with cached blocks skips their prefill."""
 
     def __init__(self, model: LlamaModel, max_batch_size: int = 32, max_prefill_tokens: int = 8192,
                  eos_id: int = EOS_ID, *, max_model_len: int | None = None, cuda_graphs: bool = False,
                  graph_batch_sizes: Sequence[int] | None = None, stats_interval_s: float = 0.0,
-                 overlap: bool | None = None, packed_prompts: bool | None = None) -> None:
+                 overlap: bool | None = None, packed_prompts: bool | None = None, prefix_caching: bool = False,
+                 prefix_cache_blocks: int | None = None, prefix_block_size: int = DEFAULT_BLOCK_SIZE) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be at least 1")
         self.model = model
@@ -183,6 +190,10 @@ class Engine:
         self.cuda_graphs = cuda_graphs and model.device.type == "cuda"
         self.cache = model.new_cache(max_batch_size + 1, self.max_len)
         self.pad_slot = max_batch_size  # the extra slot: decode padding rows write and read only this one
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_caching:
+            blocks = prefix_cache_blocks or max(1, max_batch_size * self.max_len // 4 // prefix_block_size)
+            self.prefix_cache = PrefixCache(self.cache, blocks, prefix_block_size)
         self.decoder = DecodeRunner(model, self.cache, self.pad_slot, batch_buckets(max_batch_size, graph_batch_sizes),
                                     max_batch_size)
         if packed_prompts is None:
@@ -383,8 +394,11 @@ class Engine:
                 req = self._waiting.popleft()
                 req.slot = self._free_slots.pop()
                 self._prefilling.append(req)
-                n = min(len(req.prompt), budget)
-                chunks.append((req, 0, n))
+                if self.prefix_cache is not None:  # the cached blocks of its prompt go to its slot, not through the model
+                    req.cached = req.prefilled = self.prefix_cache.load(self.cache, req.slot,
+                                                                        self.prefix_cache.match(req.prompt))
+                n = min(len(req.prompt) - req.prefilled, budget)
+                chunks.append((req, req.prefilled, n))
                 budget -= n
             return chunks, list(self._running)
 
@@ -508,8 +522,11 @@ class Engine:
             finish = "stop"
         elif len(req.output) >= req.max_tokens:
             finish = "length"
-        req.sink(TokenEvent(token, finish_reason=finish))
+        req.sink(TokenEvent(token, finish_reason=finish, cached_tokens=req.cached if len(req.output) == 1 else None))
         if finish is not None:
+            if self.prefix_cache is not None and req.slot is not None:
+                # Its prompt and the tokens generated before the last (whose keys and values are in its slot).
+                self.prefix_cache.store(self.cache, req.slot, req.prompt + req.output[:-1])
             with self._cond:
                 self._release(req, finish)
         return finish is not None
@@ -518,6 +535,8 @@ class Engine:
         started: list[_Request] = []  # whose prompt is now all in the cache, and not finished by its first token
         for (req, s, n), token in zip(chunks, tokens):
             req.prefilled = s + n
+            if self.prefix_cache is not None and req.prefilled == len(req.prompt):
+                self.prefix_cache.store(self.cache, req.slot, req.prompt)  # requests that share it can start now
             if req.prefilled == len(req.prompt) and not self._emit(req, token):
                 started.append(req)
         running = [req for req, token in zip(decoding, tokens[len(chunks):]) if not self._emit(req, token)]
@@ -542,6 +561,7 @@ class Engine:
         """A consistent snapshot of the counters and the current state (``/metrics``)."""
         with self._stats_lock, self._cond:
             s = self.stats
+            pc = self.prefix_cache
             running = len(self._prefilling) + len(self._running)
             return {"steps": dict(s.steps), "step_seconds": dict(s.step_seconds), "batch_bounds": BATCH_BOUNDS,
                     "batch_counts": list(s.batch_counts), "batch_sum": s.batch_sum, "prompt_tokens": s.prompt_tokens,
@@ -553,7 +573,20 @@ class Engine:
                     "prompt_graph_replays": s.prompt_replays,
                     "mixed_forward_steps": self.prefiller.mixed_steps if self.prefiller else 0,
                     "eager_prompt_steps": s.eager_prompt_steps,
-                    "graph_token_buckets": sorted(self.prefiller.graphs) if self.prefiller else []}
+                    "graph_token_buckets": sorted(self.prefiller.graphs) if self.prefiller else [],
+                    "prefix_cache": None if pc is None else {
+                        "queries": pc.queries, "hits": pc.hits, "blocks_used": pc.used_blocks,
+                        "blocks": pc.num_blocks, "block_size": pc.block_size, "evictions": pc.evictions}}
+
+    def reset_prefix_cache(self) -> concurrent.futures.Future[bool]:
+        """Empty the prefix cache between two steps (``POST /reset_prefix_cache``); the future
+        gives False when prefix caching is off."""
+        def reset() -> bool:
+            if self.prefix_cache is None:
+                return False
+            self.prefix_cache.reset()
+            return True
+        return self.call(reset)
 
     def stats_line(self, now: float | None = None) -> str:
         """What happened since the previous call, one line (the server prints it every interval)."""

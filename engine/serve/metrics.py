@@ -16,7 +16,11 @@ Metrics (prefix ``magpie_serve_``):
   ran inside the prompt forward (one read of the weights for both);
 * ``requests_running``, ``requests_waiting``, ``kv_cache_slots_used``, ``kv_cache_slots``
   (gauges); ``prompt_tokens_total``, ``generation_tokens_total``,
-  ``requests_finished_total{reason}`` (stop, length, error, abort).
+  ``requests_finished_total{reason}`` (stop, length, error, abort);
+* with prefix caching, vLLM's ``vllm:prefix_cache_queries_total`` and
+  ``vllm:prefix_cache_hits_total`` (prompt tokens looked up / found in the prefix cache, so that
+  a client reading vLLM's names gets the hit rate of either server), and
+  ``prefix_cache_blocks_used``, ``prefix_cache_blocks`` (gauges), ``prefix_cache_evictions_total``.
 """
 
 from __future__ import annotations
@@ -79,4 +83,16 @@ def render(m: dict[str, Any]) -> str:
     out += _family("generation_tokens_total", "counter", "Tokens generated.", [("", {}, m["generation_tokens"])])
     out += _family("requests_finished_total", "counter", "Requests finished, by reason (stop, length, error, abort).",
                    [("", {"reason": r}, v) for r, v in m["finished"].items()])
+    pc = m.get("prefix_cache")
+    if pc is not None:
+        for name, key, help_text in (
+                ("prefix_cache_queries", "queries", "Prefix cache queries, in terms of number of queried tokens."),
+                ("prefix_cache_hits", "hits", "Prefix cache hits, in terms of number of cached tokens.")):
+            out += [f"# HELP vllm:{name}_total {help_text}", f"# TYPE vllm:{name}_total counter",
+                    f"vllm:{name}_total {_value(pc[key])}"]
+        out += _family("prefix_cache_blocks_used", "gauge", "Prefix-cache blocks holding a cached prefix block.",
+                       [("", {}, pc["blocks_used"])])
+        out += _family("prefix_cache_blocks", "gauge", "Prefix-cache blocks (the pool's size).", [("", {}, pc["blocks"])])
+        out += _family("prefix_cache_evictions_total", "counter", "Prefix-cache blocks evicted (least recently used).",
+                       [("", {}, pc["evictions"])])
     return "\n".join(out) + "\n"

@@ -16,7 +16,13 @@ engine, with the routes a serving benchmark uses.
   that many engine steps) and ``kernel_sites``: true (the default) names each registry kernel's
   call site in the trace and runs decode steps eagerly while the profiler runs; false profiles
   the steps as served (CUDA graphs, the next step queued ahead);
-* ``GET /metrics``: the engine's counters in Prometheus text format (``engine.serve.metrics``).
+* ``GET /metrics``: the engine's counters in Prometheus text format (``engine.serve.metrics``);
+* ``POST /reset_prefix_cache``: empty the prefix cache (as vLLM's route; 400 when it is off).
+
+Prefix caching is on by default, as in vLLM (``--no-enable-prefix-caching``, config
+``enable_prefix_caching: false`` turns it off; ``engine.serve.prefix_cache``): the usage of a
+response gives ``prompt_tokens_details.cached_tokens``, the prompt tokens that were not prefilled
+because their keys and values were cached.
 
 On a GPU the decode steps are CUDA graph replays (``engine.serve.graphs``) unless ``--eager``
 (config ``eager: true``); the graphs are captured before the ready line, with every kernel,
@@ -85,6 +91,12 @@ class ServeConfig(BaseModel):
     stats_interval_s: float = Field(default=10.0, ge=0)
     # The HTTP side's event loop: uvloop where installed (the `fast` extra), else asyncio's.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # Prefix caching (vLLM's --enable-prefix-caching, on by default there too): blocks of
+    # prefix_cache_block_size tokens, a pool of prefix_cache_blocks (default: a quarter of the KV
+    # cache's tokens), least recently used evicted.
+    enable_prefix_caching: bool = True
+    prefix_cache_block_size: int = Field(default=16, ge=1)
+    prefix_cache_blocks: int | None = Field(default=None, ge=1)
 
     @property
     def name(self) -> str:
@@ -130,7 +142,9 @@ def build_engine(config: ServeConfig) -> Engine:
     model = LlamaModel(shapes, device=device, dtype=dtype, kernels=kernels)
     engine = Engine(model, max_batch_size=config.max_batch_size, max_prefill_tokens=config.max_prefill_tokens,
                     max_model_len=config.max_model_len, cuda_graphs=not config.eager,
-                    graph_batch_sizes=config.cuda_graph_batch_sizes, stats_interval_s=config.stats_interval_s)
+                    graph_batch_sizes=config.cuda_graph_batch_sizes, stats_interval_s=config.stats_interval_s,
+                    prefix_caching=config.enable_prefix_caching, prefix_cache_blocks=config.prefix_cache_blocks,
+                    prefix_block_size=config.prefix_cache_block_size)
     engine.warm_up()
     return engine
 
@@ -211,6 +225,15 @@ class _Handlers:
         return web.json_response({"status": "profiling", "trace": str(path), "num_steps": num_steps,
                                   "kernel_sites": kernel_sites})
 
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        try:
+            done = await asyncio.wrap_future(self.engine.reset_prefix_cache())
+        except RuntimeError as exc:
+            return _error(str(exc), 503)
+        if not done:
+            return _error("prefix caching is off (the server was started with --no-enable-prefix-caching)", 400)
+        return web.Response(status=200)
+
     async def stop_profile(self, request: web.Request) -> web.Response:
         try:
             path = await asyncio.wrap_future(self.engine.stop_profile())
@@ -243,7 +266,7 @@ class _Handlers:
         if stream:
             return await self._stream(request, prompt, max_tokens, ignore_eos, rid, chat, include_usage)
         async with contextlib.aclosing(self.engine.stream(prompt, max_tokens, ignore_eos)) as events:
-            return await self._complete(events, rid, chat, len(prompt))
+            return await self._complete(events, rid, chat, len(prompt), self.engine.prefix_cache is not None)
 
     def _parse(self, body: dict[str, Any], chat: bool) -> tuple[list[int], int, bool, bool]:
         model = body.get("model")
@@ -330,7 +353,8 @@ class _Handlers:
             if include_usage and not sse.failed:
                 usage = self._chunk(rid, chat, None, None)
                 usage["choices"] = []
-                usage["usage"] = _usage(len(prompt), sse.completion_tokens)
+                usage["usage"] = _usage(len(prompt), sse.completion_tokens,
+                                        sse.cached_tokens if self.engine.prefix_cache is not None else None)
                 await resp.write(_frame(usage))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
@@ -340,9 +364,10 @@ class _Handlers:
                 self.engine.abort(request_id)
 
     async def _complete(self, events: AsyncGenerator[list[TokenEvent], None], rid: str, chat: bool,
-                        prompt_tokens: int) -> web.Response:
+                        prompt_tokens: int, caching: bool = False) -> web.Response:
         tokens: list[int] = []
         finish = None
+        cached = 0
         decoder = StreamDecoder()
         async for batch in events:
             for ev in batch:
@@ -350,6 +375,8 @@ class _Handlers:
                     return _error(str(ev.error), 500)
                 tokens.append(ev.token)
                 finish = ev.finish_reason
+                if ev.cached_tokens is not None:
+                    cached = ev.cached_tokens
         text = "".join(decoder.feed(t) for t in tokens) + decoder.flush()
         if chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -358,7 +385,7 @@ class _Handlers:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                   "created": int(time.time()), "model": self.config.name, "choices": [choice],
-                                  "usage": _usage(prompt_tokens, len(tokens))})
+                                  "usage": _usage(prompt_tokens, len(tokens), cached if caching else None)})
 
 
 def _frame(payload: dict[str, Any]) -> bytes:
@@ -387,6 +414,7 @@ class _SSEStream:
         self.direct = False  # set once the handler's first write has gone through aiohttp
         self.finished = self.failed = self.gone = False
         self.completion_tokens = 0
+        self.cached_tokens = 0
         self._waiter: asyncio.Future[None] | None = None
 
     def deliver(self, events: list[TokenEvent]) -> None:
@@ -399,6 +427,8 @@ class _SSEStream:
                 self.failed = self.finished = True
                 break
             self.completion_tokens += 1
+            if ev.cached_tokens is not None:
+                self.cached_tokens = ev.cached_tokens
             if ev.finish_reason is None:
                 parts.append(self.head + json.dumps(self.decoder.feed(ev.token)).encode() + self.token_tail)
             else:
@@ -433,9 +463,12 @@ class _SSEStream:
             self._waiter = None
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:  # OpenAI's field, as vLLM gives it
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
 
 
 def make_app(engine: Engine, config: ServeConfig, profiler_dir: Path | None = None) -> web.Application:
@@ -448,6 +481,7 @@ def make_app(engine: Engine, config: ServeConfig, profiler_dir: Path | None = No
         web.post("/v1/chat/completions", h.chat_completions),
         web.post("/start_profile", h.start_profile),
         web.post("/stop_profile", h.stop_profile),
+        web.post("/reset_prefix_cache", h.reset_prefix_cache),
         web.get("/metrics", h.metrics),
     ])
     return app
@@ -484,7 +518,9 @@ def _ready_line(engine: Engine, config: ServeConfig, port: int) -> str:
     return (f"magpie-serve ready: http://{config.host}:{port} model={config.name} "
             f"({m.config.num_parameters() / 1e6:.1f}M parameters, {m.device.type} {str(m.dtype).removeprefix('torch.')}) "
             f"max_batch_size={engine.max_batch_size} {mode} kv_cache={engine.cache.num_slots}x{engine.max_len} tokens "
-            f"({engine.cache.nbytes / 2**30:.2f} GiB) event_loop={event_loop_name(config.event_loop)} "
+            f"({engine.cache.nbytes / 2**30:.2f} GiB) prefix_cache="
+            f"{f'{engine.prefix_cache.num_blocks}x{engine.prefix_cache.block_size} tokens' if engine.prefix_cache else 'off'} "
+            f"event_loop={event_loop_name(config.event_loop)} "
             f"kernels: {overrides + '; ' if overrides else ''}{defaults}")
 
 
@@ -541,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stats-interval", dest="stats_interval_s", type=float, help="seconds between stats lines (0: none)")
     ap.add_argument("--event-loop", choices=list(EVENT_LOOPS),
                     help="the HTTP side's event loop (default auto: uvloop where installed)")
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                    help="cache the keys and values of repeated prompt prefixes (default on, as vLLM)")
+    ap.add_argument("--prefix-cache-block-size", type=int, help="tokens per prefix-cache block (default 16)")
+    ap.add_argument("--prefix-cache-blocks", type=int,
+                    help="prefix-cache blocks kept, least recently used evicted (default: a quarter of the KV cache)")
     ap.add_argument("--profiler-dir", help=f"where /stop_profile writes traces (else ${PROFILER_DIR_ENV})")
     ap.add_argument("--kernel", action="append", default=[], metavar="KEY=PATH",
                     help="replace a registry kernel (rmsnorm, activation, rotary, attention, decode_attention) by the "

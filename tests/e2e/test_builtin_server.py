@@ -87,7 +87,8 @@ def test_concurrent_streaming_completions_with_token_ids(server):
         assert events[-1] == "[DONE]"
         usage = events[-2]
         assert usage["choices"] == [] and usage["usage"] == {
-            "prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+            "prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n,
+            "prompt_tokens_details": {"cached_tokens": 0}}  # prefix caching is on: no 16-token prefix is shared
         content = events[:-2]
         assert len(content) == n  # one token per chunk
         assert all(c["object"] == "text_completion" and c["model"] == "tiny" for c in content)
@@ -133,7 +134,8 @@ def test_usage_chunk_only_when_asked_and_non_streaming_response(server):
 
     plain, whole = asyncio.run(go())
     assert plain[-1] == "[DONE]" and all(e["choices"] for e in plain[:-1]) and len(plain) == 4
-    assert whole["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}  # BOS + 5 bytes
+    assert whole["usage"] == {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9,  # BOS + 5 bytes
+                              "prompt_tokens_details": {"cached_tokens": 0}}
     assert whole["choices"][0]["text"] == "".join(e["choices"][0]["text"] for e in plain[:-1])
 
 
