@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from itertools import accumulate, compress, islice
 from operator import gt, sub
 from functools import partial
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
 import numpy as np
 
@@ -227,7 +227,7 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
     rows: list[list] = []
     if out is not None:
         out.write(",".join(CSV_COLUMNS) + "\r\n")
-    emit = partial(_write_rows, out) if out is not None else rows.extend
+    emit = partial(_write_columns, out) if out is not None else (lambda columns: rows.extend(zip(*columns)))
     acc = _Totals()
     if len(order):
         parent, pid = _np(tree.parent, np.int32), _np(trace.pid, np.uint32)
@@ -254,7 +254,7 @@ def classify_idle_gaps(tree: EventTree, idle: dict, lo: float, hi: float, graphs
     return IdleCauses(rows, acc.summary(noise_floor_us, below))
 
 
-_CHUNK = 20000  # gaps classified (and their rows held) at a time
+_CHUNK = 5000  # gaps classified (and their rows held) at a time
 _STAGE_NONE = "none"
 
 
@@ -324,8 +324,8 @@ def _overlaps(spans: _Columns, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _classify_chunk(tree: EventTree, gaps: Any, idx: np.ndarray, spans: tuple, graphs: GraphReplays | None,
-                    step_starts: list[float], step_rest: list[tuple], acc: _Totals) -> Iterable[tuple]:
-    """The rows of the gaps ``idx`` (one device's, by start), a column at a time."""
+                    step_starts: list[float], step_rest: list[tuple], acc: _Totals) -> list[list]:
+    """The CSV columns of the gaps ``idx`` (one device's, by start), made a column at a time."""
     trace = tree.trace
     ts, dur = _np(trace.ts, np.float64), _np(trace.dur, np.float64)
     kind, parent = _np(trace.kind, np.uint32), _np(tree.parent, np.int32)
@@ -378,7 +378,7 @@ def _classify_chunk(tree: EventTree, gaps: Any, idx: np.ndarray, spans: tuple, g
         stage, step_names = np.zeros(n, dtype=np.int64), [""] * n
     acc.add(cause, drained, host_code, stage, stage_names, L)
 
-    # the rows, column by column (csv takes the tuples of a zip: no Python step per row)
+    # the rows' columns
     names, name_col, ids, pid = trace.names, trace.name, trace.ids, trace.pid
     a_list, b_list = A.tolist(), B.tolist()
     r3 = np.round(shares, 3)
@@ -386,14 +386,14 @@ def _classify_chunk(tree: EventTree, gaps: Any, idx: np.ndarray, spans: tuple, g
     def text(values: np.ndarray) -> list:
         return ["" if v != v else v for v in np.round(values, 3).tolist()]  # NaN (no launch): empty
 
-    return zip(list(map(ids.__getitem__, map(pid.__getitem__, a_list))), (ts[B] + dur[B]).tolist(), ts[A].tolist(),
-               L.tolist(), list(map(names.__getitem__, map(name_col.__getitem__, b_list))),
-               list(map(names.__getitem__, map(name_col.__getitem__, a_list))),
-               np.asarray(CAUSES, dtype=object)[cause].tolist(),
-               np.where(drained, "sync_drain", "no_sync").tolist(), sync_calls,
-               np.asarray(HOST_CLASSES, dtype=object)[host_code].tolist(), *(r3[:, k].tolist() for k in range(4)),
-               text(call), text(latency), prequeued.tolist(), np.asarray(stage_names, dtype=object)[stage].tolist(),
-               step_names)
+    return [list(map(ids.__getitem__, map(pid.__getitem__, a_list))), (ts[B] + dur[B]).tolist(), ts[A].tolist(),
+            L.tolist(), list(map(names.__getitem__, map(name_col.__getitem__, b_list))),
+            list(map(names.__getitem__, map(name_col.__getitem__, a_list))),
+            np.asarray(CAUSES, dtype=object)[cause].tolist(),
+            np.where(drained, "sync_drain", "no_sync").tolist(), sync_calls,
+            np.asarray(HOST_CLASSES, dtype=object)[host_code].tolist(), *(r3[:, k].tolist() for k in range(4)),
+            text(call), text(latency), prequeued.tolist(), np.asarray(stage_names, dtype=object)[stage].tolist(),
+            step_names]
 
 
 def _csv_text(value: str) -> str:
@@ -407,13 +407,13 @@ _QUOTE = (0, 4, 5, 8, 18)  # the columns that may hold a comma: device, before, 
 _LINE = ",".join(["%s"] * len(CSV_COLUMNS)) + "\r\n"
 
 
-def _write_rows(out: TextIO, rows: Iterable[tuple]) -> None:
-    """The rows as csv.writer writes them (minimal quoting, CRLF), twice as fast: the text fields that
-    may need quoting are quoted once per distinct value, the line formatted in one operation (str of a
-    float is its repr, as the csv module writes it)."""
-    columns = [list(c) for c in zip(*rows)]
-    if not columns:
+def _write_columns(out: TextIO, columns: list[list]) -> None:
+    """Rows given as columns, written as csv.writer writes them (minimal quoting, CRLF) at twice its
+    speed: the text fields that may need quoting are quoted once per distinct value, each line is
+    formatted in one operation (str of a float is its repr, as the csv module writes it)."""
+    if not columns or not columns[0]:
         return
+    columns = list(columns)
     for k in _QUOTE:
         quoted = {v: _csv_text(v) if isinstance(v, str) else v for v in set(columns[k])}
         columns[k] = list(map(quoted.__getitem__, columns[k]))

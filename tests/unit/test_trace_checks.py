@@ -446,13 +446,13 @@ def test_tracelens_timeline_idle_inside_unrecorded_graph_replays_is_flagged(tmp_
 def test_idle_causes_csv_is_written_as_the_csv_module_writes_it():
     import io
 
-    from engine.trace.idle_causes import CSV_COLUMNS, _write_rows
+    from engine.trace.idle_causes import CSV_COLUMNS, _write_columns
     rows = [(0, 1000000.125, 1000010.5, 10.375, 'void k<4, "x">(int)', "plain", "host_cpu", "no_sync", "", "cpu",
              1.0, 0.0, 9.375, 0.0, "", 2.5, False, "decode", "decode[bs=2 ctx=[1,2]]"),
             ("GPU 1", 1e-05, 2.0, 1.99999, "a\nb", "k,2", "sync_drain", "sync_drain", "cudaDeviceSynchronize",
              "idle", 0.0, 0.0, 0.0, 1.99999, 3.0, "", True, "none", "")]
     assert len(rows[0]) == len(CSV_COLUMNS)
     ours, theirs = io.StringIO(), io.StringIO()
-    _write_rows(ours, rows)
+    _write_columns(ours, [list(c) for c in zip(*rows)])
     csv.writer(theirs).writerows(rows)
     assert ours.getvalue() == theirs.getvalue()
