@@ -31,6 +31,8 @@ from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
 from engine.eventloop import event_loop_name, run_coroutine
 from engine.bench.metrics import aggregate_repeats, detailed_lists, format_interval
 from engine.bench.server_metrics import ServerMetricsScraper
+from engine.bench.session_replay import summary_lines as session_summary_lines
+from engine.bench.session_run import TOKEN_ID_SESSIONS, is_session_run, run_session_repeats
 from engine.bench.tokenizers import NO_VOCAB_FIX, TokenizerError, known_vocab, load_tokenizer
 from engine.config.benchmark import CLIENT_ENV_KEYS, BenchmarkConfig
 from engine.runs.process import CancelToken
@@ -396,6 +398,9 @@ class LoadTarget:
     special: tuple[int, ...]
 
 
+_TOKEN_ID_DATASETS = ("random", *TOKEN_ID_SESSIONS)  # prompts made here from token ids: a vocabulary is needed
+
+
 def _prompt_source(run: BenchRun) -> PromptSource:
     """The tokenizer (named, or the model's as vLLM defaults it), else a vocabulary size known for
     certain; neither raises TokenizerError before anything starts. Recorded in ``report.dataset``."""
@@ -410,7 +415,7 @@ def _prompt_source(run: BenchRun) -> PromptSource:
         except TokenizerError as exc:
             if not cfg.tokenizer_is_default() or cfg.client.endpoint == "chat":
                 raise
-            if cfg.client.dataset_name != "random":
+            if cfg.client.dataset_name not in _TOKEN_ID_DATASETS:
                 run.warnings.append(f"the model's tokenizer could not be loaded ({exc}); text prompts of the dataset "
                                     "are counted by the server")
                 return PromptSource(None, None, ())
@@ -421,7 +426,7 @@ def _prompt_source(run: BenchRun) -> PromptSource:
                 return PromptSource(None, _GUESSED_VOCAB, ())
             run.warnings.append(f"the model's tokenizer could not be loaded ({exc}); random prompts are token ids "
                                 f"below {known[0]} ({known[2]})")
-    elif cfg.client.dataset_name != "random":
+    elif cfg.client.dataset_name not in _TOKEN_ID_DATASETS:
         return PromptSource(None, None, ())  # the dataset file has the prompts
     elif known is None:
         raise TokenizerError(f"random token-id prompts for {cfg.framework} {cfg.model!r} need the model's vocabulary "
@@ -559,6 +564,8 @@ def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shap
 
 def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, shape: _Shape) -> list[dict]:
     """One sweep point's repeats: their results, less a repeat that a cancel cut short."""
+    if is_session_run(run.cfg.client):
+        return run_session_repeats(run, target, point, index, shape)
     cfg, cancel, base_url = run.cfg, run.cancel, target.base_url
     # The profiler covers every repeat of the first point, so all of them run under the
     # same conditions (a profiled run is diagnostic: its numbers are not a baseline).
@@ -720,6 +727,8 @@ def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
     report["repeats"] = sweep_results[0]["repeats"] if sweep_results else None
     report["sweep"] = sweep_results if len(sweep_results) > 1 else None
     report["lengths"] = sweep_results[0]["point"].get("lengths") if sweep_results else None
+    if "sessions" in first:
+        report["sessions"] = first["sessions"]
     failures = _failures(sweep_results)
     report["failures"] = failures
     if run.server_gone:
@@ -976,6 +985,8 @@ def summary_text(report: dict) -> str:
             r = rep.get(key)
             if r:
                 lines.append(f"{key} over {r['n']} repeats: {r['mean']:.3f} (95% CI {format_interval(r)})")
+    if report.get("sessions"):
+        lines += session_summary_lines(report["sessions"])
     if report.get("capacity"):
         lines += capacity_table(report["capacity"])
     if report.get("lengths"):

@@ -298,6 +298,8 @@ class BuiltinServer(_Strict):
     cuda_graph_batch_sizes: Optional[list[int]] = None
     # Prompt + output cap and the length of each KV-cache slot; none: the model's max_seq_len.
     max_model_len: Optional[int] = Field(default=None, ge=16)
+    # Prefix caching (on by default, as in vLLM); false starts the server with --no-enable-prefix-caching.
+    prefix_caching: bool = True
 
     @field_validator("size")
     @classmethod
@@ -330,6 +332,8 @@ class BuiltinServer(_Strict):
             flags += ["--cuda-graph-batch-sizes", ",".join(str(b) for b in sorted(set(self.cuda_graph_batch_sizes)))]
         if self.max_model_len is not None:
             flags += ["--max-model-len", str(self.max_model_len)]
+        if not self.prefix_caching:
+            flags.append("--no-enable-prefix-caching")
         return flags
 
 
@@ -365,11 +369,27 @@ class Client(_Strict):
     vllm_range_ratio: Optional[float] = Field(default=None, ge=0, lt=1, description=(
         "vLLM's --random-range-ratio: lengths drawn from [L*(1-r), L*(1+r)]; replaces envs.RANDOM_RANGE_RATIO "
         "(Magpie's [L*r, L])"))
-    # vLLM's --dataset-name / --dataset-path: random (ISL/OSL), custom (JSONL), sharegpt (JSON).
-    dataset_name: Literal["random", "custom", "sharegpt"] = "random"
+    # vLLM's --dataset-name / --dataset-path: random (ISL/OSL), custom (JSONL), sharegpt (JSON);
+    # multi-turn sessions (engine.bench.sessions): mooncake (AIPerf's trace JSONL), sessions
+    # (synthetic), sharegpt with multi_turn (whole conversations).
+    dataset_name: Literal["random", "custom", "sharegpt", "mooncake", "sessions"] = "random"
     dataset_path: Optional[str] = None
     custom_output_len: Optional[int] = Field(default=None, ge=1)
     sharegpt_output_len: Optional[int] = Field(default=None, ge=1)
+    # Session replay (mooncake, sessions, sharegpt + multi_turn; engine.bench.session_replay):
+    # closed loop (a turn after the previous answer plus its delay), open loop (at the recorded
+    # timestamps), auto (open when the trace has timestamps); the session-affinity header; the
+    # mooncake hash_ids block size; the synthetic sessions' shape (per turn: ISL new tokens, OSL
+    # answer tokens); num_sessions (default: CONC) also caps the sessions of a file.
+    multi_turn: bool = False
+    session_mode: Literal["auto", "closed", "open"] = "auto"
+    session_header: str = "X-Session-ID"
+    session_block_size: int = Field(default=512, ge=1)
+    num_sessions: Optional[int] = Field(default=None, ge=1)
+    session_turns: int = Field(default=4, ge=1)
+    system_prompt_len: int = Field(default=0, ge=0)
+    session_delay: float = Field(default=0.0, ge=0)
+    subagents: int = Field(default=0, ge=0)
     # A run bounded by time: requests are sent (the dataset cycled) for this many seconds; those
     # started in the first warmup_seconds or the last cooldown_seconds are not measured.
     duration: Optional[float] = Field(default=None, gt=0)
@@ -395,11 +415,14 @@ class Client(_Strict):
 
     @model_validator(mode="after")
     def _dataset_and_windows(self) -> "Client":
-        if self.dataset_name != "random" and not self.dataset_path:
+        if self.dataset_name not in ("random", "sessions") and not self.dataset_path:
             raise ValueError(f"dataset_name {self.dataset_name} needs dataset_path (--dataset-path FILE)")
-        if self.dataset_name == "random" and self.dataset_path:
-            raise ValueError("dataset_path is for dataset_name custom or sharegpt (--dataset-name); the random "
-                             "dataset has no file")
+        if self.dataset_name in ("random", "sessions") and self.dataset_path:
+            raise ValueError(f"dataset_path is for dataset_name custom, sharegpt or mooncake (--dataset-name); the "
+                             f"{self.dataset_name} dataset has no file")
+        if self.multi_turn and self.dataset_name != "sharegpt":
+            raise ValueError("multi_turn (--multi-turn) replays ShareGPT conversations as sessions: it needs "
+                             "dataset_name sharegpt")
         if self.dataset_path and not Path(self.dataset_path).expanduser().is_file():
             raise ValueError(f"dataset_path {self.dataset_path}: no such file")
         if (self.warmup_seconds or self.cooldown_seconds) and self.duration is None:
@@ -919,7 +942,14 @@ def prompt_problems(cfg: BenchmarkConfig, machine: bool = True) -> list[str]:
             load_custom_jsonl(cfg.client.dataset_path, num_requests=None, output_len=1)
         except DatasetError as exc:
             return exc.problems
-    if cfg.client.dataset_name != "random":
+    if cfg.client.dataset_name == "mooncake" and cfg.client.dataset_path:
+        from engine.bench.datasets import DatasetError
+        from engine.bench.sessions import BlockTokens, load_mooncake
+        try:  # every line checked now (token ids below any vocabulary: only the fields matter here)
+            load_mooncake(cfg.client.dataset_path, blocks=BlockTokens(2), block_size=cfg.client.session_block_size)
+        except DatasetError as exc:
+            return exc.problems
+    if cfg.client.dataset_name not in ("random", "mooncake", "sessions"):
         return []  # the file has the prompts: no vocabulary needed (a tokenizer, when it loads, counts them)
     name = cfg.effective_tokenizer()
     has_hf = name == BUILTIN or transformers_available() or not machine

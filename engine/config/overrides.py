@@ -95,14 +95,38 @@ class BenchmarkOverrides(BaseModel):
     vocab_size: Annotated[Optional[int], Override(
         "client.vocab_size", "the model's vocabulary size (client.vocab_size): token-id prompts stay below it when "
         "no tokenizer loads (default: the model folder's config.json)")] = None
-    dataset_name: Annotated[Optional[Literal["random", "custom", "sharegpt"]], Override(
+    dataset_name: Annotated[Optional[Literal["random", "custom", "sharegpt", "mooncake", "sessions"]], Override(
         "client.dataset_name", "as vllm bench serve: random (default), custom (JSONL: prompt or prompt_token_ids, "
-        "output_len, optional timestamp for a trace replay), sharegpt (JSON)")] = None
+        "output_len, optional timestamp for a trace replay), sharegpt (JSON); multi-turn session replays: mooncake "
+        "(AIPerf's trace JSONL), sessions (synthetic: --num-sessions x --session-turns)")] = None
     dataset_path: Annotated[Optional[str], Override("client.dataset_path", "the custom JSONL or ShareGPT JSON file")] = None
     custom_output_len: Annotated[Optional[int], Override("client.custom_output_len",
                                                   "output tokens of custom lines without output_len")] = None
     sharegpt_output_len: Annotated[Optional[int], Override("client.sharegpt_output_len",
                                                     "fix ShareGPT output lengths (default: the reply's)")] = None
+    multi_turn: Annotated[Optional[bool], Override(
+        "client.multi_turn", "sharegpt: replay whole conversations as sessions (each human message a turn)",
+        off="one request per conversation (the first turn), as vllm bench serve")] = None
+    session_mode: Annotated[Optional[Literal["auto", "closed", "open"]], Override(
+        "client.session_mode", "session replay: closed (next turn after the answer + its delay), open (at the "
+        "recorded timestamps), auto (open when the trace has timestamps; default)")] = None
+    session_header: Annotated[Optional[str], Override(
+        "client.session_header", "session-affinity header carrying the session id (default X-Session-ID; '' none)",
+        metavar="NAME")] = None
+    session_block_size: Annotated[Optional[int], Override(
+        "client.session_block_size", "tokens per mooncake hash_ids block (default 512, as AIPerf)")] = None
+    num_sessions: Annotated[Optional[int], Override(
+        "client.num_sessions", "sessions to replay (synthetic: how many; files: at most; default CONC)")] = None
+    session_turns: Annotated[Optional[int], Override(
+        "client.session_turns", "synthetic sessions: turns per session (default 4; each ISL new tokens, OSL "
+        "answer tokens)")] = None
+    system_prompt_len: Annotated[Optional[int], Override(
+        "client.system_prompt_len", "synthetic sessions: tokens of a system prompt every session shares")] = None
+    session_delay: Annotated[Optional[float], Override(
+        "client.session_delay", "synthetic sessions: seconds between an answer and the next turn")] = None
+    subagents: Annotated[Optional[int], Override(
+        "client.subagents", "synthetic sessions: child sessions (sub-agents) each forks after its first turn, "
+        "with its context")] = None
     duration: Annotated[Optional[float], Override("client.duration", "send load for S seconds (the dataset cycled) instead "
                                            "of a number of prompts")] = None
     warmup_seconds: Annotated[Optional[float], Override("client.warmup_seconds", "with --duration: requests started in "

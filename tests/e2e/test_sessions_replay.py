@@ -1,0 +1,216 @@
+"""Multi-turn session replays against the real built-in server on the CPU: prefix-cache hits in
+the report (cached tokens on turn 2+, the server's hit rate), the reset route, the same greedy
+answers with the cache on and off, an open-loop mooncake replay at its timestamps with the
+session-affinity header, and a bad trace named by file and line before anything starts."""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from conftest import REPO, only_workspace, run_magpie
+from engine.bench.session_replay import SessionReplayConfig, run_sessions, session_metrics
+from engine.bench.sessions import BlockTokens, load_mooncake
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*flags):
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", "tiny", "--host", "127.0.0.1",
+                             "--port", str(port), "--max-batch-size", "4", "--stats-interval", "0",
+                             "--prefix-cache-block-size", "8", *flags], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def _get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return r.status, await r.text()
+
+
+def _wait(proc, url):
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if asyncio.run(_get(url + "/health"))[0] == 200:
+                return
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline, "the server did not become healthy"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    on, off = _start(), _start("--no-enable-prefix-caching")
+    try:
+        _wait(*on)
+        _wait(*off)
+        yield on[1], off[1]
+    finally:
+        for proc, _ in (on, off):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+async def _complete(session, url, prompt, n=6):
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": n, "ignore_eos": True}
+    async with session.post(url + "/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+def test_the_same_answers_with_the_cache_on_and_off(servers):
+    on, off = servers
+
+    async def conversation(url):
+        out = []
+        async with aiohttp.ClientSession() as s:
+            history = list(range(300, 341))
+            for k in range(4):
+                history = history + list(range(400 + 11 * k, 411 + 11 * k))
+                got = await _complete(s, url, history, 8)
+                out.append((got["choices"][0]["text"], got["usage"]))
+                history = history + [(b % 256) for b in got["choices"][0]["text"].encode()][:8]
+        return out
+
+    with_cache, without = asyncio.run(conversation(on)), asyncio.run(conversation(off))
+    assert [t for t, _ in with_cache] == [t for t, _ in without]  # greedy, token for token (byte-level text)
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for _, u in with_cache]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
+    assert all("prompt_tokens_details" not in u for _, u in without)
+    assert [u["prompt_tokens"] for _, u in with_cache] == [u["prompt_tokens"] for _, u in without]
+
+
+def test_reset_prefix_cache_empties_the_cache(servers):
+    on, off = servers
+    prompt = list(range(300, 341))
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            await _complete(s, on, prompt, 1)
+            again = (await _complete(s, on, prompt, 1))["usage"]["prompt_tokens_details"]["cached_tokens"]
+            _, before = await _get(on + "/metrics")
+            async with s.post(on + "/reset_prefix_cache") as r:
+                status = r.status
+            _, after = await _get(on + "/metrics")
+            fresh = (await _complete(s, on, prompt, 1))["usage"]["prompt_tokens_details"]["cached_tokens"]
+            async with s.post(off + "/reset_prefix_cache") as r:
+                off_status, off_text = r.status, await r.text()
+            return again, before, status, after, fresh, off_status, off_text
+
+    again, before, status, after, fresh, off_status, off_text = asyncio.run(go())
+    assert again == 40  # 5 blocks of 8 (the 41st token is computed)
+    assert _metric(before, "magpie_serve_prefix_cache_blocks_used") > 0
+    assert status == 200 and _metric(after, "magpie_serve_prefix_cache_blocks_used") == 0
+    assert fresh == 0
+    # the counters are not reset: vLLM's names, counting prompt tokens
+    assert _metric(after, "vllm:prefix_cache_hits_total") >= 40
+    assert _metric(after, "vllm:prefix_cache_queries_total") >= 3 * 41
+    assert off_status == 400 and "prefix caching is off" in off_text
+
+
+@pytest.mark.slow
+def test_a_synthetic_session_run_reports_the_reuse(tmp_path):
+    proc = run_magpie("benchmark", "builtin", "--dataset-name", "sessions", "--num-sessions", "4", "--session-turns",
+                      "3", "--system-prompt-len", "48", "--concurrency", "2", "--input-len", "24", "--output-len", "6",
+                      "--subagents", "1", "-o", tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ws = only_workspace(tmp_path)
+    r = json.loads((ws / "benchmark_report.json").read_text())
+    s = r["sessions"]
+    assert r["success"] is True and r["throughput"]["completed_requests"] == 4 * 3 + 4
+    assert s["sessions"] == 8 and s["sessions_completed"] == 8 and s["turns_failed"] == 0
+    assert s["turns_per_session"] == {"mean": 2.0, "min": 1, "max": 3}
+    assert all(s["ttft_by_turn"][k]["mean_cached_tokens"] > 0 for k in ("1", "2"))
+    assert s["cached_prompt_tokens"] > 0 and 0 < s["cached_share"] < 1
+    assert s["server_prefix_cache"]["hit_rate"] > 0
+    # the client's sum of usage.cached_tokens is what the server's counters moved by
+    assert s["server_prefix_cache"]["hits"] == s["cached_prompt_tokens"]
+    assert s["reused_prompt_throughput"] > 0 and s["fresh_prompt_throughput"] > 0
+    detail = json.loads((ws / "requests" / "point0_repeat0.json").read_text())
+    later = [c for c, t in zip(detail["cached_tokens"], detail["turn"]) if t > 0]
+    assert later and all(c > 0 for c in later)
+    summary = (ws / "summary.txt").read_text()
+    assert "prefix reuse:" in summary and "server prefix cache: hit rate" in summary and "TTFT median by turn" in summary
+
+
+def test_an_open_loop_mooncake_replay_keeps_the_timestamps_and_the_session_header(tmp_path, servers):
+    on, _ = servers
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"session_id": "a", "timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5]},
+            {"session_id": "b", "timestamp": 300, "input_length": 40, "output_length": 4, "hash_ids": [1, 2, 3, 9, 9]},
+            {"session_id": "a", "timestamp": 600, "input_length": 16, "output_length": 4, "hash_ids": [7, 8]}]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    blocks = BlockTokens(512, special_ids=[256, 257])
+    sessions = load_mooncake(trace, blocks=blocks, block_size=8)
+    result = run_sessions(SessionReplayConfig(on, "tiny", mode="open"), sessions, filler=blocks)
+    turns = {(t.session_id, t.turn): t for t in result.turns}
+    assert all(t.out.success for t in result.turns), [t.out.error for t in result.turns]
+    t0 = min(t.out.start_time for t in result.turns)
+    for (sid, k), due in ((("a", 0), 0.0), (("b", 0), 0.3), (("a", 1), 0.6)):
+        assert turns[sid, k].release == pytest.approx(due, abs=1e-6)
+        assert due <= turns[sid, k].out.start_time - t0 + 0.02 < due + 0.25
+    assert turns["b", 0].cached_tokens == 24  # hash ids 1, 2, 3: a's first three blocks
+    assert turns["a", 1].cached_tokens >= 40  # its whole first prompt
+    assert session_metrics(result)["server_prefix_cache"]["hit_rate"] > 0
+
+    # the session-affinity header, named as configured, carries the session id
+    seen = []
+
+    async def fake(request):
+        seen.append((request.headers.get("X-Affinity"), (await request.json())["prompt"][:2]))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"text":"x","finish_reason":"length"}]}\n\n')
+        await resp.write(b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def go():
+        app = web.Application()
+        app.router.add_post("/v1/completions", fake)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = _free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            from engine.bench.session_replay import SessionReplay
+            cfg = SessionReplayConfig(f"http://127.0.0.1:{port}", "m", mode="closed", session_header="X-Affinity")
+            return await SessionReplay(cfg, sessions, filler=blocks).run()
+        finally:
+            await runner.cleanup()
+
+    res = asyncio.run(go())
+    assert all(t.out.success for t in res.turns) and sorted(h for h, _ in seen) == ["a", "a", "b"]
+    assert session_metrics(res)["cached_prompt_tokens"] is None  # that server reported no cached tokens
+
+
+def test_a_bad_trace_is_named_by_file_and_line_before_anything_starts(tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n{"timestamp": 5, "output_length": 2}\n')
+    proc = run_magpie("benchmark", "builtin", "--dataset-name", "mooncake", "--dataset-path", trace, "-o", tmp_path,
+                      timeout=120)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert f"{trace}:2: input_length: expected an integer >= 1" in out
+    assert "starting builtin server" not in out
