@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from itertools import compress, islice, repeat
-from operator import add, eq, mul
 from typing import Any, Sequence
 
-from engine.trace.idle_causes import _Spans, is_launch_call, is_sync_call
+import numpy as np
+
+from engine.trace.idle_causes import _np, _Spans, is_launch_call, is_sync_call
 from engine.trace.tree import RUNTIME_CATS, EventTree
 
 COLUMNS = ["step", "kind", "start_us", "path_us", "bound", "gpu_us", "gpu_wait_us", "launch_latency_us",
@@ -38,28 +38,39 @@ _SEGMENTS = ("gpu_us", "gpu_wait_us", "launch_latency_us", "host_launch_us", "ho
 
 
 class _Thread:
-    """One host thread: its runtime calls by start, its launch-call spans, its sync calls by end.
-    Filtered with iterators, not a Python step per host event."""
+    """One host thread: its runtime calls by start, its launch-call spans, its sync calls by end, and
+    the GPU events its calls launched (by launch time, with their ends). Worked out on numpy views of
+    the trace's columns, not a Python step per event."""
 
     def __init__(self, tree: EventTree, key: int) -> None:
         trace = tree.trace
-        kind, name, ts, dur, pid, tid = trace.kind, trace.name, trace.ts, trace.dur, trace.pid, trace.tid
+        ts, dur = _np(trace.ts, np.float64), _np(trace.dur, np.float64)
+        kind, name = _np(trace.kind, np.uint32), _np(trace.name, np.uint32)
+        pid, tid = _np(trace.pid, np.uint32), _np(trace.tid, np.uint32)
         width = len(trace.ids)
-        runtime = trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS)
-        launch_name = bytearray(is_launch_call(n) for n in trace.names)
-        sync_name = bytearray(is_sync_call(n) for n in trace.names)
-        hosts = tree.host_order
-        calls = list(compress(hosts, map(runtime.__getitem__, map(kind.__getitem__, hosts))))
-        keys = map(add, map(mul, map(pid.__getitem__, calls), repeat(width)), map(tid.__getitem__, calls))
-        self.calls: list[int] = list(compress(calls, map(eq, keys, repeat(key))))  # by start
-        self.call_starts = list(map(ts.__getitem__, self.calls))
-        launches = list(compress(self.calls, map(launch_name.__getitem__, map(name.__getitem__, self.calls))))
-        starts = list(map(ts.__getitem__, launches))
-        self.launch = _Spans.union(starts, list(map(add, starts, map(dur.__getitem__, launches))))
-        syncs = sorted((ts[u] + dur[u], ts[u]) for u in
-                       compress(self.calls, map(sync_name.__getitem__, map(name.__getitem__, self.calls))))
-        self.sync_ends = [e for e, _ in syncs]
-        self.sync_starts = [s for _, s in syncs]
+        runtime = np.frombuffer(trace.kinds_where(lambda ph, cat: cat in RUNTIME_CATS), dtype=np.uint8).astype(bool)
+        launch_name = np.frombuffer(bytearray(is_launch_call(n) for n in trace.names), dtype=np.uint8).astype(bool)
+        sync_name = np.frombuffer(bytearray(is_sync_call(n) for n in trace.names), dtype=np.uint8).astype(bool)
+        hosts = _np(tree.host_order, np.int32)  # by start
+        calls = hosts[runtime[kind[hosts]]]
+        calls = calls[pid[calls].astype(np.int64) * width + tid[calls] == key]
+        launches = calls[launch_name[name[calls]]]
+        self.launch = _Spans.union(ts[launches].tolist(), (ts[launches] + dur[launches]).tolist())
+        syncs = calls[sync_name[name[calls]]]
+        by_end = np.argsort(ts[syncs] + dur[syncs], kind="stable")
+        self.sync_ends = (ts[syncs] + dur[syncs])[by_end].tolist()
+        self.sync_starts = ts[syncs][by_end].tolist()
+        # the GPU events launched from this thread, by launch time
+        gpu = _np(tree.gpu_uids, np.int32)
+        parent = _np(tree.parent, np.int32)[gpu]
+        linked = parent >= 0
+        gpu, parent = gpu[linked], parent[linked]
+        mine = (pid[parent].astype(np.int64) * width + tid[parent] == key) & runtime[kind[parent]]
+        gpu, parent = gpu[mine], parent[mine]
+        order = np.argsort(ts[parent], kind="stable")
+        self.work = gpu[order]
+        self.work_launch = ts[parent][order]
+        self.work_end = (ts[self.work] + dur[self.work])
 
 
 class CriticalPaths:
@@ -69,19 +80,17 @@ class CriticalPaths:
     def __init__(self, tree: EventTree) -> None:
         self.tree = tree
         trace = tree.trace
-        ts, dur, pid, tid = trace.ts, trace.dur, trace.pid, trace.tid
-        by_stream: dict[tuple[int, int], list[int]] = {}
-        for g in tree.gpu_uids:
-            by_stream.setdefault((pid[g], tid[g]), []).append(g)
-        self.prev: dict[int, int] = {}
-        for uids in by_stream.values():
-            uids.sort(key=ts.__getitem__)
-            self.prev.update(zip(islice(uids, 1, None), uids))
-        gpu = tree.gpu_uids
-        ends = list(map(add, map(ts.__getitem__, gpu), map(dur.__getitem__, gpu)))
-        order = sorted(range(len(gpu)), key=ends.__getitem__)
-        self.end_times = list(map(ends.__getitem__, order))
-        self.end_uids = list(map(gpu.__getitem__, order))
+        ts, dur = _np(trace.ts, np.float64), _np(trace.dur, np.float64)
+        gpu = _np(tree.gpu_uids, np.int32)
+        stream = _np(trace.pid, np.uint32)[gpu].astype(np.int64) * len(trace.ids) + _np(trace.tid, np.uint32)[gpu]
+        by_stream = gpu[np.lexsort((ts[gpu], stream))]  # stream by stream, each by start (ties: uid order)
+        same = stream[np.lexsort((ts[gpu], stream))]
+        same = same[1:] == same[:-1]
+        self.prev: dict[int, int] = dict(zip(by_stream[1:][same].tolist(), by_stream[:-1][same].tolist()))
+        ends = ts[gpu] + dur[gpu]
+        by_end = np.argsort(ends, kind="stable")
+        self.end_times = ends[by_end].tolist()
+        self.end_uids = gpu[by_end].tolist()
         self.threads: dict[int, _Thread] = {}
 
     def thread(self, key: int) -> _Thread:
@@ -96,37 +105,47 @@ class CriticalPaths:
         trace = tree.trace
         ts, dur, parent = trace.ts, trace.dur, tree.parent
         th = self.thread(trace.pid[uid] * len(trace.ids) + trace.tid[uid])
-        i, j = bisect.bisect_left(th.call_starts, start), bisect.bisect_right(th.call_starts, end)
-        work = [g for u in th.calls[i:j] for g in tree.gpu_uids_of(u)]
+        i, j = np.searchsorted(th.work_launch, start, "left"), np.searchsorted(th.work_launch, end, "right")
+        n_work = int(j - i)  # the GPU events this step's launches issued
         seg = dict.fromkeys(_SEGMENTS, 0.0)
-        on_path: Counter = Counter()
+        on_path: dict[int, float] = {}
         n_kernels = 0
-        last = max(work, key=lambda g: ts[g] + dur[g]) if work else -1
-        t_end = max(end, ts[last] + dur[last]) if work else end
+        last = int(th.work[i + int(np.argmax(th.work_end[i:j]))]) if n_work else -1
+        t_end = max(end, ts[last] + dur[last]) if n_work else end
         t = t_end
-        at_gpu = bool(work) and ts[last] + dur[last] > end
+        at_gpu = bool(n_work) and ts[last] + dur[last] > end
         g = last
-        for _ in range(4 * (len(work) + len(th.sync_ends)) + 16):
+        prev_of, name_col, inf = self.prev.get, trace.name, float("-inf")
+        gpu_us = wait_us = 0.0
+        for _ in range(4 * (n_work + len(th.sync_ends)) + 16):
             if t <= start:
                 break
             if at_gpu:
-                k_start = ts[g]
-                part = min(ts[g] + dur[g], t) - max(k_start, start)
-                if part > 0:
-                    seg["gpu_us"] += part
-                    on_path[trace.name[g]] += part
-                    n_kernels += 1
-                t = max(k_start, start)
+                while True:  # along the GPU while a kernel's predecessor on its stream bound it
+                    k_start = ts[g]
+                    k_end = k_start + dur[g]
+                    part = (k_end if k_end < t else t) - (k_start if k_start > start else start)
+                    if part > 0:
+                        gpu_us += part
+                        n = name_col[g]
+                        on_path[n] = on_path.get(n, 0.0) + part
+                        n_kernels += 1
+                    t = k_start if k_start > start else start
+                    if t <= start:
+                        break
+                    p = prev_of(g, -1)
+                    lau = parent[g]
+                    l_end = ts[lau] + dur[lau] if lau >= 0 else inf
+                    if p >= 0:
+                        p_end = ts[p] + dur[p]
+                        if l_end <= p_end <= t:
+                            back = p_end if p_end > start else start
+                            wait_us += t - back
+                            g, t = p, back
+                            continue
+                    break
                 if t <= start:
                     break
-                p = self.prev.get(g, -1)
-                p_end = ts[p] + dur[p] if p >= 0 else float("-inf")
-                lau = parent[g]
-                l_end = ts[lau] + dur[lau] if lau >= 0 else float("-inf")
-                if p >= 0 and p_end >= l_end and p_end <= t:
-                    seg["gpu_wait_us"] += t - max(p_end, start)
-                    g, t = p, max(p_end, start)
-                    continue
                 if lau >= 0:  # a kernel may start before its launch call returns: then no latency
                     back = max(min(l_end, t), start)
                     seg["launch_latency_us"] += t - back
@@ -154,13 +173,15 @@ class CriticalPaths:
                 t = max(s_start, start)
         if t > start:
             seg["before_step_us"] += t - start
+        seg["gpu_us"] += gpu_us
+        seg["gpu_wait_us"] += wait_us
         path = t_end - start
         gpu_share = seg["gpu_us"] / path if path > 0 else 0.0
         names = trace.names
         return {"step": name, "kind": kind, "start_us": start, "path_us": round(path, 3),
                 "bound": "gpu" if gpu_share >= 0.5 else "host", **{k: round(v, 3) for k, v in seg.items()},
                 "kernels_on_path": n_kernels,
-                "top_kernels": "; ".join(names[n] for n, _ in on_path.most_common(3))}
+                "top_kernels": "; ".join(names[n] for n, _ in Counter(on_path).most_common(3))}
 
     @staticmethod
     def _host(th: _Thread, seg: dict, a: float, b: float) -> None:
