@@ -118,7 +118,9 @@ class RunsWatcher:
     def __init__(self, roots: Iterable[Path], target, fast: float = 0.5, clock=time.monotonic) -> None:
         self.catalog = RunCatalog(roots)
         self.target = target
-        self.titles: dict[Path, str] = {}  # run folder -> what the Runs list calls it (read once)
+        # run folder -> its label (RunInfo.label), once fixed: recorded by the run, or read once
+        # from the config.yaml of a folder written before runs recorded it
+        self.titles: dict[Path, str] = {}
         self._first = True
         self._lock = threading.Lock()
         self._told: set[str] = set()  # skipped-folder notes already shown
@@ -160,17 +162,27 @@ class RunsWatcher:
             if changed or gone or self._first:
                 self._first = False
                 self.target.post_message(RunsChanged(self.catalog.sorted_runs(), changed))
-            # Titles after the list is out (hundreds of config reads must not delay it), a
-            # bounded slice per poll; the runs that got one are posted as changed.
+            # A run's label is the title it recorded at launch (``RunInfo.label``). Folders
+            # written before runs recorded one get it from their config.yaml, after the list is
+            # out (hundreds of config reads must not delay it), a bounded slice per poll; the
+            # runs that got one are posted as changed. A run that has not started yet waits: its
+            # first events name it, and its config.yaml may not be written yet.
             titled = []
             if len(self.titles) < len(self.catalog.runs):
                 deadline = time.monotonic() + 0.25
                 for info in self.catalog.sorted_runs():
-                    if info.path not in self.titles:
-                        self.titles[info.path] = run_title(info)
-                        titled.append(info)
-                        if time.monotonic() > deadline:
-                            break
+                    if info.path in self.titles:
+                        continue
+                    if info.titled:
+                        self.titles[info.path] = info.label
+                        continue
+                    if info.state == "pending":
+                        continue
+                    info.label = self.titles[info.path] = run_title(info)
+                    info.titled = True
+                    titled.append(info)
+                    if time.monotonic() > deadline:
+                        break
             if titled:
                 self.target.post_message(RunsChanged(self.catalog.sorted_runs(), titled))
             # The pace: back to every tick on a change, slower while nothing changes.
@@ -205,36 +217,8 @@ async def watch_configs(root: Path, target, stop_event=None, debounce_ms: int = 
 
 
 def run_title(info) -> str:
-    """A label that tells runs of one kind apart, from the run's recorded ``config.yaml``: a
-    compare names its config and baseline, a benchmark its framework and load; else the label
-    from the folder name. Blocking (a small YAML read): called from the scan thread."""
-    from engine.jobs.query import ConfigError, read_yaml
-    try:  # the one safe YAML path: a FIFO, a huge file or an alias bomb is refused, never read
-        cfg = read_yaml(info.path / "config.yaml") or {}
-    except ConfigError:
-        return info.label
-    if not isinstance(cfg, dict):
-        return info.label
-    if isinstance(cfg.get("benchmark"), dict):
-        bench = cfg["benchmark"]
-        envs = bench.get("envs") or {}
-        client = bench.get("client") if isinstance(bench.get("client"), dict) else {}
-        # A capacity search chooses its levels itself: the config's CONC (or rate) is not what ran.
-        over = (client.get("capacity_over") or "concurrency") if client.get("find_capacity") else None
-        load = " ".join(f"{short}{envs[key]}" for key, short in (("CONC", "c"), ("ISL", "i"), ("OSL", "o"))
-                        if envs.get(key) not in (None, "") and not (key == "CONC" and over == "concurrency"))
-        if over:
-            load = f"capacity over {over} " + load
-        sweep = client.get("sweep") if isinstance(client.get("sweep"), dict) else {}
-        short = {"concurrency": "c", "input_len": "i", "output_len": "o", "request_rate": "rate"}
-        swept = " ".join(f"sweep {short.get(k, k)}{','.join(map(str, v))}" for k, v in sweep.items()
-                         if isinstance(v, list))
-        repeats = f"x{client['repeats']}" if isinstance(client.get("repeats"), int) and client["repeats"] > 1 else ""
-        return " ".join(p for p in (info.label, load, swept, repeats) if p)
-    config_file = cfg.get("config_file")
-    if config_file:
-        path = Path(str(config_file))
-        name = f"{path.parent.name}/{path.name}" if path.parent.name else path.name
-        baseline = (cfg.get("baseline") or {}).get("id") if isinstance(cfg.get("baseline"), dict) else None
-        return f"{name} · base {baseline}" if baseline else name
-    return info.label
+    """The label of a run folder written before runs recorded theirs at launch: the engine's
+    ``run_label`` of its ``config.yaml`` (engine.runs.labels), else its folder name's label.
+    Blocking (a small YAML read): called from the scan thread."""
+    from engine.runs.labels import recorded_run_label
+    return recorded_run_label(info.path, info.label)

@@ -28,7 +28,7 @@ from engine.jobs.executors import (  # noqa: F401
     CANCEL_SIGNALS, Execution, Executor, InProcessExecutor, LocalProcessExecutor, cancel_signals_held,
     console_log_path, engine_env, release_cancel_signals,
 )
-from engine.jobs.modes import JobOutcome, request_file_for, workspace_for
+from engine.jobs.modes import JobOutcome, request_file_for, run_title, workspace_for
 from engine.jobs.requests import parse_request, save_prepared
 from engine.runs.catalog import FINISHED_STATES, RunInfo, cancel_run, process_gone, read_new_events, run_gone
 from engine.runs.process import CancelToken, install_signal_handlers
@@ -201,6 +201,9 @@ def submit(request: Any, output_dir: Union[Path, str, None] = None, *, executor:
         prepared = request.prepare()
     ws = workspace_for(prepared, output_dir)
     run_dir = ws.root
+    title = run_title(prepared)
+    if title:  # what every list calls the run from now on, before its process has started
+        ws.events.emit("submitted", title=title)
     ws.events.close()  # the executor's process opens its own
     request_file = request_file_for(run_dir, request)
     (run_dir / request_file).write_text(request.to_json() + "\n")

@@ -20,6 +20,7 @@ from engine.jobs.requests import (
     REQUEST_FILE, BenchmarkRequest, KernelRequest, LoopRequest, PreparedBenchmark, PreparedKernels, PreparedLoop,
     PreparedTrace, TraceRequest,
 )
+from engine.runs.labels import run_label
 from engine.runs.process import CancelToken
 from engine.runs.schema import BENCHMARK_REPORT, SCHEMA_VERSION, TRACE_ANALYSIS_REPORT, report_name_for_mode
 from engine.runs.state import benchmark_figures, kernel_figures, kernel_verdicts
@@ -52,11 +53,35 @@ class JobOutcome:
 
 def _begin(ws: Workspace, request: Any, sink: Optional[EventSink], config_name: str, config: dict,
            request_name: str = REQUEST_FILE, **started: Any) -> None:
+    """Record the request and the effective config, then ``run_started`` with the run's title
+    (``run_label`` of that config: what every list calls the run, the same as ``run_title`` of
+    the prepared request told at submission)."""
     if sink is not None:
         ws.events.listeners.append(sink)
     ws.write_text(request_name, request.to_json() + "\n")
     ws.write_yaml(config_name, config)
+    if started.get("label"):
+        started.setdefault("title", run_label(config, started["label"]))
     ws.events.emit("run_started", pid=os.getpid(), workspace=str(ws.root), **started)
+
+
+def _benchmark_config(prepared: PreparedBenchmark) -> dict:
+    """The effective config a benchmark records (config.yaml)."""
+    return {"benchmark": prepared.config.model_dump(by_alias=True), "overrides": prepared.overrides,
+            "warnings": prepared.warnings}
+
+
+def run_title(prepared: Any) -> Optional[str]:
+    """What every list will call the run of ``prepared`` (engine.runs.labels.run_label of the
+    config it will record), known before its process starts; None for a trace analysis or a loop,
+    which keep their folder name's label."""
+    if isinstance(prepared, PreparedKernels):
+        return run_label(prepared.plan.effective_config(), kernel_workspace_label(prepared.plan))
+    if isinstance(prepared, PreparedBenchmark):
+        return run_label(_benchmark_config(prepared), prepared.label)
+    if hasattr(prepared, "points"):  # engine.cluster.batch.PreparedBatch
+        return run_label(prepared.effective_config(), prepared.label)
+    return None
 
 
 def _end(ws: Workspace, state: str, code: int, report_name: str, **extra: Any) -> None:
@@ -191,9 +216,7 @@ def run_benchmark(request: BenchmarkRequest, output_dir: Union[Path, str, None] 
     cfg = prepared.config
     cancel = cancel or CancelToken()
     ws = workspace or workspace_for(prepared, output_dir)
-    _begin(ws, request, sink, "config.yaml", {"benchmark": cfg.model_dump(by_alias=True),
-                                              "overrides": prepared.overrides, "warnings": prepared.warnings},
-           mode="benchmark", label=prepared.label)
+    _begin(ws, request, sink, "config.yaml", _benchmark_config(prepared), mode="benchmark", label=prepared.label)
     log(f"magpie benchmark: workspace {ws.root}")
     code, state, report = EXIT_FAIL, "failed", {}
     try:

@@ -22,7 +22,7 @@ from engine.errors import MagpieError
 from engine.runs.process import holds_open_for_writing, same_process, signal_proven
 from engine.runs.schema import (
     FINISHED_RUN_STATES, REPORT_FILES, CapacityLevel, Event, ProgressEvent, RunFigures, RunFinished, RunStarted,
-    RunState, StageEvent, parse_event,
+    RunState, RunSubmitted, StageEvent, parse_event,
 )
 from engine.runs.state import (CapacityStep, LiveMetrics, LiveSample, RunProgress, RunStatus, add_sample, capacity_step,
                                progress_from_event, status_text)
@@ -38,7 +38,10 @@ FINISHED_STATES = FINISHED_RUN_STATES
 class RunInfo:
     path: Path
     mode: str = "?"
+    # What every list calls the run (engine.runs.labels): the title the run recorded at launch;
+    # until one is read (or in a folder written before runs recorded it) its folder name's label.
     label: str = ""
+    titled: bool = False  # ``label`` is the run's recorded title, not its folder name's label
     state: str = RunState.PENDING
     started: Optional[float] = None
     finished: Optional[float] = None
@@ -125,14 +128,19 @@ class RunInfo:
             return False
         if ev.ts is not None:
             self.last_event = ev.ts
-        if isinstance(ev, RunStarted):
+        if isinstance(ev, RunSubmitted):
+            if ev.title:
+                self.label, self.titled = ev.title, True
+        elif isinstance(ev, RunStarted):
             self.state = RunState.RUNNING
             if self.started is None:  # a resumed run (a loop) runs again, but it began when it first started
                 self.started = self.last_event
             self.finished = self.exit_code = self.figures = None
             self.mode = ev.mode or self.mode
             self.pid, self.start_time, self.pgid = ev.pid, ev.start_time, ev.pgid
-            if ev.label:
+            if ev.title:
+                self.label, self.titled = ev.title, True
+            elif ev.label and not self.titled:
                 self.label = ev.label
             self.kernels = list(ev.kernels or [])
             self.kernel_rows = {k: KernelProgress(kernel=k, index=i) for i, k in enumerate(self.kernels)}

@@ -33,7 +33,7 @@ __all__ = [
     "SCHEMA_VERSION", "StageState", "RunState", "Verdict", "FINISHED_RUN_STATES",
     "ANALYZE_REPORT", "COMPARE_REPORT", "BENCHMARK_REPORT", "TRACE_ANALYSIS_REPORT", "REPORT_FILES",
     "KERNEL_REPORTS", "report_name_for_mode",
-    "RunFile", "Event", "RunStarted", "StageEvent", "ProgressEvent", "RunFinished", "Figure", "RunFigures",
+    "RunFile", "Event", "RunSubmitted", "RunStarted", "StageEvent", "ProgressEvent", "RunFinished", "Figure", "RunFigures",
     "CapacityLevel", "EVENT_MODELS", "parse_event",
     "validate_event", "Timing", "KernelResult", "AnalyzeReport", "CompareResults", "CompareReport",
     "Baseline", "BenchResult", "RepeatStat", "SweepPoint", "BenchDataset", "BenchEnvironment", "BenchmarkReport",
@@ -151,9 +151,19 @@ class RunStarted(Event):
     start_time: Optional[int] = None
     pgid: Optional[int] = None
     workspace: Optional[str] = None
-    label: Optional[str] = None
+    label: Optional[str] = None  # the label in the folder's name
+    # What every list calls the run (engine.runs.labels.run_label), fixed at launch; absent in run
+    # folders written before it was recorded (their config.yaml tells it).
+    title: Optional[str] = None
     kernels: Optional[list[str]] = None  # analyze / compare
     target: Optional[str] = None  # trace_analysis
+
+
+class RunSubmitted(Event):
+    """Written by the front end that launched a run detached, before the run's process starts:
+    the run's ``title`` (engine.runs.labels), so the run is called the same from the moment its
+    folder appears."""
+    title: Optional[str] = None
 
 
 class StageEvent(Event):
@@ -260,8 +270,8 @@ class CapacityLevel(Event):
 
 
 EVENT_MODELS: Final[dict[str, type[Event]]] = {
-    "run_started": RunStarted, "stage": StageEvent, "progress": ProgressEvent, "run_finished": RunFinished,
-    "capacity_level": CapacityLevel,
+    "submitted": RunSubmitted, "run_started": RunStarted, "stage": StageEvent, "progress": ProgressEvent,
+    "run_finished": RunFinished, "capacity_level": CapacityLevel,
 }
 
 
