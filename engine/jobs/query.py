@@ -32,7 +32,7 @@ LAZY: dict[str, str] = {
     # runs and their state
     **dict.fromkeys(("RunCatalog", "RunInfo", "CancelRefused", "FINISHED_STATES", "read_new_events"),
                     "engine.runs.catalog"),
-    **dict.fromkeys(("status_text", "no_roofline_reason", "RunStatus", "run_eta_s"), "engine.runs.state"),
+    **dict.fromkeys(("status_text", "headline_numbers", "no_roofline_reason", "RunStatus", "run_eta_s"), "engine.runs.state"),
     # files, read safely; and the atomic writes a front end's own files (settings, exports) use
     **dict.fromkeys(("open_regular", "open_text", "read_json", "read_text", "read_tail", "is_regular_file",
                      "MAX_SMALL_TEXT_BYTES", "MAX_REPORT_BYTES", "FileTooLarge", "NotRegularFile"), "engine.safeio"),

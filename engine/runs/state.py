@@ -339,14 +339,15 @@ def _rate(t: float) -> str:
     return f"{t / 1e3:.1f}k tok/s" if t >= 1e4 else f"{t:.0f} tok/s"
 
 
-def _live_text(status: RunStatus) -> str:
-    """`` · 3 failed · 5.1k tok/s · TTFT 42 ms · TPOT 2.2 ms`` while a benchmark runs."""
+def _live_text(status: RunStatus, numbers: bool = True) -> str:
+    """`` · 3 failed · 5.1k tok/s · TTFT 42 ms · TPOT 2.2 ms`` while a benchmark runs (``numbers``
+    False: the failed count alone)."""
     parts = []
     req = status.progress.requests
     if req is not None and req.failed:
         parts.append(f"{req.failed} failed")
     v = status.live
-    if v is not None:
+    if v is not None and numbers:
         if v.output_tok_s is not None:
             parts.append(_rate(v.output_tok_s))
         if v.ttft_p50_ms is not None:
@@ -364,7 +365,7 @@ def _capacity_text(status: RunStatus) -> str:
     return f"capacity {tried}"
 
 
-def _running_text(status: RunStatus) -> str:
+def _running_text(status: RunStatus, numbers: bool = True) -> str:
     p = status.progress
     if status.kernels and status.mode in ("analyze", "compare"):
         # each kernel's stage, unless a run folder from before the steps counts its timing processes
@@ -385,6 +386,8 @@ def _running_text(status: RunStatus) -> str:
         counts = f"{req.completed}/{p.total} completed · {req.never_sent} never sent"
     else:
         counts = f"{p.done}/{p.total}"
+    if not numbers:  # a narrow column: the counts lead, what else there is follows
+        return counts + _live_text(status, numbers=False) + "".join(f" · {x}" for x in parts)
     return " · ".join(parts + [counts]) + _live_text(status)
 
 
@@ -474,16 +477,34 @@ def figures_text(figures: Optional[RunFigures]) -> str:
     return " · ".join(parts)
 
 
-def status_text(status: RunStatus, detail: bool = False) -> str:
+def status_text(status: RunStatus, detail: bool = False, numbers: bool = True) -> str:
     """The run's progress in one line, the same in every front end. While running: the phase and
     counts with the live numbers; once finished: what the run reached and how it ended, from the
     report's figures when ``run_finished`` carried them (never a live number of its last repeat).
-    ``detail`` adds the report's headline numbers (a header has room for them)."""
+    ``detail`` adds the report's headline numbers (a header has room for them). ``numbers``
+    False: a running benchmark's tok/s, TTFT and TPOT are left out and its request counts lead
+    (for a list that shows those numbers in columns of their own: ``headline_numbers``)."""
     if not status.is_finished:
-        return _running_text(status) or ("" if status.state != RunState.PENDING else "")
+        return _running_text(status, numbers) or ("" if status.state != RunState.PENDING else "")
     text = _finished_text(status)
     extra = figures_text(status.figures) if detail else ""
     return " · ".join(p for p in (text, extra) if p)
+
+
+def headline_numbers(status: RunStatus) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """A benchmark's output tok/s, TTFT p50 and TPOT p50 (ms): while it runs the live numbers over
+    the requests finished so far, once finished the report's own (the mean over repeats); None
+    where there is none (a run folder that never measured, another mode)."""
+    f = status.figures
+    if status.is_finished:
+        if f is None:
+            return None, None, None
+        return tuple(x.mean if x is not None else None  # type: ignore[return-value]
+                     for x in (f.output_tok_s, f.ttft_p50_ms, f.tpot_p50_ms))
+    v = status.live
+    if v is None:
+        return None, None, None
+    return v.output_tok_s, v.ttft_p50_ms, v.tpot_p50_ms
 
 
 # ----------------------------------------------------------------------------- the writer's side

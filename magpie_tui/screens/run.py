@@ -15,7 +15,7 @@ from textual.widgets import Header, Input, Select, Static, TabbedContent, TabPan
 from engine.jobs.launch import find_console_log
 from engine.jobs.query import MAX_SMALL_TEXT_BYTES, RunInfo, read_text, status_text
 from magpie_tui.messages import RunsChanged
-from magpie_tui.screens.runs import format_elapsed
+from magpie_tui.screens.runs import format_elapsed, format_ms, format_rate
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
 from magpie_tui.widgets.footer import KeysFooter
 from magpie_tui.widgets.kernel_stages import KernelStages
@@ -37,6 +37,9 @@ def log_files(info: RunInfo) -> list[Path]:
 
 
 def format_event(line: str) -> str:
+    """One readable line per event: its time and kind, then what matters most about it (a
+    benchmark's progress leads with done/total, TTFT, TPOT p50 and output tok/s, so they are in
+    view at 80 columns), then the rest as key=value."""
     try:
         event = json.loads(line)
     except ValueError:
@@ -46,8 +49,32 @@ def format_event(line: str) -> str:
     ts = event.pop("ts", None)
     when = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if isinstance(ts, (int, float)) else "--:--:--"
     kind = event.pop("event", "?")
+    lead = _progress_lead(event) if kind == "progress" else []
     fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("workspace", "argv"))
-    return f"{when} {kind:<13} {fields}"
+    return " ".join(p for p in (f"{when} {kind:<12}", " · ".join(lead), fields) if p)
+
+
+def _progress_lead(event: dict) -> list[str]:
+    """``888/1200``, ``TTFT 45.5ms``, ``TPOT 4.65ms``, ``1494 tok/s``: taken out of ``event``."""
+    def number(key: str) -> float | None:
+        value = event.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            del event[key]
+            return float(value)
+        return None
+    lead = []
+    done, total = event.get("done"), event.get("total")
+    if isinstance(done, int) and isinstance(total, int):
+        del event["done"], event["total"]
+        lead.append(f"{done}/{total}")
+    for key, name in (("ttft_p50_ms", "TTFT"), ("tpot_p50_ms", "TPOT")):
+        value = number(key)
+        if value is not None:
+            lead.append(f"{name} {format_ms(value)}")
+    rate = number("output_tok_s")
+    if rate is not None:
+        lead.append(f"{format_rate(rate)} tok/s")
+    return lead
 
 
 class EventsLog(RunLog):
@@ -67,9 +94,10 @@ class RunScreen(Screen):
         Binding("n", "search_next", "Next match", show=False, id="run.search_next"),
         Binding("N", "search_previous", "Previous match", show=False, id="run.search_previous"),
         Binding("f", "toggle_follow", "Follow", show=False, id="run.follow"),
+        Binding("w", "toggle_wrap", "Wrap", id="run.wrap"),
     ] + tab_bindings("run")
     # The keys the footer keeps longest at 80 columns, most needed first (KeysFooter).
-    FOOTER_KEYS = ("run.back", "run.report", "run.cancel", "run.next_tab", "run.search", "run.next_log")
+    FOOTER_KEYS = ("run.back", "run.report", "run.cancel", "run.next_tab", "run.search", "run.next_log", "run.wrap")
 
     def action_next_tab(self) -> None:
         cycle_tab(self, 1)
@@ -84,6 +112,7 @@ class RunScreen(Screen):
         self._scanning = False  # a log/summary scan is in flight
         self._search_text = ""  # the log search (/), and the line of its last match
         self._search_at: int | None = None
+        self._wrap = False  # w: long log lines wrap
 
     def compose(self):
         yield Header()
@@ -131,6 +160,14 @@ class RunScreen(Screen):
             self.notify("following the log's end" if log.auto_scroll else "stopped following: the view stays put",
                         timeout=2)
 
+    def action_toggle_wrap(self) -> None:
+        """``w``: long lines of the logs (the log and the events) wrap at the screen's width, or
+        show whole (scroll sideways). Search and follow work either way."""
+        self._wrap = not self._wrap
+        for log in self.query(RunLog):
+            log.set_wrap(self._wrap)
+        self.notify("long lines wrap" if self._wrap else "long lines whole: scroll sideways", timeout=2)
+
     def action_search_log(self) -> None:
         box = self.query_one("#log-search", Input)
         box.display, box.disabled = True, False
@@ -170,18 +207,18 @@ class RunScreen(Screen):
         text, log = self._search_text, self._shown_log()
         if not text or log is None:
             return
-        needle, lines = text.lower(), log.lines
+        needle, lines = text.lower(), log.raw_lines  # lines as read: a match a wrap cut is still one
         hits = [i for i, line in enumerate(lines) if needle in line.lower()]
         if not hits:
             self.notify(f"'{text}' is not in the {len(lines)} lines shown", severity="warning", timeout=3)
             return
-        here = int(log.scroll_y) - (1 if from_top_of_view else 0)
+        here = log.line_at(int(log.scroll_y)) - (1 if from_top_of_view else 0)
         if step > 0:
             index = next((i for i in hits if i > here), hits[0])
         else:
             index = next((i for i in reversed(hits) if i < here), hits[-1])
         log.auto_scroll = False
-        log.scroll_to(y=index, animate=False)
+        log.scroll_to(y=log.row_of(index), animate=False)
         self._search_at = index
         self.notify(f"'{text}': line {index + 1} (match {hits.index(index) + 1} of {len(hits)}); f follows again",
                     timeout=3)

@@ -22,7 +22,7 @@ from textual.widgets import Header, Input, Static
 
 from engine.errors import MagpieError
 from engine.jobs import attach
-from engine.jobs.query import RunInfo
+from engine.jobs.query import RunInfo, headline_numbers, status_text
 from magpie_tui.errors import error_text
 from magpie_tui.messages import RunsChanged
 from magpie_tui.widgets.data_grid import Column, DataGrid
@@ -53,8 +53,25 @@ def format_elapsed(seconds: float | None) -> str:
 
 def progress_cell(info: RunInfo) -> str:
     """Live progress while running; afterwards what the run ended with (the run's one state,
-    engine.runs.state: the same text as the Run screen's header, the job API and MCP)."""
-    return info.progress_text or "-"
+    engine.runs.state: the same text as the Run screen's header, the job API and MCP). A running
+    benchmark's tok/s, TTFT and TPOT have columns of their own, so its counts lead here."""
+    return status_text(info.status, numbers=False) or "-"
+
+
+def format_rate(value: float) -> str:
+    """Output tok/s in at most 5 cells: ``1494``, ``12.3k``."""
+    return f"{value / 1e3:.1f}k" if value >= 1e4 else f"{value:.0f}"
+
+
+def format_ms(value: float) -> str:
+    """A latency in at most 6 cells: ``4.65ms``, ``45.5ms``, ``254ms``, ``1.23s``, ``12.3s``."""
+    if value < 1:
+        return f"{value:.2f}ms"
+    for scaled, unit in ((value, "ms"), (value / 1e3, "s")):
+        text = f"{scaled:.3g}"
+        if "e" not in text:  # 999.7 reads 1e+03: a second then
+            return text + unit
+    return f"{value / 1e3:.0f}s"
 
 
 def format_started(ts: float | None) -> str:
@@ -62,26 +79,34 @@ def format_started(ts: float | None) -> str:
 
 
 # The folder names the run (like k9s's NAME): it comes early and stays put when the list scrolls
-# sideways. Below ~160 columns the columns the folder name already tells (its mode prefix, its start
-# time) step aside, then Elapsed. Still too wide (below ~120), the folder, label and progress give up
-# width together, so that at 80 columns each row shows its state, folder, label and progress: the
-# folder is cut in its middle (its mode prefix and its time stamp and id stay); `y` copies its full path.
+# sideways. A benchmark's TTFT, TPOT (p50) and output tok/s have columns of their own (live while it
+# runs, the report's once finished), beside the label: "how is TTFT/TPOT?" is answered at any width.
+# Below ~200 columns the columns the folder name already tells (its mode prefix, its start time) step
+# aside, then Elapsed. Still too wide, the folder, label and progress give up width together; below
+# ~102 columns the folder steps aside too, so that at 80 columns each row shows its state, label,
+# TTFT, TPOT, tok/s and progress (the label tells runs apart; `y` copies the folder's full path).
 RUN_COLUMNS = [
     Column("mark", "✓", width=1, min_width=1),
     Column("state", "State", max_width=9),
-    Column("folder", "Folder", max_width=60, squeeze_to=24, ellipsis="middle"),
+    Column("folder", "Folder", max_width=60, squeeze_to=26, ellipsis="middle", drop_order=4, drop_last=True),
     Column("mode", "Mode", max_width=14, drop_order=1),
     Column("label", "Label", max_width=38, squeeze_to=16),
-    Column("progress", "Progress", max_width=44, squeeze_to=16),
+    Column("ttft", "TTFT", "number", fmt=format_ms, max_width=6),
+    Column("tpot", "TPOT", "number", fmt=format_ms, max_width=6),
+    Column("tok_s", "tok/s", "number", fmt=format_rate, max_width=7),
+    Column("progress", "Progress", max_width=44, squeeze_to=14),
     Column("elapsed", "Elapsed", "number", fmt=format_elapsed, min_width=7, drop_order=3),
     Column("started", "Started", "number", fmt=format_started, min_width=14, drop_order=2),
 ]
 
 
-def run_row(info: RunInfo, now: float, title: str | None, marked: bool) -> dict[str, Any]:
-    return {"mark": "✓" if marked else "", "state": info.state, "mode": info.mode, "label": title or info.label,
-            "progress": progress_cell(info), "elapsed": info.elapsed(now), "started": info.started,
-            "folder": info.name}
+def run_row(info: RunInfo, now: float, marked: bool) -> dict[str, Any]:
+    status = info.status  # built once a row: the progress text and the numbers both read it
+    tok_s, ttft, tpot = headline_numbers(status)
+    return {"mark": "✓" if marked else "", "state": info.state, "mode": info.mode, "label": info.label,
+            "ttft": ttft, "tpot": tpot, "tok_s": tok_s,
+            "progress": status_text(status, numbers=False) or "-", "elapsed": info.elapsed(now),
+            "started": info.started, "folder": info.name}
 
 
 def confirm_cancel(screen: Screen, info: RunInfo) -> None:
@@ -125,6 +150,10 @@ class RunsScreen(Screen):
     def __init__(self) -> None:
         super().__init__()
         self.marked: set[Path] = set()
+        # Each run's row as last built, with what it was built from (``_row``): a refresh of
+        # thousands of runs builds again only the rows of runs that changed.
+        self._rows: dict[Path, tuple[tuple, dict[str, Any]]] = {}
+        self._stale = False  # a snapshot came while another screen was in front
 
     def compose(self):
         yield Header()
@@ -150,24 +179,49 @@ class RunsScreen(Screen):
         self.app.runs_signal.unsubscribe(self)
 
     def on_screen_resume(self) -> None:
+        if self._stale:
+            self._fill(self.app.runs)
         self._select_launched()
 
     def runs_changed(self, message: RunsChanged) -> None:
-        """``app.runs_signal``'s callback: a new snapshot from the catalog scan."""
-        if self.is_mounted:
+        """``app.runs_signal``'s callback: a new snapshot from the catalog scan. Behind another
+        screen (a run, a report) the list is filled when it is shown again, not on every
+        snapshot: the keys of the screen in front wait for no list they cannot see."""
+        if not self.is_mounted:
+            return
+        if self.is_current:
             self._fill(message.runs)
+        else:
+            self._stale = True
 
     def _fill(self, runs: list[RunInfo]) -> None:
         """The rows, in the catalog's order (newest first) unless the user sorted; the cursor
         stays on its run (rows are keyed by folder)."""
         grid = self.query_one(DataGrid)
         now = time.time()
-        titles = self.app.runs_watcher.titles
         self.marked &= {r.path for r in runs}
-        grid.set_rows([run_row(r, now, titles.get(r.path), r.path in self.marked) for r in runs],
-                      keys=[str(r.path) for r in runs])
+        self._stale = False
+        grid.set_rows([self._row(r, now) for r in runs], keys=[str(r.path) for r in runs])
+        if len(self._rows) > len(runs):  # runs deleted or archived
+            paths = {r.path for r in runs}
+            self._rows = {p: built for p, built in self._rows.items() if p in paths}
         self._show_summary(runs)
         self._select_launched()
+
+    def _row(self, info: RunInfo, now: float) -> dict[str, Any]:
+        """``run_row``, built again only when the run changed (an event read, its state, label or
+        error, its mark); a run still going gets its elapsed time anew."""
+        marked = info.path in self.marked
+        basis = (info.events_read, info.state, info.label, info.error, marked)
+        built = self._rows.get(info.path)
+        if built is None or built[0] != basis:
+            row = run_row(info, now, marked)
+            self._rows[info.path] = (basis, row)
+            return row
+        row = built[1]
+        if not info.is_finished:
+            row = {**row, "elapsed": info.elapsed(now)}
+        return row
 
     def _show_summary(self, runs: list[RunInfo]) -> None:
         """The line above the list: counts, a sort by a column too wide to show, the main keys."""
@@ -204,6 +258,8 @@ class RunsScreen(Screen):
             self.app.select_next = None
 
     def _tick(self) -> None:
+        if not self.is_current:
+            return
         if any(r.state == "running" for r in self.app.runs):
             self._fill(self.app.runs)
 

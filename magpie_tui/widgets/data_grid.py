@@ -81,7 +81,9 @@ class Column:
     is still too wide, columns that have one narrow, down to that width, sharing the shortfall in
     proportion to what each can give. ``ellipsis``: where a cut cell loses its text, at the
     ``"end"`` or in the ``"middle"`` (for names whose start and end both tell, such as a run
-    folder's mode prefix and its time stamp).
+    folder's mode prefix and its time stamp). ``drop_last``: a column with a ``drop_order`` that
+    is narrowed before it steps aside: it is left out only when the table, every column that has
+    a ``squeeze_to`` narrowed to it, is still wider than the grid.
     """
 
     key: str
@@ -95,6 +97,7 @@ class Column:
     drop_order: int | None = None
     squeeze_to: int | None = None
     ellipsis: Ellipsis = "end"
+    drop_last: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("text", "number"):
@@ -989,9 +992,19 @@ class DataGrid(ScrollView, can_focus=True):
         widths = list(natural)
         if view > 0:  # 0: not laid out yet (or in a hidden tab): keep every column
             width = sum(w + 2 for w in natural)
-            droppable = sorted((c.drop_order, i) for i, c in enumerate(self._columns) if c.drop_order is not None)
+            droppable = sorted((c.drop_order, i) for i, c in enumerate(self._columns)
+                               if c.drop_order is not None and not c.drop_last)
             for _, i in droppable:
                 if width <= view:
+                    break
+                shown[i] = False
+                width -= natural[i] + 2
+            # The columns narrowed before they step aside: out only while the table, squeezed
+            # as far as it goes, is still too wide.
+            last = sorted((c.drop_order, i) for i, c in enumerate(self._columns)
+                          if c.drop_order is not None and c.drop_last)
+            for _, i in last:
+                if width <= view or self._squeezed_width(shown) <= view:
                     break
                 shown[i] = False
                 width -= natural[i] + 2
@@ -1010,6 +1023,11 @@ class DataGrid(ScrollView, can_focus=True):
         if fitted and self.is_mounted:
             self.post_message(self.ColumnsFitted(self))
         return True
+
+    def _squeezed_width(self, shown: list[bool]) -> int:
+        """The width of the shown columns with every one that has a ``squeeze_to`` narrowed to it."""
+        return sum(min(w, c.squeeze_to if c.squeeze_to is not None else w) + 2
+                   for w, c, on in zip(self._natural, self._columns, shown) if on)
 
     def _squeezed(self, shown: list[bool], excess: int) -> list[int]:
         """The natural widths, less up to ``excess`` cells taken from the shown columns that have

@@ -7,13 +7,22 @@ lines/s that is a few hundred lines per call, never a call (or a worker) per lin
 Back-pressure: the next read starts only once the last chunk was appended, so a huge or
 fast log is shown a bounded chunk at a time (straight after each other while behind) and
 never floods the message queue. The widget keeps the last ``max_lines``; the file keeps all.
+
+Wrapping (``wrap``; Textual's ``Log`` cannot wrap): the widget keeps the raw lines beside the rows
+it shows, and with wrapping on shows each line cut into rows of the widget's width (again when the
+width changes, or wrapping is switched, keeping the line at the top in view). Searches look at
+the raw lines (``raw_lines``) and map them to rows (``row_of``, ``line_at``), so a match is found
+where the wrap cut it, and following the end works either way.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
 from pathlib import Path
 
-from textual import work
+from rich.cells import cell_len, chop_cells
+from textual import events, work
 from textual.message import Message
 from textual.widgets import Log
 
@@ -38,11 +47,17 @@ class RunLog(Log):
 
     def __init__(self, path: Path | None = None, *, interval: float = 0.05, max_lines: int = 20_000,
                  chunk_bytes: int = 1 << 20, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(max_lines=max_lines, highlight=False, auto_scroll=True, id=id, classes=classes)
+        # The rows shown are pruned here, a raw line at a time (with wrapping, a line is several rows).
+        super().__init__(max_lines=None, highlight=False, auto_scroll=True, id=id, classes=classes)
+        self.keep_lines = max_lines
         self.interval = interval
         self.chunk_bytes = chunk_bytes
         self.tail: FileTail | None = None
         self.lines_shown = 0
+        self.wrap = False
+        self._raw: list[str] = []  # the lines kept, as read
+        self._rows: list[int] = []  # with wrapping: how many rows each raw line takes
+        self._wrap_width = 0  # the width the rows were cut for
         self._reading = False  # a read is in flight (its LinesRead not handled yet)
         self._note: str | None = None
         if path is not None:
@@ -56,7 +71,7 @@ class RunLog(Log):
         if self.tail.skipped_bytes:
             note = f"[{self.tail.skipped_bytes / 1e6:.1f} MB earlier in {path}]"
             if self.is_mounted:
-                self.write_line(note)
+                self.add_lines([note])
             else:
                 self._note = note  # Log.write_line starts a worker: not before the widget runs
         if self.is_mounted:
@@ -64,10 +79,103 @@ class RunLog(Log):
 
     def on_mount(self) -> None:
         if self._note is not None:
-            self.write_line(self._note)
+            self.add_lines([self._note])
             self._note = None
         self.set_interval(self.interval, self.drain)
         self.drain()
+
+    # -- the lines kept and the rows shown ------------------------------------------------------
+    @property
+    def raw_lines(self) -> list[str]:
+        """The lines kept, as read (one per line of the file, wrapped or not)."""
+        return self._raw
+
+    def clear(self):
+        self._raw, self._rows = [], []
+        return super().clear()
+
+    def add_lines(self, lines: list[str]) -> None:
+        """Append lines as read: kept raw, shown wrapped or not; the oldest beyond ``keep_lines`` go."""
+        self._raw.extend(lines)
+        if self.wrap:
+            rows, counts = self._cut(lines, self._width_for_wrap())
+            self._rows.extend(counts)
+            self.write_lines(rows)
+        else:
+            self.write_lines(lines)
+        excess = len(self._raw) - self.keep_lines if self.keep_lines is not None else 0
+        if excess > 0:
+            drop = sum(self._rows[:excess]) if self.wrap else excess
+            del self._raw[:excess]
+            if self.wrap:
+                del self._rows[:excess]
+            self.max_lines = max(0, len(self._lines) - drop)
+            self._prune_max_lines()
+            self.max_lines = None
+            self.virtual_size = self.virtual_size.with_height(len(self._lines))
+            self.refresh()
+
+    def row_of(self, index: int) -> int:
+        """The first row that raw line ``index`` is shown on."""
+        if not self.wrap:
+            return index
+        return sum(self._rows[:index])
+
+    def line_at(self, row: int) -> int:
+        """The raw line shown on ``row``."""
+        if not self.wrap:
+            return row
+        return max(0, bisect_right(list(accumulate(self._rows)), row))
+
+    def set_wrap(self, wrap: bool) -> None:
+        """Wrap long lines at the widget's width, or show them whole (scroll sideways); the line at
+        the top stays in view, and the end is followed as before."""
+        if wrap == self.wrap:
+            return
+        top = self.line_at(int(self.scroll_y))
+        self.wrap = wrap
+        self._show_all(top)
+
+    def _width_for_wrap(self) -> int:
+        # The rows leave room for the vertical scrollbar, so that its coming never cuts them.
+        return max(8, self.content_region.width - self.styles.scrollbar_size_vertical)
+
+    @staticmethod
+    def _cut(lines: list[str], width: int) -> tuple[list[str], list[int]]:
+        rows: list[str] = []
+        counts: list[int] = []
+        for line in lines:
+            line = line.expandtabs()
+            pieces = chop_cells(line, width) if cell_len(line) > width else [line]
+            rows.extend(pieces)
+            counts.append(len(pieces))
+        return rows, counts
+
+    def _show_all(self, top: int) -> None:
+        """Show every raw line again (wrapped or not) with raw line ``top`` at the top, unless following."""
+        raw = self._raw
+        super().clear()
+        self._raw = raw
+        if self.wrap:
+            self._wrap_width = self._width_for_wrap()
+            rows, self._rows = self._cut(raw, self._wrap_width)
+        else:
+            rows, self._rows = raw, []
+        self.write_lines(rows, scroll_end=False)
+        if self.auto_scroll:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+        else:
+            self.scroll_to(x=0, y=self.row_of(min(top, max(0, len(raw) - 1))), animate=False, immediate=True)
+
+    def on_show(self) -> None:
+        # Lines read while the tab was hidden could not scroll a view of no size: a log that
+        # follows its end shows the end when it comes into view.
+        if self.auto_scroll:
+            self.call_after_refresh(self.scroll_end, animate=False, immediate=True, x_axis=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.wrap and self._width_for_wrap() != self._wrap_width:
+            self._show_all(self.line_at(int(self.scroll_y)))
 
     def drain(self) -> None:
         """Start a read of what was appended, unless one is in flight (back-pressure)."""
@@ -96,7 +204,7 @@ class RunLog(Log):
             self.drain()  # followed another file meanwhile: that chunk is not this file's
             return
         if message.lines:
-            self.write_lines(message.lines)
+            self.add_lines(message.lines)
             self.lines_shown += len(message.lines)
         if message.more:
             self.drain()  # behind: the thread reads the next chunk while this one is painted
