@@ -214,3 +214,44 @@ def test_a_bad_trace_is_named_by_file_and_line_before_anything_starts(tmp_path):
     out = proc.stdout + proc.stderr
     assert f"{trace}:2: input_length: expected an integer >= 1" in out
     assert "starting builtin server" not in out
+
+
+def test_closed_loop_waits_for_the_answer_and_the_delay_and_children_start_from_the_parents_context(servers):
+    on, _ = servers
+    from engine.bench.sessions import synthetic_sessions
+    blocks = BlockTokens(256)
+    sessions = synthetic_sessions(2, 3, blocks=blocks, system_prompt_len=24, input_len=16, output_len=4, delay_s=0.2,
+                                  subagents=1)
+    result = run_sessions(SessionReplayConfig(on, "tiny", mode="closed", max_concurrency=4), sessions, filler=blocks)
+    assert all(t.out.success for t in result.turns), [t.out.error for t in result.turns]
+    turns = {(t.session_id, t.turn): t for t in result.turns}
+    for sid in ("s0", "s1"):
+        for k in (1, 2):
+            prev, cur = turns[sid, k - 1].out, turns[sid, k].out
+            assert cur.start_time >= prev.start_time + prev.latency + 0.2
+            # the prompt is the previous prompt, its answer (4 tokens) and the new input (16)
+            assert cur.prompt_len == prev.prompt_len + 4 + 16
+        child, parent = turns[f"{sid}.a0", 0], turns[sid, 0]
+        assert child.out.start_time >= parent.out.start_time + parent.out.latency
+        assert child.out.prompt_len == parent.out.prompt_len + 4 + 16
+        assert child.cached_tokens >= parent.out.prompt_len // 8 * 8 - 8  # the parent's prompt blocks
+    m = session_metrics(result)
+    assert m["sessions_completed"] == 4 and m["turns_per_session"]["max"] == 3
+
+
+def test_sharegpt_sessions_on_the_chat_endpoint_reuse_the_conversation(tmp_path, servers):
+    on, _ = servers
+    from engine.bench.sessions import load_sharegpt_sessions
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([{"conversations": [
+        {"from": "system", "value": "You answer questions about the weather in great detail."},
+        {"from": "human", "value": "What is the weather like in Paris in spring?"}, {"from": "gpt", "value": "Mild."},
+        {"from": "human", "value": "And in the summer, when the tourists arrive?"}, {"from": "gpt", "value": "Hot."},
+        {"from": "human", "value": "Thanks!"}, {"from": "gpt", "value": "You're welcome."}]}]))
+    sessions = load_sharegpt_sessions(path, default_output_len=6)
+    result = run_sessions(SessionReplayConfig(on, "tiny", endpoint="/v1/chat/completions"), sessions)
+    assert [t.out.success for t in result.turns] == [True] * 3, [t.out.error for t in result.turns]
+    cached = [t.cached_tokens for t in sorted(result.turns, key=lambda t: t.turn)]
+    prompts = [t.out.prompt_len for t in sorted(result.turns, key=lambda t: t.turn)]
+    assert cached[1] >= prompts[0] // 8 * 8 - 8 and cached[2] >= prompts[1] // 8 * 8 - 8 and cached[1] > 0
+    assert prompts == sorted(prompts)
