@@ -16,6 +16,9 @@ Two schedules (``mode``):
   ``delay_s`` after the previous answer), or when the previous turn of its session is answered if
   that is later (its prompt needs the answer): the slip is recorded per turn (``late_s``).
 
+``num_warmups`` short requests go first, one at a time and not measured, with prompts that share
+no block with any session (the prefix cache stays cold for the sessions).
+
 Every request carries the session-affinity header (``session_header``, default ``X-Session-ID``;
 empty: none) with its session's id, so that a router can keep a session on one replica.
 
@@ -58,6 +61,7 @@ class SessionReplayConfig:
     request_timeout_s: float | None = 600.0
     ignore_eos: bool = True
     time_scale: float = 1.0  # delays and timestamps are multiplied by this
+    num_warmups: int = 0  # unmeasured requests first, of tokens no session shares (the cache stays cold for them)
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -154,6 +158,7 @@ class SessionReplay:
         self.on_turn = on_turn
         self.turns: list[TurnOutput] = []
         self.total_turns = sum(len(s.turns) for s in self.sessions)
+        self.warmup_errors = 0
         self._cancelled = False
         self._tasks: set[asyncio.Task] = set()
 
@@ -174,6 +179,7 @@ class SessionReplay:
         timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s) if cfg.request_timeout_s else None
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+            await self._warm_up(http)
             before = await _scrape(http, cfg.base_url)
             self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency and cfg.mode == "closed" else None
             self._t0 = time.perf_counter()
@@ -185,6 +191,23 @@ class SessionReplay:
             duration = time.perf_counter() - self._t0
             after = await _scrape(http, cfg.base_url)
         return SessionReplayResult(self.turns, max(duration, 1e-9), self.sessions, before, after, self._cancelled)
+
+    async def _warm_up(self, http: aiohttp.ClientSession) -> None:
+        """``num_warmups`` short requests, one at a time, not measured; their prompts share no
+        block with any session's."""
+        cfg = self.config
+        for i in range(cfg.num_warmups):
+            if self._cancelled:
+                return
+            prompt: Any
+            if cfg.is_chat:
+                prompt = [{"role": "user", "content": f"warm-up request {i}"}]
+            elif self.filler is not None:
+                prompt = self.filler.unique((9, i), 16)
+            else:
+                prompt = f"warm-up request {i}"
+            rec = await self._send(http, "warmup", i, prompt, 4, 0)
+            self.warmup_errors += 0 if rec.out.success else 1
 
     def _spawn(self, http: aiohttp.ClientSession, session: Session, history: _History | None) -> None:
         task = asyncio.ensure_future(self._session(http, session, history))
