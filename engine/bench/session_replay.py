@@ -159,6 +159,13 @@ class SessionReplay:
         self.turns: list[TurnOutput] = []
         self.total_turns = sum(len(s.turns) for s in self.sessions)
         self.warmup_errors = 0
+        # What a live progress line reads (as of a LoadGenerator: engine.bench.run.ProgressTimer).
+        self.phase = "warmup" if config.num_warmups else "measure"
+        self.phase_total = config.num_warmups or self.total_turns
+        self.measured: list[RequestOutput] = []
+        self.measure_start: float | None = None
+        self.in_flight = 0
+        self._warm_done = 0
         self._cancelled = False
         self._tasks: set[asyncio.Task] = set()
 
@@ -181,6 +188,8 @@ class SessionReplay:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             await self._warm_up(http)
             before = await _scrape(http, cfg.base_url)
+            self.phase, self.phase_total = "measure", self.total_turns
+            self.measure_start = time.perf_counter()
             self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency and cfg.mode == "closed" else None
             self._t0 = time.perf_counter()
             roots = [s for s in self.sessions if s.parent_id is None or s.parent_id not in self.by_id]
@@ -208,6 +217,7 @@ class SessionReplay:
                 prompt = f"warm-up request {i}"
             rec = await self._send(http, "warmup", i, prompt, 4, 0)
             self.warmup_errors += 0 if rec.out.success else 1
+            self._warm_done += 1
 
     def _spawn(self, http: aiohttp.ClientSession, session: Session, history: _History | None) -> None:
         task = asyncio.ensure_future(self._session(http, session, history))
@@ -272,8 +282,12 @@ class SessionReplay:
     def _history_tokens(history: _History) -> int:
         return len(history.ids)
 
+    def finished(self, phase: str) -> int:
+        return self._warm_done if phase == "warmup" else len(self.measured)
+
     def _record(self, rec: TurnOutput) -> None:
         self.turns.append(rec)
+        self.measured.append(rec.out)
         if self.on_turn is not None:
             self.on_turn(rec)
 
@@ -300,6 +314,7 @@ class SessionReplay:
         last = st
         done = False
         seen = 0
+        self.in_flight += 1
         try:
             async with http.post(url, data=json.dumps(body), headers=headers) as r:
                 if r.status != 200:
@@ -334,6 +349,7 @@ class SessionReplay:
             out.error = f"{type(exc).__name__}: {exc}"[:300]
             return rec
         finally:
+            self.in_flight -= 1
             out.latency = last - st
             if not out.error and not done:
                 out.error = out.error or "the stream ended without data: [DONE]"

@@ -71,7 +71,7 @@ def run_session_repeats(run: "BenchRun", target: "LoadTarget", point: dict, inde
 
 
 def _one_repeat(run: "BenchRun", target: "LoadTarget", point: dict, index: int, shape: "_Shape", rep: int) -> dict:
-    from engine.bench.run import _save, failures_by_cause
+    from engine.bench.run import ProgressTimer, _save, failures_by_cause
 
     cfg, cancel = run.cfg, run.cancel
     cl = cfg.client
@@ -84,15 +84,10 @@ def _one_repeat(run: "BenchRun", target: "LoadTarget", point: dict, index: int, 
                                  mode=mode, session_header=cl.session_header, max_concurrency=shape.conc,
                                  request_timeout_s=cfg.timeout_seconds, num_warmups=cl.warmup)
     total = sum(len(s.turns) for s in sessions)
-    done = [0]
-
-    def progress(rec: Any) -> None:
-        done[0] += 1
-        if done[0] % 10 == 0 or done[0] == total:
-            run.ws.events.emit("progress", repeat=rep, repeats=cl.repeats, point=point, point_index=index,
-                               phase="measure", finished=done[0], total=total)
-
-    replay = SessionReplay(config, sessions, filler=blocks, on_turn=progress)
+    replay = SessionReplay(config, sessions, filler=blocks)
+    progress = ProgressTimer(replay, lambda **f: run.ws.events.emit("progress", **f),  # type: ignore[arg-type]
+                             {"repeat": rep, "repeats": cl.repeats, "point": point, "point_index": index},
+                             scraper=run.scraper).start()
     stop = threading.Event()
 
     def watch() -> None:
@@ -108,6 +103,7 @@ def _one_repeat(run: "BenchRun", target: "LoadTarget", point: dict, index: int, 
         result_obj = run_coroutine(replay.run(), cl.event_loop)
     finally:
         stop.set()
+        progress.stop()
     result = replay_report(result_obj, goodput_slos=cl.goodput or None)
     outputs = [t.out for t in result_obj.turns]
     result["errors"] = sorted({o.error for o in outputs if not o.success and o.error})[:10]
