@@ -173,7 +173,8 @@ class Engine:
     ``stats_interval_s`` > 0 prints a stats line that often while steps run. ``prefix_caching``
     keeps the keys and values of full blocks of ``prefix_block_size`` tokens in a pool of
     ``prefix_cache_blocks`` blocks (``engine.serve.prefix_cache``; default: a quarter of the KV
-    cache's tokens), and a request whose prompt starts with cached blocks skips their prefill."""
+    cache's tokens, on a GPU at most a quarter of its free memory), and a request whose prompt
+    starts with cached blocks skips their prefill."""
 
     def __init__(self, model: LlamaModel, max_batch_size: int = 32, max_prefill_tokens: int = 8192,
                  eos_id: int = EOS_ID, *, max_model_len: int | None = None, cuda_graphs: bool = False,
@@ -192,7 +193,7 @@ class Engine:
         self.pad_slot = max_batch_size  # the extra slot: decode padding rows write and read only this one
         self.prefix_cache: PrefixCache | None = None
         if prefix_caching:
-            blocks = prefix_cache_blocks or max(1, max_batch_size * self.max_len // 4 // prefix_block_size)
+            blocks = prefix_cache_blocks or self._default_prefix_blocks(prefix_block_size)
             self.prefix_cache = PrefixCache(self.cache, blocks, prefix_block_size)
         self.decoder = DecodeRunner(model, self.cache, self.pad_slot, batch_buckets(max_batch_size, graph_batch_sizes),
                                     max_batch_size)
@@ -228,6 +229,16 @@ class Engine:
         self._profile_path: Path | None = None
         self._profile_steps_left: int | None = None  # auto-stop after this many steps
         self._auto_stopped: Path | None = None  # the trace an auto-stop wrote, for stop_profile
+
+    def _default_prefix_blocks(self, block_size: int) -> int:
+        """A quarter of the KV cache's tokens; on a GPU at most a quarter of its free memory (the
+        graphs and the steps' activations need the rest)."""
+        blocks = max(1, self.cache.num_slots * self.max_len // 4 // block_size)
+        if self.model.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.model.device)
+            per_block = self.cache.nbytes // (self.cache.num_slots * self.max_len) * block_size
+            blocks = max(1, min(blocks, free // 4 // per_block))
+        return blocks
 
     @property
     def steps(self) -> int:

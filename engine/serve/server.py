@@ -93,7 +93,7 @@ class ServeConfig(BaseModel):
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # Prefix caching (vLLM's --enable-prefix-caching, on by default there too): blocks of
     # prefix_cache_block_size tokens, a pool of prefix_cache_blocks (default: a quarter of the KV
-    # cache's tokens), least recently used evicted.
+    # cache's tokens, on a GPU at most a quarter of its free memory), least recently used evicted.
     enable_prefix_caching: bool = True
     prefix_cache_block_size: int = Field(default=16, ge=1)
     prefix_cache_blocks: int | None = Field(default=None, ge=1)
