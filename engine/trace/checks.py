@@ -349,10 +349,16 @@ def tracelens_report_check(rank: Any, label: str, tables: dict, tree: EventTree 
                 f"computation + memcpy {_us(floor)}")
     problems = []
     if kernel_us < floor * (1 - MISSING_SHARE) - 1.0:
+        blank = sorted({str(n) for n, kt in zip(unified.column("name"), unified.column("Kernel Time (µs)_sum"))
+                        if not isinstance(kt, (int, float)) or kt != kt or kt == 0})
+        numbers["op_rows_without_kernel_time"] = blank[:20]
+        why = (f"op rows whose kernel time the report left out: {', '.join(blank[:4])}"
+               + (f" and {len(blank) - 4} more" if len(blank) > 4 else "")
+               + " (their perf model did not take the op's arguments, e.g. a GEMM recorded without input shapes)"
+               if blank else "kernels no op row accounts for")
         problems.append(f"the perf report holds {_us(kernel_us)} of kernel time but its GPU timeline counts "
                         f"{_us(floor)} of computation and copies: {_us(floor - kernel_us)} of GPU work is in no "
-                        f"op of the report (kernels no op row accounts for, or op rows whose kernel time the "
-                        f"report left out, as for a GEMM recorded without its input shapes)")
+                        f"op of the report ({why})")
     if tree is not None:  # graph replays of this report's trace whose kernels are missing: its idle is not idle
         from engine.trace.gaps import idle_analysis, trace_window
         from engine.trace.graphs import graph_replays

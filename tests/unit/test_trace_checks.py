@@ -393,6 +393,7 @@ def test_a_gemm_without_shapes_leaves_its_kernel_time_out_of_the_perf_report(tmp
     assert c["status"] == "failed"
     assert (c["numbers"]["perf_report_kernel_us"], c["numbers"]["timeline_computation_us"]) == (5.0, 15.0)
     assert "10.0 us of GPU work is in no op of the report" in c["warning"]
+    assert c["numbers"]["op_rows_without_kernel_time"] == ["aten::mm"] and "left out: aten::mm" in c["warning"]
 
 
 def test_profiler_steps_are_checked_without_inference_annotations(tmp_path):
