@@ -97,6 +97,10 @@ class RunLog(Log):
     def add_lines(self, lines: list[str]) -> None:
         """Append lines as read: kept raw, shown wrapped or not; the oldest beyond ``keep_lines`` go."""
         self._raw.extend(lines)
+        if self.wrap and self._wrap_width < 0:  # hidden since wrapping was switched on: cut when shown
+            if self.keep_lines is not None and len(self._raw) > self.keep_lines:
+                del self._raw[:len(self._raw) - self.keep_lines]
+            return
         if self.wrap:
             rows, counts = self._cut(lines, self._width_for_wrap())
             self._rows.extend(counts)
@@ -152,7 +156,11 @@ class RunLog(Log):
         return rows, counts
 
     def _show_all(self, top: int) -> None:
-        """Show every raw line again (wrapped or not) with raw line ``top`` at the top, unless following."""
+        """Show every raw line again (wrapped or not) with raw line ``top`` at the top, unless following.
+        A log in a hidden tab has no width to wrap at: it is cut when it is shown (``on_resize``)."""
+        if self.wrap and not self.content_region.width:
+            self._wrap_width = -1  # not cut yet
+            return
         raw = self._raw
         super().clear()
         self._raw = raw
@@ -175,7 +183,7 @@ class RunLog(Log):
 
     def on_resize(self, event: events.Resize) -> None:
         if self.wrap and self._width_for_wrap() != self._wrap_width:
-            self._show_all(self.line_at(int(self.scroll_y)))
+            self._show_all(self.line_at(int(self.scroll_y)) if self._wrap_width >= 0 else len(self._raw))
 
     def drain(self) -> None:
         """Start a read of what was appended, unless one is in flight (back-pressure)."""

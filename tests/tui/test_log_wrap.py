@@ -25,6 +25,7 @@ def run_with_long_lines(project):
     root.mkdir(parents=True)
     events = [{"ts": 1_800_000_000.0, "event": "run_started", "mode": "benchmark", "label": "wrapped",
                "pid": os.getpid()},
+              {"ts": 1_800_000_001.0, "event": "stage", "stage": "server", "state": "running", "detail": LONG},
               {"ts": 1_800_000_010.0, "event": "run_finished", "state": "completed", "exit_code": 0}]
     (root / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     lines = [f"line {i}" for i in range(60)]
@@ -66,6 +67,12 @@ async def test_w_wraps_the_log_and_search_and_follow_still_work(app, project):
             fh.write(f"line 60 {LONG} NEEDLE-NEW\n")
         await wait_for(pilot, lambda: on_screen(app, "NEEDLE-NEW") is not None)
         assert log.is_vertical_scroll_end
+        # the events, in a tab hidden when w was pressed, are cut at the screen's width once shown
+        await pilot.press("right_square_bracket")
+        events = app.screen.query_one("#run-events", RunLog)
+        await wait_for(pilot, lambda: events.wrap and len(events.lines) > len(events.raw_lines))
+        assert 60 < max(len(row) for row in events.lines) <= 80
+        await pilot.press("left_square_bracket")
         # w again: whole lines
         await pilot.press("w")
         await wait_for(pilot, lambda: not log.wrap and len(log.lines) == 61)
