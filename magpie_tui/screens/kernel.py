@@ -53,8 +53,18 @@ def gap_lines(run_dir: Path, kernel_names: list[str]) -> list[dict[str, str]]:
     return [row for row in load_csv(run_dir / "gap_analysis" / "gap_analysis.csv") if row.get("Name") in wanted]
 
 
+def bundled_kernel_dirs() -> list[Path]:
+    """The folders of the kernels that ship with the engine: the built-in server's Triton kernels
+    (engine/serve) and the bundled library's candidates (engine/library). A trace of the built-in
+    server runs them, and they are on every machine the workbench runs on."""
+    import engine
+    root = Path(engine.__file__).resolve().parent
+    return [root / "serve", root / "library"]
+
+
 def source_repos(info: RunInfo, project: Path) -> list[Path]:
-    """Folders to search for kernel sources: the run's --kernel-source-repos, then the project."""
+    """Folders to search for kernel sources: the run's --kernel-source-repos, the project, then
+    the engine's own kernels (``bundled_kernel_dirs``)."""
     repos: list[Path] = []
     try:
         cfg = read_yaml(info.path / "config.yaml") or {}
@@ -65,6 +75,7 @@ def source_repos(info: RunInfo, project: Path) -> list[Path]:
             repos.append(Path(repo))
     if project not in repos:
         repos.append(project)
+    repos += [d for d in bundled_kernel_dirs() if d.is_dir() and d not in repos]
     return repos
 
 
