@@ -462,9 +462,20 @@ def replay_report(result: SessionReplayResult, goodput_slos: dict[str, float] | 
 
 
 def detailed_turns(result: SessionReplayResult) -> dict[str, list[Any]]:
-    """Per-request lists for ``requests/*.json`` (as ``metrics.detailed_lists``, plus the session's)."""
+    """Per-request lists for ``requests/*.json`` (as ``metrics.detailed_lists``, plus the session's),
+    and per session (``sessions``): its turns answered, duration, cached and prompt tokens."""
     ts = result.turns
-    return {"session_id": [t.session_id for t in ts], "turn": [t.turn for t in ts],
+    by_session: dict[str, list[TurnOutput]] = {}
+    for t in ts:
+        by_session.setdefault(t.session_id, []).append(t)
+    per_session = {  # one entry per session that sent a request: turns answered, first start to last end
+        "ids": list(by_session),
+        "turns": [sum(t.out.success for t in g) for g in by_session.values()],
+        "duration_s": [max(t.out.start_time + t.out.latency for t in g) - min(t.out.start_time for t in g)
+                       for g in by_session.values()],
+        "cached_tokens": [sum(t.cached_tokens or 0 for t in g) for g in by_session.values()],
+        "prompt_tokens": [sum(t.out.prompt_len for t in g if t.out.success) for g in by_session.values()]}
+    return {"sessions": per_session, "session_id": [t.session_id for t in ts], "turn": [t.turn for t in ts],
             "success": [t.out.success for t in ts], "error": [t.out.error for t in ts],
             "ttft": [t.out.ttft for t in ts], "latency": [t.out.latency for t in ts],
             "prompt_len": [t.out.prompt_len for t in ts], "output_tokens": [t.out.output_tokens for t in ts],

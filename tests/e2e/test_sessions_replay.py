@@ -150,6 +150,9 @@ def test_a_synthetic_session_run_reports_the_reuse(tmp_path):
     detail = json.loads((ws / "requests" / "point0_repeat0.json").read_text())
     later = [c for c, t in zip(detail["cached_tokens"], detail["turn"]) if t > 0]
     assert later and all(c > 0 for c in later)
+    per = detail["sessions"]
+    assert sorted(per["turns"]) == [1, 1, 1, 1, 3, 3, 3, 3] and sum(per["cached_tokens"]) == s["cached_prompt_tokens"]
+    assert all(d > 0 for d in per["duration_s"]) and len(per["ids"]) == 8
     summary = (ws / "summary.txt").read_text()
     assert "prefix reuse:" in summary and "server prefix cache: hit rate" in summary and "TTFT median by turn" in summary
 
