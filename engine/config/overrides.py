@@ -99,7 +99,8 @@ class BenchmarkOverrides(BaseModel):
         "client.dataset_name", "as vllm bench serve: random (default), custom (JSONL: prompt or prompt_token_ids, "
         "output_len, optional timestamp for a trace replay), sharegpt (JSON); multi-turn session replays: mooncake "
         "(AIPerf's trace JSONL), sessions (synthetic: --num-sessions x --session-turns)")] = None
-    dataset_path: Annotated[Optional[str], Override("client.dataset_path", "the custom JSONL or ShareGPT JSON file")] = None
+    dataset_path: Annotated[Optional[str], Override("client.dataset_path", "the custom JSONL, ShareGPT JSON or mooncake "
+                                                                 "trace JSONL file")] = None
     custom_output_len: Annotated[Optional[int], Override("client.custom_output_len",
                                                   "output tokens of custom lines without output_len")] = None
     sharegpt_output_len: Annotated[Optional[int], Override("client.sharegpt_output_len",
