@@ -21,6 +21,29 @@ REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT_ROOT = Path("/tmp/magpie-tui-tests")
 
 
+def _keep_parsed_css() -> None:
+    """Parse each CSS source once per test process. Textual parses the app's CSS and every
+    widget's DEFAULT_CSS again for each app (its cache lives in one Stylesheet, and a theme change
+    builds a new one): about a third of an app's start, and the tests start hundreds of apps. The
+    rules are a function of the CSS text, where it was read from, its scope and the theme's
+    variables, all in the key; Textual reads them and never changes them."""
+    from textual.css.stylesheet import Stylesheet
+    parse = Stylesheet._parse_rules
+    kept: dict = {}
+
+    def parse_once(self, css, read_from, is_default_rules=False, tie_breaker=0, scope=""):
+        key = (css, read_from, is_default_rules, tie_breaker, scope, tuple(sorted(self._variables.items())))
+        rules = kept.get(key)
+        if rules is None:
+            rules = kept[key] = parse(self, css, read_from, is_default_rules, tie_breaker, scope)
+        return rules
+
+    Stylesheet._parse_rules = parse_once
+
+
+_keep_parsed_css()
+
+
 @pytest.fixture(autouse=True)
 def snapshot_root_held(request):
     """A test module that builds its project at SNAPSHOT_ROOT holds it alone: a second test suite
