@@ -258,6 +258,8 @@ class WorkbenchApp(App):
     def on_unmount(self) -> None:
         # Runs we started keep going (they are detached); just stop watching them.
         self.started.clear()
+        if self._frozen_at:  # what the app froze can be collected again once it is gone
+            gc.unfreeze()
 
 
 def _configs_screen():

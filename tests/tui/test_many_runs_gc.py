@@ -35,5 +35,6 @@ async def test_the_runs_are_kept_out_of_full_collections(app, project):
             await pilot.press("j", "j")
             await pilot.pause(0.3)
             assert gc.get_freeze_count() == frozen  # not frozen again until the runs double
+        assert gc.get_freeze_count() == 0  # the app gone, its objects can be collected again
     finally:
         gc.unfreeze()
