@@ -218,7 +218,7 @@ async def watch_configs(root: Path, target, stop_event=None, debounce_ms: int = 
 
 def run_title(info) -> str:
     """The label of a run folder written before runs recorded theirs at launch: the engine's
-    ``run_label`` of its ``config.yaml`` (engine.runs.labels), else its folder name's label.
+    ``run_label`` of its ``config.yaml`` (engine.jobs.query.recorded_run_label), else its folder name's label.
     Blocking (a small YAML read): called from the scan thread."""
-    from engine.runs.labels import recorded_run_label
+    from engine.jobs.query import recorded_run_label
     return recorded_run_label(info.path, info.label)

@@ -309,6 +309,21 @@ def bundled_kernel_paths() -> frozenset[str]:
     return frozenset(paths)
 
 
+def bundled_kernel_dirs() -> list[Path]:
+    """The folders of the kernels that ship with the engine: the built-in server's Triton kernels
+    (engine/serve) and the bundled library's candidates (engine/library). A trace of the built-in
+    server runs them, and they are on every machine the workbench runs on."""
+    root = Path(__file__).resolve().parents[1]
+    return [root / "serve", root / "library"]
+
+
+def recorded_run_label(run_dir: Union[Path, str], fallback: str) -> str:
+    """The label of a run folder written before runs recorded theirs at launch: ``run_label`` of
+    its ``config.yaml`` (engine.runs.labels), else ``fallback``. Reads a small YAML."""
+    from engine.runs.labels import recorded_run_label as label
+    return label(Path(run_dir), fallback)
+
+
 def server_images() -> dict[str, dict[str, str]]:
     """The container images the engine runs each framework's server in: {framework: {arch: image}}."""
     from engine.bench.docker_launch import IMAGES

@@ -54,12 +54,9 @@ def gap_lines(run_dir: Path, kernel_names: list[str]) -> list[dict[str, str]]:
 
 
 def bundled_kernel_dirs() -> list[Path]:
-    """The folders of the kernels that ship with the engine: the built-in server's Triton kernels
-    (engine/serve) and the bundled library's candidates (engine/library). A trace of the built-in
-    server runs them, and they are on every machine the workbench runs on."""
-    import engine
-    root = Path(engine.__file__).resolve().parent
-    return [root / "serve", root / "library"]
+    """The folders of the kernels that ship with the engine (engine.jobs.query.bundled_kernel_dirs)."""
+    from engine.jobs.query import bundled_kernel_dirs as dirs
+    return dirs()
 
 
 def source_repos(info: RunInfo, project: Path) -> list[Path]:
