@@ -96,11 +96,40 @@ class NotSent(ForkServerError):
     """The request never reached the server (it had exited): nothing was started."""
 
 
-class ForkServer:
+class _Channel:
+    """Requests and replies on a SOCK_SEQPACKET socket, one request at a time."""
+
+    sock: socket.socket
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.broken = False
+
+    def _read(self) -> dict:
+        data = self.sock.recv(_MSG_BYTES)
+        if not data:
+            self.broken = True
+            raise ForkServerError("the other side closed its socket")
+        return json.loads(data)
+
+    def request(self, msg: dict, fds: tuple = ()) -> dict:
+        with self._lock:
+            try:
+                socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
+            except OSError as exc:
+                self.broken = True
+                raise NotSent(str(exc)) from None
+            reply = self._read()
+        if "error" in reply:
+            raise ForkServerError(reply["error"])
+        return reply
+
+
+class ForkServer(_Channel):
     """The parent's handle on one server process (one environment)."""
 
     def __init__(self, python: str, env: dict) -> None:
-        self._lock = threading.Lock()
+        super().__init__()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         WATCHDOG.ready()
         try:
@@ -122,23 +151,6 @@ class ForkServer:
             self.close()
             raise ForkServerError(f"fork server not ready: {reply.get('why', '?')}")
 
-    def _read(self) -> dict:
-        data = self.sock.recv(_MSG_BYTES)
-        if not data:
-            raise ForkServerError("fork server closed its socket")
-        return json.loads(data)
-
-    def request(self, msg: dict, fds: tuple = ()) -> dict:
-        with self._lock:
-            try:
-                socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
-            except OSError as exc:
-                raise NotSent(str(exc)) from None
-            reply = self._read()
-        if "error" in reply:
-            raise ForkServerError(reply["error"])
-        return reply
-
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -155,16 +167,15 @@ class ForkServer:
         WATCHDOG.forget(self.proc.pid)
 
 
-class SharedForkServer:
+class SharedForkServer(_Channel):
     """A connection to the servers of the process named in ``MAGPIE_FORKSERVER`` (``share``),
     with ForkServer's ``request``/``alive``/``close``; spawn requests carry this process's exact
     environment."""
 
     def __init__(self, path: str, python: str, env: dict) -> None:
-        self._lock = threading.Lock()
+        super().__init__()
         self.env = env
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.broken = False
         try:
             self.sock.settimeout(_READY_TIMEOUT_S)
             self.sock.connect(path)
@@ -177,22 +188,6 @@ class SharedForkServer:
         if not reply.get("ready"):
             self.close()
             raise ForkServerError(f"shared fork server not used: {reply.get('why', '?')}")
-
-    def request(self, msg: dict, fds: tuple = ()) -> dict:
-        with self._lock:
-            try:
-                socket.send_fds(self.sock, [json.dumps(msg).encode()], list(fds))
-            except OSError as exc:
-                self.broken = True
-                raise NotSent(str(exc)) from None
-            data = self.sock.recv(_MSG_BYTES)
-            if not data:
-                self.broken = True
-                raise ForkServerError("the sharing process closed the connection")
-            reply = json.loads(data)
-        if "error" in reply:
-            raise ForkServerError(reply["error"])
-        return reply
 
     def alive(self) -> bool:
         return not self.broken

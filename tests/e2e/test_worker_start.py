@@ -226,7 +226,8 @@ def test_a_forked_workers_group_is_stopped_and_reaped(tmp_path):
         os.close(r_parent)
 
 
-PARENT = '''
+# A process that starts one worker for itself; PARENT and SHARED_CHILD go on from here.
+WORKER_STARTED = '''
 import os, sys
 from pathlib import Path
 from engine.kernels import forkserver
@@ -236,6 +237,9 @@ r_parent, w_child = os.pipe()
 out, err = open(tmp / "w.stdout.log", "ab"), open(tmp / "w.stderr.log", "ab")
 worker = forkserver.start_worker(sys.executable, dict(os.environ), tmp, tmp, r_child, w_child, out.fileno(),
                                  err.fileno(), tmp / "w.escaped.jsonl")
+'''
+
+PARENT = WORKER_STARTED + '''
 server = next(iter(forkserver._SERVERS.values())).proc.pid
 print(server, worker.pid, flush=True)
 sys.stdin.read()  # until killed
@@ -329,16 +333,7 @@ def test_an_idle_fork_server_exits_and_the_next_worker_starts_another(monkeypatc
     forkserver.close_all()
 
 
-SHARED_CHILD = '''
-import os, sys
-from pathlib import Path
-from engine.kernels import forkserver
-tmp = Path(sys.argv[1])
-r_child, w_parent = os.pipe()
-r_parent, w_child = os.pipe()
-out, err = open(tmp / "w.stdout.log", "ab"), open(tmp / "w.stderr.log", "ab")
-worker = forkserver.start_worker(sys.executable, dict(os.environ), tmp, tmp, r_child, w_child, out.fileno(),
-                                 err.fileno(), tmp / "w.escaped.jsonl")
+SHARED_CHILD = WORKER_STARTED + '''
 assert isinstance(worker.server, forkserver.SharedForkServer), worker.server
 print(worker.pid, flush=True)
 sys.stdin.read()  # until killed
