@@ -9,6 +9,9 @@ that failed: concurrency until the two are adjacent integers, request rate until
 goodput share over its repeats reaches the target. The knee is the highest passing level; its
 interval is [knee, lowest failing level above it] (the capacity lies in between), and each level
 carries the 95% t-interval of its goodput share over the repeats (with 3 or more repeats).
+
+``client.capacity_mode: ramp`` takes the same levels in one continuous run instead, a window each,
+then holds at the knee (``engine.bench.ramp``).
 """
 
 from __future__ import annotations
@@ -144,4 +147,7 @@ def capacity_table(section: dict) -> list[str]:
                     f"{lv['output_throughput'] or 0:>10.1f} {cell(lat, 'ttft')} {cell(lat, 'tpot')} {cell(lat, 'e2el')}  "
                     f"{'pass' if lv['passed'] else 'FAIL'}")
     rows.append(section["verdict"])
+    if section.get("mode") == "ramp":  # the one-run ramp: its windows in time order, then the hold
+        from engine.bench.ramp import ramp_lines
+        rows += ramp_lines(section)
     return rows

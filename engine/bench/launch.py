@@ -78,6 +78,9 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
     elif fw == "vllm":
         argv = ["vllm", "serve", cfg.model, "--host", host, "--port", str(port),
                 "--tensor-parallel-size", tp]
+        from engine.bench.control import server_env  # the prefix-cache reset route, when this run resets
+        for key, value in server_env(cfg).items():
+            env.setdefault(key, value)
         if envs.get("MODEL_REVISION"):  # Magpie's pinned model revision
             argv += ["--revision", envs["MODEL_REVISION"]]
         if "MAX_MODEL_LEN" in envs:

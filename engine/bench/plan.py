@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from engine.bench.control import reset_plan
 from engine.config.benchmark import BenchmarkConfig
 
 # Where the server's port and the run folder go in a plan made before either exists.
@@ -24,6 +25,7 @@ def _points(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
     envs = cfg.effective_envs()
     if cfg.client.find_capacity:
         return [{"capacity_search": dict(cfg.client.find_capacity), "over": cfg.client.capacity_over,
+                 "mode": cfg.client.capacity_mode,
                  "lengths": cfg.length_bounds(int(envs["ISL"]), int(envs["OSL"]))
                  if cfg.client.dataset_name == "random" else None}]
     out = []
@@ -134,7 +136,7 @@ def benchmark_plan(prepared: Any, output_dir: str = "./results") -> dict[str, An
                    "warmup_requests": cl.warmup, "repeats": cl.repeats, "seed": cl.seed,
                    "request_rate": cl.request_rate or "inf (all at once)", "duration_s": cl.duration,
                    "http_client": cl.http_client, "client_procs": cl.client_procs,
-                   "timeout_s": cfg.timeout_seconds},
+                   "timeout_s": cfg.timeout_seconds, "prefix_cache_reset": reset_plan(cfg)[1]},
         "points": _points(cfg),
         "profiling": {"torch_profiler": profiled,
                       "num_steps": cfg.profiler.torch_profiler.num_steps if profiled else None,
@@ -206,9 +208,13 @@ def format_plan(plan: dict[str, Any], indent: str = "") -> list[str]:
                  + (f" {c['dataset_path']}" if c["dataset_path"] else "") + f", tokenizer {c['tokenizer']}, "
                  f"{c['warmup_requests']} warm-up request(s), {c['repeats']} repeat(s), rate {c['request_rate']}, "
                  f"{c['http_client']} HTTP client, {c['client_procs']} process(es), timeout {c['timeout_s']:g} s")
+    if c.get("prefix_cache_reset"):
+        lines.append(f"{indent}prefix-cache reset before each point: {c['prefix_cache_reset']}")
     for p in plan["points"]:
         if "capacity_search" in p:
-            lines.append(f"{indent}  capacity search over {p['over']}, SLOs {p['capacity_search']}")
+            ramp = p.get("mode") == "ramp"
+            lines.append(f"{indent}  capacity {'ramp (one run, then a hold)' if ramp else 'search'} over {p['over']}, "
+                         f"SLOs {p['capacity_search']}")
         else:
             lines.append(f"{indent}  point: concurrency {p['concurrency']}, {p['num_prompts']} prompts, ISL "
                          f"{p['input_len']}, OSL {p['output_len']}"

@@ -7,13 +7,11 @@ run collects server-side torch traces into ``torch_trace/`` and analyses them in
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,6 +20,7 @@ import numpy as np
 
 from engine.bench.capacity import DEFAULT_CEILING, CapacitySearch, capacity_table
 from engine.bench.client_procs import ClientPool, ClientProcessError
+from engine.bench.control import ControlHooks, hook_lines
 from engine.bench.dataset import SampleRequest, sample_random_requests
 from engine.bench.datasets import DatasetError, load_custom_jsonl, load_sharegpt
 from engine.bench.gpu_monitor import GpuMonitor
@@ -44,13 +43,6 @@ SERVER_METRICS_FILE = "server_metrics.jsonl"  # the server's /metrics, one scrap
 
 # Token ids below this when nothing is known (only a config built without prepare() gets here).
 _GUESSED_VOCAB = 32000
-
-
-def _post(url: str, timeout: float, body: Optional[dict] = None) -> int:
-    req = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the server we launched or were given
-        return r.status
 
 
 def _latency_section(result: dict) -> dict:
@@ -270,6 +262,8 @@ class BenchRun:
     save_errors: list[str] = field(default_factory=list)
     # The server's /metrics scraper, read by the progress events (None: not started yet).
     scraper: Optional[ServerMetricsScraper] = None
+    # The control hooks (prefix-cache reset, profiler) against the server (None: before the load).
+    hooks: Optional[ControlHooks] = None
 
 
 @dataclass
@@ -473,17 +467,25 @@ class _Shape:
 
 def _run_points(run: BenchRun, target: LoadTarget) -> list[dict]:
     """Every sweep point, ``client.repeats`` times; the torch profiler covers the first point. With
-    ``client.find_capacity``, the levels of the capacity search instead (the knee's first)."""
+    ``client.find_capacity``, the levels of the capacity search instead (the knee's first), or its
+    one-run ramp. Each point starts on an empty prefix cache where the run resets it
+    (engine.bench.control)."""
+    run.hooks = ControlHooks(run.cfg, target.base_url, run.report, run.warnings, run.log,
+                             lambda event, **f: run.ws.events.emit(event, **f))
     if run.cfg.client.find_capacity:
+        if run.cfg.client.capacity_mode == "ramp":
+            from engine.bench.ramp import run_ramp
+            return run_ramp(run, target)
         return _run_capacity(run, target)
     sweep_results = []
     for index, point in enumerate(_points(run.cfg)):
-        if run.server_gone:
+        if run.server_gone or run.cancel.cancelled:
             break
         shape = _Shape.of(point, run.cfg, run.envs)
         lengths = shape.lengths(run.cfg)
         if lengths is not None:
             run.log(f"point {point or 'default'}: {format_lengths(lengths)}")
+        run.hooks.reset_before(index, point)
         runs = _run_repeats(run, target, point, index, shape)
         sweep_results.append({"point": {**shape.to_dict(), "lengths": lengths}, "runs": runs,
                               "repeats": aggregate_repeats(runs) if len(runs) > 1 else None})
@@ -504,6 +506,8 @@ def _run_capacity(run: BenchRun, target: LoadTarget) -> list[dict]:
             break
         point = {cl.capacity_over: int(level) if cl.capacity_over == "concurrency" else level}
         shape = _Shape.of(point, run.cfg, run.envs)
+        if run.hooks is not None:
+            run.hooks.reset_before(index, point)
         runs = _run_repeats(run, target, point, index, shape)
         if not runs:
             break
@@ -541,16 +545,17 @@ def _requests(run: BenchRun, target: LoadTarget, shape: _Shape, rep: int) -> lis
 
 
 def _load_generator(run: BenchRun, target: LoadTarget, point: dict, shape: _Shape,
-                    rep: int) -> LoadGenerator | ClientPool:
+                    rep: int, warm: bool = True) -> LoadGenerator | ClientPool:
     """One repeat's load: a LoadGenerator in this process, or a pool of ``client_procs`` processes
-    (as many as the concurrency allows, for a capacity-search level below them)."""
+    (as many as the concurrency allows, for a capacity-search level below them); ``warm`` False:
+    no warm-up requests (a later repeat inside the profiler's window)."""
     cfg = run.cfg
     requests = _requests(run, target, shape, rep)
     config = LoadGenConfig(base_url=target.base_url, model=target.model,
                            endpoint="/v1/chat/completions" if cfg.client.endpoint == "chat"
                            else "/v1/completions",
                            request_rate=shape.rate, burstiness=cfg.client.burstiness,
-                           max_concurrency=shape.conc, num_warmups=cfg.client.warmup,
+                           max_concurrency=shape.conc, num_warmups=cfg.client.warmup if warm else 0,
                            seed=cfg.client.seed + rep,
                            request_timeout_s=cfg.timeout_seconds,
                            http_client=cfg.client.http_client, event_loop=cfg.client.event_loop,
@@ -566,28 +571,32 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
     """One sweep point's repeats: their results, less a repeat that a cancel cut short."""
     if is_session_run(run.cfg.client):
         return run_session_repeats(run, target, point, index, shape)
-    cfg, cancel, base_url = run.cfg, run.cancel, target.base_url
-    # The profiler covers every repeat of the first point, so all of them run under the
-    # same conditions (a profiled run is diagnostic: its numbers are not a baseline).
-    profiled = cfg.profiler.torch_profiler.enabled and index == 0
+    cfg, cancel = run.cfg, run.cancel
+    # The profiler covers every repeat of the first point, so all of them run under the same
+    # conditions (a profiled run is diagnostic: its numbers are not a baseline). It starts after
+    # the first repeat's warm-up and stops when the last repeat's measured load has ended (or the
+    # repeats stopped early); the later repeats skip their warm-up (the server is warm), so the
+    # trace holds measured load only.
+    profiled = cfg.profiler.torch_profiler.enabled and index == 0 and run.hooks is not None
+    profiling = [False]
     runs: list[dict] = []
     for rep in range(cfg.client.repeats):
         if cancel.cancelled or run.server_gone:
             break
-        lg = _load_generator(run, target, point, shape, rep)
+        lg = _load_generator(run, target, point, shape, rep, warm=not (profiled and rep > 0))
         cancel_watch = _watch_cancel(cancel, lg, run)
         progress = ProgressTimer(lg, lambda **f: run.ws.events.emit("progress", **f),
                                  {"repeat": rep, "repeats": cfg.client.repeats, "point": point,
                                   "point_index": index}, scraper=run.scraper).start()
         if profiled and rep == 0:
-            # After the warm-up: the trace's bounded step window holds the measured load.
-            lg.before_measure = lambda: _post(base_url + "/start_profile", 60, _profile_body(cfg))
+            lg.before_measure = lambda warmups=lg.config.num_warmups: _start_profiler(run, warmups, profiling)
         try:
             result_obj = _run(lg)
         finally:
             progress.stop()
-        if profiled and rep == cfg.client.repeats - 1:
-            _stop_profiler(run, base_url)
+        if profiling[0] and (rep == cfg.client.repeats - 1 or cancel.cancelled or run.server_gone):
+            profiling[0] = False
+            _stop_profiler(run, f"the end of the measured load of repeat {rep + 1} of {cfg.client.repeats}")
         cancel_watch()
         result = result_obj.metrics(goodput_slos=cfg.client.find_capacity or cfg.client.goodput or None).to_result()
         if result_obj.window is not None:
@@ -613,6 +622,8 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
         run.log(f"point {point or 'default'} repeat {rep + 1}/{cfg.client.repeats}: "
                 f"{result['completed']} ok, {result['failed']} failed, "
                 f"{result['output_throughput']:.1f} output tok/s, TTFT p50 {result['median_ttft_ms']:.1f} ms")
+    if profiling[0]:  # the repeats stopped before the last one
+        _stop_profiler(run, f"the end of the measured load of repeat {len(runs)} of {cfg.client.repeats}")
     return runs
 
 
@@ -709,12 +720,17 @@ def _p50_p99(name: str, values: list[float]) -> dict[str, Optional[float]]:
     return {f"{name}_p50_ms": round(float(p50) * 1e3, 3), f"{name}_p99_ms": round(float(p99) * 1e3, 3)}
 
 
-def _stop_profiler(run: BenchRun, base_url: str) -> None:
-    run.log("stopping the profiler (the server flushes its traces)...")
-    try:
-        _post(base_url + "/stop_profile", run.cfg.profiler.torch_profiler.flush_timeout_seconds)
-    except OSError as exc:  # e.g. it already stopped by itself after num_steps
-        run.warnings.append(f"/stop_profile: {exc}")
+def _start_profiler(run: BenchRun, warmups: int, profiling: list[bool]) -> None:
+    """The server's profiler, started once the warm-up is done (raises ControlHookError when it did not start)."""
+    assert run.hooks is not None
+    run.hooks.start_profile(_profile_body(run.cfg), f"after the warm-up ({warmups} request(s))")
+    profiling[0] = True
+
+
+def _stop_profiler(run: BenchRun, until: str) -> None:
+    """Stop the server's profiler (a failure is a warning: it may have stopped by itself after num_steps)."""
+    assert run.hooks is not None
+    run.hooks.stop_profile(run.cfg.profiler.torch_profiler.flush_timeout_seconds, until)
 
 
 def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
@@ -989,6 +1005,7 @@ def summary_text(report: dict) -> str:
         lines += session_summary_lines(report["sessions"])
     if report.get("capacity"):
         lines += capacity_table(report["capacity"])
+    lines += hook_lines(report)  # the prefix-cache resets, the profiler's window
     if report.get("lengths"):
         lines.append(f"lengths: {format_lengths(report['lengths'])}")
     if (report.get("tracelens_analysis") or {}).get("skipped"):

@@ -403,6 +403,18 @@ class Client(_Strict):
     capacity_max: Optional[float] = Field(default=None, gt=0, description="highest level tried (default 1024 "
                                           "concurrent requests, or 1024 requests/s)")
     capacity_steps: int = Field(default=10, ge=2, description="most levels tried")
+    # search: each level a run of its own (the client restarted), doubled then bisected; ramp: one
+    # continuous run (engine.bench.ramp) whose level changes window by window, judged by the same
+    # SLOs, then held at the highest passing level for ramp_hold seconds (measured in windows, with
+    # a 95% interval across them).
+    capacity_mode: Literal["search", "ramp"] = "search"
+    ramp_window: float = Field(default=10.0, gt=0, description="seconds of load a ramp level is judged over")
+    ramp_min_requests: int = Field(default=10, ge=1, description="requests a ramp window needs at least")
+    ramp_hold: float = Field(default=30.0, ge=0, description="seconds held at the highest passing level")
+    # Empty the server's prefix cache before each load point (vLLM POST /reset_prefix_cache, SGLang
+    # POST /flush_cache, the built-in server's /reset_prefix_cache), so that no point inherits the
+    # cache of the one before it. None: on for sweeps and capacity searches, off for one point.
+    reset_prefix_cache: Optional[bool] = None
 
     @field_validator("sweep")
     @classmethod
@@ -440,6 +452,15 @@ class Client(_Strict):
                 raise ValueError("find_capacity chooses the levels itself: remove sweep")
             if self.duration is not None:
                 raise ValueError("find_capacity runs a fixed number of requests per level: remove duration")
+            if self.capacity_mode == "ramp" and self.client_procs > 1:
+                raise ValueError("capacity_mode ramp is one continuous load in one client process: remove "
+                                 "client_procs")
+            if self.capacity_mode == "ramp" and (self.multi_turn or self.dataset_name in ("mooncake", "sessions")):
+                raise ValueError("capacity_mode ramp sends single requests: multi-turn session replays need "
+                                 "capacity_mode search")
+            if self.capacity_mode == "ramp" and self.repeats > 1:
+                raise ValueError("capacity_mode ramp measures its hold in windows, with an interval across them: "
+                                 "remove repeats")
         return self
 
     @field_validator("find_capacity")

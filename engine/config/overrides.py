@@ -143,6 +143,20 @@ class BenchmarkOverrides(BaseModel):
         "client.capacity_over", "what the capacity search varies (default concurrency)")] = None
     capacity_max: Annotated[Optional[float], Override("client.capacity_max", "the highest level the capacity search tries "
                                                "(default 1024)")] = None
+    capacity_mode: Annotated[Optional[Literal["search", "ramp"]], Override(
+        "client.capacity_mode", "search: a run per level, doubled then bisected (default); ramp: the same levels in one "
+        "continuous run, a window each, then a hold at the highest passing level")] = None
+    ramp_window: Annotated[Optional[float], Override("client.ramp_window", "capacity ramp: seconds of load each level "
+                                                     "is judged over (default 10)", metavar="S")] = None
+    ramp_min_requests: Annotated[Optional[int], Override("client.ramp_min_requests", "capacity ramp: requests a window "
+                                                         "needs at least (default 10)", metavar="N")] = None
+    ramp_hold: Annotated[Optional[float], Override("client.ramp_hold", "capacity ramp: seconds held at the highest "
+                                                   "passing level, measured in windows (default 30; 0: none)",
+                                                   metavar="S")] = None
+    reset_prefix_cache: Annotated[Optional[bool], Override(
+        "client.reset_prefix_cache", "empty the server's prefix cache before each load point (vLLM "
+        "/reset_prefix_cache, SGLang /flush_cache, builtin; default: on for sweeps and capacity searches)",
+        off="never reset the prefix cache between load points")] = None
     event_loop: Annotated[Optional[Literal["auto", "uvloop", "asyncio"]], Override(
         "client.event_loop", "the load generator's event loop (default auto: uvloop where installed)")] = None
     http_client: Annotated[Optional[Literal["lean", "aiohttp"]], Override(

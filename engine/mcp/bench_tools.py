@@ -195,7 +195,9 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                   sharegpt_output_len: Optional[int] = None, duration: Optional[float] = None,
                   warmup_seconds: Optional[float] = None, cooldown_seconds: Optional[float] = None,
                   find_capacity: Optional[list[str]] = None, goodput_target: Optional[float] = None,
-                  capacity_over: str = "", capacity_max: Optional[float] = None, event_loop: str = "",
+                  capacity_over: str = "", capacity_max: Optional[float] = None, capacity_mode: str = "",
+                  ramp_window: Optional[float] = None, ramp_min_requests: Optional[int] = None,
+                  ramp_hold: Optional[float] = None, reset_prefix_cache: Optional[bool] = None, event_loop: str = "",
                   client_procs: Optional[int] = None, batch: str = "", environment: str = "", ray_address: str = "") -> dict:
         """Benchmark a serving framework (vllm, sglang, atom, builtin) or a YAML (benchmark_config, Magpie's
         benchmark: format); every argument given overrides the YAML and is recorded as an override. Returns a job

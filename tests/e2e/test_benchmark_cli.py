@@ -45,10 +45,16 @@ def test_builtin_clean_run(tmp_path):
 @pytest.mark.slow
 def test_builtin_profiled_run_collects_traces_with_step_annotations(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--concurrency", "2", "--input-len", "16", "--output-len", "6",
-                      "--num-prompts", "4", "--torch-profiler", "-o", tmp_path, timeout=300)
+                      "--num-prompts", "4", "--repeats", "2", "--torch-profiler", "-o", tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ws, r = _report(tmp_path)
     assert r["profiling_enabled"] is True and r["run_kind"] == "diagnostic" and r["reward_eligible"] is False
+    # The profiler's window: after the first repeat's warm-up to the end of the last repeat's measured load.
+    prof = r["control_hooks"]["profiler"]
+    assert prof["start"]["ok"] and prof["start"]["after"] == "after the warm-up (2 request(s))"
+    assert prof["stop"]["ok"] and prof["stop"]["until"] == "the end of the measured load of repeat 2 of 2"
+    assert prof["start"]["at"] <= prof["stop"]["at"]
+    assert r["control_hooks"]["prefix_cache_reset"]["points"] == []  # one point: no reset
     traces = list((ws / "torch_trace").glob("*.pt.trace.json.gz"))
     assert len(traces) == 1
     from engine.trace.load import load_trace
@@ -377,3 +383,61 @@ def test_find_capacity_bisects_to_the_knee(tmp_path):
                for lv in cap["levels"])
     summary = (only_workspace(tmp_path) / "summary.txt").read_text()
     assert "SLO capacity over concurrency" in summary and cap["verdict"] in summary
+
+
+def test_capacity_ramp_holds_at_the_knee_in_one_run(tmp_path):
+    from aiohttp import web
+
+    from bench_server import BenchServer, Script
+
+    class ControlledServer(BenchServer):
+        """Counts the prefix-cache resets and the client's connections (one run keeps its own)."""
+
+        def __init__(self):
+            super().__init__()
+            self.resets, self.peers = 0, set()
+
+        def app(self):
+            app = super().app()
+            app.router.add_post("/reset_prefix_cache", self._reset)
+            return app
+
+        async def _reset(self, _request):
+            self.resets += 1
+            return web.Response(status=200)
+
+        async def _handle(self, request):
+            self.peers.add(request.transport.get_extra_info("peername")[1])
+            return await super()._handle(request)
+
+    srv = ControlledServer()
+    # TTFT grows with the requests in flight (15 ms each): ttft <= 50 ms holds up to 3 at once.
+    srv.script_for = lambda _rid, _body: Script(ttft_s=0.015 * srv.in_flight, itl_s=0.001, tokens=2)
+    with srv:
+        proc = _base_url_run(srv, tmp_path, "--find-capacity", "ttft:50", "--goodput-target", "0.8",
+                             "--capacity-max", "8", "--capacity-mode", "ramp", "--ramp-window", "0.3",
+                             "--ramp-min-requests", "5", "--ramp-hold", "0.9", "--input-len", "8", "--output-len", "2",
+                             timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path)
+    cap = r["capacity"]
+    levels = {lv["level"]: lv for lv in cap["levels"]}
+    assert cap["mode"] == "ramp" and cap["slos_ms"] == {"ttft": 50.0} and cap["window_s"] == 0.3
+    assert levels[1]["passed"] and not levels[8]["passed"]
+    assert cap["knee"] in (2, 3, 4) and cap["knee_interval"][1] == cap["knee"] + 1
+    # The windows in time order: the ramp's levels as the search chose them, then three at the knee.
+    windows = cap["windows"]
+    assert [w["level"] for w in windows if w["kind"] == "ramp"] == [lv["level"] for lv in cap["levels"]]
+    assert [w["kind"] for w in windows[-3:]] == ["hold"] * 3 and all(w["level"] == cap["knee"] for w in windows[-3:])
+    assert all(a["window_s"][1] <= b["window_s"][0] for a, b in zip(windows, windows[1:]))
+    hold = cap["hold"]
+    assert hold["level"] == cap["knee"] and hold["windows"] == 3
+    assert hold["interval"]["output_throughput"]["n"] == 3 and hold["interval"]["output_throughput"]["ci95"]
+    # The hold is the run's headline; one client for the whole ramp: no more connections than requests at once.
+    assert r["result"]["completed"] == hold["result"]["completed"] and r["sweep"][0]["point"]["hold"] is True
+    assert len(srv.peers) <= 8 and srv.resets == 1
+    reset = r["control_hooks"]["prefix_cache_reset"]
+    assert reset["enabled"] and [p["ok"] for p in reset["points"]] == [True]
+    summary = (only_workspace(tmp_path) / "summary.txt").read_text()
+    assert "ramp over concurrency in one run" in summary and f"hold at concurrency {cap['knee']:g}" in summary
+    assert "prefix cache: reset (/reset_prefix_cache) before 1 of 1 load point(s)" in summary

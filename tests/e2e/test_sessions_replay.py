@@ -129,6 +129,28 @@ def test_reset_prefix_cache_empties_the_cache(servers):
     assert off_status == 400 and "prefix caching is off" in off_text
 
 
+def test_a_sweep_resets_the_builtin_servers_prefix_cache_before_each_point(tmp_path, servers):
+    on, off = servers
+    flags = ("--sweep", "input_len=8,12", "--num-prompts", "2", "--concurrency", "2", "--output-len", "2",
+             "--warmup", "0")
+    runs = {}
+    for name, url in (("on", on), ("off", off)):
+        proc = run_magpie("benchmark", "builtin", "--base-url", url, *flags, "-o", tmp_path / name, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        report = json.loads((only_workspace(tmp_path / name) / "benchmark_report.json").read_text())
+        runs[name] = (proc, report)
+    reset = runs["on"][1]["control_hooks"]["prefix_cache_reset"]
+    assert reset["why"].startswith("on: a sweep of 2 points") and reset["route"] == "/reset_prefix_cache"
+    assert [(p["point_index"], p["status"], p["ok"]) for p in reset["points"]] == [(0, 200, True), (1, 200, True)]
+    # A server that refuses: each point still runs, the report and the terminal say why, once.
+    proc, report = runs["off"]
+    points = report["control_hooks"]["prefix_cache_reset"]["points"]
+    assert [(p["status"], p["ok"]) for p in points] == [(400, False), (400, False)]
+    warning = next(w for w in report["warnings"] if w.startswith("prefix-cache reset"))
+    assert "prefix caching is off" in warning and proc.stderr.count("warning: prefix-cache reset") == 1
+    assert report["success"] is True and len(report["sweep"]) == 2
+
+
 @pytest.mark.slow
 def test_a_synthetic_session_run_reports_the_reuse(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--dataset-name", "sessions", "--num-sessions", "4", "--session-turns",
