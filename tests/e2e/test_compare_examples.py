@@ -6,7 +6,9 @@ import pytest
 
 from conftest import EXAMPLES, only_workspace, read_events, read_report, run_magpie
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: timed verdicts need the machine alone
+# Not with the timed verdicts alone: one_pass is about 9x three_pass, far beyond what a busy machine
+# can hide, and the rmsnorm candidate's verdict is checked against its own interval, not fixed.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ from conftest import REPO, read_events, run_magpie
 from engine.loop.run import config_diff, profiled_twin
 from engine.loop.schema import STEP_NAMES, load_loop_file
 
-pytestmark = pytest.mark.serial  # timed verdicts need the machine to themselves
+# Not with the timed verdicts alone: every timed verdict here is accepted either way a busy machine
+# can turn it (the candidate faster or a tie; a proven end-to-end gain or not), and the steps after
+# it are checked whatever it was.
 
 CANDIDATES = REPO / "tests" / "data" / "loop_candidates"
 

@@ -332,7 +332,6 @@ def _verdicts(report: dict) -> dict:
             for r in report["results"]["kernel_results"]}
 
 
-@pytest.mark.serial  # it compares timed verdicts (slower, tie): the machine alone
 def test_cpu_kernels_on_a_cluster_without_gpus_are_judged_as_locally(cluster, tmp_path):
     # k1 and k2 do 3x and 4x the baseline's work: slower on both, by far more than a busy spell of
     # a 2-core machine (Ray starting its workers beside the first timing task) can hide.

@@ -13,7 +13,9 @@ from engine.kernels import sm_clock
 from engine.kernels.report import render_text
 from engine.kernels.sm_clock import ClockReading
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: timed verdicts need the machine alone
+# Not with the timed verdicts alone: the clock readers are fakes and nothing here asserts a verdict
+# a busy machine could change (rounds and flags follow the reader's counts).
+pytestmark = pytest.mark.slow
 
 KERNEL = """\
 import torch
