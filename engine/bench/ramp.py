@@ -13,7 +13,8 @@ flight; for a rate, no request waiting for a slot), so the excess of a failing l
 count against the next.
 
 Then it holds at the highest passing level (the knee) for ``ramp_hold`` seconds in back-to-back
-windows of ``ramp_window`` seconds: the hold's requests together are the run's headline result,
+windows, one per ``ramp_window`` seconds and at least 3 (the hold split evenly among them): the
+hold's requests together are the run's headline result,
 and the mean and 95% t-interval across its windows (goodput share, throughput, latency) say how
 steady the knee is.
 
@@ -185,9 +186,10 @@ class RampGenerator(LoadGenerator):
             self.knee = max(passing) if passing else None
             if self.knee is not None and self.hold_s > 0 and not self._cancelled:
                 await self._apply(self.knee)
+                n = hold_windows(self.hold_s, self.window_s)
                 held = []
-                for _ in range(max(1, round(self.hold_s / self.window_s))):  # back to back
-                    held.append(await self._window("hold", self.knee))
+                for _ in range(n):  # back to back
+                    held.append(await self._window("hold", self.knee, self.hold_s / n))
                 for window in held:
                     await window.done.wait()
                     self._judge(window)
@@ -215,17 +217,18 @@ class RampGenerator(LoadGenerator):
                 return
             await asyncio.sleep(_SETTLE_POLL_S)
 
-    async def _window(self, kind: str, level: float) -> Window:
-        """Open a window, close it after ``window_s`` (and ``min_requests`` released), return it."""
+    async def _window(self, kind: str, level: float, length: Optional[float] = None) -> Window:
+        """Open a window, close it after ``length`` seconds (default ``window_s``; longer until
+        ``min_requests`` were released), return it."""
+        length = self.window_s if length is None else length
         w = Window(len(self.windows), kind, level, time.perf_counter())
         self.windows.append(w)
         self._current = w
         while not self._cancelled:
             elapsed = time.perf_counter() - w.start
-            if elapsed >= self.window_s and (w.released >= self.min_requests
-                                             or elapsed >= self.window_s + self._overrun_s):
+            if elapsed >= length and (w.released >= self.min_requests or elapsed >= length + self._overrun_s):
                 break
-            await asyncio.sleep(self.window_s - elapsed if elapsed < self.window_s else 0.02)
+            await asyncio.sleep(length - elapsed if elapsed < length else 0.02)
         w.end = time.perf_counter()
         self._current = None
         w.check_done()
@@ -301,6 +304,11 @@ class RampGenerator(LoadGenerator):
             w.outputs.append(out)
             w.check_done()
         return out
+
+
+def hold_windows(hold_s: float, window_s: float) -> int:
+    """The hold's windows: one per ``window_s``, and at least 3 (the fewest a t-interval needs)."""
+    return max(3, round(hold_s / window_s))
 
 
 def window_result(w: Window, slos: dict[str, float], t0: float) -> dict[str, Any]:

@@ -153,3 +153,42 @@ def test_the_ramp_gate_follows_its_limit_up_and_down():
         gate.release()
         assert gate.used == 0 and gate.waiting == 0
     asyncio.run(go())
+
+
+def _ramp(url, over, slos, ceiling, hold_s, window_s=0.15, start=1.0):
+    from engine.bench.capacity import CapacitySearch
+    from engine.bench.dataset import SampleRequest
+    from engine.bench.loadgen import LoadGenConfig
+    from engine.bench.ramp import RampGenerator, ramp_sections
+    search = CapacitySearch(over=over, target=0.8, ceiling=ceiling, max_steps=6, start=start)
+    config = LoadGenConfig(base_url=url, model="fake", max_concurrency=4 if over == "request_rate" else None,
+                           request_timeout_s=10, event_loop="asyncio")
+    lg = RampGenerator(config, [SampleRequest(prompt=[1, 2, 3], prompt_len=3, output_len=2, request_id="0")], search,
+                       slos=slos, window_s=window_s, min_requests=2, hold_s=hold_s)
+    result = asyncio.run(lg.run())
+    return lg, result, ramp_sections(lg, search, slos, {"concurrency": 4}, None)
+
+
+def test_a_rate_ramp_climbs_to_the_ceiling_and_holds_there_in_three_windows():
+    from bench_server import Script
+    with BenchServer(Script(itl_s=0.001, tokens=2)) as srv:
+        lg, result, (section, points) = _ramp(srv.url, "request_rate", {"e2el": 2000}, 16, hold_s=0.3, start=4)
+    assert [w["level"] for w in section["windows"]] == [4, 8, 16, 16, 16, 16]
+    assert [w["kind"] for w in section["windows"]] == ["ramp"] * 3 + ["hold"] * 3
+    assert all(w["passed"] and w["requests"] >= 2 for w in section["windows"])
+    assert section["knee"] == 16 and section["hold"]["windows"] == 3 and section["hold"]["level"] == 16
+    assert points[0]["point"]["hold"] is True and points[0]["point"]["request_rate"] == 16.0
+    assert len(points) == 4 and not result.cancelled  # the hold, then each level
+    # Every request after the warm-up is in the run's outputs, those of a window in its window.
+    assert sum(w["requests"] for w in section["windows"]) <= len(result.outputs) == len(lg.measured)
+
+
+def test_a_ramp_whose_first_level_fails_has_no_hold_and_says_so():
+    from bench_server import Script
+    from engine.bench.capacity import capacity_table
+    with BenchServer(Script(ttft_s=0.02, tokens=2)) as srv:
+        _, _, (section, points) = _ramp(srv.url, "concurrency", {"ttft": 1}, 8, hold_s=1)
+    assert [w["level"] for w in section["windows"]] == [1] and section["hold"] is None
+    assert section["knee"] is None and [p["level"] for p in points] == [1]
+    text = "\n".join(capacity_table(section))
+    assert "no level tried met the target" in text and "FAIL" in text and "hold at" not in text
