@@ -356,8 +356,9 @@ def run_ramp(run: "BenchRun", target: "LoadTarget") -> list[dict]:
         share = goodput_of(result)
         run.log(f"capacity ramp: {w.kind} {over} {w.level:g}: {len(w.outputs)} requests, goodput {share:.1%} -> "
                 f"{'pass' if passed else 'fail'}")
-        run.ws.events.emit("capacity_level", level=w.level, over=over, passed=passed, window=w.index, kind=w.kind,
-                           goodput_share=share, requests=len(w.outputs))
+        # A ramp window is a level tried (as the search's); a hold window is the knee measured again.
+        run.ws.events.emit("capacity_level" if w.kind == "ramp" else "capacity_hold", level=w.level, over=over,
+                           passed=passed, window=w.index, kind=w.kind, goodput_share=share, requests=len(w.outputs))
 
     lg.on_window = on_window
     profiling = [False]
