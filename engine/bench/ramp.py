@@ -472,7 +472,7 @@ def ramp_lines(section: dict) -> list[str]:
         ci = share.get("goodput_share_ci95")
         rows.append(f"hold at {over} {hold['level']:g}: {hold['windows']} windows, {hold['seconds']:g} s, "
                     f"{hold['passed_windows']} passed; goodput {share['goodput_share']:.1%}"
-                    + (f" (95% CI [{ci[0]:.1%}, {ci[1]:.1%}])" if ci else ""))
+                    + (f" (95% CI [{max(0.0, ci[0]):.1%}, {min(1.0, ci[1]):.1%}])" if ci else ""))
         for key, label, fmt in (("output_throughput", "output tok/s", ".1f"), ("request_throughput", "req/s", ".2f"),
                                 ("p99_ttft_ms", "TTFT p99 ms", ".1f")):
             stat = hold["interval"].get(key)
