@@ -171,8 +171,9 @@ class ControlHooks:
     def start_profile(self, body: dict, after: str) -> HookResult:
         """Start the server's profiler (called after the warm-up); raises ControlHookError when it
         did not start: a profiled run without its traces has nothing to show."""
+        at = round(time.time(), 3)  # when it was asked (the answer may take a while)
         result = post_hook(self.base_url, "/start_profile", "start_profile", PROFILE_START_TIMEOUT_S, body)
-        record = {**result.to_dict(), "after": after, "body": body, "at": round(time.time(), 3)}
+        record = {**result.to_dict(), "after": after, "body": body, "at": at}
         self.section.setdefault("profiler", {})["start"] = record
         self.emit("control_hook", **record)
         if not result.ok:
@@ -185,8 +186,9 @@ class ControlHooks:
     def stop_profile(self, timeout_s: float, until: str) -> HookResult:
         """Stop the server's profiler at the end of the measured load; a failure is a warning."""
         self.log("stopping the profiler (the server flushes its traces)...")
+        at = round(time.time(), 3)  # the end of the measured load; the flush follows
         result = post_hook(self.base_url, "/stop_profile", "stop_profile", timeout_s)
-        record = {**result.to_dict(), "until": until, "at": round(time.time(), 3)}
+        record = {**result.to_dict(), "until": until, "at": at}
         self.section.setdefault("profiler", {})["stop"] = record
         self.emit("control_hook", **record)
         if not result.ok:  # e.g. it already stopped by itself after num_steps

@@ -115,9 +115,11 @@ class RampGenerator(LoadGenerator):
     """A load generator whose level the capacity search moves window by window, then holds.
 
     ``config.max_concurrency`` is the cap of a request-rate ramp (None for a concurrency ramp);
-    ``config.num_warmups`` warm-up requests go first, then ``before_measure`` (the profiler), then
-    the ramp. ``on_window(window, result, passed)`` is called on the event loop as each window
-    is judged. ``run()`` returns every request released after the warm-up."""
+    ``config.num_warmups`` warm-up requests go first, then ``before_measure``, then the ramp;
+    ``before_hold(level)`` is called (in a thread) once the load is at the knee, before the hold's
+    first window (the profiler: its trace holds the knee's load, and its cost moves no verdict).
+    ``on_window(window, result, passed)`` is called on the event loop as each window is judged.
+    ``run()`` returns every request released after the warm-up."""
 
     def __init__(self, config: LoadGenConfig, requests: Sequence[SampleRequest], search: CapacitySearch, *,
                  slos: dict[str, float], window_s: float, min_requests: int, hold_s: float) -> None:
@@ -128,6 +130,7 @@ class RampGenerator(LoadGenerator):
         self.windows: list[Window] = []
         self.results: dict[int, dict[str, Any]] = {}  # window index -> its result
         self.on_window: Optional[Callable[[Window, dict, bool], None]] = None
+        self.before_hold: Optional[Callable[[float], Any]] = None
         self.level = 0.0
         self.knee: Optional[float] = None
         # A concurrency ramp sets the limit at each level; a rate ramp keeps the CONC cap.
@@ -158,14 +161,19 @@ class RampGenerator(LoadGenerator):
             t0 = self.measure_start = time.perf_counter()
             tasks: list[asyncio.Task[RequestOutput]] = []
             self._arrivals = asyncio.create_task(self._control(client, tasks))
+            error: Optional[Exception] = None
             try:
                 await self._arrivals
             except asyncio.CancelledError:
                 if not self._cancelled:
                     raise
+            except Exception as exc:  # before_hold failed: the requests in flight end first
+                error = exc
             outputs = list(await asyncio.gather(*tasks))
             duration = time.perf_counter() - t0
             self.phase = "done"
+            if error is not None:
+                raise error
         return LoadResult(outputs=outputs, warmup_outputs=warm, duration_s=duration, cancelled=self._cancelled)
 
     # ---- the controller -------------------------------------------------------------------------
@@ -186,6 +194,8 @@ class RampGenerator(LoadGenerator):
             self.knee = max(passing) if passing else None
             if self.knee is not None and self.hold_s > 0 and not self._cancelled:
                 await self._apply(self.knee)
+                if self.before_hold is not None:
+                    await asyncio.to_thread(self.before_hold, self.knee)
                 n = hold_windows(self.hold_s, self.window_s)
                 held = []
                 for _ in range(n):  # back to back
@@ -362,8 +372,8 @@ def run_ramp(run: "BenchRun", target: "LoadTarget") -> list[dict]:
 
     lg.on_window = on_window
     profiling = [False]
-    if cfg.profiler.torch_profiler.enabled and run.hooks is not None:
-        lg.before_measure = lambda: _start_profiler(run, cl.warmup, profiling)
+    if cfg.profiler.torch_profiler.enabled and run.hooks is not None:  # the hold only: the knee's load
+        lg.before_hold = lambda level: _start_profiler(run, f"at the start of the hold ({over} {level:g})", profiling)
     cancel_watch = _watch_cancel(run.cancel, lg, run)
     progress = ProgressTimer(lg, lambda **f: run.ws.events.emit("progress", **f),
                              {"repeat": 0, "repeats": 1, "point": ramp_point, "point_index": 0},

@@ -589,7 +589,8 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
                                  {"repeat": rep, "repeats": cfg.client.repeats, "point": point,
                                   "point_index": index}, scraper=run.scraper).start()
         if profiled and rep == 0:
-            lg.before_measure = lambda warmups=lg.config.num_warmups: _start_profiler(run, warmups, profiling)
+            lg.before_measure = lambda after=f"after the warm-up ({lg.config.num_warmups} request(s))": \
+                _start_profiler(run, after, profiling)
         try:
             result_obj = _run(lg)
         finally:
@@ -720,10 +721,11 @@ def _p50_p99(name: str, values: list[float]) -> dict[str, Optional[float]]:
     return {f"{name}_p50_ms": round(float(p50) * 1e3, 3), f"{name}_p99_ms": round(float(p99) * 1e3, 3)}
 
 
-def _start_profiler(run: BenchRun, warmups: int, profiling: list[bool]) -> None:
-    """The server's profiler, started once the warm-up is done (raises ControlHookError when it did not start)."""
+def _start_profiler(run: BenchRun, after: str, profiling: list[bool]) -> None:
+    """The server's profiler, started once the warm-up is done (``after`` says when, for the report);
+    raises ControlHookError when it did not start."""
     assert run.hooks is not None
-    run.hooks.start_profile(_profile_body(run.cfg), f"after the warm-up ({warmups} request(s))")
+    run.hooks.start_profile(_profile_body(run.cfg), after)
     profiling[0] = True
 
 

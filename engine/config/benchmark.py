@@ -628,6 +628,10 @@ class BenchmarkConfig(_Strict):
         if self.client.endpoint == "chat" and not self.effective_tokenizer():
             raise ValueError("client.endpoint chat sends text messages: set client.tokenizer (--tokenizer) to the "
                              "model's tokenizer (a Hugging Face name or folder) so that the random prompts are text")
+        cl = self.client
+        if cl.find_capacity and cl.capacity_mode == "ramp" and cl.ramp_hold == 0 and self.profiler.torch_profiler.enabled:
+            raise ValueError("a profiled capacity ramp profiles its hold at the knee: give client.ramp_hold > 0 "
+                             "(--ramp-hold S)")
         if self.server_lifecycle.enabled and not self.server_lifecycle.cleanup and self.profiler.torch_profiler.enabled:
             raise ValueError("server_lifecycle reuse without cleanup cannot be combined with the torch profiler")
         self._check_client_procs()

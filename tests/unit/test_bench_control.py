@@ -34,6 +34,18 @@ def test_resets_are_on_for_sweeps_and_capacity_searches_and_off_for_one_point():
     assert reset_plan(builtin_off)[0] is False
 
 
+def test_a_ramp_refuses_what_it_cannot_do_before_anything_starts():
+    from pydantic import ValidationError
+    ramp = {"find_capacity": {"ttft": 100}, "capacity_mode": "ramp"}
+    for extra, why in (({"client_procs": 2}, "one client process"), ({"repeats": 3}, "remove repeats"),
+                       ({"dataset_name": "sessions"}, "multi-turn session replays")):
+        with pytest.raises(ValidationError, match=why):
+            _cfg(**ramp, **extra)
+    with pytest.raises(ValidationError, match="profiles its hold at the knee"):
+        BenchmarkConfig.model_validate({"framework": "builtin", "client": {**ramp, "ramp_hold": 0},
+                                        "profiler": {"torch_profiler": {"enabled": True}}})
+
+
 def test_a_launched_vllm_gets_its_dev_mode_only_while_the_run_resets():
     # vLLM mounts /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1.
     assert server_command(_cfg(sweep={"concurrency": [1, 2]}), 8000).env["VLLM_SERVER_DEV_MODE"] == "1"
