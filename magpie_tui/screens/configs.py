@@ -23,7 +23,21 @@ _SKIP_DIRS = {"results", "__pycache__", "node_modules", ".git", "build", "dist"}
 
 class ConfigTree(DirectoryTree):
     """Folders, YAML configs and kernel sources; hidden folders, results and run folders (a
-    run's files are its record, listed on the Runs screen) are left out."""
+    run's files are its record, listed on the Runs screen) are left out. ``j``/``k``/``g``/``G``
+    move as in every table."""
+
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False, id="tree.cursor_down"),
+        Binding("k", "cursor_up", "Up", show=False, id="tree.cursor_up"),
+        Binding("g,home", "first_line", "First line", show=False, id="tree.first_line"),
+        Binding("G,end", "last_line", "Last line", show=False, id="tree.last_line"),
+    ]
+
+    def action_first_line(self) -> None:
+        self.cursor_line = 0
+
+    def action_last_line(self) -> None:
+        self.cursor_line = self.last_line
 
     def filter_paths(self, paths: Iterable[Path]) -> Iterable[Path]:
         for path in paths:
@@ -37,8 +51,10 @@ class ConfigTree(DirectoryTree):
 
 
     def render_label(self, node, base_style, style):
-        """A name too long for the tree loses its middle, not its end: ``builtin_tiny_cpu.yaml`` and
-        ``builtin_tiny_cpu_profiled.yaml`` stay two names at 80 columns (``builtin_ti…filed.yaml``)."""
+        """A name too long for the tree loses part of its middle, chosen so that it stays apart from
+        every sibling: ``builtin_1b_gpu.yaml``, ``builtin_8b_gpu.yaml`` and ``builtin_tiny_cpu.yaml``
+        cut at the middle all read ``builtin_…pu.yaml`` at 80 columns; here each keeps what tells it
+        apart (``builtin_t…cpu.yaml``)."""
         text = super().render_label(node, base_style, style)
         depth, parent = 0, node.parent
         while parent is not None:
@@ -50,8 +66,28 @@ class ConfigTree(DirectoryTree):
             return text
         prefix = len(text.plain) - len(name)  # the folder/file icon
         keep = max(4, len(name) - over - 1)  # the name's characters that fit, beside the ellipsis
-        left, right = (keep + 1) // 2, keep // 2
+        siblings = [str(n.label) for n in node.parent.children] if node.parent is not None else []
+        left = elision_split(name, keep, siblings)
+        right = keep - left
         return Text.assemble(text[:prefix + left], ("…", base_style), text[len(text.plain) - right:])
+
+
+_WORD_ENDS = "_-. "
+
+
+def elision_split(name: str, keep: int, siblings: list[str]) -> int:
+    """How many of ``keep`` characters of ``name`` stay in front of the ellipsis (the rest stay at
+    its end): a split that no sibling's name also begins and ends with, then one that cuts at word
+    ends (``_``, ``-``, ``.``), then the most even one."""
+    others = [s for s in siblings if s != name]
+
+    def score(left: int) -> tuple:
+        head, tail = name[:left], name[len(name) - (keep - left):]
+        unique = not any(o.startswith(head) and o.endswith(tail) and len(o) > keep for o in others)
+        words = (name[left - 1] in _WORD_ENDS) + (name[len(name) - (keep - left) - 1] in _WORD_ENDS)
+        return unique, words, -abs(2 * left - keep)
+
+    return max(range(1, keep), key=score)
 
 
 class ConfigsScreen(Screen):

@@ -85,6 +85,17 @@ def screen_bindings(app, screen) -> list[tuple[str, str, str, str]]:
     return rows + _rows_of("everywhere", type(app), keymap, seen)
 
 
+class HelpTable(DataTable):
+    """The keys' table: ``j``/``k``/``g``/``G`` move as in every other table."""
+
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False, id="help.cursor_down"),
+        Binding("k", "cursor_up", "Up", show=False, id="help.cursor_up"),
+        Binding("g", "scroll_top", "First row", show=False, id="help.first_row"),
+        Binding("G", "scroll_bottom", "Last row", show=False, id="help.last_row"),
+    ]
+
+
 class HelpScreen(ModalScreen):
     BINDINGS = [
         Binding("escape,q,f1,question_mark", "app.pop_screen", "Close", id="help.close"),
@@ -99,12 +110,13 @@ class HelpScreen(ModalScreen):
     def compose(self):
         with VerticalScroll(id="help-dialog"):
             yield Static("", id="help-title", classes="report-title")
-            yield DataTable(id="help-table", cursor_type="row", zebra_stripes=True)
+            yield HelpTable(id="help-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("Where", "Keys", "Action", "Id")
         self._fill()
+        table.focus(scroll_visible=False)  # j/k/g/G move the table; the title stays in view
 
     def _fill(self) -> None:
         table = self.query_one(DataTable)

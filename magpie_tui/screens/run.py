@@ -9,6 +9,7 @@ from pathlib import Path
 
 from textual import work
 from textual.binding import Binding
+from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Header, Input, Select, Static, TabbedContent, TabPane
 
@@ -123,8 +124,11 @@ class RunScreen(Screen):
         search = Input(placeholder="search the log shown (enter: first match below, n/N: next/previous, esc: close)",
                        id="log-search", compact=True)
         # Shown by /. Hidden it is also disabled: auto-focus looks at visibility, not display.
-        search.display, search.disabled = False, True
-        yield search
+        search.disabled = True
+        with Horizontal(id="log-search-bar") as bar:
+            bar.display = False
+            yield search
+            yield Static("", id="log-search-where")  # the match, beside the text: never over the log
         with TabbedContent(id="run-tabs"):
             if self.info.mode in ("analyze", "compare"):  # each kernel's stage as it goes, first
                 with TabPane("Kernels", id="tab-kernels"):
@@ -170,15 +174,18 @@ class RunScreen(Screen):
 
     def action_search_log(self) -> None:
         box = self.query_one("#log-search", Input)
-        box.display, box.disabled = True, False
+        self._show_search(True)
         box.focus()
+
+    def _show_search(self, shown: bool) -> None:
+        self.query_one("#log-search-bar").display = shown
+        self.query_one("#log-search", Input).disabled = not shown
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "log-search":
             event.stop()
             self._search_text, self._search_at = event.value, None
-            event.input.display = bool(event.value)
-            event.input.disabled = not event.value
+            self._show_search(bool(event.value))
             log = self._shown_log()
             if log is not None:
                 log.focus()
@@ -188,7 +195,7 @@ class RunScreen(Screen):
         """esc (and q): close the search box when it has the focus, else back to where the run was opened."""
         box = self.query_one("#log-search", Input)
         if box.has_focus:
-            box.display, box.disabled = False, True
+            self._show_search(False)
             log = self._shown_log()
             if log is not None:
                 log.focus()
@@ -209,10 +216,18 @@ class RunScreen(Screen):
             return
         needle, lines = text.lower(), log.raw_lines  # lines as read: a match a wrap cut is still one
         hits = [i for i, line in enumerate(lines) if needle in line.lower()]
+        where = self.query_one("#log-search-where", Static)
         if not hits:
-            self.notify(f"'{text}' is not in the {len(lines)} lines shown", severity="warning", timeout=3)
+            where.update(f"not in the {len(lines)} lines shown")
             return
-        here = log.line_at(int(log.scroll_y)) - (1 if from_top_of_view else 0)
+        # From the last match while it is in view (n after n: a match near the end, where the log
+        # cannot scroll it to the top, would be found again), else from the top of the view.
+        top = log.line_at(int(log.scroll_y))
+        bottom = log.line_at(int(log.scroll_y) + max(0, log.scrollable_content_region.height - 1))
+        if not from_top_of_view and self._search_at is not None and top <= self._search_at <= bottom:
+            here = self._search_at
+        else:
+            here = top - (1 if from_top_of_view else 0)
         if step > 0:
             index = next((i for i in hits if i > here), hits[0])
         else:
@@ -220,8 +235,7 @@ class RunScreen(Screen):
         log.auto_scroll = False
         log.scroll_to(y=log.row_of(index), animate=False)
         self._search_at = index
-        self.notify(f"'{text}': line {index + 1} (match {hits.index(index) + 1} of {len(hits)}); f follows again",
-                    timeout=3)
+        where.update(f"line {index + 1} · match {hits.index(index) + 1} of {len(hits)} · f: follow")
 
     def on_mount(self) -> None:
         self.sub_title = self.info.name

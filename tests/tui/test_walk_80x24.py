@@ -1,0 +1,103 @@
+"""The walk at 80x24 by keyboard alone (launch a compare, watch it, read its verdict; launch a
+benchmark, read TTFT/TPOT live, cancel it; open a loop): one test per thing that was cut off,
+needed another key than a habit's, or covered what it reported on."""
+
+from __future__ import annotations
+
+import json
+
+from tui.conftest import find_run, open_runs, wait_for, wait_screen
+
+from engine.runs.state import kernel_figures
+from magpie_tui.screens.configs import ConfigsScreen
+from magpie_tui.screens.help import HelpScreen
+from magpie_tui.screens.run import RunScreen
+
+SMALL = (80, 24)
+
+
+def _with_figures(project) -> None:
+    """The recorded compare's ``run_finished`` carries the report's figures (the winner), as a
+    compare run now writes it."""
+    run = next((project / "runs").glob("compare_*"))
+    report = json.loads((run / "compare_report.json").read_text())
+    figures = kernel_figures(report)
+    lines = (run / "events.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    last["figures"] = figures.model_dump(exclude_none=True)
+    (run / "events.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
+
+
+async def test_a_finished_compares_winner_stays_in_the_run_header_at_80_columns(app, project):
+    """The header ends with the winner line: at 80 columns it wraps instead of losing it (it read
+    '… · base three_pass  ·' with the elapsed time and the winner cut off)."""
+    _with_figures(project)
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        app.open_run(find_run(app, "compare_"))
+        await wait_screen(pilot, app, RunScreen, "#run-kernels")
+        status = app.screen.query_one("#run-status")
+        await wait_for(pilot, lambda: "winner" in str(status.render()))
+        await pilot.pause()
+        shown = " ".join(status.render_line(y).text.strip() for y in range(status.size.height))
+        assert "winner" in shown and "exit 0" in shown, shown
+
+
+async def test_the_config_tree_tells_every_sibling_apart_at_80_columns(app, project):
+    """Seven benchmark configs start with ``builtin_``: cut in the middle with an even split they
+    read as two strings (``builtin_…pu.yaml`` three times, ``builtin_…ed.yaml`` four times)."""
+    from textual.widgets import DirectoryTree
+    async with app.run_test(size=SMALL) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        tree = app.screen.query_one(DirectoryTree)
+        await wait_for(pilot, lambda: any(str(n.label) == "benchmarks" for n in tree.root.children))
+        next(n for n in tree.root.children if str(n.label) == "benchmarks").expand()
+        await wait_for(pilot, lambda: any("yaml" in tree.render_line(y).text for y in range(tree.size.height)))
+        lines = [tree.render_line(y).text.rstrip(" ▁▂▃▄▅▆▇█▎") for y in range(tree.size.height)]
+        names = [ln.split("📄")[-1].strip() for ln in lines if "📄" in ln]
+        assert len(names) == len(list((project / "benchmarks").glob("*.yaml"))), lines
+        assert len(set(names)) == len(names), names
+
+
+async def test_j_and_k_move_the_config_tree(app, project):
+    from textual.widgets import DirectoryTree
+    async with app.run_test(size=SMALL) as pilot:
+        await wait_screen(pilot, app, ConfigsScreen)
+        tree = app.screen.query_one(DirectoryTree)
+        await wait_for(pilot, lambda: len(tree.root.children) > 2)
+        assert tree.cursor_line == 0
+        await pilot.press("j", "j")
+        assert tree.cursor_line == 2
+        await pilot.press("k")
+        assert tree.cursor_line == 1
+
+
+async def test_j_k_g_G_scroll_the_help(app, project):
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        await pilot.press("question_mark")
+        await wait_screen(pilot, app, HelpScreen, "#help-table")
+        table = app.screen.query_one("DataTable")
+        await pilot.press("G")
+        assert table.cursor_row == table.row_count - 1
+        await pilot.press("g")
+        assert table.cursor_row == 0
+        await pilot.press("j", "j", "k")
+        assert table.cursor_row == 1
+
+
+async def test_search_matches_are_reported_on_the_search_line_not_over_the_log(app, project):
+    """Each n/N put a toast over the right half of the log at 80x24: three of them hid the lines
+    the search had just scrolled to. The match stands on the search line, one at a time."""
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        app.open_run(find_run(app, "compare_"))
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        await pilot.press("right_square_bracket", "right_square_bracket")  # Events
+        events_log = app.screen.query_one("#run-events")
+        await wait_for(pilot, lambda: len(events_log.lines) > 3)
+        await pilot.press("slash", *"stage", "enter", "n", "n")
+        await pilot.pause()
+        where = str(app.screen.query_one("#log-search-where").render())
+        assert "match 3 of" in where, where
+        assert not any("match" in n.message for n in app._notifications)
