@@ -1,5 +1,6 @@
 """The live view of a benchmark run, the first thing the Run screen shows: where the run is
-(phase, repeat i of n, ETA), its requests (done / failed / in flight / total), output tok/s and
+(phase, repeat i of n, ETA), its requests (done of the total and its share, failed and their share,
+in flight, requests a second), output tok/s and
 TTFT / TPOT p50 and p99 so far, each beside a sparkline of the last minute, and the server's own
 numbers (running and waiting requests, KV-cache use) when it exposes /metrics.
 
@@ -130,9 +131,16 @@ class LivePanel(Vertical):
             self._put("requests", f"warm-up requests {p.done or 0}/{p.total or '?'} done (not measured)")
         elif req is not None or p.done is not None:
             total = p.total if p.total else "?"  # a duration-bounded run has no total
-            parts = [f"requests {p.done or 0}/{total} done",
-                     f"{req.failed if req is not None and req.failed is not None else 0} failed",
+            done = p.done or 0
+            failed = req.failed if req is not None and req.failed is not None else 0
+            # As AIPerf's progress panel: how far as a share, errors as a share of those ended, and
+            # the request rate, so that "is it going well" needs no arithmetic.
+            share = f" ({100 * done // p.total}%)" if p.total else ""
+            parts = [f"requests {done}/{total} done{share}",
+                     f"{failed} failed" + (f" ({100 * failed / done:.1f}%)" if failed and done else ""),
                      f"{v.in_flight} in flight" if v is not None and v.in_flight is not None else "in flight –"]
+            if v is not None and v.elapsed_s and done:
+                parts.append(f"{done / v.elapsed_s:.1f} req/s")
             if req is not None and req.never_sent:
                 parts.append(f"{req.never_sent} never sent")
             self._put("requests", " · ".join(parts))

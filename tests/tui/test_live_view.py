@@ -52,7 +52,7 @@ async def wait_rows(pilot, app, patterns, timeout: float = 10.0) -> None:
 # What must be readable at 80x24 while a benchmark runs, each whole on one row.
 LIVE_PATTERNS = {
     "repeat": r"repeat \d of \d",
-    "requests": r"requests \d+/\d+ done · \d+ failed · \d+ in flight",
+    "requests": r"requests \d+/\d+ done( \(\d+%\))? · \d+ failed( \([\d.]+%\))? · \d+ in flight",
     "eta": r"ETA \d+:\d\d",
     "tok/s": r"output tok/s \d+(\.\dk)?",
     "ttft": r"TTFT p50 [\d.]+ ms · p99 [\d.]+ ms",
@@ -158,12 +158,12 @@ async def test_a_run_folder_fed_while_watched(tmp_path):
         assert on_screen(app, "requests: waiting for the load to start")
         # A line as run folders wrote it before the new fields: what it has, dashes for the rest.
         live.progress(0, 10, old=True)
-        await wait_for(pilot, lambda: on_screen(app, r"requests 120/1200 done · 0 failed · in flight –") is not None)
+        await wait_for(pilot, lambda: on_screen(app, r"requests 120/1200 done \(10%\) · 0 failed · in flight – · 12\.0 req/s") is not None)
         assert on_screen(app, r"TTFT p50 44\.5 ms · p99 –") and on_screen(app, r"ETA –")
         assert not on_screen(app, r"server \d")
         for second in range(11, 75):
             live.progress(0, second)
-        expected = [r"requests 888/1200 done · 3 failed · 8 in flight",
+        expected = [r"requests 888/1200 done \(74%\) · 3 failed \(0\.3%\) · 8 in flight · 12\.0 req/s",
                     # repeat 1: 26 s left, plus repeat 2 as long as this one (74 + 26 s)
                     r"measure · repeat 1 of 2 · concurrency=8 · elapsed 1:14 · ETA 2:06",
                     r"TTFT p50 45\.5 ms · p99 254 ms", r"TPOT p50 4\.65 ms · p99 9\.75 ms",
