@@ -295,7 +295,7 @@ def loop_status(loop_dir: Union[Path, str]) -> str:
 # --------------------------------------------------------------------------- the engine's own parts
 def optimizable_ops() -> tuple[str, ...]:
     """The registry ops ``magpie optimize --kernel`` takes (the built-in server's swappable kernels)."""
-    from engine.serve.kernels import KERNEL_KEYS
+    from engine.serve.kernel_keys import KERNEL_KEYS
     return tuple(KERNEL_KEYS)
 
 

@@ -325,7 +325,7 @@ class LoopRequest(_Request):
         if self.until is not None and self.until not in STEP_NAMES:
             raise ConfigError([f"--until {self.until}: not a step; the steps are {', '.join(STEP_NAMES)}"])
         if self.kernel is not None:
-            from engine.serve.kernels import KERNEL_KEYS
+            from engine.serve.kernel_keys import KERNEL_KEYS
             if self.kernel not in KERNEL_KEYS:
                 raise ConfigError([f"--kernel {self.kernel}: not a registry op of the built-in server; "
                                    f"one of {', '.join(KERNEL_KEYS)}"])

@@ -50,8 +50,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.errors import MagpieError
+from engine.serve.kernel_keys import KERNEL_KEYS  # torch-free, for the launch form and the job API
 
-KERNEL_KEYS: tuple[str, ...] = ("rmsnorm", "activation", "rotary", "attention", "decode_attention")
 TRITON_MODULE = "engine.serve.triton_kernels"
 # Attribute under which the model hangs the host copy of a cu_seqlens tensor it built: the
 # reference varlen attention reads it instead of syncing with the device once per layer.

@@ -5,8 +5,9 @@ needed another key than a habit's, or covered what it reported on."""
 from __future__ import annotations
 
 import json
+import sys
 
-from tui.conftest import find_run, open_runs, wait_for, wait_screen
+from tui.conftest import find_run, open_launch, open_runs, wait_for, wait_screen
 
 from engine.runs.state import kernel_figures
 from magpie_tui.screens.configs import ConfigsScreen
@@ -101,3 +102,14 @@ async def test_search_matches_are_reported_on_the_search_line_not_over_the_log(a
         where = str(app.screen.query_one("#log-search-where").render())
         assert "match 3 of" in where, where
         assert not any("match" in n.message for n in app._notifications)
+
+
+async def test_the_launch_form_opens_without_importing_the_servers_kernels(app, project, monkeypatch):
+    """The form lists optimize's registry ops: it imported engine.serve.kernels for them, and with
+    it torch, on the event loop: the first ``l`` drew an empty frame for one to several seconds."""
+    from textual.widgets import Select
+    monkeypatch.setitem(sys.modules, "engine.serve.kernels", None)  # importing it fails
+    async with app.run_test(size=SMALL) as pilot:
+        dialog = await open_launch(pilot, app, project / "benchmarks" / "builtin_tiny_cpu.yaml")
+        ops = [value for _label, value in dialog.query_one("#kernel", Select)._options if value != Select.BLANK]
+        assert "decode_attention" in ops and "rmsnorm" in ops
