@@ -12,6 +12,7 @@ trace), so "peak - base" is what the analysis itself held at its peak.
     python benchmarks/trace_analysis.py                       # 10k .. 2M events
     python benchmarks/trace_analysis.py --sizes 10000 150000
     python benchmarks/trace_analysis.py --trace path/to/real.pt.trace.json.gz
+    python benchmarks/trace_analysis.py --shape serving --sizes 1400000 --write /tmp/serving.json.gz
 """
 
 from __future__ import annotations
@@ -91,6 +92,117 @@ def make_trace(n_events: int, path: Path) -> int:
             corr += 1
             cpu_t = start + 14.0
     doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}], "traceEvents": events}
+    with gzip.open(path, "wt", compresslevel=1) as fh:
+        json.dump(doc, fh)
+    return len(events)
+
+
+# A serving step as the built-in server records it (torch.profiler with record_shapes and
+# with_stack): per op a Python stack, the site's record_function span, the aten call chain, the
+# launch, the kernel and its flow pair; the GPU waits on the host between kernels (host-bound).
+_SRC, _SITE = "/home/user/magpie/engine/serve/", "/home/user/.venv/lib/python3.12/site-packages/torch/"
+_PY_STACK = [f"{_SRC}engine.py(402): step", f"{_SRC}engine.py(611): _run_batch", f"{_SRC}model.py(323): decode",
+             f"{_SITE}utils/_contextlib.py(120): decorate_context", f"{_SRC}model.py(311): _finish_layer",
+             f"{_SRC}model.py(85): __call__", f"{_SITE}nn/modules/module.py(1773): _wrapped_call_impl",
+             f"{_SITE}nn/modules/module.py(1784): _call_impl", f"{_SITE}nn/functional.py(2929): rms_norm",
+             "<built-in method rms_norm of type object at 0x7f3a2c1b9e40>"]
+
+
+def _step_annotation(n_gen: int, ctx: int) -> str:
+    return (f"execute_{n_gen}_context_0(sq0sk0sqsq0sqsk0)_generation_{n_gen}"
+            f"(sq{n_gen}sk{n_gen * ctx}sqsq{n_gen}sqsk{n_gen * ctx})")
+
+
+def make_serving_trace(n_events: int, path: Path, layers: int = 120) -> int:
+    """Write a synthetic LLM serving trace of about ``n_events`` events, shaped like the built-in
+    server's profiled run: vLLM step annotations (so the analysis splits it into stages), Python
+    stacks (``python_function`` events, each with its own ids), ``record_function`` spans, aten
+    ops with shapes, launches, kernels with correlation ids and ac2g flows, a sampled-token copy
+    and a synchronize per step. About 17 events a kernel and 1,080 kernels a step, as in the real
+    trace of the built-in server (1.4 M events, 64 steps)."""
+    pid, tid = 4242, 4242
+    events: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python3"}},
+        {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "python3"}},
+        {"ph": "M", "name": "process_labels", "pid": 0, "tid": 0, "args": {"labels": "GPU 0"}},
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": "thread 4242 (python3)"}},
+    ]
+    t = 6_712_345_678_901.0
+    gpu_free = t
+    corr = ext = py_id = 1
+    step = 0
+
+    def x(cat: str, name: str, ts: float, dur: float, args: dict, p: int = pid, th: int = tid) -> None:
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": p, "tid": th, "ts": round(ts, 3),
+                       "dur": round(dur, 3), "args": args})
+
+    while len(events) < n_events:
+        batch = 1 + step % 32 if step else 8
+        ctx = 512 + step
+        step_start = t
+        step_events_at = len(events)
+        events.append({})  # the step annotation, filled in at the step's end
+        ext += 1
+        for layer in range(layers):
+            for chain, kname, dims, types, kdur in _LAYER:
+                op_start = t
+                n_ops = len(chain)
+                op_us = 22.0 + 3.0 * n_ops
+                parent = 0
+                for depth, frame in enumerate(_PY_STACK):  # nested Python frames around the op
+                    x("python_function", frame, op_start + depth * 0.1, op_us + 4.0 - depth * 0.2,
+                      {"Python parent id": parent, "Python id": py_id, "Python thread": 0})
+                    parent, py_id = py_id, py_id + 1
+                x("user_annotation", f"magpie_site::engine/serve/model.py:{300 + layer % 7} {chain[0]} in decode",
+                  op_start + 1.2, op_us, {"External id": ext, "Record function id": 0, "Ev Idx": ext})
+                ext += 1
+                for i, op in enumerate(chain):
+                    d = [[batch, *dd[1:]] if dd and j == 0 else dd for j, dd in enumerate(dims)]
+                    x("cpu_op", op, op_start + 1.5 + i, op_us - 2.0 - 2.0 * i,
+                      {"External id": ext, "Record function id": 0, "Ev Idx": ext, "Input Dims": d,
+                       "Input type": types, "Input Strides": [[dd[-1], 1] if len(dd) == 2 else [1] * len(dd) for dd in d],
+                       "Concrete Inputs": [""] * len(d)})
+                    ext += 1
+                launch = op_start + 1.5 + n_ops + 2.0
+                x("cuda_runtime", "cudaLaunchKernel", launch, 5.5,
+                  {"External id": ext - 1, "cbid": 211, "correlation": corr})
+                gpu_ts = max(gpu_free, launch + 4.0)
+                events.append({"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": round(launch, 3), "cat": "ac2g",
+                               "name": "ac2g"})
+                x("kernel", kname, gpu_ts, kdur * (0.5 + batch / 32),
+                  {"External id": ext - 1, "queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": corr,
+                   "registers per thread": 32, "shared memory": 0, "blocks per SM": 1.0, "warps per SM": 4.0,
+                   "grid": [132, 1, 1], "block": [128, 1, 1], "est. achieved occupancy %": 0}, p=0, th=7)
+                events.append({"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": round(gpu_ts, 3), "cat": "ac2g",
+                               "name": "ac2g", "bp": "e"})
+                gpu_free = gpu_ts + kdur * (0.5 + batch / 32) + 1.0
+                corr += 1
+                t = op_start + op_us + 6.0
+        # the sampled tokens back to the host: a copy and a synchronize
+        x("cpu_op", "aten::copy_", t, 30.0, {"External id": ext, "Record function id": 0, "Ev Idx": ext,
+                                             "Input Dims": [[batch], [batch], []], "Input type": ["long int"] * 2 + ["Scalar"],
+                                             "Input Strides": [[1], [1], []], "Concrete Inputs": ["", "", "False"]})
+        x("cuda_runtime", "cudaMemcpyAsync", t + 1.0, 6.0, {"External id": ext, "cbid": 41, "correlation": corr})
+        gpu_ts = max(gpu_free, t + 5.0)
+        events.append({"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": round(t + 1.0, 3), "cat": "ac2g", "name": "ac2g"})
+        x("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", gpu_ts, 2.0,
+          {"External id": ext, "device": 0, "context": 1, "stream": 7, "correlation": corr, "bytes": 8 * batch,
+           "memory bandwidth (GB/s)": 1.0}, p=0, th=7)
+        events.append({"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": round(gpu_ts, 3), "cat": "ac2g", "name": "ac2g",
+                       "bp": "e"})
+        corr += 1
+        ext += 1
+        sync_end = max(gpu_ts + 2.0, t + 8.0) + 1.0
+        x("cuda_runtime", "cudaStreamSynchronize", t + 8.0, sync_end - t - 8.0,
+          {"External id": ext, "cbid": 131, "correlation": corr})
+        corr += 1
+        t = sync_end + 200.0  # the scheduler between steps
+        events[step_events_at] = {"ph": "X", "cat": "user_annotation", "name": _step_annotation(batch, ctx), "pid": pid,
+                                  "tid": tid, "ts": round(step_start - 1.0, 3), "dur": round(t - 150.0 - step_start, 3),
+                                  "args": {"External id": ext, "Record function id": 0, "Ev Idx": ext}}
+        step += 1
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+           "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}, "traceEvents": events}
     with gzip.open(path, "wt", compresslevel=1) as fh:
         json.dump(doc, fh)
     return len(events)
@@ -177,8 +289,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="*", default=[10_000, 50_000, 150_000, 500_000, 2_000_000])
     ap.add_argument("--trace", type=Path, action="append", default=[], help="also analyse this real trace")
+    ap.add_argument("--shape", choices=("forward", "serving"), default="forward",
+                    help="synthetic traces: a forward's ops and kernels (default), or a serving run's steps with "
+                         "Python stacks and step annotations (make_serving_trace)")
+    ap.add_argument("--write", type=Path, metavar="PATH",
+                    help="only write one synthetic trace of --sizes' first size to PATH (.json.gz), and stop")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    make = make_serving_trace if args.shape == "serving" else make_trace
+    if args.write:
+        print(f"{make(args.sizes[0], args.write)} events -> {args.write}")
+        return 0
     if args.child:
         print(json.dumps(analyse(args.child)))
         return 0
@@ -186,7 +307,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         for n in args.sizes:
             path = Path(d) / f"synthetic_{n}.pt.trace.json.gz"
-            make_trace(n, path)
+            make(n, path)
             r = _run_child(path)
             r.update(label=f"synthetic {n}", json_mb=_uncompressed_mb(path))
             results.append(r)

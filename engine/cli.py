@@ -143,6 +143,9 @@ def _add_benchmark_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-categories", nargs="*",
                    help="categories to leave out, applied first (default gpu_user_annotation user_annotation)")
     g.add_argument("--no-rank-csv", action="store_true", help="skip the per-rank gap-analysis CSVs")
+    g.add_argument("--timings", action="store_true",
+                   help="print the analysis's wall-clock time by stage (load, tree, idle, split, reports, CSVs...); "
+                        "the report keeps them as stage_times_s either way")
     g.add_argument("--find-kernel-sources", action="store_true", help="map kernel names to source files")
     g.add_argument("--kernel-source-repos", nargs="*", default=[],
                    help="local repositories to search (nothing is ever cloned)")
@@ -286,6 +289,9 @@ def _run_trace_analysis(args: argparse.Namespace, console: Console) -> int:
         console.print(f"tracelens: {e}", highlight=False, markup=False)
     if result.exit_code:
         print("error: no kernel events found in the trace window", file=sys.stderr)
+    if args.timings:
+        stages = result.report.get("stage_times_s") or {}
+        console.print("time by stage: " + ", ".join(f"{k} {v:.2f} s" for k, v in stages.items()), highlight=False)
     console.print(f"workspace: {outcome.workspace} ({result.report['elapsed_s']:.2f} s)", highlight=False)
     _where_next(outcome)
     return result.exit_code

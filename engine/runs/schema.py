@@ -494,6 +494,7 @@ class TraceAnalysisReport(RunFile):
     options: Optional[dict[str, Any]] = None
     provenance: Optional[dict[str, Any]] = None  # engine.runs.provenance
     elapsed_s: Optional[float] = None
+    stage_times_s: Optional[dict[str, float]] = None  # wall-clock seconds by stage (engine.trace.analyze.StageTimes)
 
 
 # ----------------------------------------------------------------------------- trace diff report

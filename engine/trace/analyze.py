@@ -31,6 +31,30 @@ from engine.trace.tree import EventTree, build_tree
 STAGES = ("prefilldecode", "decode_only", "prefill_only")
 
 
+class StageTimes:
+    """Wall-clock seconds by stage of the analysis, summed over ranks and inference stages:
+    ``with times("load"): ...``. The report keeps them as ``stage_times_s`` (what a slow
+    analysis spent its time on; ``--timings`` prints them)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._stage = ""
+        self._t0 = 0.0
+
+    def __call__(self, stage: str) -> "StageTimes":
+        self._stage = stage
+        return self
+
+    def __enter__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.seconds[self._stage] = self.seconds.get(self._stage, 0.0) + time.perf_counter() - self._t0
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in self.seconds.items()}
+
+
 @dataclass
 class TraceAnalysisOptions:
     top_k: int = 20
@@ -143,11 +167,12 @@ def _steps_for(found: list, window) -> list[tuple[str, float, float]]:
 
 
 def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: Path, opts: TraceAnalysisOptions,
-                       log: Callable[[str], None], rank: Any = 0) -> dict:
+                       log: Callable[[str], None], rank: Any = 0, times: Optional[StageTimes] = None) -> dict:
     from engine.trace.arch import resolve_arch
     from engine.trace.csvout import write_csvs
     from engine.trace.report import pytorch_report
     from engine.trace.steps import find_steps
+    times = times or StageTimes()
     section: dict[str, Any] = {"enabled": True, "rank0_trace": str(trace.path), "errors": [], "warnings": [],
                                "output_dir": str(ws_root / "tracelens"), "stage_results": {}, "phase_picks": {},
                                "output_files": [], "checks": []}
@@ -160,9 +185,11 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
     if not steps:
         section["analysis_mode"] = "pytorch"
         out = ws_root / "tracelens_rank0_csvs"
-        tables = pytorch_report(tree, arch)
-        section["checks"].append(tracelens_report_check(rank, "pytorch", tables, tree))
-        section["output_files"] = [str(p) for p in write_csvs(tables, out)]
+        with times("tracelens report"):
+            tables = pytorch_report(tree, arch)
+            section["checks"].append(tracelens_report_check(rank, "pytorch", tables, tree))
+        with times("tracelens CSVs"):
+            section["output_files"] = [str(p) for p in write_csvs(tables, out)]
         section["output_dir"] = str(out)
         log(f"tracelens (pytorch mode): {len(tables)} tables -> {out}")
         return section
@@ -171,8 +198,9 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
     section["analysis_mode"] = "inference"
     section["analysis_stages"] = list(opts.stages)
     section["split_dir"] = str(split_dir)
-    split = split_trace(trace, split_dir, num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl,
-                        ratio=opts.random_range_ratio, output_path_base=ws_root)
+    with times("tracelens split"):
+        split = split_trace(trace, split_dir, num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl,
+                            ratio=opts.random_range_ratio, output_path_base=ws_root)
     picks = pick_stage_steps(split.rows, opts.conc)
     for stage in opts.stages:
         row = picks.get(stage)
@@ -186,15 +214,18 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
         step_path = step_path if step_path.is_absolute() else ws_root / step_path
         result["trace_path"] = str(step_path)
         out = ws_root / "tracelens" / stage
-        step_trace = load_trace(step_path)
-        step_tree = build_tree(step_trace)
-        tables = pytorch_report(step_tree, arch, inference=True, group_by_num_kernels=True,
-                                group_by_parent_module=True)
-        section["checks"].append(tracelens_report_check(rank, stage, tables, step_tree))
-        result["files"] = [str(p) for p in write_csvs(tables, out)]
-        result["output_dir"] = str(out)
-        simple = ws_root / "tracelens" / simple_csv_name(stage, opts.isl, opts.osl, opts.conc)
-        result["simple_summary_file"] = str(write_roofline_simple(out, simple))
+        with times("tracelens stage load+tree"):
+            step_trace = load_trace(step_path)
+            step_tree = build_tree(step_trace)
+        with times("tracelens report"):
+            tables = pytorch_report(step_tree, arch, inference=True, group_by_num_kernels=True,
+                                    group_by_parent_module=True)
+            section["checks"].append(tracelens_report_check(rank, stage, tables, step_tree))
+        with times("tracelens CSVs"):
+            result["files"] = [str(p) for p in write_csvs(tables, out)]
+            result["output_dir"] = str(out)
+            simple = ws_root / "tracelens" / simple_csv_name(stage, opts.isl, opts.osl, opts.conc)
+            result["simple_summary_file"] = str(write_roofline_simple(out, simple))
         section["stage_results"][stage] = result
         section["phase_picks"][stage] = row
         section["output_files"] += result["files"] + [result["simple_summary_file"]]
@@ -226,6 +257,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     trace loads and between the stages: ``TraceCancelled`` once it is set."""
     from engine.trace.steps import find_steps
     t0 = time.perf_counter()
+    times = StageTimes()
     traces = discover_traces(target)
     ws.events.emit("stage", stage="discover", state=StageState.SUCCESS, traces=[str(p) for _, p in traces])
     gap_dir = ws.path("gap_analysis")
@@ -243,43 +275,51 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     for rank, path in traces:
         _stop_if_cancelled(cancel, f"before loading rank {rank}")
         ws.events.emit("stage", stage=f"load rank {rank}", state=StageState.RUNNING, trace=str(path))
-        trace = load_trace(path, cancel)
-        window = trace_window(trace, opts.start_pct, opts.end_pct)
-        windows[str(rank)] = window.to_dict()
-        per_rank[rank] = aggregate_kernels(trace, window, categories=opts.categories,
-                                           ignore_categories=opts.ignore_categories,
-                                           min_duration_us=opts.min_duration_us)
-        gc.disable()
-        try:
-            tree = build_tree(trace)
-        finally:
-            gc.enable()
-        idle = idle_analysis(tree, window)
-        found_steps = find_steps(trace)
-        steps = step_launch_analysis(tree, _steps_for(found_steps, window), idle["gaps"])
-        idle_by_rank[rank], steps_by_rank[rank] = idle, steps
-        idle_files += _idle_files(rank, idle, steps, gap_dir)
+        with times("load"):
+            trace = load_trace(path, cancel)
+        with times("kernels"):
+            window = trace_window(trace, opts.start_pct, opts.end_pct)
+            windows[str(rank)] = window.to_dict()
+            per_rank[rank] = aggregate_kernels(trace, window, categories=opts.categories,
+                                               ignore_categories=opts.ignore_categories,
+                                               min_duration_us=opts.min_duration_us)
+        with times("tree"):
+            gc.disable()
+            try:
+                tree = build_tree(trace)
+            finally:
+                gc.enable()
+        with times("idle"):
+            idle = idle_analysis(tree, window)
+            found_steps = find_steps(trace)
+            steps = step_launch_analysis(tree, _steps_for(found_steps, window), idle["gaps"])
+            idle_by_rank[rank], steps_by_rank[rank] = idle, steps
+            idle_files += _idle_files(rank, idle, steps, gap_dir)
         is_rank0 = rank0_trace is None
         if is_rank0:
             rank0_trace, rank0_tree = trace, tree
             linked = tree.linked_gpu_events
             if linked:
-                timeline_rows = gpu_timeline(linked)
-        graphs = graph_replays(tree, window.lo, window.hi)
-        causes_file = gap_dir / f"gpu_idle_causes_rank{rank}.csv"
-        gap_dir.mkdir(parents=True, exist_ok=True)
-        with open(causes_file, "w", newline="", encoding="utf-8") as fh:  # rows written as they are made
-            causes = classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, steps=found_steps, out=fh)
-        idle_files.append(str(causes_file))
-        causes_by_rank[rank] = {**causes.summary, "file": str(causes_file)}
-        check_steps = steps or step_launch_analysis(tree, profiler_steps(trace, window.lo, window.hi), idle["gaps"])
-        rank_checks, excluded_by_rank[rank] = run_checks(
-            rank, tree, window.lo, window.hi, per_rank[rank], idle, check_steps, graphs, categories=opts.categories,
-            ignore=opts.ignore_categories, min_duration_us=opts.min_duration_us,
-            timeline_rows=timeline_rows if is_rank0 else None, whole=opts.start_pct == 0 and opts.end_pct == 100)
-        checks += rank_checks
-        path_rows = critical_path.step_critical_paths(tree, found_steps, window.lo, window.hi) \
-            if len(tree.gpu_uids) else []  # a CPU-only run's steps: the host's alone
+                with times("timeline"):
+                    timeline_rows = gpu_timeline(linked)
+        with times("idle causes"):
+            graphs = graph_replays(tree, window.lo, window.hi)
+            causes_file = gap_dir / f"gpu_idle_causes_rank{rank}.csv"
+            gap_dir.mkdir(parents=True, exist_ok=True)
+            with open(causes_file, "w", newline="", encoding="utf-8") as fh:  # rows written as they are made
+                causes = classify_idle_gaps(tree, idle, window.lo, window.hi, graphs, steps=found_steps, out=fh)
+            idle_files.append(str(causes_file))
+            causes_by_rank[rank] = {**causes.summary, "file": str(causes_file)}
+        with times("checks"):
+            check_steps = steps or step_launch_analysis(tree, profiler_steps(trace, window.lo, window.hi), idle["gaps"])
+            rank_checks, excluded_by_rank[rank] = run_checks(
+                rank, tree, window.lo, window.hi, per_rank[rank], idle, check_steps, graphs, categories=opts.categories,
+                ignore=opts.ignore_categories, min_duration_us=opts.min_duration_us,
+                timeline_rows=timeline_rows if is_rank0 else None, whole=opts.start_pct == 0 and opts.end_pct == 100)
+            checks += rank_checks
+        with times("critical path"):
+            path_rows = critical_path.step_critical_paths(tree, found_steps, window.lo, window.hi) \
+                if len(tree.gpu_uids) else []  # a CPU-only run's steps: the host's alone
         if path_rows:
             path_file = _write_csv(gap_dir / f"critical_path_rank{rank}.csv", critical_path.COLUMNS,
                                    [[r[k] for k in critical_path.COLUMNS] for r in path_rows])
@@ -289,7 +329,8 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
         log(f"rank {rank}: {len(trace.events)} events, {len(tree.gpu_events)} GPU events ({path})")
     _stop_if_cancelled(cancel, "after loading the traces")
     n_kernels = sum(len(a.durations) for aggs in per_rank.values() for a in aggs.values())
-    gap, rows = _gap_section(per_rank, traces, opts, gap_dir, windows)
+    with times("gap CSVs"):
+        gap, rows = _gap_section(per_rank, traces, opts, gap_dir, windows)
     gap["idle"] = {str(r): {"total_idle_us": i["total_idle_us"], "host_bound_idle_us": i["host_bound_idle_us"],
                             "host_bound_idle_pct": i["host_bound_idle_pct"],
                             "launch_bound_steps": sum(1 for s in steps_by_rank[r] if s["launch_bound"]),
@@ -320,7 +361,8 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
             try:
                 split_dir = (ws.root / "torch_trace" / "trace_split") if (ws.root / "torch_trace").is_dir() \
                     else ws.path("trace_split")
-                tl = _tracelens_section(rank0_trace, rank0_tree, ws.root, split_dir, opts, log, rank=traces[0][0])
+                tl = _tracelens_section(rank0_trace, rank0_tree, ws.root, split_dir, opts, log, rank=traces[0][0],
+                                        times=times)
             except Exception as exc:  # the gap analysis above is still worth its files
                 import traceback
                 (ws.logs_dir / "tracelens_error.log").write_text(traceback.format_exc())
@@ -328,6 +370,7 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
     report["tracelens_analysis"] = tl
     report["trace_checks"] = checks_section(checks + tl.pop("checks", []))
     report["elapsed_s"] = round(time.perf_counter() - t0, 3)
+    report["stage_times_s"] = times.to_dict()
     report["summary_lines"] = summary_lines(report)
     report["trace_checks"]["summary_file"] = str(ws.write_text("trace_analysis_summary.txt",
                                                                "\n".join(report["summary_lines"]) + "\n"))

@@ -101,6 +101,7 @@ def _too_deep(raw: bytes | str) -> bool:
 # Kept in the id columns (correlation, External id) or dropped (per-event counters no analysis reads).
 _NOT_ARGS = ("correlation", "External id", "Ev Idx", "Record function id")
 _DROP_ARGS = _NOT_ARGS[2:]  # the per-event counters
+_NOT_ARGS_SET = frozenset(_NOT_ARGS)
 
 
 try:  # msgspec decodes many events per call, 5-10x faster than one json.raw_decode per event
@@ -126,9 +127,11 @@ try:  # msgspec decodes many events per call, 5-10x faster than one json.raw_dec
     _IDS_TYPED = msgspec.json.Decoder(_Ids)
     _FAST_ERRORS: tuple = (msgspec.DecodeError, msgspec.ValidationError)
     _json_loads: Callable[[bytes], Any] = msgspec.json.decode
+    _ENCODE: Callable[[Any], bytes] | None = msgspec.json.Encoder().encode
 except ImportError:  # pragma: no cover - msgspec is a dependency; keep working without it
     _FAST = None
     _json_loads = json.loads
+    _ENCODE = None
 
 
 _FAST_MIN = 1 << 13  # characters: below this, one event at a time is as quick
@@ -184,6 +187,9 @@ class Trace:
         self.args = array("i")
         self.args_pool: list[Any] = []  # per distinct args: the JSON text, or the dict (slow path)
         self._args_decoded: list[Any] = []  # the decoded dict of each pool entry, once asked for
+        # 1 where args_pool holds the entry's compact JSON (as event_json writes it), which
+        # EventWriter put there in place of the profiler's text: both decode to the same args.
+        self._pool_compact = bytearray()
         self.odd: dict[tuple[str, int], Any] = {}  # (column, uid) -> the exact value
         # The latest tree built on this trace (build_tree sets it), which the views read parent /
         # children / gpu_events from; held weakly, as the tree holds the trace: keep the tree.
@@ -273,7 +279,8 @@ class Trace:
         if hit is _UNDECODED:
             raw = self.args_pool[i]
             hit = self._args_decoded[i] = raw if type(raw) is dict else _decode_args(raw)
-            self.args_pool[i] = None  # the text is not needed any more
+            if i >= len(self._pool_compact) or not self._pool_compact[i]:
+                self.args_pool[i] = None  # the text is not needed any more
         return hit
 
     def event_json(self, uid: int) -> dict:
@@ -468,6 +475,146 @@ class EventList(Sequence):
         return (Event(t, u) for u in range(len(t.kind)))
 
 
+class EventWriter:
+    """Events of a trace as JSON text, exactly as ``json.dumps([trace.event_json(u) for u in
+    uids], separators=(",", ":"))[1:-1]`` writes them, at several times its speed: the text of
+    every name, pid/tid value and (ph, cat) pair is made once, an event's args once per distinct
+    args (msgspec where it writes what json writes), and an event is one string concatenation.
+    Events with an odd value (an int time stamp, a string id...) go through ``event_json``."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.t = trace
+        self.names = [_compact(n) for n in trace.names]
+        self.ids = [_compact(v) for v in trace.ids]
+        self.kinds = []
+        for ph, cat in trace.kinds:
+            head = '{"ph":' + _compact(ph) + ',"name":'
+            tail = (',"cat":' + _compact(cat)) if cat else ""
+            mode = 0 if ph == "M" else 2 if ph == "X" else 3 if ph == "s" else 4 if ph == "f" else 1
+            self.kinds.append((head, tail, mode))
+        pool = trace.args_pool
+        flags = trace._pool_compact
+        if len(flags) < len(pool):
+            flags.extend(bytes(len(pool) - len(flags)))
+
+    def args_text(self, i: int) -> str | None:
+        """The compact JSON of pool entry ``i``'s decoded args (None: args that are not an object)."""
+        t = self.t
+        raw = t.args_pool[i]
+        if not t._pool_compact[i]:
+            decoded = t._args_decoded[i]
+            if decoded is _UNDECODED:
+                decoded = raw if type(raw) is dict else _decode_args(raw)
+            raw = t.args_pool[i] = _compact(decoded)
+            t._pool_compact[i] = 1
+        return None if raw == "null" else raw
+
+    def _compact_pool(self, indices: Sequence[int]) -> None:
+        """Put the compact JSON of these pool entries in the pool, profiler texts in bulk: one
+        msgspec call decodes them all, one checks what msgspec wrote (each alone cost 5x)."""
+        t = self.t
+        pool, done, decoded = t.args_pool, t._pool_compact, t._args_decoded
+        todo = [i for i in dict.fromkeys(indices) if i >= 0 and not done[i]]
+        raw = [i for i in todo if type(pool[i]) is bytes and decoded[i] is _UNDECODED]
+        if raw and _ENCODE is not None:
+            try:
+                dicts = _json_loads(b"[" + b",".join([pool[i] for i in raw]) + b"]")
+            except (ValueError, RecursionError):
+                dicts = None
+            if dicts is not None and all(type(d) is dict for d in dicts):
+                for d in dicts:
+                    if not _NOT_ARGS_SET.isdisjoint(d):
+                        for k in _NOT_ARGS:
+                            d.pop(k, None)
+                texts = list(map(_ENCODE, dicts))
+                if _msgspec_differs(b"".join(texts)):
+                    texts = list(map(_compact, dicts))
+                else:
+                    texts = [x.decode() for x in texts]
+                for i, x in zip(raw, texts):
+                    pool[i] = x
+                    done[i] = 1
+        for i in todo:
+            if not done[i]:
+                self.args_text(i)
+
+    def text(self, uids: Sequence[int]) -> str:
+        t = self.t
+        if any(map(t.num_flags.__getitem__, uids)):  # an odd value: those events as event_json writes them
+            return ",".join(self.text([u]) if not t.num_flags[u] else _compact(t.event_json(u)) for u in uids)
+        kinds, names, ids, pool = self.kinds, self.names, self.ids, t.args_pool
+        pooled_list = list(map(t.args.__getitem__, uids))
+        self._compact_pool(pooled_list)
+        columns = (map(kinds.__getitem__, map(t.kind.__getitem__, uids)),
+                   map(names.__getitem__, map(t.name.__getitem__, uids)),
+                   map(ids.__getitem__, map(t.pid.__getitem__, uids)), map(ids.__getitem__, map(t.tid.__getitem__, uids)),
+                   _float_texts(list(map(t.ts.__getitem__, uids))), _float_texts(list(map(t.dur.__getitem__, uids))),
+                   map(t.flow.__getitem__, uids),
+                   map(t.ext.__getitem__, uids), map(t.corr.__getitem__, uids), pooled_list)
+        out = []
+        add = out.append
+        for (head, tail, mode), name, pid, tid, ts, dur, flow, ext, corr, pooled in zip(*columns):
+            if mode == 2:
+                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail},"ts":{ts},"dur":{dur}'
+            elif mode == 0:
+                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail}'
+            elif mode == 1:
+                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail},"ts":{ts}'
+            else:
+                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail},"ts":{ts},"id":{flow if flow != NO_ID else "null"}'
+                if mode == 4:
+                    s += ',"bp":"e"'
+            a = pool[pooled] if pooled >= 0 else None
+            if a == "null":
+                a = None
+            if ext != NO_ID or corr != NO_ID:
+                ids_text = (f'"External id":{ext},"correlation":{corr}' if ext != NO_ID and corr != NO_ID
+                            else f'"External id":{ext}' if ext != NO_ID else f'"correlation":{corr}')
+                add(f'{s},"args":{{{ids_text},{a[1:]}}}' if a is not None and a != "{}" else f'{s},"args":{{{ids_text}}}}}')
+            elif a is not None:
+                add(f'{s},"args":{a}}}')
+            else:
+                add(s + "}")
+        return ",".join(out)
+
+
+_JSON_TEXT = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+# What msgspec writes otherwise than json: exponents (1e16 / 1e+16), small numbers (0.00001 /
+# 1e-05), NaN and infinities (null / NaN), DEL and non-ASCII (raw / escaped). A text with any of
+# these (a false hit inside a string only costs time) is written by json instead. (Plain ``in``
+# tests on the text with its digits made 0: a regular expression cost 10 times as much.)
+_DIGITS_TO_0 = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _msgspec_differs(text: bytes) -> bool:
+    if not text.isascii() or b"null" in text or b"\x7f" in text:
+        return True
+    zeros = text.translate(_DIGITS_TO_0)
+    return b"0e" in zeros or b"0E" in zeros or b"0.0000" in zeros
+
+
+def _float_texts(values: list[float]) -> list[str]:
+    """``repr`` of each float (as json writes a float), msgspec's text where it is the same:
+    repr costs about 0.6 us a float, msgspec 0.03."""
+    if _ENCODE is not None and values:
+        text = _ENCODE(values).decode()  # digits, '.', '-' and ',' unless an exponent, a NaN (null) or 0.0000x
+        if "e" not in text and "n" not in text and "0.0000" not in text:
+            return text[1:-1].split(",")
+    return list(map(repr, values))
+
+
+def _compact(value: Any) -> str:
+    """``value`` as ``json.dumps(value, separators=(",", ":"))`` writes it."""
+    if _ENCODE is not None:
+        try:
+            text = _ENCODE(value)
+        except (TypeError, ValueError, OverflowError):
+            return _JSON_TEXT(value)
+        if not _msgspec_differs(text):
+            return text.decode()
+    return _JSON_TEXT(value)
+
+
 # ------------------------------------------------------------------------------ appending rows
 
 class _Appender:
@@ -512,6 +659,7 @@ class _Appender:
             i = self.args_index[key] = len(self.t.args_pool)
             self.t.args_pool.append(value)
             self.t._args_decoded.append(_UNDECODED)
+            self.t._pool_compact.append(0)
         return i
 
     def add(self, ph: str, cat: str, name: Any, pid: Any, tid: Any, ts: Any, dur: Any, corr: Any, ext: Any,

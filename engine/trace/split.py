@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from engine.trace.load import Trace
+from engine.trace.load import EventWriter, Trace
 from engine.trace.steps import StepInfo, find_steps
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
@@ -284,18 +284,19 @@ def split_trace(trace: Trace, out_dir: Path | str, *, num_steps: int = 32, conc:
     gc.disable()  # one short-lived JSON dict per event written: collector passes would only cost time
     try:
         writer = _SliceWriter(trace, steps, out, output_path_base)
+        jobs: list[tuple[int, str, int, int]] = []  # (idx, file name, first step, last step + 1)
         if store_single_iteration:
             for i, s in enumerate(steps):
-                name = f"{base}_annotation_iteration_{i}_{sanitise_annotation(s.name)}.json.gz"
-                writer.write(i, name, i, i + 1)
+                jobs.append((i, f"{base}_annotation_iteration_{i}_{sanitise_annotation(s.name)}.json.gz", i, i + 1))
         windows = steady.windows if steady is not None else {}
         for label in WINDOW_LABELS:
             if label in windows:
                 first, last = windows[label]
                 p = _phase(steps[first:last])
-                writer.write(0, f"{label}_prefill_{p['num_prefill']}_prefilldecode_{p['num_prefilldecode']}"
+                jobs.append((0, f"{label}_prefill_{p['num_prefill']}_prefilldecode_{p['num_prefilldecode']}"
                                 f"_decode_{p['num_decode']}_bs{p['avg_bs']}_conc{p['avg_conc']}_{base}.json.gz",
-                             first, last)
+                             first, last))
+        writer.write_all(jobs)
     finally:
         if was_enabled:
             gc.enable()
@@ -315,50 +316,97 @@ class _SliceWriter:
     def __init__(self, trace: Trace, steps: Sequence[StepInfo], out: Path, output_path_base: Path | None) -> None:
         self.trace, self.steps, self.out, self.base = trace, steps, out, output_path_base
         self.index = _Extractor(trace)
+        self.encoder = EventWriter(trace)
         self.files: list[Path] = []
         self.details: list[dict[str, Any]] = []
 
-    def write(self, idx: int, file_name: str, first: int, last: int) -> None:
+    def write_all(self, jobs: Sequence[tuple[int, str, int, int]]) -> None:
+        """Write each job's file (``(idx, file name, first, last)``: the slices of steps
+        ``first`` to ``last - 1``), in one pass over the steps: a step's events are encoded once
+        and go to every file that holds the step (its own and the windows around it), each file
+        compressed as it grows. Details and files are listed in job order."""
         t = self.trace
-        events: list[int] = []  # uids
-        n_gpu = 0
-        gpu_duration: float = 0  # stay int 0 without GPU events, as in TraceLens's JSON
-        gpu_busy: float = 0
-        for step in self.steps[first:last]:
-            cpu_gpu, gpu = self.index.slice(step)
-            events += cpu_gpu
-            if gpu:
-                n_gpu += len(gpu)
-                for g in gpu:
-                    gpu_busy += t.dur_of(g)  # a plain sum: overlaps and communication count in full
-                # max(end) - min(start) over the JSON's values (the first of equal ones, with its type)
-                gpu_duration += (t.end_of(max(gpu, key=lambda g: t.ts[g] + t.dur[g]))
-                                 - t.ts_of(min(gpu, key=t.ts.__getitem__)))
-        path = self.out / file_name
-        self._write_json(path, events)
-        self.files.append(path)
-        chosen = self.steps[first:last]
-        shown = os.path.relpath(path, self.base) if self.base is not None else str(path)
-        self.details.append({"idx": idx, "output_path": shown, "event_count": len(events),
-                             "num_gpu_events": n_gpu, "gpu_duration": gpu_duration, "gpu_busy_duration": gpu_busy,
-                             "steps": [_step_detail(s) for s in chosen], "phase": _phase(chosen)})
+        outs: list[Any] = [None] * len(jobs)  # each file is open from its first step to its last
+        by_step: dict[int, list[int]] = {}
+        for j, (_, _, first, last) in enumerate(jobs):
+            for i in range(first, last):
+                by_step.setdefault(i, []).append(j)
+        try:
+            for i in sorted(by_step):
+                cpu_gpu, gpu = self.index.slice(self.steps[i])
+                for j in by_step[i]:
+                    if outs[j] is None:
+                        outs[j] = _SliceFile(self.out / jobs[j][1], t.metadata)
+                targets = [outs[j] for j in by_step[i]]
+                for out in targets:
+                    out.add_gpu(t, gpu)
+                    out.events += len(cpu_gpu)
+                for b in range(0, len(cpu_gpu), _BATCH):
+                    data = self.encoder.text(cpu_gpu[b:b + _BATCH]).encode()
+                    for out in targets:
+                        out.write(data)
+                for j in by_step[i]:
+                    if i == jobs[j][3] - 1:
+                        outs[j].close()
+            for j, job in enumerate(jobs):  # a job of no steps: an empty trace
+                if outs[j] is None:
+                    outs[j] = _SliceFile(self.out / job[1], t.metadata)
+        finally:
+            for out in outs:
+                if out is not None:
+                    out.close()
+        for (idx, _, first, last), out in zip(jobs, outs):
+            self.files.append(out.path)
+            chosen = self.steps[first:last]
+            shown = os.path.relpath(out.path, self.base) if self.base is not None else str(out.path)
+            self.details.append({"idx": idx, "output_path": shown, "event_count": out.events,
+                                 "num_gpu_events": out.n_gpu, "gpu_duration": out.gpu_duration,
+                                 "gpu_busy_duration": out.gpu_busy,
+                                 "steps": [_step_detail(s) for s in chosen], "phase": _phase(chosen)})
 
-    def _write_json(self, path: Path, events: list[int]) -> None:
-        """``{**metadata, "traceEvents": [...]}`` as compact JSON into a .json.gz, a batch of events
-        at a time: a window of 32 steps as one string (and its dicts) cost 100+ MB. The bytes are
-        those of gzip.compress(whole text, mtime=0): zlib's one gzip stream either way. (Compressing
-        on a worker thread was slower here, and its malloc arena cost 15 MB.)"""
-        dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-        head = dumps(self.trace.metadata)[:-1]  # '{"k":v' or '{'
-        event_json = self.trace.event_json
-        with open(path, "wb") as fh:
-            gz = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)  # wbits 31: with a gzip header
-            fh.write(gz.compress((head + (',"traceEvents":[' if self.trace.metadata else '"traceEvents":[')).encode()))
-            for i in range(0, len(events), _BATCH):
-                text = dumps([event_json(u) for u in events[i:i + _BATCH]])[1:-1]  # 'e1,e2,...'
-                fh.write(gz.compress(("," + text if i else text).encode()))
-            fh.write(gz.compress(b"]}"))
-            fh.write(gz.flush())
+
+class _SliceFile:
+    """One split trace being written: ``{**metadata, "traceEvents": [...]}`` as compact JSON into
+    a .json.gz, a batch of events at a time (a window of 32 steps as one string cost 100+ MB).
+    The bytes are those of gzip.compress(whole text, mtime=0): zlib's one gzip stream either way.
+    (Compressing on a worker thread was slower here, and its malloc arena cost 15 MB.) Also
+    counts what execution_details says of it."""
+
+    def __init__(self, path: Path, metadata: dict) -> None:
+        self.path = path
+        self.events = self.n_gpu = 0
+        self.gpu_duration: float = 0  # stay int 0 without GPU events, as in TraceLens's JSON
+        self.gpu_busy: float = 0
+        self._empty = True
+        head = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode(metadata)[:-1]  # '{"k":v' or '{'
+        self._fh = open(path, "wb")
+        self._gz = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)  # wbits 31: with a gzip header
+        self._fh.write(self._gz.compress((head + (',"traceEvents":[' if metadata else '"traceEvents":[')).encode()))
+
+    def add_gpu(self, t: Trace, gpu: list[int]) -> None:
+        if gpu:
+            self.n_gpu += len(gpu)
+            busy = self.gpu_busy
+            for g in gpu:
+                busy += t.dur_of(g)  # a plain sum: overlaps and communication count in full
+            self.gpu_busy = busy
+            # max(end) - min(start) over the JSON's values (the first of equal ones, with its type)
+            self.gpu_duration += (t.end_of(max(gpu, key=lambda g: t.ts[g] + t.dur[g]))
+                                  - t.ts_of(min(gpu, key=t.ts.__getitem__)))
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._fh.write(self._gz.compress(data if self._empty else b"," + data))
+            self._empty = False
+
+    def close(self) -> None:
+        if self._fh.closed:
+            return
+        try:
+            self._fh.write(self._gz.compress(b"]}"))
+            self._fh.write(self._gz.flush())
+        finally:
+            self._fh.close()
 
 
 _BATCH = 2000  # events encoded per batch

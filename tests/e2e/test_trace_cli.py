@@ -14,11 +14,15 @@ SYNTHETIC = GOLDEN / "synthetic_vllm" / "synthetic_vllm.json.gz"
 
 def test_trace_file_gets_gap_idle_and_inference_stages(tmp_path):
     proc = run_magpie("benchmark", "--trace-dir", SYNTHETIC, "-o", tmp_path, "--gpu-arch", GOLDEN / "arch" / "H200.json",
-                      "--top-k", "5")
+                      "--top-k", "5", "--timings")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ws = only_workspace(tmp_path)
     assert ws.name.startswith("trace_synthetic_vllm_")
     report = json.loads((ws / "trace_analysis_report.json").read_text())
+    times = report["stage_times_s"]  # wall-clock seconds by stage; --timings prints them
+    assert {"load", "tree", "idle", "idle causes", "tracelens split", "tracelens stage load+tree", "tracelens report",
+            "tracelens CSVs"} <= set(times) and all(v >= 0 for v in times.values())
+    assert "time by stage: load " in proc.stdout
     gap = report["gap_analysis"]
     assert [k["Name"].split("(")[0] for k in gap["top_kernels"]][:2] == [
         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4> >"]

@@ -64,6 +64,7 @@ EXCLUDED = {
     ("", "version"): "the server reports its version in the MCP handshake",
     ("", "verbose"): "debug logging of one command line; the server logs warnings to stderr",
     ("", "command"): "the subcommand is the tool",
+    ("benchmark", "timings"): "prints the report's stage_times_s, which the gap_analysis tool returns in the report",
 }
 TOOL_OF_SUBCOMMAND = {"analyze": "analyze", "compare": "compare", "benchmark": "benchmark", "optimize": "optimize"}
 

@@ -27,7 +27,7 @@ CLI_NOT_OVERRIDES = {"help", "framework", "benchmark_config", "batch", "dry_run"
                      "allow_different_workloads", "trace_dir", "trace_diff", "top_k", "start_pct", "end_pct",
                      "min_duration_us",
                      "categories", "ignore_categories", "no_rank_csv", "find_kernel_sources", "kernel_source_repos",
-                     "stages", "output_dir"}
+                     "stages", "output_dir", "timings"}
 MCP_NOT_OVERRIDES = {"framework", "benchmark_config", "output_dir", "batch", "environment", "ray_address"}
 
 

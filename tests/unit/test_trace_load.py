@@ -94,3 +94,38 @@ def test_fast_chunked_path_equals_event_by_event(tmp_path, monkeypatch):
     kernel = next(e for e in fast.events if e.cat == "kernel")
     assert kernel.corr == 1 and kernel.args == {"stream": 7, "device": 0}
     assert fast.events[-1].args == {"Concrete Inputs": ["}, {"]}
+
+
+def test_event_writer_writes_what_json_writes_of_event_json(tmp_path):
+    """The split's fast event text equals json.dumps of event_json for every kind of value:
+    odd ids and int time stamps (event_json's path), non-ASCII and DEL, floats json writes with
+    an exponent or msgspec writes otherwise, args without ids, empty args, non-object args."""
+    from engine.trace.load import EventWriter
+    from trace_builder import TraceBuilder
+    b = TraceBuilder()
+    for i in range(50):
+        ext = b.op(f"aten::op{i % 4}", i * 10.0 + 0.125, 5.25, dims=[[i % 5, 3], []])
+        b.launch(i * 10.0 + 1, "kérnel_\x7f" if i % 9 == 0 else f"kernel_{i % 3}", 1e6 + i * 20.0, 4, ext=ext)
+    odd = [
+        {"ph": "X", "cat": "cpu_op", "name": "int times", "pid": 1, "tid": 2, "ts": 7, "dur": 3, "args": {"External id": "x"}},
+        {"ph": "X", "cat": "python_function", "name": "f.py(1): g", "pid": "p", "tid": 2.0, "ts": 1.5e-7, "dur": 1e14,
+         "args": {"Python parent id": 1, "Python id": 2, "Python thread": 0}},
+        {"ph": "X", "cat": "cpu_op", "name": None, "pid": 1, "tid": 2, "ts": 3.0, "dur": 0.00001,
+         "args": {"small": 1e-05, "big": 1e22, "exp": 1.5e-7, "text": "é\u2028", "none": None, "Ev Idx": 4}},
+        {"ph": "X", "cat": "user_annotation", "name": "empty", "pid": 1, "tid": 2, "ts": 2e16, "dur": 1.0, "args": {}},
+        {"ph": "X", "cat": "cpu_op", "name": "list args", "pid": 1, "tid": 2, "ts": 5.0, "dur": 1.0, "args": [1, 2]},
+        {"ph": "i", "cat": "instant", "name": "mark", "pid": 1, "tid": 2, "ts": 6.0, "s": "t"},
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "pid": 1, "tid": 2, "ts": 6.5, "id": "str-id"},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 3, "args": {"name": "ü"}},
+    ]
+    b.events.extend(odd)
+    path = b.write(tmp_path / "t.json")
+    encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+    want = load_trace(path)
+    expected = encode([want.event_json(u) for u in range(len(want.events))])[1:-1]
+    got = load_trace(path)
+    writer = EventWriter(got)
+    uids = list(range(len(got.events)))
+    assert writer.text(uids) == expected
+    assert ",".join(writer.text(uids[i:i + 7]) for i in range(0, len(uids), 7)) == expected  # args now compact
+    assert [got.args_of(u) for u in uids] == [want.args_of(u) for u in uids]  # decoded from the compact texts
