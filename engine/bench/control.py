@@ -36,6 +36,12 @@ from engine.config.benchmark import BenchmarkConfig
 # framework -> the route that empties its prefix cache (ATOM has none)
 RESET_ROUTES = {"builtin": "/reset_prefix_cache", "vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
 RESET_TIMEOUT_S = 60.0
+# What the route may be sent with: SGLang waits up to ``timeout`` s for running requests to end
+# (without it a flush while the server still finishes a request fails at once; older SGLang
+# ignores the parameter).
+_RESET_QUERY = {"sglang": "?timeout=30"}
+# vLLM answers 409 while running requests still hold blocks: tried again this many times, 0.5 s apart.
+_RESET_RETRIES = {"vllm": (409, 2)}
 PROFILE_START_TIMEOUT_S = 60.0
 
 # What to do when a route is missing, by framework.
@@ -152,8 +158,14 @@ class ControlHooks:
         if not self.resets_on:
             return None
         label = label or f"point {_name(point)}"
-        route = RESET_ROUTES[self.cfg.framework]
+        fw = self.cfg.framework
+        route = RESET_ROUTES[fw] + _RESET_QUERY.get(fw, "")
+        status, tries = _RESET_RETRIES.get(fw, (None, 0))
         result = post_hook(self.base_url, route, "reset_prefix_cache", RESET_TIMEOUT_S)
+        while tries and not result.ok and result.status == status:
+            tries -= 1
+            time.sleep(0.5)
+            result = post_hook(self.base_url, route, "reset_prefix_cache", RESET_TIMEOUT_S)
         record = {"point_index": index, "point": dict(point), **result.to_dict()}
         self.section["prefix_cache_reset"]["points"].append(record)
         self.emit("control_hook", **record)

@@ -99,6 +99,7 @@ def test_each_reset_is_recorded_and_a_failure_is_a_warning_said_once():
     assert events[0][0] == "control_hook" and events[0][1]["ok"] is True and not warnings
     points = sg_report["control_hooks"]["prefix_cache_reset"]["points"]
     assert [(p["status"], p["ok"]) for p in points] == [(400, False), (400, False)]
+    assert points[0]["route"] == "/flush_cache?timeout=30"  # SGLang waits for running requests to end
     assert "HTTP 400" in points[0]["error"] and "requests are running" in points[0]["error"]
     assert len(sg_warnings) == 1 and "before point concurrency 1 failed" in sg_warnings[0]  # the same failure once
     assert "--no-reset-prefix-cache" in sg_warnings[0] and sg_logs.count(f"warning: {sg_warnings[0]}") == 1
@@ -111,6 +112,11 @@ def test_a_reset_answered_200_with_success_false_did_not_happen_and_a_missing_ro
         hooks, report, warnings, _, _ = _hooks(_cfg(reset_prefix_cache=True), srv.url)
         result = hooks.reset_before(0, {})
     assert not result.ok and result.status == 200 and "did not do it" in result.error
+    with HookServer({"/reset_prefix_cache": (409, '{"detail": "Prefix cache reset failed."}')}) as srv:
+        hooks, *_ = _hooks(_cfg(reset_prefix_cache=True), srv.url)
+        result = hooks.reset_before(0, {})
+        tries = len(srv.calls)
+    assert tries == 3 and result.status == 409 and "reset failed" in result.error  # vLLM: blocks still held
     with HookServer({}) as srv:
         hooks, report, warnings, _, _ = _hooks(_cfg(reset_prefix_cache=True), srv.url)
         assert hooks.reset_before(0, {}, "the capacity ramp").status == 404
