@@ -40,7 +40,7 @@ def _benchmark_label(bench: dict, folder_label: str) -> str:
     load = " ".join(f"{short}{envs[key]}" for key, short in (("CONC", "c"), ("ISL", "i"), ("OSL", "o"))
                     if envs.get(key) not in (None, "") and not (key == "CONC" and over == "concurrency"))
     if over:
-        load = f"capacity over {over} " + load
+        load = f"capacity {'ramp' if client.get('capacity_mode') == 'ramp' else 'over'} {over} " + load
     sweep = client.get("sweep") if isinstance(client.get("sweep"), dict) else {}
     short = {"concurrency": "c", "input_len": "i", "output_len": "o", "request_rate": "rate"}
     swept = " ".join(f"sweep {short.get(k, k)}{','.join(map(str, v))}" for k, v in sweep.items()

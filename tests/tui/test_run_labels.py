@@ -89,6 +89,8 @@ def test_run_label_of_configs():
     assert run_label(bench, "vllm") == "vllm c8 i1024 o128 x3"
     capacity = {"benchmark": {"envs": {"CONC": 8, "ISL": 64}, "client": {"find_capacity": True}}}
     assert run_label(capacity, "builtin-tiny") == "builtin-tiny capacity over concurrency i64"
+    ramp = {"benchmark": {"envs": {"CONC": 8}, "client": {"find_capacity": True, "capacity_mode": "ramp"}}}
+    assert run_label(ramp, "builtin-tiny") == "builtin-tiny capacity ramp concurrency"
     compare = {"config_file": "/p/kernels/softmax_triton/compare.yaml", "baseline": {"id": "three_pass"}}
     assert run_label(compare, "three_pass") == "softmax_triton/compare.yaml · base three_pass"
     assert run_label({"mode": "trace_analysis"}, "synthetic_vllm") == "synthetic_vllm"
