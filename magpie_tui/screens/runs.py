@@ -94,7 +94,9 @@ RUN_COLUMNS = [
     Column("ttft", "TTFT", "number", fmt=format_ms, max_width=6),
     Column("tpot", "TPOT", "number", fmt=format_ms, max_width=6),
     Column("tok_s", "tok/s", "number", fmt=format_rate, max_width=7),
-    Column("progress", "Progress", max_width=44, squeeze_to=14),
+    # A compare's or a loop's progress (its winner, its outcome) runs over the TTFT, TPOT and tok/s
+    # it leaves empty: at 80 columns 'winner one_pass 7.65x (95% CI 5.57–9.38)' reads whole.
+    Column("progress", "Progress", max_width=44, squeeze_to=14, spill_left=("ttft", "tpot", "tok_s")),
     Column("elapsed", "Elapsed", "number", fmt=format_elapsed, min_width=7, drop_order=3),
     Column("started", "Started", "number", fmt=format_started, min_width=14, drop_order=2),
 ]

@@ -83,7 +83,10 @@ class Column:
     ``"end"`` or in the ``"middle"`` (for names whose start and end both tell, such as a run
     folder's mode prefix and its time stamp). ``drop_last``: a column with a ``drop_order`` that
     is narrowed before it steps aside: it is left out only when the table, every column that has
-    a ``squeeze_to`` narrowed to it, is still wider than the grid.
+    a ``squeeze_to`` narrowed to it, is still wider than the grid. ``spill_left``: keys of the
+    columns just before this one whose cells a text too long for its own may take when they are
+    empty in that row, as a spreadsheet lets a text run over empty cells (the Runs list's progress
+    of a compare over the TTFT, TPOT and tok/s a benchmark fills).
     """
 
     key: str
@@ -98,6 +101,7 @@ class Column:
     squeeze_to: int | None = None
     ellipsis: Ellipsis = "end"
     drop_last: bool = False
+    spill_left: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("text", "number"):
@@ -807,12 +811,29 @@ class DataGrid(ScrollView, can_focus=True):
         else:
             values = list(row[: len(self._columns)])
             values += [None] * (len(self._columns) - len(values))
-        cells = tuple(f" {_fit(c.format(v), w, c.align, c.ellipsis)} " if shown else ""
-                      for c, v, w, shown in zip(self._columns, values, self._widths, self._shown))
+        texts = [c.format(v) if shown else "" for c, v, shown in zip(self._columns, values, self._shown)]
+        cells = [f" {_fit(t, w, c.align, c.ellipsis)} " if shown else ""
+                 for c, t, w, shown in zip(self._columns, texts, self._widths, self._shown)]
+        for i, column in enumerate(self._columns):
+            if column.spill_left and self._shown[i] and len(texts[i]) > self._widths[i]:
+                self._spill(i, texts, cells)
         suffix = self._row_class(row) if self._row_class is not None else None
-        cached = (cells, suffix or None)
+        cached = (tuple(cells), suffix or None)
         self._cells_cache[index] = cached
         return cached
+
+    def _spill(self, i: int, texts: list[str], cells: list[str]) -> None:
+        """Cell ``i``'s text over the empty cells of its ``spill_left`` columns just before it."""
+        column, first, width = self._columns[i], i, self._widths[i]
+        while first > 0 and self._columns[first - 1].key in column.spill_left and not texts[first - 1]:
+            first -= 1
+            if self._shown[first]:
+                width += self._widths[first] + 2
+        if first < self._fixed_columns <= i:
+            return  # a frozen column stays whole when the rest scrolls sideways
+        if width > self._widths[i]:
+            cells[first:i] = [""] * (i - first)
+            cells[i] = f" {_fit(texts[i], width, 'left', column.ellipsis)} "
 
     def _layer(self, name: str) -> Style:
         """The style a component class adds on top of what is below it: only the properties it

@@ -113,3 +113,19 @@ async def test_the_launch_form_opens_without_importing_the_servers_kernels(app, 
         dialog = await open_launch(pilot, app, project / "benchmarks" / "builtin_tiny_cpu.yaml")
         ops = [value for _label, value in dialog.query_one("#kernel", Select)._options if value != Select.BLANK]
         assert "decode_attention" in ops and "rmsnorm" in ops
+
+
+async def test_a_compares_winner_reads_whole_in_the_runs_list_at_80_columns(app, project):
+    """The Progress column keeps 18 cells at 80 columns: a compare's read 'winner one_pass 9.…'
+    beside the TTFT, TPOT and tok/s cells it leaves empty. Its text runs over them."""
+    from magpie_tui.widgets.data_grid import DataGrid
+    _with_figures(project)
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        grid = app.screen.query_one("#runs-table", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 4)
+        row = next(i for i, r in enumerate(grid.visible_rows()) if r["folder"].startswith("compare_"))
+        await pilot.pause()
+        line = grid.render_line(row + 1).text  # the header first
+        winner = str(find_run(app, "compare_").progress_text)
+        assert winner.startswith("winner") and winner[:36] in line, (line, winner)
