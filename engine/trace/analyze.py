@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import csv
 import gc
+import os
+import pickle
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,7 +171,8 @@ def _steps_for(found: list, window) -> list[tuple[str, float, float]]:
 
 
 def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: Path, opts: TraceAnalysisOptions,
-                       log: Callable[[str], None], rank: Any = 0, times: Optional[StageTimes] = None) -> dict:
+                       log: Callable[[str], None], rank: Any = 0, times: Optional[StageTimes] = None,
+                       split_job: Optional[_BackgroundSplit] = None) -> dict:
     from engine.trace.arch import resolve_arch
     from engine.trace.csvout import write_csvs
     from engine.trace.report import pytorch_report
@@ -198,9 +203,14 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
     section["analysis_mode"] = "inference"
     section["analysis_stages"] = list(opts.stages)
     section["split_dir"] = str(split_dir)
-    with times("tracelens split"):
-        split = split_trace(trace, split_dir, num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl,
-                            ratio=opts.random_range_ratio, output_path_base=ws_root)
+    if split_job is not None:  # started earlier, in a child process: what is left of it
+        with times("tracelens split (waited for)"):
+            split = split_job.result()
+        times.seconds["tracelens split"] = split_job.child_s or 0.0
+    else:
+        with times("tracelens split"):
+            split = split_trace(trace, split_dir, num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl,
+                                ratio=opts.random_range_ratio, output_path_base=ws_root)
     picks = pick_stage_steps(split.rows, opts.conc)
     for stage in opts.stages:
         row = picks.get(stage)
@@ -233,6 +243,87 @@ def _tracelens_section(trace: Trace, tree: EventTree, ws_root: Path, split_dir: 
     return section
 
 
+class _BackgroundSplit:
+    """The inference split (``split_trace``) run in a forked child while this process goes on with
+    the idle analysis, the checks and the critical path: on two cores the split's time (the step
+    traces re-encoded and compressed) mostly overlaps theirs. The child shares the loaded trace
+    copy-on-write and sends back the ``SplitResult`` (or the exception) pickled through a pipe.
+    Where fork is missing, or other threads run in this process (fork would copy their locks
+    half-held), the split runs here when its result is asked for, as it did before."""
+
+    def __init__(self, trace: Trace, split_dir: Path, opts: TraceAnalysisOptions, ws_root: Path) -> None:
+        self.args = (trace, split_dir)
+        self.kwargs = dict(num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl, ratio=opts.random_range_ratio,
+                           output_path_base=ws_root)
+        self.pid = 0
+        self.fd = -1
+        self.child_s: Optional[float] = None  # the split's own time, in the child
+        if not hasattr(os, "fork") or threading.active_count() > 1:
+            return
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: split, send the result, exit without the parent's exit handlers
+            code = 0
+            try:
+                os.close(read_fd)
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)  # dies with the run (the parent also ends it)
+                t0 = time.perf_counter()
+                try:
+                    outcome: tuple = ("ok", self._split(), time.perf_counter() - t0)
+                except Exception as exc:  # handed to the parent, which raises it where it would have
+                    outcome = ("error", exc, time.perf_counter() - t0)
+                try:
+                    data = pickle.dumps(outcome)
+                except Exception as exc:  # an exception that cannot be pickled: its text
+                    data = pickle.dumps(("error", RuntimeError(f"{type(outcome[1]).__name__}: {exc}"), outcome[2]))
+                with os.fdopen(write_fd, "wb") as fh:
+                    fh.write(data)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        self.pid, self.fd = pid, read_fd
+
+    def _split(self) -> Any:
+        from engine.trace.split import split_trace
+        return split_trace(*self.args, **self.kwargs)
+
+    def result(self) -> Any:
+        """The ``SplitResult``; raises what the split raised."""
+        if not self.pid:
+            t0 = time.perf_counter()
+            try:
+                return self._split()
+            finally:
+                self.child_s = time.perf_counter() - t0
+        with os.fdopen(self.fd, "rb") as fh:
+            data = fh.read()
+        self.fd = -1
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = 0
+        if not data:
+            raise RuntimeError(f"the trace split's process ended without a result (wait status {status})")
+        state, value, self.child_s = pickle.loads(data)
+        if state == "error":
+            raise value
+        return value
+
+    def stop(self) -> None:
+        """End the child if it still runs (the analysis failed or was cancelled before its result)."""
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except OSError:
+                pass
+            self.pid = 0
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def summary_lines(report: dict) -> list[str]:
     """The self-checks (each failed one as a WARNING line, each passing one with what it compared) and
     the idle gaps by cause, per rank: the text summary, and what the command line prints."""
@@ -246,6 +337,24 @@ def summary_lines(report: dict) -> list[str]:
     return lines
 
 
+def _split_dir(ws: Workspace) -> Path:
+    return (ws.root / "torch_trace" / "trace_split") if (ws.root / "torch_trace").is_dir() else ws.path("trace_split")
+
+
+def _start_split(trace: Trace, ws: Workspace, opts: TraceAnalysisOptions) -> Optional[_BackgroundSplit]:
+    """The inference split of the TraceLens section, started now in the background where that
+    section will split: a trace with step annotations whose GPU arch resolves."""
+    from engine.trace.arch import resolve_arch
+    from engine.trace.steps import find_steps
+    try:
+        resolve_arch(opts.gpu_arch, trace)
+    except Exception:  # the section fails before its split: so does this
+        return None
+    if not find_steps(trace):
+        return None
+    return _BackgroundSplit(trace, _split_dir(ws), opts, ws.root)
+
+
 def _stop_if_cancelled(cancel: Any, where: str) -> None:
     if cancel is not None and cancel.cancelled:
         raise TraceCancelled(f"trace analysis cancelled {where} ({cancel.reason or 'cancelled'})")
@@ -255,9 +364,20 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
                        log: Callable[[str], None] = lambda s: None, cancel: Any = None) -> AnalysisResult:
     """The analysis of ``target``'s traces. ``cancel`` (a ``CancelToken``) is looked at while each
     trace loads and between the stages: ``TraceCancelled`` once it is set."""
+    started: list[_BackgroundSplit] = []
+    try:
+        return _analyse(target, opts, ws, log, cancel, started)
+    finally:
+        for job in started:  # a split still running after a failure or a cancel
+            job.stop()
+
+
+def _analyse(target: Path, opts: TraceAnalysisOptions, ws: Workspace, log: Callable[[str], None], cancel: Any,
+             started: list[_BackgroundSplit]) -> AnalysisResult:
     from engine.trace.steps import find_steps
     t0 = time.perf_counter()
     times = StageTimes()
+    split_job: Optional[_BackgroundSplit] = None
     traces = discover_traces(target)
     ws.events.emit("stage", stage="discover", state=StageState.SUCCESS, traces=[str(p) for _, p in traces])
     gap_dir = ws.path("gap_analysis")
@@ -299,6 +419,9 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
         if is_rank0:
             rank0_trace, rank0_tree = trace, tree
             linked = tree.linked_gpu_events
+            if linked and opts.tracelens:
+                split_job = _start_split(trace, ws, opts)
+                started += [split_job] if split_job is not None else []
             if linked:
                 with times("timeline"):
                     timeline_rows = gpu_timeline(linked)
@@ -359,10 +482,9 @@ def run_trace_analysis(target: Path, opts: TraceAnalysisOptions, ws: Workspace,
                                               "(a trace recorded without ac2g flow events)"]}
         else:
             try:
-                split_dir = (ws.root / "torch_trace" / "trace_split") if (ws.root / "torch_trace").is_dir() \
-                    else ws.path("trace_split")
+                split_dir = _split_dir(ws)
                 tl = _tracelens_section(rank0_trace, rank0_tree, ws.root, split_dir, opts, log, rank=traces[0][0],
-                                        times=times)
+                                        times=times, split_job=split_job)
             except Exception as exc:  # the gap analysis above is still worth its files
                 import traceback
                 (ws.logs_dir / "tracelens_error.log").write_text(traceback.format_exc())

@@ -408,3 +408,40 @@ def test_simple_csv_name_sanitising():
         "decode_only_ISL1024_OSL1p5_CONC64_kernel_roofline_simple.csv"
     assert simple_csv_name("prefill_only", None, "", " 8 k/x ") == \
         "prefill_only_ISLunknown_OSLunknown_CONC8kx_kernel_roofline_simple.csv"
+
+
+def _split_files(folder: Path) -> dict[str, bytes]:
+    """The files of a split folder; execution_details's paths with the folder's name as DIR."""
+    return {p.name: p.read_bytes().replace(folder.name.encode(), b"DIR") for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_the_background_split_writes_what_split_trace_writes(tmp_path, monkeypatch, fork):
+    """The inference split run in a forked child (or, without fork, when its result is asked for)
+    writes the same files and returns the same result as split_trace run here."""
+    import engine.trace.analyze as analyze
+    from engine.trace.analyze import TraceAnalysisOptions, _BackgroundSplit
+    from engine.trace.split import split_trace
+    trace = load_trace(GOLDEN / "synthetic_vllm.json.gz")
+    here = split_trace(trace, tmp_path / "here", output_path_base=tmp_path)
+    monkeypatch.setattr(analyze.threading, "active_count", lambda: 1)  # pytest's own threads aside
+    if not fork:
+        monkeypatch.delattr(analyze.os, "fork")
+    job = _BackgroundSplit(trace, tmp_path / "child", TraceAnalysisOptions(), tmp_path)
+    assert bool(job.pid) == fork
+    there = job.result()
+    assert job.child_s is not None and job.pid == 0
+    assert _split_files(tmp_path / "child") == _split_files(tmp_path / "here")
+    assert there.rows == [{**r, "output_path": r["output_path"].replace("here", "child")} for r in here.rows]
+    assert there.steps == here.steps
+
+
+def test_the_background_split_raises_what_the_split_raised(tmp_path):
+    from engine.trace.analyze import TraceAnalysisOptions, _BackgroundSplit
+    b = TraceBuilder()
+    b.op_with_kernel("aten::mm", 0, "gemm", 100, 10)
+    trace = load_trace(b.write(tmp_path / "no_steps.json"))
+    job = _BackgroundSplit(trace, tmp_path / "split", TraceAnalysisOptions(), tmp_path)
+    with pytest.raises(ValueError, match="no inference step annotations"):
+        job.result()
+    job.stop()  # nothing left to end
