@@ -28,8 +28,10 @@ import gc
 import gzip
 import json
 import math
+import queue
 import re
 import sys
+import threading
 import weakref
 from array import array
 from itertools import accumulate
@@ -768,6 +770,12 @@ def _window_args(app: _Appender, items: list) -> tuple[list, list, list[int]]:
     for n, r, raw, ids in zip(range(len(items)), items, raws, ids_list):
         if ids is None or (r.cat not in keep_args and r.ph != "M") or raw == b"{}":
             continue
+        if r.cat == "python_function":  # a frame's own ids: its args never repeat, so are not looked up
+            if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _depth_of_text(raw) > MAX_JSON_DEPTH:
+                raise ValueError(f"args nest deeper than {MAX_JSON_DEPTH} levels, the most a trace event may")
+            args[n] = len(pool)
+            pool.append(raw)
+            continue
         ext, corr, idx = ids.ext, ids.corr, ids.idx
         # (Plain replaces of the known values: several times cheaper than a regex.)
         if type(ext) is int:
@@ -902,6 +910,56 @@ def _open_text(path: Path) -> tuple[BinaryIO, Any]:
     return fh, codecs.getincrementaldecoder("utf-8")(errors="strict")
 
 
+class _ReadAhead:
+    """Reads a file on a thread, ``_AHEAD`` chunks of ``_CHUNK`` bytes ahead of ``read``; what the
+    file raised is raised by ``read``."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh = fh
+        self.chunks: queue.Queue = queue.Queue(_AHEAD)
+        self.stopped = threading.Event()
+        self.eof = False
+        self.thread = threading.Thread(target=self._run, name="trace-read-ahead", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                chunk: Any = self.fh.read(_CHUNK)
+            except BaseException as exc:  # handed to the reader
+                chunk = exc
+            while not self.stopped.is_set():
+                try:
+                    self.chunks.put(chunk, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if not isinstance(chunk, bytes) or not chunk:
+                return
+
+    def read(self, size: int) -> bytes:
+        """At least ``size`` bytes, or what is left (b"" at the end)."""
+        parts, n = [], 0
+        while n < size and not self.eof:
+            chunk = self.chunks.get()
+            if isinstance(chunk, BaseException):
+                self.eof = True
+                raise chunk
+            if not chunk:
+                self.eof = True
+                break
+            parts.append(chunk)
+            n += len(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
+_AHEAD = 8  # chunks read ahead of the parse
+
+
 class _Reader:
     """A growing text window over the (decompressed) file."""
 
@@ -909,6 +967,9 @@ class _Reader:
         self.path = path
         self.fh, self.decoder = _open_text(path)
         self.gz = isinstance(self.fh, gzip.GzipFile)
+        # A gzip file is decompressed a few chunks ahead on a thread (zlib lets go of the GIL
+        # while it inflates): the parse of one window overlaps the inflating of the next.
+        self.ahead = _ReadAhead(self.fh) if self.gz else None
         self.buf = ""
         self.pos = 0  # position in buf
         self.offset = 0  # characters dropped before buf[0]
@@ -924,7 +985,7 @@ class _Reader:
         if self.cancel is not None and self._fills % _CANCEL_EVERY == 0 and self.cancel.cancelled:
             raise TraceCancelled(f"{self.path}: loading cancelled ({self.cancel.reason or 'cancelled'})")
         try:
-            raw = self.fh.read(size)
+            raw = self.fh.read(size) if self.ahead is None else self.ahead.read(size)
         except (OSError, EOFError) as exc:  # bad gzip stream
             raise TraceError(f"{self.path}: cannot read after character {self.offset + len(self.buf)}: {exc}") from None
         try:
@@ -941,6 +1002,13 @@ class _Reader:
         self.offset += self.pos
         self.pos = 0
         return bool(text) or not self.eof
+
+    def close(self) -> None:
+        try:
+            if self.ahead is not None:
+                self.ahead.close()
+        finally:
+            self.fh.close()
 
     def byte_at(self, pos: int) -> int:
         """The byte offset (in the decompressed text) of ``buf[pos]``."""
@@ -1069,7 +1137,7 @@ def _load(path: Path, cancel: Any = None) -> Trace:
     try:
         trace = _read_trace(path, reader)
     finally:
-        reader.fh.close()
+        reader.close()
     n = len(trace.args_pool)  # the pool's per-entry state, made once its size is known
     trace._args_decoded = [_UNDECODED] * n
     trace._pool_compact = bytearray(n)
