@@ -103,12 +103,11 @@ def _counted_streams(tree: EventTree, lo: float, hi: float, categories: Sequence
         extra_kinds = bytearray(len(trace.kinds))
         for k in extra:
             extra_kinds[k] = 1
-        for u in range(len(kind)):
-            if extra_kinds[kind[u]]:
-                start, d = ts[u], dur[u]
-                if not (start + d < lo or start > hi or d < min_duration_us):
-                    others.append(u)
-                    counted_names[name[u]] += 1
+        for u in trace.uids_of(extra_kinds):
+            start, d = ts[u], dur[u]
+            if not (start + d < lo or start > hi or d < min_duration_us):
+                others.append(u)
+                counted_names[name[u]] += 1
     return per_stream, others, counted_names, tree_names, [largest] if largest >= 0 else [], left_out_us, left_out
 
 

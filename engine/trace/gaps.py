@@ -100,15 +100,14 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
     """Kernel time by name over the window. Events overlapping the window are kept whole
     (Magpie's rule); the window itself is clamped to the trace."""
     wanted = trace.kinds_where(lambda ph, cat: ph == "X" and _matches(cat, categories, ignore_categories))
-    kind, ts, dur, names, name = trace.kind, trace.ts, trace.dur, trace.names, trace.name
+    ts, dur, names, name = trace.ts, trace.dur, trace.names, trace.name
     lo, hi = window.lo, window.hi
 
     counted = array("i")  # the events counted, in trace order
-    for uid in range(len(kind)):
-        if wanted[kind[uid]]:
-            start, d = ts[uid], dur[uid]
-            if not (start + d < lo or start > hi or d < min_duration_us):
-                counted.append(uid)
+    for uid in trace.uids_of(wanted):
+        start, d = ts[uid], dur[uid]
+        if not (start + d < lo or start > hi or d < min_duration_us):
+            counted.append(uid)
 
     out: dict[str, KernelAgg] = {}
     exts: set = set()
@@ -127,11 +126,10 @@ def aggregate_kernels(trace: Trace, window: Window, *, categories: Sequence[str]
     # formatted once.
     cpu_op = trace.kinds_where(lambda ph, cat: cat == "cpu_op")
     args_by_ext: dict = {}  # External id -> the op's args (pool index)
-    for uid in range(len(kind)):
-        if cpu_op[kind[uid]]:
-            ext = trace.ext_of(uid)
-            if ext in exts:
-                args_by_ext[ext] = trace.args[uid]
+    for uid in trace.uids_of(cpu_op):
+        ext = trace.ext_of(uid)
+        if ext in exts:
+            args_by_ext[ext] = trace.args[uid]
     del exts
     shape_of_args: dict[int, str] = {}
     for uid in counted:

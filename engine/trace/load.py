@@ -38,6 +38,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Sequence, Union
 
+import numpy as np
+
 from engine.errors import MagpieError
 
 if TYPE_CHECKING:
@@ -326,9 +328,20 @@ class Trace:
 
     def uids_where(self, test: Callable[[str, str], bool]) -> array:
         """The uids, in order, of the events whose (ph, cat) passes ``test``."""
-        wanted = self.kinds_where(test)
-        kind = self.kind
-        return array("i", [i for i in range(len(kind)) if wanted[kind[i]]])
+        out = array("i")
+        out.frombytes(self._uids_of(self.kinds_where(test)).astype(np.int32).tobytes())
+        return out
+
+    def uids_of(self, flags: bytes | bytearray) -> list[int]:
+        """The uids, in order, of the events whose kind has a non-zero flag (``kinds_where``'s
+        result, or any per-kind table of small ints): one numpy pass, not a Python step per event."""
+        return self._uids_of(flags).tolist()
+
+    def _uids_of(self, flags: bytes | bytearray) -> Any:
+        if not len(self.kind) or not any(flags):
+            return np.zeros(0, dtype=np.int64)
+        kinds = np.frombuffer(self.kind, dtype=np.uint32)
+        return np.flatnonzero(np.frombuffer(bytes(flags), dtype=np.uint8)[kinds])
 
     def device_properties(self) -> list[dict]:
         props = self.metadata.get("deviceProperties") or []

@@ -186,7 +186,7 @@ class _Extractor:
         role = bytearray(FLOW if ph in ("s", "f") else GPU if cat in GPU_CATEGORIES else HOST if ph == "X" else 0
                          for ph, cat in trace.kinds)
         kind, pid, tid, ids = trace.kind, trace.pid, trace.tid, trace.ids
-        for uid in range(len(kind)):
+        for uid in trace.uids_of(role):
             r = role[kind[uid]]
             if r == FLOW:
                 flow_id = trace.flow_of(uid)

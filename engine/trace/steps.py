@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -139,13 +140,22 @@ def parse_step_annotation(name: str) -> StepInfo | None:
 def find_steps(trace: Trace) -> list[StepInfo]:
     """The trace's step annotations, sorted by start time. As in TraceLens, detailed annotations
     win: when any step carries the c_*/g_* aggregates, steps without them are not roots."""
+    found = _FOUND.get(trace)
+    if found is not None:  # the analysis asks several times (idle causes, the split, the report)
+        return list(found)
     steps: list[StepInfo] = []
+    parsed: dict[int, StepInfo | None] = {}  # by name: an annotation name repeats every step
     for uid in trace.uids_where(lambda ph, cat: cat == "user_annotation" and ph == "X"):
-        info = parse_step_annotation(trace.name_of(uid))
+        name = trace.name[uid]
+        info = parsed[name] if name in parsed else parsed.setdefault(name, parse_step_annotation(trace.names[name]))
         if info is not None:
             steps.append(dataclasses.replace(info, ts=trace.ts_of(uid), dur=trace.dur_of(uid), pid=trace.pid_of(uid),
                                              tid=trace.tid_of(uid), uid=uid))
     if any(s.detailed for s in steps):
         steps = [s for s in steps if s.detailed]
     steps.sort(key=lambda s: s.ts)
+    _FOUND[trace] = tuple(steps)
     return steps
+
+
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # trace -> its steps (StepInfo is frozen)

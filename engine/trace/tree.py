@@ -193,7 +193,7 @@ def _host_stacks(trace: Trace, tree: EventTree) -> None:
     kind, ts, dur = trace.kind, trace.ts, trace.dur
     host_kind = trace.kinds_where(lambda ph, cat: ph == "X" and cat in HOST_CATS)
     cpu_op_kind = trace.kinds_where(lambda ph, cat: cat == "cpu_op")
-    host = [uid for uid in range(len(kind)) if host_kind[kind[uid]]]  # in uid order
+    host = trace.uids_of(host_kind)  # in uid order
     # Order by (ts, longer first, uid) with two stable sorts on plain float keys: a key of tuples
     # for every host event costs tens of MB on a large trace.
     host.sort(key=dur.__getitem__, reverse=True)  # reverse keeps equal keys in uid order
@@ -263,7 +263,7 @@ def _link_gpu(trace: Trace, tree: EventTree) -> None:
     # + (1 once its start was seen). A second table would cost as much again.
     flows: dict = {}
     gpu_by_value: dict = {}  # link key value -> GPU uid, or a list of uids (uid order) when several
-    for uid in [u for u in range(len(kind)) if role[kind[u]]]:
+    for uid in trace.uids_of(role):
         r = role[kind[uid]]
         if r == FLOW_START:
             fid = trace.flow_of(uid)
