@@ -236,8 +236,12 @@ class RunsScreen(Screen):
             hidden = len(self.marked) - len(self._marked_shown())
             marks = f", {len(self.marked)} marked" + (f" ({hidden} hidden by the filter)" if hidden else "")
         note = f" · {grid.hidden_sort_note}" if grid.hidden_sort_note else ""
-        self.query_one("#runs-summary", Static).update(
-            f"{counts}{marks}{note} — enter: open · space: mark, v: compare two · R: re-run · ?: every key")
+        # The hints that fit the line, least needed first out; "?: every key" stays (it finds the rest).
+        head, hints = f"{counts}{marks}{note} — ", ["enter: open", "space: mark, v: compare two", "R: re-run"]
+        room = (self.size.width or self.app.size.width) - 2
+        while hints and len(head) + len(" · ".join(hints + ["?: every key"])) > room:
+            hints.pop()
+        self.query_one("#runs-summary", Static).update(head + " · ".join(hints + ["?: every key"]))
 
     def on_data_grid_sorted(self, event: DataGrid.Sorted) -> None:
         self._show_summary(self.app.runs)

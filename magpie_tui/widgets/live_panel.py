@@ -58,6 +58,11 @@ def _figure(fig: Any, fmt: Any) -> str:
     return text
 
 
+# A stage before the load, as the engine names it, in the words of someone waiting for it.
+_STAGES = {"server running": "starting the server (until it answers)", "server SUCCESS": "server ready",
+           "server success": "server ready"}
+
+
 def _short(v: float) -> str:
     return f"{v / 1e3:.1f}k" if v >= 1e4 else f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
@@ -116,7 +121,7 @@ class LivePanel(Vertical):
     def _show_running(self, info: RunInfo) -> None:
         status = info.status
         p, v = status.progress, status.live
-        where = [p.phase.replace("warmup", "warm-up") if p.phase else (status.stage or "starting")]
+        where = [p.phase.replace("warmup", "warm-up") if p.phase else _STAGES.get(status.stage, status.stage or "starting")]
         if p.repeat is not None and p.repeats is not None:
             where.append(f"repeat {p.repeat} of {p.repeats}")
         if p.point:

@@ -129,3 +129,33 @@ async def test_a_compares_winner_reads_whole_in_the_runs_list_at_80_columns(app,
         line = grid.render_line(row + 1).text  # the header first
         winner = str(find_run(app, "compare_").progress_text)
         assert winner.startswith("winner") and winner[:36] in line, (line, winner)
+
+
+async def test_the_runs_summary_keeps_its_help_hint_at_80_columns(app, project):
+    """The line above the Runs list ended '· R: re-run · ?:' at 80 columns: the hints that do not
+    fit step aside, and '?: every key' stays whole."""
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        summary = app.screen.query_one("#runs-summary")
+        await wait_for(pilot, lambda: "runs" in str(summary.render()))
+        await pilot.pause()
+        line = summary.render_line(0).text.rstrip()
+        assert line.endswith("?: every key") and "enter: open" in line, line
+
+
+async def test_the_live_view_says_the_server_is_starting(tmp_path):
+    """Before the load the live view read 'server running · ETA –' for as long as the server took
+    to start (6 s on a busy machine): it reads as a server that runs, not one being waited for."""
+    from tui.conftest import build_app, make_project
+    from tui.test_live_view import LIVE_NAME, T0, LiveFolder, on_screen
+    project = make_project(tmp_path / "p")
+    live = LiveFolder(project / "results")
+    live.write({"ts": T0 + 1, "event": "stage", "stage": "server", "state": "running"})
+    app = build_app(project)
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        await wait_for(pilot, lambda: any(r.name == LIVE_NAME for r in app.runs))
+        app.open_run(next(r for r in app.runs if r.name == LIVE_NAME))
+        await wait_screen(pilot, app, RunScreen, "#run-live")
+        await wait_for(pilot, lambda: on_screen(app, r"starting the server \(until it answers\) · ETA –") is not None)
+    live.fh.close()
