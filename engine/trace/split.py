@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from engine.trace.load import EventWriter, Trace
+from engine.trace.load import ODD_ID, EventWriter, Trace
 from engine.trace.steps import StepInfo, find_steps
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
@@ -181,30 +181,37 @@ class _Extractor:
         self.trace = trace
         self.flows: dict[Any, list[int]] = {}
         self.gpu: dict[Any, list[int]] = {}
-        threads: dict[tuple[Any, Any], list[int]] = {}
         FLOW, GPU, HOST = 1, 2, 3
-        role = bytearray(FLOW if ph in ("s", "f") else GPU if cat in GPU_CATEGORIES else HOST if ph == "X" else 0
-                         for ph, cat in trace.kinds)
-        kind, pid, tid, ids = trace.kind, trace.pid, trace.tid, trace.ids
-        for uid in trace.uids_of(role):
-            r = role[kind[uid]]
-            if r == FLOW:
-                flow_id = trace.flow_of(uid)
-                if flow_id is not None:
-                    self.flows.setdefault(flow_id, []).append(uid)
-            elif r == GPU:
-                corr = trace.corr_of(uid)
-                if corr is not None:
-                    self.gpu.setdefault(corr, []).append(uid)
-            elif r == HOST:
-                threads.setdefault((ids[pid[uid]], ids[tid[uid]]), []).append(uid)
+        role = bytes(FLOW if ph in ("s", "f") else GPU if cat in GPU_CATEGORIES else HOST if ph == "X" else 0
+                     for ph, cat in trace.kinds)
+        # Each role's uids, and their ids, by numpy passes over the columns; only the dicts that
+        # map an id to its events are filled a Python step per event.
+        role_of = np.frombuffer(role, dtype=np.uint8)[np.frombuffer(trace.kind, dtype=np.uint32)] if len(trace.kind) \
+            else np.zeros(0, dtype=np.uint8)
+        for r, column, read, table in ((FLOW, trace.flow, trace.flow_of, self.flows),
+                                       (GPU, trace.corr, trace.corr_of, self.gpu)):
+            uids = np.flatnonzero(role_of == r)
+            values = np.frombuffer(column, dtype=np.int64)[uids]
+            plain = values > ODD_ID  # NO_ID: none; ODD_ID: a value kept aside, read one by one
+            for value, uid in zip(values.tolist(), uids.tolist()) if plain.all() else \
+                    ((v if p else read(u), u) for v, p, u in zip(values.tolist(), plain.tolist(), uids.tolist())):
+                if value is not None:
+                    table.setdefault(value, []).append(uid)
+        host = np.flatnonzero(role_of == HOST)
+        thread = np.frombuffer(trace.pid, dtype=np.uint32)[host].astype(np.int64) * max(len(trace.ids), 1) \
+            + np.frombuffer(trace.tid, dtype=np.uint32)[host]
         all_ts = np.frombuffer(trace.ts, dtype=np.float64)
         all_dur = np.frombuffer(trace.dur, dtype=np.float64)
         # per thread: (uids by start, their starts, their ends)
         self.threads: dict[tuple[Any, Any], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for key, uids in threads.items():
-            uids.sort(key=trace.ts.__getitem__)
-            uid = np.array(uids, dtype=np.int64)
+        ids = trace.ids
+        groups: dict[tuple[Any, Any], list[np.ndarray]] = {}  # (1, 2) and (1.0, 2) are one key, as in a dict
+        for key in np.unique(thread).tolist():
+            pid, tid = divmod(key, max(len(ids), 1))
+            groups.setdefault((ids[pid], ids[tid]), []).append(host[thread == key])
+        for key, parts in groups.items():
+            mine = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+            uid = mine[np.argsort(all_ts[mine], kind="stable")].astype(np.int64)  # by start, then uid
             ts = all_ts[uid]
             self.threads[key] = (uid, ts, ts + all_dur[uid])
 
