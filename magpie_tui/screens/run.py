@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, Select, Static, TabbedContent, TabPane
 
 from engine.jobs.launch import find_console_log
-from engine.jobs.query import MAX_SMALL_TEXT_BYTES, RunInfo, read_text, status_text
+from engine.jobs.query import MAX_SMALL_TEXT_BYTES, RunInfo, read_text, stage_line, status_text
 from magpie_tui.messages import RunsChanged
 from magpie_tui.screens.runs import format_elapsed, format_ms, format_rate
 from magpie_tui.screens.tabs import cycle_tab, tab_bindings
@@ -39,8 +39,8 @@ def log_files(info: RunInfo) -> list[Path]:
 
 def format_event(line: str) -> str:
     """One readable line per event: its time and kind, then what matters most about it (a
-    benchmark's progress leads with done/total, TTFT, TPOT p50 and output tok/s, so they are in
-    view at 80 columns), then the rest as key=value."""
+    benchmark's progress leads with done/total, TTFT, TPOT p50 and output tok/s, a kernel's stage
+    with its kernel, stage and step, so they are in view at 80 columns), then the rest as key=value."""
     try:
         event = json.loads(line)
     except ValueError:
@@ -50,7 +50,7 @@ def format_event(line: str) -> str:
     ts = event.pop("ts", None)
     when = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if isinstance(ts, (int, float)) else "--:--:--"
     kind = event.pop("event", "?")
-    lead = _progress_lead(event) if kind == "progress" else []
+    lead = _progress_lead(event) if kind == "progress" else _stage_lead(event) if kind == "stage" else []
     fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("workspace", "argv"))
     return " ".join(p for p in (f"{when} {kind:<12}", " · ".join(lead), fields) if p)
 
@@ -76,6 +76,22 @@ def _progress_lead(event: dict) -> list[str]:
     if rate is not None:
         lead.append(f"{format_rate(rate)} tok/s")
     return lead
+
+
+# The fields a kernel's stage line (engine stage_line) says in its own words.
+_STAGE_FIELDS = ("kernel", "index", "stage", "state", "step", "steps", "detail", "verdict", "speedup", "backend")
+
+
+def _stage_lead(event: dict) -> list[str]:
+    """A kernel's stage as the console writes it, ``[one_pass] timing round 3/10 (6 calls)``,
+    ``[one_pass] done: faster (7.65x)``: its step was past 80 columns as key=value. Taken out of
+    ``event``; what else it carries (a median) follows."""
+    line = stage_line({**event, "event": "stage"})
+    if not line:
+        return []
+    for key in _STAGE_FIELDS:
+        event.pop(key, None)
+    return [line.strip()]
 
 
 class EventsLog(RunLog):

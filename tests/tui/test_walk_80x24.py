@@ -159,3 +159,18 @@ async def test_the_live_view_says_the_server_is_starting(tmp_path):
         await wait_screen(pilot, app, RunScreen, "#run-live")
         await wait_for(pilot, lambda: on_screen(app, r"starting the server \(until it answers\) · ETA –") is not None)
     live.fh.close()
+
+
+async def test_a_compares_events_lead_with_the_kernel_and_its_stage_at_80_columns(app, project):
+    """A stage event read 'kernel=one_pass index=1 stage=performance state=runnin' at 80 columns,
+    its step and detail past the edge; it leads with the console's words now."""
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        app.open_run(find_run(app, "compare_"))
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        await pilot.press("right_square_bracket", "right_square_bracket")  # Events
+        events_log = app.screen.query_one("#run-events")
+        await wait_for(pilot, lambda: any("stage" in line for line in events_log.lines))
+        stages = [line for line in events_log.lines if " stage " in line]
+        assert stages and all("kernel=" not in line for line in stages), stages
+        assert any("[one_pass] performance (harness): SUCCESS" in line[:80] for line in stages), stages
