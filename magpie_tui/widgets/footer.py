@@ -50,10 +50,10 @@ class KeysFooter(Footer):
         kwargs.setdefault("show_command_palette", False)
         super().__init__(**kwargs)
         self._laid_out_for = 0  # the width the keys were last chosen for
+        self._shown: tuple | None = None  # what the keys composed last show
 
-    def compose(self) -> Iterator[FooterKey]:
-        if not self._bindings_ready:
-            return
+    def _chosen(self) -> list:
+        """The keys to show at this width: (binding, enabled, tooltip, key display)."""
         # One key per action, as Footer shows them (the first binding of an action wins).
         by_action: dict[str, tuple[Binding, bool, str]] = {}
         for _node, binding, enabled, tooltip in self.screen.active_bindings.values():
@@ -61,11 +61,37 @@ class KeysFooter(Footer):
                 by_action.setdefault(binding.action, (binding, enabled, tooltip))
         keys = [(binding, enabled, tooltip, self.app.get_key_display(binding))
                 for binding, enabled, tooltip in by_action.values()]
-        self._laid_out_for = self._width()
         main = tuple(getattr(self.screen, "FOOTER_KEYS", ()))
-        for binding, enabled, tooltip, key_display in self._fitting(keys, self._laid_out_for, main):
+        return self._fitting(keys, self._width(), main)
+
+    @staticmethod
+    def _what_shows(keys: list) -> tuple:
+        return tuple((b.key, b.action, b.description, enabled, tooltip, display) for b, enabled, tooltip, display in keys)
+
+    def compose(self) -> Iterator[FooterKey]:
+        if not self._bindings_ready:
+            return
+        self._laid_out_for = self._width()
+        keys = self._chosen()
+        self._shown = self._what_shows(keys)
+        for binding, enabled, tooltip, key_display in keys:
             yield FooterKey(binding.key, key_display, binding.description, binding.action,
                             disabled=not enabled, tooltip=tooltip).data_bind(compact=Footer.compact)
+
+    def bindings_changed(self, screen) -> None:
+        # Footer recomposes on every change of the screen's bindings (each focus move, each
+        # screen opened); most leave the shown keys as they were, and a recompose restyles every key.
+        self._bindings_ready = True
+        if not screen.app.app_focus:
+            return
+        if self.is_attached and screen is self.screen:
+            self.call_after_refresh(self._recompose_if_changed)
+
+    async def _recompose_if_changed(self) -> None:
+        if not self.is_attached:
+            return
+        if self._shown is None or self._what_shows(self._chosen()) != self._shown:
+            await self.recompose()
 
     def _width(self) -> int:
         return self.size.width or self.app.size.width
@@ -96,4 +122,5 @@ class KeysFooter(Footer):
 
     def on_resize(self, event: events.Resize) -> None:
         if self._bindings_ready and event.size.width != self._laid_out_for:
-            self.call_after_refresh(self.recompose)
+            self._laid_out_for = event.size.width
+            self.call_after_refresh(self._recompose_if_changed)
