@@ -196,6 +196,9 @@ class RunScreen(Screen):
     def _show_search(self, shown: bool) -> None:
         self.query_one("#log-search-bar").display = shown
         self.query_one("#log-search", Input).disabled = not shown
+        if not shown:  # the match is no longer marked
+            for log in self.query(RunLog):
+                log.mark_line(None)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "log-search":
@@ -250,6 +253,7 @@ class RunScreen(Screen):
             index = next((i for i in reversed(hits) if i < here), hits[-1])
         log.auto_scroll = False
         log.scroll_to(y=log.row_of(index), animate=False)
+        log.mark_line(index)
         self._search_at = index
         where.update(f"line {index + 1} · match {hits.index(index) + 1} of {len(hits)} · f: follow")
 

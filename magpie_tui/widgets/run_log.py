@@ -22,16 +22,20 @@ from itertools import accumulate
 from pathlib import Path
 
 from rich.cells import cell_len, chop_cells
+from rich.segment import Segment
 from textual import events, work
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import Log
 
 from magpie_tui.bridge import FileTail
 
 
 class RunLog(Log):
+    COMPONENT_CLASSES = {"run-log--match"}
     DEFAULT_CSS = """
     RunLog { background: $surface; }
+    RunLog > .run-log--match { background: $accent 40%; text-style: bold; }
     """
 
     class LinesRead(Message):
@@ -60,6 +64,8 @@ class RunLog(Log):
         self._wrap_width = 0  # the width the rows were cut for
         self._reading = False  # a read is in flight (its LinesRead not handled yet)
         self._note: str | None = None
+        self._match: int | None = None  # the raw line a search found (mark_line), drawn marked
+        self._match_rows: tuple[tuple, range] = ((), range(0))  # its rows, and what they were worked out for
         if path is not None:
             self.follow(path)
 
@@ -130,6 +136,30 @@ class RunLog(Log):
         if not self.wrap:
             return row
         return max(0, bisect_right(list(accumulate(self._rows)), row))
+
+    def mark_line(self, index: int | None) -> None:
+        """Draw raw line ``index`` marked (a search's match: where the log cannot scroll it to
+        the top, near its end, the eye finds it), or none."""
+        self._match = index
+        self._render_line_cache.clear()
+        self.refresh()
+
+    def _marked_rows(self) -> range:
+        if self._match is None:
+            return range(0)
+        key = (self._match, len(self._raw), self.wrap, self._wrap_width)
+        if self._match_rows[0] != key:
+            start = self.row_of(self._match)
+            rows = self._rows[self._match] if self.wrap and self._match < len(self._rows) else 1
+            self._match_rows = (key, range(start, start + rows))
+        return self._match_rows[1]
+
+    def _render_line(self, y: int, scroll_x: int, width: int):
+        strip = super()._render_line(y, scroll_x, width)
+        if self._match is not None and y < len(self._lines) and y in self._marked_rows():
+            marked = self.get_component_rich_style("run-log--match")
+            strip = Strip(Segment.apply_style(iter(strip), post_style=marked), strip.cell_length)
+        return strip
 
     def set_wrap(self, wrap: bool) -> None:
         """Wrap long lines at the widget's width, or show them whole (scroll sideways); the line at

@@ -174,3 +174,27 @@ async def test_a_compares_events_lead_with_the_kernel_and_its_stage_at_80_column
         stages = [line for line in events_log.lines if " stage " in line]
         assert stages and all("kernel=" not in line for line in stages), stages
         assert any("[one_pass] performance (harness): SUCCESS" in line[:80] for line in stages), stages
+
+
+async def test_the_search_match_is_marked_where_the_log_cannot_scroll_it_to_the_top(app, project):
+    """A match near the end of a log stays where it is (the log cannot scroll past its end) and
+    nothing told which line it was: the match's line is drawn marked until the search closes."""
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        app.open_run(find_run(app, "compare_"))
+        await wait_screen(pilot, app, RunScreen, "#run-log")
+        await pilot.press("right_square_bracket", "right_square_bracket")  # Events
+        log = app.screen.query_one("#run-events")
+        await wait_for(pilot, lambda: any("run_finished" in line for line in log.lines))
+        await pilot.press("slash", *"run_finished", "enter")
+        await pilot.pause()
+        match = next(i for i, line in enumerate(log.lines) if "run_finished" in line)
+        y = match - int(log.scroll_y)
+        assert 0 <= y < log.size.height
+        marked = log.get_component_rich_style("run-log--match").bgcolor
+        assert any(seg.style and seg.style.bgcolor == marked for seg in log.render_line(y)), "match not marked"
+        other = 0 if y else 1
+        assert not any(seg.style and seg.style.bgcolor == marked for seg in log.render_line(other))
+        await pilot.press("slash", "escape")
+        await pilot.pause()
+        assert not any(seg.style and seg.style.bgcolor == marked for seg in log.render_line(y))
