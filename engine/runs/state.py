@@ -151,6 +151,10 @@ _AFTER = {("harness", "SUCCESS"): "checked", ("testcase", "SUCCESS"): "checked",
           ("performance", "SUCCESS"): "timed", ("compile", "SUCCESS"): "compiled"}
 
 
+# A failed stage in words: the harness runs the correctness check, performance is the timing.
+_FAILED_AT = {"harness": "correctness", "performance": "timing"}
+
+
 def fold_kernel_stage(rows: dict[str, KernelProgress], ev: StageEvent) -> None:
     """Fold one ``stage`` event of a kernel into ``rows`` (kernel id -> its progress). Events
     without the fine-grained fields (run folders written before them) fold just as well."""
@@ -160,9 +164,11 @@ def fold_kernel_stage(rows: dict[str, KernelProgress], ev: StageEvent) -> None:
     rows[ev.kernel] = row
     state = ev.state or ""
     if ev.stage == "done":
+        # A kernel that failed a stage keeps where (its verdict, "incorrect", does not say).
+        failed_at = _FAILED_AT.get(row.stage, row.stage) if row.state == "FAILED" and row.stage != "done" else None
         row.stage, row.state, row.step, row.steps = "done", state or None, None, None
         row.verdict, row.speedup = ev.verdict, ev.speedup
-        row.detail = ev.detail or ""
+        row.detail = ev.detail or (f"{failed_at} failed" if failed_at else "")
         return
     if row.stage == "done":
         return

@@ -198,3 +198,31 @@ async def test_the_search_match_is_marked_where_the_log_cannot_scroll_it_to_the_
         await pilot.press("slash", "escape")
         await pilot.pause()
         assert not any(seg.style and seg.style.bgcolor == marked for seg in log.render_line(y))
+
+
+async def test_a_kernel_that_failed_keeps_where_once_the_compare_ends(tmp_path):
+    """The Kernels tab read 'unmasked  correctness  failed  failed' while the compare ran and
+    'unmasked  done  (blank)  incorrect' once it ended: where it failed was gone."""
+    from tui.conftest import build_app, make_project
+    from magpie_tui.widgets.data_grid import DataGrid
+    project = make_project(tmp_path / "p")
+    run = project / "results" / "compare_two_20270115_080000_0a1b2c"
+    run.mkdir(parents=True)
+    t0 = 1_800_000_000.0
+    events = [{"event": "run_started", "mode": "compare", "kernels": ["base", "bad"], "label": "base"},
+              {"event": "stage", "kernel": "bad", "index": 1, "stage": "harness", "state": "running"},
+              {"event": "stage", "kernel": "bad", "index": 1, "stage": "harness", "state": "FAILED"},
+              {"event": "stage", "kernel": "base", "index": 0, "stage": "done", "state": "SUCCESS", "verdict": "baseline"},
+              {"event": "stage", "kernel": "bad", "index": 1, "stage": "done", "state": "SUCCESS", "verdict": "incorrect"},
+              {"event": "run_finished", "state": "completed", "exit_code": 0}]
+    (run / "events.jsonl").write_text("".join(json.dumps({"ts": t0 + i, **e}) + "\n" for i, e in enumerate(events)))
+    app = build_app(project)
+    async with app.run_test(size=SMALL) as pilot:
+        await open_runs(pilot, app)
+        await wait_for(pilot, lambda: any(r.name == run.name for r in app.runs))
+        app.open_run(next(r for r in app.runs if r.name == run.name))
+        await wait_screen(pilot, app, RunScreen, "#run-kernels")
+        grid = app.screen.query_one("#kernels-grid", DataGrid)
+        await wait_for(pilot, lambda: grid.visible_count == 2)
+        bad = next(r for r in grid.visible_rows() if r["kernel"] == "bad")
+        assert (bad["stage"], bad["detail"], bad["verdict"]) == ("done", "correctness failed", "incorrect"), bad
