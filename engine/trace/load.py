@@ -508,6 +508,8 @@ class EventWriter:
             tail = (',"cat":' + _compact(cat)) if cat else ""
             mode = 0 if ph == "M" else 2 if ph == "X" else 3 if ph == "s" else 4 if ph == "f" else 1
             self.kinds.append((head, tail, mode))
+        self.modes = bytes(mode for _, _, mode in self.kinds)
+        self.heads: dict[int, str] = {}  # (kind, name, pid, tid) as one int -> the event's text up to its time
         pool = trace.args_pool
         flags = trace._pool_compact
         if len(flags) < len(pool):
@@ -533,15 +535,18 @@ class EventWriter:
         todo = [i for i in dict.fromkeys(indices) if i >= 0 and not done[i]]
         raw = [i for i in todo if type(pool[i]) is bytes and decoded[i] is _UNDECODED]
         if raw and _ENCODE is not None:
+            blob = b",".join([pool[i] for i in raw])
             try:
-                dicts = _json_loads(b"[" + b",".join([pool[i] for i in raw]) + b"]")
+                dicts = _json_loads(b"[" + blob + b"]")
             except (ValueError, RecursionError):
                 dicts = None
             if dicts is not None and all(type(d) is dict for d in dicts):
-                for d in dicts:
-                    if not _NOT_ARGS_SET.isdisjoint(d):
-                        for k in _NOT_ARGS:
-                            d.pop(k, None)
+                # (Python frames' args hold none of the keys args_of leaves out: no look per dict.)
+                if b"\\u" in blob or any(b'"%s"' % k.encode() in blob for k in _NOT_ARGS):
+                    for d in dicts:
+                        if not _NOT_ARGS_SET.isdisjoint(d):
+                            for k in _NOT_ARGS:
+                                d.pop(k, None)
                 texts = list(map(_ENCODE, dicts))
                 if _msgspec_differs(b"".join(texts)):
                     texts = list(map(_compact, dicts))
@@ -558,29 +563,41 @@ class EventWriter:
         t = self.t
         if any(map(t.num_flags.__getitem__, uids)):  # an odd value: those events as event_json writes them
             return ",".join(self.text([u]) if not t.num_flags[u] else _compact(t.event_json(u)) for u in uids)
-        kinds, names, ids, pool = self.kinds, self.names, self.ids, t.args_pool
+        pool = t.args_pool
         pooled_list = list(map(t.args.__getitem__, uids))
         self._compact_pool(pooled_list)
-        columns = (map(kinds.__getitem__, map(t.kind.__getitem__, uids)),
-                   map(names.__getitem__, map(t.name.__getitem__, uids)),
-                   map(ids.__getitem__, map(t.pid.__getitem__, uids)), map(ids.__getitem__, map(t.tid.__getitem__, uids)),
-                   _float_texts(list(map(t.ts.__getitem__, uids))), _float_texts(list(map(t.dur.__getitem__, uids))),
-                   map(t.flow.__getitem__, uids),
+        # '{"ph":..,"name":..,"pid":..,"tid":..[,"cat":..]' once per (kind, name, pid, tid): the
+        # key of each event made by numpy from the columns, its text looked up in a dict.
+        at = np.fromiter(uids, dtype=np.int64, count=len(uids))
+        kind = np.frombuffer(t.kind, dtype=np.uint32)[at].astype(np.int64)
+        n_names, n_ids = max(len(t.names), 1), max(len(t.ids), 1)
+        keys = ((kind * n_names + np.frombuffer(t.name, dtype=np.uint32)[at]) * n_ids
+                + np.frombuffer(t.pid, dtype=np.uint32)[at]) * n_ids + np.frombuffer(t.tid, dtype=np.uint32)[at]
+        keys = keys.tolist()
+        heads = list(map(self.heads.get, keys))
+        if None in heads:
+            for i, head in enumerate(heads):
+                if head is None:
+                    heads[i] = self._head(keys[i], n_names, n_ids)
+        modes = np.frombuffer(self.modes, dtype=np.uint8)[kind].tolist()
+        columns = (heads, modes, _float_texts(list(map(t.ts.__getitem__, uids))),
+                   _float_texts(list(map(t.dur.__getitem__, uids))), map(t.flow.__getitem__, uids),
                    map(t.ext.__getitem__, uids), map(t.corr.__getitem__, uids), pooled_list)
         out = []
         add = out.append
-        for (head, tail, mode), name, pid, tid, ts, dur, flow, ext, corr, pooled in zip(*columns):
+        for s, mode, ts, dur, flow, ext, corr, pooled in zip(*columns):
+            a = pool[pooled] if pooled >= 0 else None
             if mode == 2:
-                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail},"ts":{ts},"dur":{dur}'
-            elif mode == 0:
-                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail}'
+                if a is not None and ext == NO_ID and corr == NO_ID and a != "null":  # a Python frame, an annotation
+                    add(f'{s},"ts":{ts},"dur":{dur},"args":{a}}}')
+                    continue
+                s = f'{s},"ts":{ts},"dur":{dur}'
             elif mode == 1:
-                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail},"ts":{ts}'
-            else:
-                s = f'{head}{name},"pid":{pid},"tid":{tid}{tail},"ts":{ts},"id":{flow if flow != NO_ID else "null"}'
+                s = f'{s},"ts":{ts}'
+            elif mode >= 3:
+                s = f'{s},"ts":{ts},"id":{flow if flow != NO_ID else "null"}'
                 if mode == 4:
                     s += ',"bp":"e"'
-            a = pool[pooled] if pooled >= 0 else None
             if a == "null":
                 a = None
             if ext != NO_ID or corr != NO_ID:
@@ -592,6 +609,14 @@ class EventWriter:
             else:
                 add(s + "}")
         return ",".join(out)
+
+    def _head(self, key: int, n_names: int, n_ids: int) -> str:
+        rest, tid = divmod(key, n_ids)
+        rest, pid = divmod(rest, n_ids)
+        kind, name = divmod(rest, n_names)
+        head, tail, _ = self.kinds[kind]
+        text = self.heads[key] = f'{head}{self.names[name]},"pid":{self.ids[pid]},"tid":{self.ids[tid]}{tail}'
+        return text
 
 
 _JSON_TEXT = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode

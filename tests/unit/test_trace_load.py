@@ -119,7 +119,10 @@ def test_event_writer_writes_what_json_writes_of_event_json(tmp_path):
         {"ph": "M", "name": "thread_name", "pid": 1, "tid": 3, "args": {"name": "ü"}},
     ]
     b.events.extend(odd)
+    b.events.append({"ph": "X", "cat": "python_function", "name": "escaped", "pid": 1, "tid": 2, "ts": 8.0, "dur": 1.0,
+                     "args": {"Python id": 9, "ESCAPED": 3}})
     path = b.write(tmp_path / "t.json")
+    path.write_text(path.read_text().replace('"ESCAPED"', '"Ev\\u0020Idx"'))  # a dropped key, written escaped
     encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
     want = load_trace(path)
     expected = encode([want.event_json(u) for u in range(len(want.events))])[1:-1]
