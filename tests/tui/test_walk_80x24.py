@@ -97,7 +97,9 @@ async def test_search_matches_are_reported_on_the_search_line_not_over_the_log(a
         await pilot.press("right_square_bracket", "right_square_bracket")  # Events
         events_log = app.screen.query_one("#run-events")
         await wait_for(pilot, lambda: len(events_log.lines) > 3)
-        await pilot.press("slash", *"stage", "enter", "n", "n")
+        await pilot.press("slash")
+        app.screen.query_one("#log-search").value = "stage"
+        await pilot.press("enter", "n", "n")
         await pilot.pause()
         where = str(app.screen.query_one("#log-search-where").render())
         assert "match 3 of" in where, where
@@ -186,7 +188,9 @@ async def test_the_search_match_is_marked_where_the_log_cannot_scroll_it_to_the_
         await pilot.press("right_square_bracket", "right_square_bracket")  # Events
         log = app.screen.query_one("#run-events")
         await wait_for(pilot, lambda: any("run_finished" in line for line in log.lines))
-        await pilot.press("slash", *"run_finished", "enter")
+        await pilot.press("slash")
+        app.screen.query_one("#log-search").value = "run_finished"
+        await pilot.press("enter")
         await pilot.pause()
         match = next(i for i, line in enumerate(log.lines) if "run_finished" in line)
         y = match - int(log.scroll_y)
