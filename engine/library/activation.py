@@ -20,7 +20,7 @@ _MAX_BLOCK = 1024
 
 
 @triton_jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_row_stride, out_row_stride, n_cols, BLOCK: tl.constexpr):
+def _silu_and_mul_triton_kernel(x_ptr, out_ptr, x_row_stride, out_row_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -40,7 +40,7 @@ def _check(name: str, x: torch.Tensor) -> None:
 def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     """Triton fused SiLU-and-mul over the last dimension; float16, bfloat16 or float32."""
     _check("silu_and_mul_triton", x)
-    require_runnable("silu_and_mul_triton", _silu_and_mul_kernel, (x,))
+    require_runnable("silu_and_mul_triton", _silu_and_mul_triton_kernel, (x,))
     n_cols = x.shape[-1] // 2
     x2 = last_dim_contiguous(x.reshape(-1, 2 * n_cols))
     out = torch.empty((*x.shape[:-1], n_cols), dtype=x.dtype, device=x.device)
@@ -49,7 +49,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(triton.next_power_of_2(n_cols), _MAX_BLOCK)
     grid = (rows, triton.cdiv(n_cols, block))
-    _silu_and_mul_kernel[grid](x2, out, x2.stride(0), n_cols, n_cols, BLOCK=block, num_warps=4)
+    _silu_and_mul_triton_kernel[grid](x2, out, x2.stride(0), n_cols, n_cols, BLOCK=block, num_warps=4)
     return out
 
 

@@ -26,7 +26,7 @@ _HAS_RMS_NORM = hasattr(F, "rms_norm")  # torch >= 2.4
 
 
 @triton_jit
-def _rmsnorm_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, n_cols, eps,
+def _rmsnorm_triton_kernel(x_ptr, w_ptr, out_ptr, x_row_stride, out_row_stride, n_cols, eps,
                     BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # int64: T * H can pass 2**31
     x_row = x_ptr + row * x_row_stride
@@ -67,7 +67,7 @@ def _check(name: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> None
 def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Triton RMSNorm over the last dimension; float16, bfloat16 or float32, any leading shape."""
     _check("rmsnorm_triton", x, weight, eps)
-    require_runnable("rmsnorm_triton", _rmsnorm_kernel, (x,))
+    require_runnable("rmsnorm_triton", _rmsnorm_triton_kernel, (x,))
     n_cols = x.shape[-1]
     x2 = last_dim_contiguous(x.reshape(-1, n_cols))  # a view when x's rows are evenly strided
     w = weight.contiguous()
@@ -81,7 +81,7 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
         block = _CHUNK
     # Enough lanes for the block; 16 warps is the most ROCm and CUDA both accept per program.
     num_warps = min(max(block // 512, 1), 16)
-    _rmsnorm_kernel[(rows,)](x2, w, out, x2.stride(0), n_cols, n_cols, float(eps),
+    _rmsnorm_triton_kernel[(rows,)](x2, w, out, x2.stride(0), n_cols, n_cols, float(eps),
                              BLOCK=block, ONE_PASS=one_pass, num_warps=num_warps)
     return out
 

@@ -31,7 +31,7 @@ def _rotate_heads(x_ptr, out_ptr, token, tok_stride, head_stride, out_tok_stride
 
 
 @triton_jit
-def _rotary_kernel(pos_ptr, cache_ptr, cache_stride, q_ptr, q_tok_stride, q_head_stride, q_out_ptr, n_q_heads,
+def _rotary_triton_kernel(pos_ptr, cache_ptr, cache_stride, q_ptr, q_tok_stride, q_head_stride, q_out_ptr, n_q_heads,
                    k_ptr, k_tok_stride, k_head_stride, k_out_ptr, n_k_heads, half,
                    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
@@ -71,7 +71,7 @@ def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     """Triton NeoX rotary of q and k; returns new tensors, the inputs are left untouched."""
     name = "rotary_triton"
     _check(name, positions, q, k, cos_sin_cache)
-    require_runnable(name, _rotary_kernel, (q,))
+    require_runnable(name, _rotary_triton_kernel, (q,))
     q, k = last_dim_contiguous(q), last_dim_contiguous(k)
     cache, positions = last_dim_contiguous(cos_sin_cache), positions.contiguous()
     q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -79,7 +79,7 @@ def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if tokens == 0:
         return q_out, k_out
     half = d // 2
-    _rotary_kernel[(tokens,)](positions, cache, cache.stride(0), q, q.stride(0), q.stride(1), q_out, n_q,
+    _rotary_triton_kernel[(tokens,)](positions, cache, cache.stride(0), q, q.stride(0), q.stride(1), q_out, n_q,
                               k, k.stride(0), k.stride(1), k_out, k.shape[1], half,
                               BLOCK_HQ=triton.next_power_of_2(n_q), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
                               BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)

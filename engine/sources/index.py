@@ -8,7 +8,8 @@ as text.
 One walk reads each file once (files over `MAX_FILE_BYTES` are skipped) and records:
 
 * Triton kernels: `def name(` under `@triton.jit`, `@triton.autotune`, `@triton.heuristics`,
-  `@gluon.jit`, `@libentry()`, `@jit` or Inductor's `@triton_heuristics.*` decorators;
+  `@gluon.jit`, `@libentry()`, `@jit`, a wrapper ending in `jit` (`@triton_jit`) or Inductor's
+  `@triton_heuristics.*` decorators, and any function the same file launches as `name[grid](...)`;
 * CUDA/HIP kernels: `__global__` functions, templated or not, with `__launch_bounds__` and
   preprocessor lines between the return type and the name;
 * ATen functors and kernel functions under `ATen/native/` (a pytorch checkout's
@@ -41,8 +42,9 @@ SKIP_DIRS = frozenset({"build", "dist", "_build", "node_modules", "third_party",
 MAX_FILE_BYTES = 2 * 1024 * 1024
 
 _PY_DEF = re.compile(r"def[ \t]+(\w+)[ \t]*\(")  # literal prefix: the regex engine skips ahead fast
+# ``...jit`` also covers a project's own wrapper (``@triton_jit``, ``@tl.jit``), but not ``@torch.jit.script``.
 _TRITON_DECORATOR = re.compile(
-    r"@(?:triton\.jit|triton\.autotune|triton\.heuristics|gluon\.jit|libentry|jit|triton_heuristics\.\w+)\b")
+    r"@(?:triton\.autotune|triton\.heuristics|libentry|triton_heuristics\.\w+|(?:\w+\.)*\w*jit)\b(?!\.)")
 _GLOBAL = re.compile(r"\b__global__\b")
 _PP_LINE = re.compile(r"^[ \t]*#.*$", re.M)
 _ATTRIBUTE = re.compile(r"__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)|__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)")
@@ -191,6 +193,15 @@ class _Collector:
                 recorded.add(k)
                 self.definitions[defs[k][2]].append(
                     Definition(defs[k][2], "triton", repo, rel, lines.line(defs[k][0]), in_test=in_test))
+        # A function launched as ``name[grid](...)`` in its own file is a Triton kernel, whatever
+        # decorator made it one.
+        by_name = {d[2]: k for k, d in enumerate(defs)}
+        for kernel, _offset in launches:
+            k = by_name.get(kernel)
+            if k is not None and k not in recorded:
+                recorded.add(k)
+                self.definitions[kernel].append(
+                    Definition(kernel, "triton", repo, rel, lines.line(defs[k][0]), in_test=in_test))
         for kernel, offset in launches:
             launcher = _enclosing_python_def(defs, starts, offset, text)
             if launcher:

@@ -120,7 +120,7 @@ def test_a_module_built_before_the_interpreter_was_asked_for_is_not_available(mo
         pass
 
     compiled = types.ModuleType("engine.library.rotary")
-    compiled._rotary_kernel = JITFunction()
+    compiled._rotary_triton_kernel = JITFunction()
     monkeypatch.setitem(sys.modules, "engine.library.rotary", compiled)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     ok, why = kernel_named("rotary_triton").available("cpu")
@@ -477,10 +477,10 @@ COMPILE_CHECK = textwrap.dedent("""
             assert ("cubin" if target.backend == "cuda" else "hsaco") in asm, (kernel, target)
 
     bf = "*bf16"
-    compile_for(rmsnorm._rmsnorm_kernel, dict(x_ptr=bf, w_ptr=bf, out_ptr=bf, eps="fp32"),
+    compile_for(rmsnorm._rmsnorm_triton_kernel, dict(x_ptr=bf, w_ptr=bf, out_ptr=bf, eps="fp32"),
                 dict(BLOCK=8192, ONE_PASS=True))
-    compile_for(activation._silu_and_mul_kernel, dict(x_ptr=bf, out_ptr=bf), dict(BLOCK=1024))
-    compile_for(rotary._rotary_kernel, dict(pos_ptr="*i64", cache_ptr="*fp32", q_ptr=bf, q_out_ptr=bf, k_ptr=bf,
+    compile_for(activation._silu_and_mul_triton_kernel, dict(x_ptr=bf, out_ptr=bf), dict(BLOCK=1024))
+    compile_for(rotary._rotary_triton_kernel, dict(pos_ptr="*i64", cache_ptr="*fp32", q_ptr=bf, q_out_ptr=bf, k_ptr=bf,
                 k_out_ptr=bf), dict(BLOCK_HQ=32, BLOCK_HK=8, BLOCK_HALF=32))
     for dt, block, ieee, direct in ((bf, 64, False, True), (bf, 64, False, False), ("*fp32", 32, True, False)):
         compile_for(attention._varlen_flash_kernel, dict(q_ptr=dt, k_ptr=dt, v_ptr=dt, o_ptr=dt, cu_q_ptr="*i32",
