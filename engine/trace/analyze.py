@@ -255,11 +255,13 @@ class _BackgroundSplit:
         self.args = (trace, split_dir)
         self.kwargs = dict(num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl, ratio=opts.random_range_ratio,
                            output_path_base=ws_root)
+        self.workers = 1
         self.pid = 0
         self.fd = -1
         self.child_s: Optional[float] = None  # the split's own time, in the child
         if not hasattr(os, "fork") or threading.active_count() > 1:
             return
+        self.workers = 2  # in the child: half the files there, half in a child of its own
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: split, send the result, exit without the parent's exit handlers
@@ -288,7 +290,7 @@ class _BackgroundSplit:
 
     def _split(self) -> Any:
         from engine.trace.split import split_trace
-        return split_trace(*self.args, **self.kwargs)
+        return split_trace(*self.args, **self.kwargs, workers=self.workers)
 
     def result(self) -> Any:
         """The ``SplitResult``; raises what the split raised."""

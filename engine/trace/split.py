@@ -25,6 +25,9 @@ import gc
 import json
 import math
 import os
+import pickle
+import signal
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,7 +273,8 @@ class SplitResult:
 
 def split_trace(trace: Trace, out_dir: Path | str, *, num_steps: int = 32, conc: int | None = None,
                 osl: float | None = None, ratio: float | None = None, find_steady_state: bool = True,
-                store_single_iteration: bool = True, output_path_base: Path | None = None) -> SplitResult:
+                store_single_iteration: bool = True, output_path_base: Path | None = None,
+                workers: int = 1) -> SplitResult:
     """Split ``trace`` into per-step traces and steady-state windows under ``out_dir``
     (TraceLens's ``--store-single-iteration`` / ``--find-steady-state`` / ``--num-steps`` /
     ``--CONC`` / ``--OSL`` / ``--R``).
@@ -278,6 +282,9 @@ def split_trace(trace: Trace, out_dir: Path | str, *, num_steps: int = 32, conc:
     ``output_path_base``: the ``output_path`` values in execution_details are written relative to
     this folder (TraceLens writes ``-o`` as given, so the golden files are relative to the folder
     the splitter ran in); None writes ``out_dir / <file>`` as passed.
+
+    ``workers=2``: the files are written by this process and a forked child, half each (where
+    fork is there and no other thread runs); the same files and result.
     """
     steps = find_steps(trace)
     if not steps:
@@ -303,7 +310,10 @@ def split_trace(trace: Trace, out_dir: Path | str, *, num_steps: int = 32, conc:
                 jobs.append((0, f"{label}_prefill_{p['num_prefill']}_prefilldecode_{p['num_prefilldecode']}"
                                 f"_decode_{p['num_decode']}_bs{p['avg_bs']}_conc{p['avg_conc']}_{base}.json.gz",
                              first, last))
-        writer.write_all(jobs)
+        if workers > 1 and len(jobs) > 1 and hasattr(os, "fork") and threading.active_count() == 1:
+            _write_in_two(writer, jobs)
+        else:
+            writer.write_all(jobs)
     finally:
         if was_enabled:
             gc.enable()
@@ -315,6 +325,77 @@ def split_trace(trace: Trace, out_dir: Path | str, *, num_steps: int = 32, conc:
         _write_csv(csv_path, rows)
         files += [json_path, csv_path]
     return SplitResult(files, rows, details, steps, steady)
+
+
+def _write_in_two(writer: _SliceWriter, jobs: list[tuple[int, str, int, int]]) -> None:
+    """``writer.write_all(jobs)`` by this process and a forked child: the child writes the windows
+    and the steps inside them (a step's text then serves its file and its windows), this process
+    the other steps; files and details come back in job order."""
+    in_window = {i for _, _, first, last in jobs if last - first > 1 for i in range(first, last)}
+    theirs = [j for j, (_, _, first, last) in enumerate(jobs) if last - first > 1 or first in in_window]
+    # Then single steps, from the last, until the child has about half the work: a step costs 1
+    # (its text and its file), a window 0.35 a step (its file: the text is its steps').
+    cost = [1.0 if last - first == 1 else _WINDOW_COST * (last - first) for _, _, first, last in jobs]
+    half = sum(cost) / 2
+    load = sum(cost[j] for j in theirs)
+    taken = set(theirs)
+    for j in reversed(range(len(jobs))):
+        if load >= half:
+            break
+        if j not in taken:
+            taken.add(j)
+            load += cost[j]
+    theirs = sorted(taken)
+    mine = [j for j in range(len(jobs)) if j not in taken]
+    if not mine or not theirs:
+        writer.write_all(jobs)
+        return
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its files, then its files and details through the pipe
+        code = 0
+        try:
+            os.close(read_fd)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_DFL)
+            try:
+                writer.write_all([jobs[j] for j in theirs])
+                outcome: tuple = ("ok", (writer.files, writer.details))
+            except Exception as exc:
+                outcome = ("error", exc)
+            try:
+                data = pickle.dumps(outcome)
+            except Exception as exc:
+                data = pickle.dumps(("error", RuntimeError(f"{type(outcome[1]).__name__}: {exc}")))
+            with os.fdopen(write_fd, "wb") as fh:
+                fh.write(data)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    try:
+        writer.write_all([jobs[j] for j in mine])
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(read_fd)
+        raise
+    with os.fdopen(read_fd, "rb") as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if not data:
+        raise RuntimeError(f"the trace split's second process ended without a result (wait status {status})")
+    state, value = pickle.loads(data)
+    if state == "error":
+        raise value
+    done = dict(zip(mine, zip(writer.files, writer.details)))
+    done.update(zip(theirs, zip(*value)))
+    writer.files = [done[j][0] for j in range(len(jobs))]
+    writer.details = [done[j][1] for j in range(len(jobs))]
+
+
+_WINDOW_COST = 0.35  # a window's file per step it holds, against 1 for a step's text and file (zlib's share)
 
 
 class _SliceWriter:

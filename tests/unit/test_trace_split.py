@@ -445,3 +445,17 @@ def test_the_background_split_raises_what_the_split_raised(tmp_path):
     with pytest.raises(ValueError, match="no inference step annotations"):
         job.result()
     job.stop()  # nothing left to end
+
+
+def test_a_split_written_by_two_processes_is_the_same(tmp_path, monkeypatch):
+    """split_trace(workers=2): a forked child writes the windows and their steps, this process the
+    other steps; the same files, rows and details as one process writes."""
+    import engine.trace.split as split_mod
+    from engine.trace.split import split_trace
+    monkeypatch.setattr(split_mod.threading, "active_count", lambda: 1)  # pytest's own threads aside
+    trace = load_trace(GOLDEN / "synthetic_vllm.json.gz")
+    one = split_trace(trace, tmp_path / "one", output_path_base=tmp_path)
+    two = split_trace(trace, tmp_path / "two", output_path_base=tmp_path, workers=2)
+    assert _split_files(tmp_path / "two") == _split_files(tmp_path / "one")
+    assert [p.name for p in two.files] == [p.name for p in one.files]
+    assert two.details == [{**d, "output_path": d["output_path"].replace("one", "two")} for d in one.details]
