@@ -140,9 +140,9 @@ class LoadResult:
                 f"{self.duration_s:.3f} s, cancelled={self.cancelled})")
 
     def metrics(self, *, selected_percentiles: Sequence[float] = (50, 90, 99),
-                goodput_slos: dict[str, float] | None = None) -> BenchmarkMetrics:
+                goodput_slos: dict[str, float] | None = None, slo_quantile: float | None = None) -> BenchmarkMetrics:
         return compute_metrics(self.outputs, self.duration_s, selected_percentiles=selected_percentiles,
-                               goodput_slos=goodput_slos)
+                               goodput_slos=goodput_slos, slo_quantile=slo_quantile)
 
 
 def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:

@@ -89,6 +89,11 @@ class BenchmarkMetrics:
     rtfx: float = 0.0
     duration: float = 0.0
     goodput_slos: dict[str, float] | None = None
+    # With SLOs and a quantile (the capacity search's goodput target): the SLO margins
+    # (``slo_margins``) and the requests that met each SLO on its own, failed ones counted as missing it.
+    slo_margin: float | None = None
+    slo_margins: dict[str, float | None] | None = None
+    goodput_slo_met: dict[str, int] | None = None
 
     def to_result(self, percentile_metrics: Sequence[str] = PERCENTILE_METRICS) -> dict[str, Any]:
         """The scalar keys of vLLM's result JSON, in vLLM's order (`request_goodput` is None without SLOs)."""
@@ -112,6 +117,8 @@ class BenchmarkMetrics:
             out[f"std_{m}_ms"] = getattr(self, f"std_{m}_ms")
             for p, v in getattr(self, f"percentiles_{m}_ms"):
                 out[f"p{percentile_word(p)}_{m}_ms"] = v
+        if self.goodput_slo_met is not None:
+            out.update(slo_margin=self.slo_margin, slo_margins=self.slo_margins, goodput_slo_met=self.goodput_slo_met)
         return out
 
 
@@ -149,10 +156,37 @@ def _check_slos(slos: Mapping[str, float]) -> None:
             raise ValueError(f"SLO {name} must be non-negative, got {value}")
 
 
+def slo_margins(ratios: Mapping[str, Sequence[float]], failed: int, quantile: float
+                ) -> tuple[float | None, dict[str, float | None], dict[str, int]]:
+    """The SLO margins of one run: each request's latency over its limit (``ratios``: one list per
+    SLO, a value per completed request; ``failed`` more requests count as missing every SLO) read at
+    ``quantile`` (the goodput target) over all requests. The margin (the largest ratio of each
+    request, at the quantile) is at most 1 exactly when the share of requests meeting every SLO
+    reaches the quantile, so it says by how much a run passes or misses, where the share says only
+    whether; each SLO's margin on its own says which binds. None: the quantile falls on a failed
+    request. Also the requests that met each SLO."""
+    names = list(ratios)
+    cols = [np.asarray(ratios[k], dtype=float) for k in names]
+    n_ok = len(cols[0]) if cols else 0
+    n = n_ok + failed
+    rank = max(1, math.ceil(quantile * n - 1e-9)) - 1 if n else 0  # the ceil(q n)-th smallest, 0-based
+
+    def at(vals: np.ndarray) -> float | None:
+        if not n or rank >= n_ok:
+            return None
+        v = float(np.partition(vals, rank)[rank])
+        return v if math.isfinite(v) else None
+    worst = np.max(np.vstack(cols), axis=0) if cols and n_ok else np.zeros(0)
+    return (at(worst) if cols else None, {k: at(c) for k, c in zip(names, cols)},
+            {k: int(np.sum(c <= 1.0)) for k, c in zip(names, cols)})
+
+
 def compute_metrics(outputs: Sequence[RequestOutput], duration_s: float, *,
                     selected_percentiles: Sequence[float] = (50, 90, 99),
-                    goodput_slos: Mapping[str, float] | None = None) -> BenchmarkMetrics:
-    """vLLM's calculate_metrics over `outputs` (warm-up excluded by the caller), SLOs in ms."""
+                    goodput_slos: Mapping[str, float] | None = None,
+                    slo_quantile: float | None = None) -> BenchmarkMetrics:
+    """vLLM's calculate_metrics over `outputs` (warm-up excluded by the caller), SLOs in ms; with
+    ``slo_quantile`` too, the SLO margins at that quantile (``slo_margins``)."""
     if duration_s <= 0:
         raise ValueError(f"duration must be positive, got {duration_s}")
     if goodput_slos:
@@ -183,6 +217,11 @@ def compute_metrics(outputs: Sequence[RequestOutput], duration_s: float, *,
         # vLLM compares seconds against ms / 1000; keep the same arithmetic for identical ties.
         checks = [(per_metric[k], goodput_slos[k] / 1000) for k in SLO_NAMES if k in goodput_slos]
         good = sum(all(slo >= vals[i] for vals, slo in checks) for i in range(len(ok)))
+    margin: tuple[Any, Any, Any] = (None, None, None)
+    if goodput_slos and slo_quantile is not None:
+        margin = slo_margins({k: [v / (goodput_slos[k] / 1000) if goodput_slos[k] > 0 else (0.0 if v <= 0 else math.inf)
+                                  for v in per_metric[k]] for k in SLO_NAMES if k in goodput_slos},
+                             len(outputs) - len(ok), slo_quantile)
 
     peak_tokens, peak_conc = _peaks(ok)
     t_mean, t_med, t_std, t_pct = _stats(ttfts, selected_percentiles)
@@ -201,6 +240,7 @@ def compute_metrics(outputs: Sequence[RequestOutput], duration_s: float, *,
         mean_e2el_ms=e_mean, median_e2el_ms=e_med, std_e2el_ms=e_std, percentiles_e2el_ms=e_pct,
         max_output_tokens_per_s=peak_tokens, max_concurrent_requests=peak_conc,
         duration=duration_s, goodput_slos=dict(goodput_slos) if goodput_slos else None,
+        slo_margin=margin[0], slo_margins=margin[1], goodput_slo_met=margin[2],
     )
 
 

@@ -25,7 +25,7 @@ def _points(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
     envs = cfg.effective_envs()
     if cfg.client.find_capacity:
         return [{"capacity_search": dict(cfg.client.find_capacity), "over": cfg.client.capacity_over,
-                 "mode": cfg.client.capacity_mode,
+                 "mode": cfg.client.capacity_mode, "search": cfg.client.capacity_search,
                  "lengths": cfg.length_bounds(int(envs["ISL"]), int(envs["OSL"]))
                  if cfg.client.dataset_name == "random" else None}]
     out = []
@@ -214,7 +214,7 @@ def format_plan(plan: dict[str, Any], indent: str = "") -> list[str]:
         if "capacity_search" in p:
             ramp = p.get("mode") == "ramp"
             lines.append(f"{indent}  capacity {'ramp (one run, then a hold)' if ramp else 'search'} over {p['over']}, "
-                         f"SLOs {p['capacity_search']}")
+                         f"SLOs {p['capacity_search']}" + (f", {p['search']} search" if p.get("search") else ""))
         else:
             lines.append(f"{indent}  point: concurrency {p['concurrency']}, {p['num_prompts']} prompts, ISL "
                          f"{p['input_len']}, OSL {p['output_len']}"

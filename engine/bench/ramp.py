@@ -2,9 +2,9 @@
 
 One load generator, one HTTP client and one set of connections for the whole run: the level
 (concurrency, or request rate under the CONC cap) changes window by window while the load keeps
-going. The levels are the capacity search's (``engine.bench.capacity``: doubled from 1 until a
-level fails or reaches the ceiling, then bisected, at most ``capacity_steps``), and each is judged
-by the same SLOs and goodput target, over a window: the requests released in its first
+going. The levels are the capacity search's (``engine.bench.capacity``, ``client.capacity_search``:
+margin or bisect, at most ``capacity_steps``; a level the margin search runs again takes another
+window), and each is judged by the same SLOs and goodput target, over a window: the requests released in its first
 ``ramp_window`` seconds (longer until ``ramp_min_requests`` were released). When a window closes
 the load stays at its level until the window's requests have ended, then the verdict picks the
 next level; requests released during that drain belong to no window. A level below the one
@@ -190,8 +190,7 @@ class RampGenerator(LoadGenerator):
                 await window.done.wait()  # the load stays at this level meanwhile
                 self._judge(window)
                 level = self.search.next_level()
-            passing = [t.level for t in self.search.tried if t.passed]
-            self.knee = max(passing) if passing else None
+            self.knee = self.search.knee()
             if self.knee is not None and self.hold_s > 0 and not self._cancelled:
                 await self._apply(self.knee)
                 if self.before_hold is not None:
@@ -246,7 +245,7 @@ class RampGenerator(LoadGenerator):
 
     def _judge(self, w: Window) -> bool:
         assert w.end is not None
-        result = window_result(w, self.slos, self.measure_start or w.start)
+        result = window_result(w, self.slos, self.measure_start or w.start, self.search.target)
         self.results[w.index] = result
         if w.kind == "ramp":
             passed = self.search.record(w.level, [result]).passed
@@ -321,14 +320,14 @@ def hold_windows(hold_s: float, window_s: float) -> int:
     return max(3, round(hold_s / window_s))
 
 
-def window_result(w: Window, slos: dict[str, float], t0: float) -> dict[str, Any]:
+def window_result(w: Window, slos: dict[str, float], t0: float, target: Optional[float] = None) -> dict[str, Any]:
     """A window's requests as a result dict (``to_result()``, the goodput by the SLOs), with its
     place in the run and its failures by cause."""
     from engine.bench.run import failures_by_cause
     assert w.end is not None
     duration = w.end - w.start
     outputs = sorted(w.outputs, key=lambda o: o.start_time)
-    result = LoadResult(outputs=outputs, duration_s=duration).metrics(goodput_slos=slos).to_result()
+    result = LoadResult(outputs=outputs, duration_s=duration).metrics(goodput_slos=slos, slo_quantile=target).to_result()
     result["window_s"] = [round(w.start - t0, 3), round(w.end - t0, 3)]
     result["errors"] = sorted({o.error for o in outputs if not o.success and o.error})[:10]
     result["failed_by_cause"] = failures_by_cause(outputs)
@@ -346,7 +345,7 @@ def run_ramp(run: "BenchRun", target: "LoadTarget") -> list[dict]:
     cfg, cl = run.cfg, run.cfg.client
     over = cl.capacity_over
     search = CapacitySearch(over=over, target=cl.goodput_target, ceiling=cl.capacity_max or DEFAULT_CEILING,
-                            max_steps=cl.capacity_steps)
+                            max_steps=cl.capacity_steps, search=cl.capacity_search)
     shape = _Shape.of({}, cfg, run.envs)
     ramp_point = {"capacity_ramp": over}
     if run.hooks is not None:

@@ -497,7 +497,8 @@ def _run_capacity(run: BenchRun, target: LoadTarget) -> list[dict]:
     ``report.capacity`` gets every level tried. Returned with the knee's level first."""
     cl = run.cfg.client
     search = CapacitySearch(over=cl.capacity_over, target=cl.goodput_target,
-                            ceiling=cl.capacity_max or DEFAULT_CEILING, max_steps=cl.capacity_steps)
+                            ceiling=cl.capacity_max or DEFAULT_CEILING, max_steps=cl.capacity_steps,
+                            search=cl.capacity_search)
     results: list[dict] = []
     index = 0
     while not run.cancel.cancelled and not run.server_gone:
@@ -512,10 +513,17 @@ def _run_capacity(run: BenchRun, target: LoadTarget) -> list[dict]:
         if not runs:
             break
         lv = search.record(level, runs)
-        run.log(f"capacity: {cl.capacity_over} {level:g}: goodput {lv.share:.1%} -> {'pass' if lv.passed else 'fail'}")
+        again = f" (run {len(lv.runs)} of it: its verdict was undecided)" if len(lv.runs) > len(runs) else ""
+        run.log(f"capacity: {cl.capacity_over} {level:g}{again}: goodput {lv.share:.1%} -> "
+                f"{'pass' if lv.passed else 'fail'}" + (f", SLO margin {lv.margin:.2f}" if lv.margin is not None else ""))
         run.ws.events.emit("capacity_level", **lv.to_dict(cl.capacity_over))
-        results.append({"point": {**shape.to_dict(), "lengths": shape.lengths(run.cfg)}, "runs": runs,
-                        "repeats": aggregate_repeats(runs) if len(runs) > 1 else None, "level": level})
+        same = next((r for r in results if r["level"] == level), None)
+        if same is not None:  # a replicate of a level already run: its runs join the level's
+            same["runs"] = same["runs"] + runs
+            same["repeats"] = aggregate_repeats(same["runs"])
+        else:
+            results.append({"point": {**shape.to_dict(), "lengths": shape.lengths(run.cfg)}, "runs": runs,
+                            "repeats": aggregate_repeats(runs) if len(runs) > 1 else None, "level": level})
         index += 1
     section = search.summary(cl.find_capacity)
     run.report["capacity"] = section
@@ -599,7 +607,9 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
             profiling[0] = False
             _stop_profiler(run, f"the end of the measured load of repeat {rep + 1} of {cfg.client.repeats}")
         cancel_watch()
-        result = result_obj.metrics(goodput_slos=cfg.client.find_capacity or cfg.client.goodput or None).to_result()
+        result = result_obj.metrics(goodput_slos=cfg.client.find_capacity or cfg.client.goodput or None,
+                                    slo_quantile=cfg.client.goodput_target if cfg.client.find_capacity else None
+                                    ).to_result()
         if result_obj.window is not None:
             result["measured_window_s"] = list(result_obj.window)
             result["excluded_requests"] = result_obj.excluded

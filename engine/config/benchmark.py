@@ -396,13 +396,17 @@ class Client(_Strict):
     warmup_seconds: float = Field(default=0.0, ge=0)
     cooldown_seconds: float = Field(default=0.0, ge=0)
     # SLO capacity search: the highest load whose goodput (share of requests meeting every SLO, in
-    # ms: ttft, tpot, e2el) reaches goodput_target, by bisection over capacity_over.
+    # ms: ttft, tpot, e2el) reaches goodput_target, searched over capacity_over (engine.bench.capacity).
     find_capacity: dict[str, float] = Field(default_factory=dict)
     goodput_target: float = Field(default=0.9, gt=0, le=1)
     capacity_over: Literal["concurrency", "request_rate"] = "concurrency"
     capacity_max: Optional[float] = Field(default=None, gt=0, description="highest level tried (default 1024 "
                                           "concurrent requests, or 1024 requests/s)")
-    capacity_steps: int = Field(default=10, ge=2, description="most levels tried")
+    capacity_steps: int = Field(default=10, ge=2, description="most levels tried (the margin search: most runs, "
+                                "replicates included)")
+    capacity_search: Literal["margin", "bisect"] = Field(
+        default="margin", description="margin: the next level where the SLO margins' line crosses 1, undecided "
+                                      "bracket ends run again; bisect: doubled, then bisected on pass/fail alone")
     # search: each level a run of its own (the client restarted), doubled then bisected; ramp: one
     # continuous run (engine.bench.ramp) whose level changes window by window, judged by the same
     # SLOs, then held at the highest passing level for ramp_hold seconds (measured in windows, with

@@ -143,8 +143,11 @@ class BenchmarkOverrides(BaseModel):
         "client.capacity_over", "what the capacity search varies (default concurrency)")] = None
     capacity_max: Annotated[Optional[float], Override("client.capacity_max", "the highest level the capacity search tries "
                                                "(default 1024)")] = None
+    capacity_search: Annotated[Optional[Literal["margin", "bisect"]], Override(
+        "client.capacity_search", "margin: the next level where the SLO margins (latency over limit at the target "
+        "quantile) cross 1, undecided levels run again (default); bisect: doubled, then bisected on pass/fail")] = None
     capacity_mode: Annotated[Optional[Literal["search", "ramp"]], Override(
-        "client.capacity_mode", "search: a run per level, doubled then bisected (default); ramp: the same levels in one "
+        "client.capacity_mode", "search: a run per level (default); ramp: the same levels in one "
         "continuous run, a window each, then a hold at the highest passing level")] = None
     ramp_window: Annotated[Optional[float], Override("client.ramp_window", "capacity ramp: seconds of load each level "
                                                      "is judged over (default 10)", metavar="S")] = None

@@ -371,18 +371,53 @@ def test_find_capacity_bisects_to_the_knee(tmp_path):
     srv.script_for = lambda _rid, _body: Script(ttft_s=0.015 * srv.in_flight, itl_s=0.001, tokens=2)
     with srv:
         proc = _base_url_run(srv, tmp_path, "--find-capacity", "ttft:50", "--goodput-target", "0.8",
-                             "--capacity-max", "8", "--input-len", "8", "--output-len", "2", timeout=240)
+                             "--capacity-max", "8", "--capacity-search", "bisect", "--input-len", "8", "--output-len",
+                             "2", timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _, r = _report(tmp_path)
     cap = r["capacity"]
     levels = {lv["level"]: lv for lv in cap["levels"]}
     assert cap["over"] == "concurrency" and cap["slos_ms"] == {"ttft": 50.0} and cap["goodput_target"] == 0.8
+    assert cap["search"] == "bisect" and [lv["level"] for lv in cap["levels"]][:4] == [1, 2, 4, 8]
     assert levels[1]["passed"] and not levels[8]["passed"]
     assert cap["knee"] in (2, 3, 4) and cap["knee_interval"][1] == cap["knee"] + 1
     assert all({"level", "passed", "goodput_share", "request_throughput", "latency_ms"} <= set(lv)
                for lv in cap["levels"])
     summary = (only_workspace(tmp_path) / "summary.txt").read_text()
     assert "SLO capacity over concurrency" in summary and cap["verdict"] in summary
+
+
+def test_find_capacity_margin_search_reports_the_boundary_interval_binding_slo_and_shape(tmp_path):
+    from bench_server import BenchServer, Script
+    srv = BenchServer()
+    # TTFT grows with the requests in flight (15 ms each) and TPOT stays at 1 ms: ttft binds.
+    srv.script_for = lambda _rid, _body: Script(ttft_s=0.015 * srv.in_flight, itl_s=0.001, tokens=3)
+    with srv:
+        proc = _base_url_run(srv, tmp_path, "--find-capacity", "ttft:50", "tpot:40", "--goodput-target", "0.8",
+                             "--capacity-max", "8", "--num-prompts", "12", "--input-len", "8", "--output-len", "3",
+                             timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _, r = _report(tmp_path)
+    cap = r["capacity"]
+    assert cap["search"] == "margin" and cap["probes"] == sum(lv["repeats"] for lv in cap["levels"])
+    levels = sorted(cap["levels"], key=lambda lv: lv["level"])
+    assert levels[0]["level"] == 1 and levels[0]["passed"] and not levels[-1]["passed"]
+    # Each level's margin: its requests' TTFT over 50 ms at the 80% quantile, TPOT's far below 1.
+    assert all(lv["slo_margins"]["tpot"] < 0.5 for lv in levels if lv["slo_margins"])
+    assert all(lv["passed"] == (lv["slo_margin"] <= 1) for lv in levels
+               if lv["slo_margin"] is not None and lv["repeats"] == 1)
+    smoothed = [lv["smoothed_share"] for lv in levels]
+    assert smoothed == sorted(smoothed, reverse=True)  # non-increasing in the level
+    knee, upper = cap["knee_interval"]
+    assert knee in (2, 3, 4) and upper == knee + 1 and cap["binding_slo"] == "ttft"
+    low, high = cap["boundary_ci95"]
+    assert (low is None or low <= knee) and (high is None or high >= upper)
+    assert cap["boundary_shape"] in ("smooth", "cliff") and knee <= cap["boundary"] <= upper
+    # One report row per level: a level run again keeps one sweep point with all its runs.
+    assert sorted(p["point"]["concurrency"] for p in r["sweep"]) == [lv["level"] for lv in levels]
+    summary = (only_workspace(tmp_path) / "summary.txt").read_text()
+    assert "margin search" in summary and "95% interval [" in summary and "binding SLO: ttft" in summary
+    assert f"boundary: {cap['boundary_shape']}" in summary
 
 
 def test_capacity_ramp_holds_at_the_knee_in_one_run(tmp_path):
@@ -415,7 +450,8 @@ def test_capacity_ramp_holds_at_the_knee_in_one_run(tmp_path):
     srv.script_for = lambda _rid, _body: Script(ttft_s=0.015 * srv.in_flight, itl_s=0.001, tokens=2)
     with srv:
         proc = _base_url_run(srv, tmp_path, "--find-capacity", "ttft:50", "--goodput-target", "0.8",
-                             "--capacity-max", "8", "--capacity-mode", "ramp", "--ramp-window", "0.3",
+                             "--capacity-max", "8", "--capacity-mode", "ramp", "--capacity-search", "bisect",
+                             "--ramp-window", "0.3",
                              "--ramp-min-requests", "5", "--ramp-hold", "0.9", "--input-len", "8", "--output-len", "2",
                              timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,0 +1,129 @@
+"""The capacity search's reading of the levels (engine/bench/capacity.py): the isotonic fit, the
+Wilson verdicts and the boundary's interval, the margin search against bisection on the same
+simulated servers, the binding SLO and smooth vs cliff; and the SLO margins of a run
+(engine/bench/metrics.py)."""
+
+import math
+import random
+
+import pytest
+
+from engine.bench.capacity import CapacitySearch, antitonic, capacity_table, wilson
+from engine.bench.metrics import RequestOutput, compute_metrics, slo_margins
+
+
+def _run(good, sent, margin=None, margins=None, failed=0):
+    out = {"completed": sent - failed, "failed": failed, "duration": 1.0, "request_goodput": float(good),
+           "request_throughput": float(sent), "output_throughput": 10.0 * sent}
+    if margins is not None:
+        out.update(slo_margin=margin, slo_margins=margins, goodput_slo_met={k: good for k in margins})
+    return out
+
+
+def _server(boundary, cliff=False, n=200, tpot=0.3):
+    """A noiseless server: TTFT's margin grows in proportion to the level (a queue), or jumps 4x
+    past ``boundary`` (a cliff); the share is all or nothing at margin 1."""
+    def run(level):
+        ttft = (0.5 if level <= boundary else 2.0) if cliff else level / boundary
+        good = n if max(ttft, tpot) <= 1 else 0
+        return _run(good, n, max(ttft, tpot), {"ttft": ttft, "tpot": tpot})
+    return run
+
+
+def _search(style, server, **kw):
+    s = CapacitySearch(target=0.9, ceiling=1024, max_steps=30, search=style, **kw)
+    while (level := s.next_level()) is not None:
+        s.record(level, [server(level)])
+    return s
+
+
+def test_antitonic_pools_adjacent_violators_by_weight_and_wilson_bounds():
+    assert antitonic([1.0, 0.8, 0.9, 0.2], [1, 1, 1, 1]) == pytest.approx([1.0, 0.85, 0.85, 0.2])
+    assert antitonic([0.5, 0.9], [3, 1]) == pytest.approx([0.6, 0.6])
+    lo, hi = wilson(90, 100)
+    assert lo == pytest.approx(0.8256, abs=1e-3) and hi == pytest.approx(0.9448, abs=1e-3)
+    assert wilson(0, 0) == (0.0, 1.0) and wilson(10, 10)[1] == 1.0
+
+
+def test_margin_search_needs_fewer_levels_than_bisection_on_a_queue_and_reports_the_boundary():
+    server = _server(148.5)
+    bisect, margin = _search("bisect", server), _search("margin", server)
+    assert bisect.summary({})["knee"] == margin.summary({})["knee"] == 148
+    assert margin.probes < bisect.probes - 4  # climbs by the margins' line, lands next to the boundary
+    s = margin.summary({"ttft": 100.0, "tpot": 50.0})
+    assert s["search"] == "margin" and s["knee_interval"] == [148, 149] and 148 <= s["boundary"] <= 149
+    assert s["boundary_ci95"] == [148, 149] and s["binding_slo"] == "ttft" and s["boundary_shape"] == "smooth"
+    assert s["binding_slo_margins"]["margins"]["tpot"] == pytest.approx(0.3)
+    assert all(lv["verdict"] in ("pass", "fail") for lv in s["levels"])
+    text = "\n".join(capacity_table(s))
+    assert "margin search" in text and "95% interval [148, 149]" in text and "binding SLO: ttft" in text
+    assert "boundary: smooth" in text
+
+
+def test_a_cliff_is_named_and_costs_the_margin_search_little_more_than_bisection():
+    server = _server(37, cliff=True)
+    bisect, margin = _search("bisect", server), _search("margin", server)
+    s = margin.summary({"ttft": 100.0})
+    assert s["knee_interval"] == [37, 38] and s["boundary_shape"] == "cliff" and s["boundary_ci95"] == [37, 38]
+    assert margin.probes <= bisect.probes + 2
+    assert bisect.summary({})["boundary_shape"] == "cliff"  # bisection's levels read the same way
+
+
+def test_undecided_ends_run_again_and_the_interval_widens_to_what_the_requests_decide():
+    rng = random.Random(0)
+
+    def server(level):  # 40 requests a run; the share falls from 1 at 10 to 0.6 at 30
+        p = min(1.0, max(0.0, 1 - (level - 10) / 50))
+        good = sum(rng.random() < p for _ in range(40))
+        ttft = 0.5 + level / 30
+        return _run(good, 40, ttft, {"ttft": ttft})
+    s = _search("margin", server)
+    summary = s.summary({"ttft": 100.0})
+    runs = {lv["level"]: lv["repeats"] for lv in summary["levels"]}
+    assert max(runs.values()) > 1 and max(runs.values()) <= 4  # replicates, at most MAX_RUNS a level
+    assert summary["probes"] == sum(runs.values())
+    lo, hi = summary["boundary_ci95"]
+    assert lo is not None and hi is not None and lo <= 15 <= hi  # the true boundary: share 0.9 at 15
+    assert all(summary["levels"][i]["smoothed_share"] is not None for i in range(len(runs)))
+
+
+def test_failed_requests_that_alone_miss_the_target_bind_and_the_knee_margins_otherwise():
+    def server(level):
+        if level <= 8:
+            return _run(100, 100, 0.6, {"ttft": 0.6, "e2el": 0.3})
+        return _run(70, 100, None, {"ttft": None, "e2el": None}, failed=30)  # time-outs past 8
+    s = _search("margin", server).summary({"ttft": 100.0, "e2el": 900.0})
+    assert s["knee_interval"] == [8, 9] and s["binding_slo"] == "errors"
+    assert s["binding_slo_margins"]["failed_share"] == pytest.approx(0.3) and s["boundary_shape"] == "cliff"
+    assert "binding: failed requests (30% of those at 9)" in "\n".join(capacity_table(s))
+
+
+def test_a_rate_search_stops_within_five_percent_and_a_report_without_margins_still_reads():
+    s = _search("margin", lambda rate: _run(100 if rate <= 23.7 else 0, 100, rate / 23.7, {"ttft": rate / 23.7}))
+    s.over = "request_rate"
+    s2 = CapacitySearch(over="request_rate", target=0.9, max_steps=30, search="margin")
+    while (level := s2.next_level()) is not None:
+        s2.record(level, [_run(100 if level <= 23.7 else 0, 100, level / 23.7, {"ttft": level / 23.7})])
+    lo, hi = s2.summary({})["knee_interval"]
+    assert lo <= 23.7 < hi and (hi - lo) / hi <= 0.05
+    plain = _search("margin", lambda level: _run(100 if level <= 5 else 0, 100))  # results without margins
+    summary = plain.summary({"ttft": 100.0})
+    assert summary["knee_interval"] == [5, 6] and summary["binding_slo"] is None
+    assert summary["boundary_shape"] == "cliff"  # the share falls from 1 to 0 across one step
+
+
+def test_slo_margin_is_at_most_one_exactly_when_the_share_meets_the_quantile():
+    margin, per_slo, met = slo_margins({"ttft": [0.5, 0.9, 1.2, 0.7], "tpot": [0.1, 1.1, 0.2, 0.3]}, 0, 0.5)
+    assert margin == pytest.approx(0.7) and per_slo == {"ttft": pytest.approx(0.7), "tpot": pytest.approx(0.2)}
+    assert met == {"ttft": 3, "tpot": 3}
+    assert slo_margins({"ttft": [0.5, 0.9, 1.2, 0.7], "tpot": [0.1, 1.1, 0.2, 0.3]}, 0, 0.75)[0] == pytest.approx(1.1)
+    assert slo_margins({"ttft": [0.5]}, 3, 0.5)[0] is None  # the quantile falls on a failed request
+    outs = [RequestOutput(success=True, ttft=t, latency=t + 0.01, output_tokens=2, prompt_len=3)
+            for t in (0.01, 0.02, 0.03, 0.04, 0.06)]
+    for q in (0.6, 0.8, 0.9):
+        r = compute_metrics(outs, 1.0, goodput_slos={"ttft": 35}, slo_quantile=q).to_result()
+        share = r["request_goodput"] / 5
+        assert (r["slo_margin"] <= 1) == (share >= q - 1e-9) and r["goodput_slo_met"] == {"ttft": 3}
+    assert "slo_margin" not in compute_metrics(outs, 1.0, goodput_slos={"ttft": 35}).to_result()
+    assert math.isclose(compute_metrics(outs, 1.0, goodput_slos={"ttft": 35}, slo_quantile=0.6)
+                        .to_result()["slo_margins"]["ttft"], 30 / 35)
