@@ -182,24 +182,16 @@ class _Extractor:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
-        self.flows: dict[Any, list[int]] = {}
-        self.gpu: dict[Any, list[int]] = {}
         FLOW, GPU, HOST = 1, 2, 3
         role = bytes(FLOW if ph in ("s", "f") else GPU if cat in GPU_CATEGORIES else HOST if ph == "X" else 0
                      for ph, cat in trace.kinds)
-        # Each role's uids, and their ids, by numpy passes over the columns; only the dicts that
-        # map an id to its events are filled a Python step per event.
+        # Each role's uids, and their ids, by numpy passes over the columns.
         role_of = np.frombuffer(role, dtype=np.uint8)[np.frombuffer(trace.kind, dtype=np.uint32)] if len(trace.kind) \
             else np.zeros(0, dtype=np.uint8)
-        for r, column, read, table in ((FLOW, trace.flow, trace.flow_of, self.flows),
-                                       (GPU, trace.corr, trace.corr_of, self.gpu)):
-            uids = np.flatnonzero(role_of == r)
-            values = np.frombuffer(column, dtype=np.int64)[uids]
-            plain = values > ODD_ID  # NO_ID: none; ODD_ID: a value kept aside, read one by one
-            for value, uid in zip(values.tolist(), uids.tolist()) if plain.all() else \
-                    ((v if p else read(u), u) for v, p, u in zip(values.tolist(), plain.tolist(), uids.tolist())):
-                if value is not None:
-                    table.setdefault(value, []).append(uid)
+        flows = np.flatnonzero(role_of == FLOW)
+        self.flows = _UidsById(flows, np.frombuffer(trace.flow, dtype=np.int64)[flows], trace.flow_of)
+        gpu = np.flatnonzero(role_of == GPU)
+        self.gpu = _UidsById(gpu, np.frombuffer(trace.corr, dtype=np.int64)[gpu], trace.corr_of)
         host = np.flatnonzero(role_of == HOST)
         thread = np.frombuffer(trace.pid, dtype=np.uint32)[host].astype(np.int64) * max(len(trace.ids), 1) \
             + np.frombuffer(trace.tid, dtype=np.uint32)[host]
@@ -228,10 +220,49 @@ class _Extractor:
         lo, hi = np.searchsorted(ts, step.ts, "left"), np.searchsorted(ts, t_end, "right")
         sel = lo + np.flatnonzero(end[lo:hi] <= t_end)
         cpu = np.sort(uid[sel], kind="stable").tolist()  # trace order, as TraceLens writes them
-        corrs = dict.fromkeys(c for c in map(self.trace.corr_of, cpu) if c is not None)
-        flows = [f for c in corrs for f in self.flows.get(c, ())]
-        gpu = [g for c in corrs for g in self.gpu.get(c, ())]
-        return cpu + flows + gpu, gpu
+        corrs = list(dict.fromkeys(c for c in map(self.trace.corr_of, cpu) if c is not None))
+        gpu = self.gpu.gather(corrs)
+        return cpu + self.flows.gather(corrs) + gpu, gpu
+
+
+class _UidsById:
+    """The events of each id (a flow id, a correlation id), in uid order: as a dict of lists would
+    hold them, but as two sorted arrays when every id is a plain int (a few MB where the dict cost
+    tens), looked up for a whole step at once."""
+
+    def __init__(self, uids: np.ndarray, values: np.ndarray, read: Any) -> None:
+        self.table: dict[Any, list[int]] | None = None
+        plain = values > ODD_ID  # NO_ID: none; ODD_ID: a value kept aside, read one by one
+        if plain.all():
+            order = np.argsort(values, kind="stable")  # by id, then uid
+            self.keys, self.uids = values[order], uids[order]
+            return
+        self.keys = self.uids = None
+        self.table = {}
+        for value, uid in ((v if p else read(u), u) for v, p, u in zip(values.tolist(), plain.tolist(), uids.tolist())):
+            if value is not None:
+                self.table.setdefault(value, []).append(uid)
+
+    def gather(self, ids: list) -> list[int]:
+        """The events of each of ``ids`` in turn (as ``[u for i in ids for u in table.get(i, ())]``)."""
+        if self.table is None and not all(type(i) is int for i in ids):  # 1.0, True: equal keys in a dict
+            self.table = {}
+            for value, uid in zip(self.keys.tolist(), self.uids.tolist()):
+                self.table.setdefault(value, []).append(uid)
+        if self.table is not None:
+            table = self.table
+            return [u for i in ids for u in table.get(i, ())]
+        if not ids:
+            return []
+        wanted = np.array(ids, dtype=np.int64)
+        lo = np.searchsorted(self.keys, wanted, "left")
+        counts = np.searchsorted(self.keys, wanted, "right") - lo
+        total = int(counts.sum())
+        if not total:
+            return []
+        ends = np.cumsum(counts)
+        at = np.repeat(lo - (ends - counts), counts) + np.arange(total)
+        return self.uids[at].tolist()
 
 
 def trace_base_name(path: Path | str) -> str:

@@ -459,3 +459,21 @@ def test_a_split_written_by_two_processes_is_the_same(tmp_path, monkeypatch):
     assert _split_files(tmp_path / "two") == _split_files(tmp_path / "one")
     assert [p.name for p in two.files] == [p.name for p in one.files]
     assert two.details == [{**d, "output_path": d["output_path"].replace("one", "two")} for d in one.details]
+
+
+def test_a_slice_finds_flows_and_gpu_events_by_odd_ids(tmp_path):
+    """Flow and correlation ids written as floats (kept aside as odd values) still find their
+    events, as a dict would: 3.0 and 3 are one id."""
+    b = TraceBuilder()
+    for s in range(3):
+        b.annotation(PD_NAME, s * 1000.0, 900.0)
+        for i in range(5):
+            ext = b.op("aten::mm", s * 1000.0 + i * 100 + 1, 50, dims=[[2, 3], [3, 4]])
+            b.launch(s * 1000.0 + i * 100 + 5, "gemm", 1e5 + s * 1000 + i * 100, 10, ext=ext)
+    for e in b.events:
+        if e.get("ph") in ("s", "f") and e["id"] % 3 == 0:
+            e["id"] = float(e["id"])
+        if e.get("cat") == "cuda_runtime" and e["args"]["correlation"] % 4 == 0:
+            e["args"]["correlation"] = float(e["args"]["correlation"])
+    result = split_trace(load_trace(b.write(tmp_path / "odd.json")), tmp_path / "split", find_steady_state=False)
+    assert [(d["event_count"], d["num_gpu_events"]) for d in result.details] == [(26, 5)] * 3
