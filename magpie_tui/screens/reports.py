@@ -478,8 +478,86 @@ def capacity_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
             "output_throughput": lv.get("output_throughput"),
             **{f"p99_{m}_ms": (latency.get(m) or {}).get("p99") for m in CAPACITY_METRICS},
             "completed": lv.get("completed"), "failed": lv.get("failed"),
+            "smoothed_pct": lv["smoothed_share"] * 100 if isinstance(lv.get("smoothed_share"), (int, float)) else None,
+            "margin": lv.get("slo_margin"), "verdict": lv.get("verdict"),
         })
     return rows
+
+
+def capacity_boundary(section: dict[str, Any]) -> str | None:
+    """The boundary in one line: where the smoothed goodput crosses the target, its 95% interval,
+    the binding SLO and smooth or cliff (``engine.bench.capacity``); None for a report written
+    before the search reported them."""
+    if "boundary_ci95" not in section:
+        return None
+    over = section.get("over", "concurrency")
+    lo, hi = (list(section.get("boundary_ci95") or []) + [None, None])[:2]
+    b = section.get("boundary")
+    parts = [f"boundary {_level_name(over, b)}" if isinstance(b, (int, float)) else "no boundary crossed",
+             "95% interval [" + (_level_name(over, lo) if lo is not None else "below the lowest tried") + ", "
+             + (_level_name(over, hi) if hi is not None else "above the highest tried") + "]"]
+    binding = section.get("binding_slo")
+    if binding:
+        parts.append("bound by failed requests" if binding == "errors" else f"binding SLO {binding.upper()}")
+    parts.append(section.get("boundary_shape") or "smooth or cliff not known")
+    if section.get("search"):
+        parts.append(f"{section['search']} search, {section.get('probes', '?')} runs")
+    return " · ".join(parts)
+
+
+def capacity_columns(section: dict[str, Any]) -> list[Column]:
+    """The level table's columns: with the smoothed share, the SLO margin and the verdict where
+    the report carries them."""
+    if not any(isinstance(lv, dict) and "smoothed_share" in lv for lv in section.get("levels") or []):
+        return CAPACITY_COLUMNS
+    extra = [Column("smoothed_pct", "Smoothed %", "number", fmt=lambda v: f"{v:.1f}"),
+             Column("margin", "Margin", "number", fmt=lambda v: f"{v:.2f}"),
+             Column("verdict", "Decided", max_width=10)]
+    return CAPACITY_COLUMNS[:4] + extra + CAPACITY_COLUMNS[4:]
+
+
+def ramp_windows(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ramp run's windows in time order (``engine.bench.ramp``): the levels, then the hold."""
+    over = section.get("over", "concurrency")
+    rows = []
+    for w in section.get("windows") or []:
+        if not isinstance(w, dict) or not isinstance(w.get("window_s"), list):
+            continue
+        p99 = w.get("p99_ms") or {}
+        rows.append({"key": str(w.get("index")), "kind": w.get("kind"), "level": w.get("level"),
+                     "name": _level_name(over, w["level"]) if isinstance(w.get("level"), (int, float)) else "?",
+                     "start": w["window_s"][0], "end": w["window_s"][1], "requests": w.get("requests"),
+                     "goodput_pct": (w.get("goodput_share") or 0.0) * 100, "passed": bool(w.get("passed")),
+                     "result": "pass" if w.get("passed") else "FAIL", "request_throughput": w.get("request_throughput"),
+                     "p99_ttft_ms": p99.get("ttft")})
+    return rows
+
+
+def ramp_hold(section: dict[str, Any]) -> str:
+    """The hold at the knee in one line: its windows, goodput and throughput with their intervals."""
+    hold = section.get("hold")
+    over = section.get("over", "concurrency")
+    if not isinstance(hold, dict):
+        return "no hold (ramp_hold 0, or nothing passed)"
+    share = hold.get("summary") or {}
+    ci = share.get("goodput_share_ci95")
+    out = (hold.get("interval") or {}).get("output_throughput") or {}
+    text = (f"hold at {_level_name(over, hold.get('level') or 0)}: {hold.get('windows')} windows, "
+            f"{hold.get('seconds', 0):g} s, {hold.get('passed_windows')} passed · goodput "
+            f"{(share.get('goodput_share') or 0.0):.1%}")
+    if isinstance(ci, list) and None not in ci:
+        text += f" [{max(0.0, ci[0]):.1%}, {min(1.0, ci[1]):.1%}]"
+    if out.get("mean") is not None:
+        text += f" · out tok/s {out['mean']:.1f}"
+        if isinstance(out.get("ci95"), list):
+            text += f" [{out['ci95'][0]:.1f}, {out['ci95'][1]:.1f}]"
+    return text
+
+
+def ramp_timeline(section: dict[str, Any]) -> list[tuple[float, float, str]]:
+    """(window start s, level, label) per window: the ramp's path to the knee and the hold."""
+    return [(r["start"], r["level"], ("hold" if r["kind"] == "hold" else r["name"]) + ("✓" if r["passed"] else "✗"))
+            for r in ramp_windows(section) if isinstance(r["level"], (int, float))]
 
 
 def capacity_title(section: dict[str, Any]) -> str:
@@ -528,6 +606,18 @@ CAPACITY_COLUMNS = [
     Column("repeats", "n", "number", fmt=lambda v: f"{v:d}"),
     Column("completed", "Done", "number", fmt=lambda v: f"{v:d}"),
     Column("failed", "Failed", "number", fmt=lambda v: f"{v:d}"),
+]
+
+RAMP_COLUMNS = [
+    Column("start", "From s", "number", fmt=lambda v: f"{v:.1f}"),
+    Column("end", "To s", "number", fmt=lambda v: f"{v:.1f}"),
+    Column("kind", "Window", max_width=6),
+    Column("name", "Level", max_width=12),
+    Column("result", "Result", max_width=6),
+    Column("goodput_pct", "Goodput %", "number", fmt=lambda v: f"{v:.1f}"),
+    Column("requests", "Requests", "number", fmt=lambda v: f"{v:d}"),
+    Column("request_throughput", "Req/s", "number", fmt=lambda v: f"{v:.4g}"),
+    Column("p99_ttft_ms", "TTFT p99", "number", fmt=lambda v: f"{v:.4g}"),
 ]
 
 
@@ -599,10 +689,22 @@ class BenchmarkReportScreen(Screen):
                 # shows them in level order instead of a Sweep tab that would join them as tried.
                 with TabPane("Capacity", id="tab-capacity"):
                     yield Static(capacity_title(self.capacity), id="capacity-title", classes="report-note")
+                    boundary = capacity_boundary(self.capacity)
+                    if boundary is not None:
+                        yield Static(boundary, id="capacity-boundary", classes="report-note", markup=False)
                     yield CapacityPlot(**capacity_plot_args(self.capacity, self.capacity_metric or "ttft"),
                                        id="capacity-plot")
-                    yield DataGrid(CAPACITY_COLUMNS, row_class=lambda row: "correct" if row["passed"] else "incorrect",
+                    yield DataGrid(capacity_columns(self.capacity),
+                                   row_class=lambda row: "correct" if row["passed"] else "incorrect",
                                    id="capacity-grid", classes="report-table")
+                    if ramp_windows(self.capacity):  # a ramp run: its windows in time order, then the hold
+                        yield Static(ramp_hold(self.capacity), id="ramp-hold", classes="report-note", markup=False)
+                        yield LinePlot(ramp_timeline(self.capacity), series_name="windows",
+                                       title=f"ramp: {self.capacity.get('over', 'level')} per window, then the hold",
+                                       x_label="s into the run", y_label=self.capacity.get("over", "level"),
+                                       id="ramp-timeline")
+                        yield DataGrid(RAMP_COLUMNS, row_class=lambda row: "correct" if row["passed"] else "incorrect",
+                                       id="ramp-windows", classes="report-table")
             elif r.sweep:
                 with TabPane("Sweep", id="tab-sweep"):
                     yield LinePlot(sweep_points(r), title="median TPOT vs output throughput",
@@ -623,6 +725,9 @@ class BenchmarkReportScreen(Screen):
         if self.capacity is not None:
             levels = capacity_rows(self.capacity)
             self.query_one("#capacity-grid", DataGrid).set_rows(levels, keys=[row["name"] for row in levels])
+            windows = ramp_windows(self.capacity)
+            if windows:
+                self.query_one("#ramp-windows", DataGrid).set_rows(windows, keys=[row["key"] for row in windows])
         self.query_one("#bench-grid", DataGrid).focus()
         if self.latencies is None:
             self._read_latencies()
