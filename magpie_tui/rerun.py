@@ -256,6 +256,8 @@ def _benchmark_from_report(info: RunInfo) -> tuple[dict[str, Any], list[str]]:
                       capacity_over=capacity.get("over", "concurrency"))
         if capacity.get("ceiling"):
             client["capacity_max"] = capacity["ceiling"]
+        # The search that ran: a report without the key is from before the margin search (bisection).
+        client["capacity_search"] = capacity.get("search") if capacity.get("search") in ("margin", "bisect") else "bisect"
     else:
         points = [p.get("point") or {} for p in report.get("sweep") or []]
         # Only what varied between the points is a sweep axis (the rest is in envs).

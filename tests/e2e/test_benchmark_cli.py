@@ -387,6 +387,7 @@ def test_find_capacity_bisects_to_the_knee(tmp_path):
     assert "SLO capacity over concurrency" in summary and cap["verdict"] in summary
 
 
+@pytest.mark.slow
 def test_find_capacity_margin_search_reports_the_boundary_interval_binding_slo_and_shape(tmp_path):
     from bench_server import BenchServer, Script
     srv = BenchServer()

@@ -156,6 +156,7 @@ def test_a_benchmark_without_config_yaml_is_rebuilt_from_its_report(project, tmp
     assert bench["envs"]["ISL"] == "32" and bench["client"]["repeats"] == 3
     assert bench["client"]["find_capacity"] == {"ttft": 60.0, "tpot": 15.0}
     assert bench["client"]["capacity_max"] == 32.0 and "sweep" not in bench["client"]
+    assert bench["client"]["capacity_search"] == "bisect"  # the search that ran, before the margin search
 
 
 @pytest.mark.slow  # a few seconds: the Runs list and a confirmation
