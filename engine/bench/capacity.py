@@ -547,6 +547,7 @@ def capacity_table(section: dict) -> list[str]:
                     f"{cell(lat, 'tpot')} {cell(lat, 'e2el')}  {result}")
     rows.append(section["verdict"])
     rows += boundary_lines(section)
+    rows += capacity_plot(section)
     if section.get("mode") == "ramp":  # the one-run ramp: its windows in time order, then the hold
         from engine.bench.ramp import ramp_lines
         rows += ramp_lines(section)
@@ -581,3 +582,40 @@ def boundary_lines(section: dict) -> list[str]:
         rows.append("the goodput shares were not monotone in the level: the smoothed column pools the levels that "
                     "disagree (a noisy level, or an unstable server)")
     return rows
+
+
+def capacity_plot(section: dict, width: int = 48, height: int = 8) -> list[str]:
+    """Goodput share against the level as text: ``*`` a level's share, ``o`` its smoothed share
+    where they differ, ``-`` the target, ``|`` the boundary (nothing for fewer than 2 levels, or a
+    report without smoothed shares)."""
+    levels = sorted(section["levels"], key=lambda x: x["level"])
+    if len(levels) < 2 or any(lv.get("smoothed_share") is None for lv in levels):
+        return []
+    xs = [lv["level"] for lv in levels]
+    log = xs[0] > 0 and xs[-1] / xs[0] >= 8  # doubled levels read better on a log axis
+    a, b = (math.log(xs[0]), math.log(xs[-1])) if log else (xs[0], xs[-1])
+
+    def col(x: float) -> int:
+        v = math.log(x) if log else x
+        return 0 if b == a else min(width - 1, max(0, round((v - a) / (b - a) * (width - 1))))
+
+    def row(share: float) -> int:
+        return min(height - 1, max(0, round((1 - share) * (height - 1))))
+    grid = [[" "] * width for _ in range(height)]
+    target_row = row(section["goodput_target"])
+    grid[target_row] = ["-"] * width
+    if section.get("boundary") is not None:
+        c = col(section["boundary"])
+        for r in range(height):
+            grid[r][c] = "|"
+    for lv in levels:
+        grid[row(lv["smoothed_share"])][col(lv["level"])] = "o"
+        grid[row(lv["goodput_share"])][col(lv["level"])] = "*"
+    out = [f"goodput share by {section['over']} ({'log' if log else 'linear'} axis; * measured, o smoothed, "
+           "- target, | boundary)"]
+    for r, cells in enumerate(grid):
+        share = section["goodput_target"] if r == target_row else 1 - r / (height - 1)
+        label = f"{share:>4.0%}" if r in (0, height - 1, target_row) else "    "
+        out.append(f"{label} {''.join(cells)}")
+    out.append(f"     {xs[0]:<{width // 2}g}{xs[-1]:>{width - width // 2}g}")
+    return out

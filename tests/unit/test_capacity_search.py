@@ -58,6 +58,8 @@ def test_margin_search_needs_fewer_levels_than_bisection_on_a_queue_and_reports_
     text = "\n".join(capacity_table(s))
     assert "margin search" in text and "95% interval [148, 149]" in text and "binding SLO: ttft" in text
     assert "boundary: smooth" in text
+    plot = text[text.index("goodput share by concurrency (log axis"):].splitlines()
+    assert len(plot) == 10 and plot[1].startswith("100% *") and "|" in plot[4] and plot[-1].split() == ["1", "192"]
 
 
 def test_a_cliff_is_named_and_costs_the_margin_search_little_more_than_bisection():
