@@ -351,7 +351,7 @@ class CapacitySearch:
         if low is not None and high is not None and self._close(low, high):
             return None
         phi = self.dispersion()
-        per_run = max(1, max(sum(good_and_sent(r)[1] for r in t.runs) // len(t.runs) for t in self.tried))
+        per_run = max([1] + [sum(good_and_sent(r)[1] for r in t.runs) // len(t.runs) for t in self.tried if t.runs])
         sides = []
         if low is None or low < lo:
             floor = low if low is not None else 0.0
