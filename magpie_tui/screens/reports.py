@@ -697,7 +697,8 @@ class BenchmarkReportScreen(Screen):
                     yield DataGrid(capacity_columns(self.capacity),
                                    row_class=lambda row: "correct" if row["passed"] else "incorrect",
                                    id="capacity-grid", classes="report-table")
-                    if ramp_windows(self.capacity):  # a ramp run: its windows in time order, then the hold
+                if ramp_windows(self.capacity):  # a ramp run: its windows in time order, then the hold
+                    with TabPane("Ramp", id="tab-ramp"):
                         yield Static(ramp_hold(self.capacity), id="ramp-hold", classes="report-note", markup=False)
                         yield LinePlot(ramp_timeline(self.capacity), series_name="windows",
                                        title=f"ramp: {self.capacity.get('over', 'level')} per window, then the hold",

@@ -1,6 +1,6 @@
 """The Capacity tab of a capacity ramp run searched by SLO margins: the boundary, its 95% interval
-and the binding SLO over the plot, the smoothed share and each level's verdict in the table, and
-the ramp's windows in time order (a timeline and a table) with the hold. The report's capacity
+and the binding SLO over the plot, the smoothed share and each level's verdict in the table; and
+the Ramp tab: the ramp's windows in time order (a timeline and a table) with the hold. The report's capacity
 section is the engine's own, from a ramp against a scheduled stand-in server on 127.0.0.1 (TTFT
 15 ms per request in flight, TTFT <= 50 ms for 80% of requests)."""
 
@@ -83,9 +83,12 @@ async def test_the_capacity_tab_shows_the_boundary_and_the_ramp_windows(app, pro
         await pilot.pause()
         boundary = str(screen.query_one("#capacity-boundary", Static).render())
         assert "95% interval" in boundary and "binding SLO TTFT" in boundary
-        windows = screen.query_one("#ramp-windows", DataGrid)
-        assert windows.row_count == len(ramp_section["windows"])
-        assert "hold at c=" in str(screen.query_one("#ramp-hold", Static).render())
         levels = screen.query_one("#capacity-grid", DataGrid)
         knee = levels.get_row(f"c={ramp_section['knee']:g}")
         assert knee["result"] == "pass · knee" and knee["smoothed_pct"] is not None
+        await pilot.press("right_square_bracket")  # the next tab: the ramp's own
+        assert screen.query_one(TabbedContent).active == "tab-ramp"
+        windows = screen.query_one("#ramp-windows", DataGrid)
+        assert windows.row_count == len(ramp_section["windows"])
+        assert "hold at c=" in str(screen.query_one("#ramp-hold", Static).render())
+        assert "hold✓" in screen.query_one("#ramp-timeline").plot_text()
