@@ -141,7 +141,8 @@ def test_roofline_table_and_suggestions_come_from_the_csvs(call):
 
 def test_benchmark_results_and_report_comparison(call, tmp_path):
     listed = call("list_benchmark_results", {"output_dir": str(RUNS)})
-    assert {r["job_id"] for r in listed["runs"]} == {BENCH_A.name, BENCH_B.name}
+    # the two CPU runs, and the 1B server profiled on an H100
+    assert {r["job_id"] for r in listed["runs"]} == {BENCH_A.name, BENCH_B.name, "benchmark_builtin-1b_20261206_204557_017c5f"}
     got = call("get_benchmark_result", {"workspace_dir": str(BENCH_A)})
     assert got["state"] == "completed" and got["summary_text"] and "tracelens_files" in got
     assert any(u.endswith("benchmark_report.json") for u in got["resources"])
