@@ -459,3 +459,38 @@ def test_a_wrong_size_line_on_a_framed_message_ends_as_in_the_general_parser():
             p.feed(_HEAD, 0.0)
             p.feed_reads(reads, [1.0] * len(reads))
         assert _outcome(framed) == _outcome(general), bad
+
+
+async def test_a_body_read_in_the_hub_that_is_cut_short_fails_and_leaves_the_hub():
+    # Reads of a chunked body go through the client's epoll hub (asyncio's selector loop, plain TCP):
+    # a server that closes mid-body ends the request as the transport's own reads would.
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        for piece in [HEAD_CHUNKED, b"3\r\none\r\n", b"3\r\ntwo\r\n"]:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.close()  # mid-body
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with StreamingHTTPClient(f"http://127.0.0.1:{port}") as client:
+            with pytest.raises(HTTPError, match="in the middle of the body"):
+                await asyncio.wait_for(post(client), 10)
+            hub = client._hub
+            assert hub is not None and not hub.members  # used, and left at the close
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_reads_its_next_response_after_a_body_from_the_hub():
+    body = [HEAD_CHUNKED] + [b"4\r\nt%03d\r\n" % i for i in range(5)] + [b"0\r\n\r\n"]
+    async with RawServer(lambda c, n, r: body) as srv:
+        async with StreamingHTTPClient(f"http://127.0.0.1:{srv.port}") as client:
+            for _ in range(3):
+                resp, got = await post(client)
+                assert resp.status == 200 and [d for d, _ in got] == [b"t%03d" % i for i in range(5)]
+            assert client._hub is not None and not client._hub.members
+    assert srv.connections == 1
