@@ -264,6 +264,8 @@ class BenchRun:
     scraper: Optional[ServerMetricsScraper] = None
     # The control hooks (prefix-cache reset, profiler) against the server (None: before the load).
     hooks: Optional[ControlHooks] = None
+    # Repeats a cancel or the server's exit cut short and the statistics leave out (the report says so).
+    cut_repeats: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -616,15 +618,19 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
         errors = sorted({o.error for o in result_obj.outputs if not o.success and o.error})
         result["errors"] = errors[:10]
         result["failed_by_cause"] = failures_by_cause(result_obj.outputs)
+        if (run.server_gone or cancel.cancelled) and runs:
+            # A repeat cut short is not a sample of the same workload: keep it out of the
+            # statistics (the first repeat stays, marked, so a cancelled run still reports), and
+            # say which one it was and how far it got.
+            why = "the server stopped" if run.server_gone else "the cancel"
+            run.cut_repeats.append({"point": point, "point_index": index, "repeat": rep + 1,
+                                    "repeats": cfg.client.repeats, "completed": result["completed"],
+                                    "failed": result["failed"], "why": why})
+            run.log(f"repeat {rep + 1} of {cfg.client.repeats} cut short by {why} ({result['completed']} "
+                    "completed): left out of the repeat statistics")
+            break
         if run.server_gone:
             result["server_exit"] = run.server_gone
-            if runs:  # a repeat the server's death cut short is no sample of the same load
-                break
-        if cancel.cancelled and runs:
-            # A repeat cut short is not a sample of the same workload: keep it out of the
-            # statistics (the first repeat stays, marked, so a cancelled run still reports).
-            run.log(f"repeat {rep + 1} cut short by the cancel: left out of the repeat statistics")
-            break
         result["cut_short"] = bool(cancel.cancelled or run.server_gone)
         # Per-request lists (vLLM's --save-detailed fields), for latency distributions. A write that
         # fails (a full disk) loses these lists only: the run's numbers stay in memory for the report.
@@ -759,6 +765,7 @@ def _assemble_results(run: BenchRun, sweep_results: list[dict]) -> str:
         report["sessions"] = first["sessions"]
     failures = _failures(sweep_results)
     report["failures"] = failures
+    report["repeats_cut"] = run.cut_repeats or None
     if run.server_gone:
         report["server_exit"] = run.server_gone
     measured = bool(first) and first.get("completed", 0) > 0

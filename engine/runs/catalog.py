@@ -24,8 +24,8 @@ from engine.runs.schema import (
     FINISHED_RUN_STATES, REPORT_FILES, CapacityLevel, Event, ProgressEvent, RunFigures, RunFinished, RunStarted,
     RunState, RunSubmitted, StageEvent, parse_event,
 )
-from engine.runs.state import (CapacityStep, LiveMetrics, LiveSample, RunProgress, RunStatus, add_sample, capacity_step,
-                               progress_from_event, status_text)
+from engine.runs.state import (CapacityStep, LiveMetrics, LiveSample, RunProgress, RunStatus, add_sample,
+                               benchmark_figures, capacity_step, kernel_figures, progress_from_event, status_text)
 from engine.runs.state import KernelProgress, fold_kernel_stage
 
 REPORT_NAMES = REPORT_FILES  # the old name, kept for importers
@@ -70,6 +70,7 @@ class RunInfo:
     _offset: int = field(default=0, repr=False)
     _partial: bytes = field(default=b"", repr=False)
     _dropping: bool = field(default=False, repr=False)  # inside an events.jsonl line too long to be an event
+    _figures_read: bool = field(default=False, repr=False)  # figures looked up in the report (old runs)
 
     @property
     def name(self) -> str:
@@ -389,7 +390,28 @@ def read_new_events(info: RunInfo) -> bool:
         if event is not None and info.apply(event):  # None: a record that does not match its model
             info.events_read += 1
             changed = True
+    if changed and info.is_finished and info.figures is None and not info._figures_read:
+        info._figures_read = True
+        info.figures = figures_from_report(info)
     return changed
+
+
+def figures_from_report(info: RunInfo) -> Optional[RunFigures]:
+    """The headline figures of a finished run whose ``run_finished`` carries none (a run recorded
+    before it did), read once from its report; None where there is no report to read."""
+    import json
+    path = info.report_path
+    if path is None or info.mode not in ("benchmark", "compare", "analyze"):
+        return None
+    try:
+        if path.stat().st_size > 64 * 1024 * 1024:  # not a report this reads on a list's behalf
+            return None
+        report = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict):
+        return None
+    return benchmark_figures(report) if info.mode == "benchmark" else kernel_figures(report)
 
 
 class CancelRefused(MagpieError, RuntimeError):

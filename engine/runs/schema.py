@@ -243,6 +243,9 @@ class RunFigures(_Section):
     capacity_over: Optional[str] = None  # concurrency | request_rate
     capacity_knee: Optional[float] = None
     capacity_levels: Optional[list[float]] = None  # every level tried, in order
+    # A repeat a cancel or the server's exit cut short, left out of the figures: which of how many.
+    repeat_cut: Optional[int] = None
+    repeats_planned: Optional[int] = None
     steps_done: Optional[int] = None
     steps_total: Optional[int] = None
     outcome: Optional[str] = None  # a loop's end in words ("no proven gain")
@@ -473,6 +476,9 @@ class BenchmarkReport(RunFile):
     latency: Optional[dict[str, Any]] = None
     repeats: Optional[dict[str, RepeatStat]] = None  # the first point's repeats (None with one run)
     sweep: Optional[list[SweepPoint]] = None  # None without a sweep
+    # Repeats a cancel or the server's exit cut short, left out of the statistics: point, repeat,
+    # repeats planned, requests completed and failed in it, why.
+    repeats_cut: Optional[list[dict[str, Any]]] = None
     kernel_summary: list[dict[str, Any]] = Field(default_factory=list)
     top_bottlenecks: list[str] = Field(default_factory=list)
     gap_analysis: Optional[dict[str, Any]] = None

@@ -418,6 +418,9 @@ def _finished_text(status: RunStatus) -> str:
             core += f" · {f.never_sent} never sent"
         if f.failed:
             core += f" · {f.failed} failed"
+        if f.repeat_cut:  # the figures are the repeats before it
+            core += f" · repeat {f.repeat_cut}" + (f" of {f.repeats_planned}" if f.repeats_planned else "") + \
+                " cut short, left out"
         return " · ".join(p for p in (lead + core, exit_part) if p)
     if status.error:
         return status.error
@@ -528,17 +531,25 @@ def benchmark_figures(report: dict) -> Optional[RunFigures]:
     """The headline figures of a benchmark report as it is written (engine.bench.run): requests
     over every point and repeat, the first point's throughput and latency (the mean over repeats
     with its interval, else the one run's), the capacity search's levels."""
-    failures = report.get("failures")
-    if not isinstance(failures, dict):
-        return None
-    sent, failed, never = failures.get("sent"), failures.get("requests"), failures.get("never_sent")
-    if not all(isinstance(x, int) for x in (sent, failed, never)):
-        return None
     result, repeats = report.get("result") or {}, report.get("repeats")
-    figures = RunFigures(requests=sent + never, sent=sent, completed=sent - failed, failed=failed, never_sent=never,
-                         output_tok_s=_headline(repeats, result, "output_throughput"),
+    failures = report.get("failures")
+    if isinstance(failures, dict):
+        sent, failed, never = failures.get("sent"), failures.get("requests"), failures.get("never_sent")
+        if not all(isinstance(x, int) for x in (sent, failed, never)):
+            return None
+        counts = {"requests": sent + never, "sent": sent, "completed": sent - failed, "failed": failed,
+                  "never_sent": never}
+    else:  # written before the failures section: what its runs counted, requests never sent unknown
+        done = _requests_counted(report, result, repeats)
+        if done is None:
+            return None
+        counts = {"sent": done[0] + done[1], "completed": done[0], "failed": done[1]}
+    figures = RunFigures(**counts, output_tok_s=_headline(repeats, result, "output_throughput"),
                          ttft_p50_ms=_headline(repeats, result, "median_ttft_ms"),
                          tpot_p50_ms=_headline(repeats, result, "median_tpot_ms"))
+    cut = report.get("repeats_cut")
+    if isinstance(cut, list) and cut and isinstance(cut[0], dict):
+        figures.repeat_cut, figures.repeats_planned = cut[0].get("repeat"), cut[0].get("repeats")
     capacity = report.get("capacity")
     if isinstance(capacity, dict):
         levels = [lv.get("level") for lv in capacity.get("levels") or [] if isinstance(lv, dict)]
@@ -546,6 +557,26 @@ def benchmark_figures(report: dict) -> Optional[RunFigures]:
         figures.capacity_knee = capacity.get("knee")
         figures.capacity_levels = [x for x in levels if isinstance(x, (int, float))]
     return figures
+
+
+def _requests_counted(report: dict, result: Any, repeats: Any) -> Optional[tuple[int, int]]:
+    """(completed, failed) over every point and repeat of a report without a failures section."""
+    def ints(values: Any) -> Optional[list[int]]:
+        ok = isinstance(values, list) and values and all(isinstance(v, (int, float)) for v in values)
+        return [int(v) for v in values] if ok else None
+
+    runs = [run for point in report.get("sweep") or [] if isinstance(point, dict)
+            for run in point.get("runs") or [] if isinstance(run, dict)]
+    if runs and all(isinstance(r.get("completed"), int) and isinstance(r.get("failed"), int) for r in runs):
+        return sum(r["completed"] for r in runs), sum(r["failed"] for r in runs)
+    if isinstance(repeats, dict):
+        done = ints((repeats.get("completed") or {}).get("values") if isinstance(repeats.get("completed"), dict) else None)
+        bad = ints((repeats.get("failed") or {}).get("values") if isinstance(repeats.get("failed"), dict) else None)
+        if done is not None and bad is not None:
+            return sum(done), sum(bad)
+    if isinstance(result, dict) and isinstance(result.get("completed"), int) and isinstance(result.get("failed"), int):
+        return result["completed"], result["failed"]
+    return None
 
 
 def kernel_figures(report: dict) -> Optional[RunFigures]:

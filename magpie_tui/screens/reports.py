@@ -424,7 +424,12 @@ def bench_state(r: schema.BenchmarkReport) -> str:
     prompts = r.envs.get("NUM_PROMPTS")
     if result.completed is None:
         return f"{r.state.upper()} before any request completed"
-    return f"{r.state.upper()} at {result.completed}" + (f" of {prompts}" if prompts else "") + " requests completed"
+    text = f"{r.state.upper()} at {result.completed}" + (f" of {prompts}" if prompts else "") + " requests completed"
+    cut = (r.repeats_cut or [None])[0]
+    if isinstance(cut, dict) and cut.get("repeat"):  # the numbers are the repeats before it
+        text += (f"; repeat {cut['repeat']} of {cut.get('repeats')} cut short after {cut.get('completed')} "
+                 "completed, left out")
+    return text
 
 
 def comparability_warning(a: schema.BenchmarkReport, b: schema.BenchmarkReport) -> str | None:

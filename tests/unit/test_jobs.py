@@ -190,3 +190,35 @@ def test_analyze_in_process_with_an_event_listener(tmp_path):
     assert seen[0]["event"] == "run_started" and seen[-1]["event"] == "run_finished"
     assert [e["event"] for e in seen] == [e["event"] for e in _events(out.workspace)]
     assert any("workspace:" in str(d) for d in out.display)
+
+
+def test_a_repeat_cut_by_a_cancel_is_named_and_left_out(tmp_path):
+    # 8 requests a repeat at 4 a second: each repeat takes about 2 s; the cancel lands in repeat 2.
+    req = BenchmarkRequest(framework="builtin", flags={"concurrency": 2, "input_len": 16, "output_len": 4,
+                                                       "num_prompts": 8, "range_ratio": 1.0, "request_rate": 4.0,
+                                                       "repeats": 3, "warmup": 1})
+    job = submit(req, tmp_path / "out", executor="in-process")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any(e.get("event") == "progress" and e.get("repeat") == 1 and (e.get("done") or 0) >= 1
+               for e in _events(job.run_dir)):
+            break
+        time.sleep(0.05)
+    job.cancel("test cancel")
+    assert job.wait(timeout=60) == "cancelled"
+    report = job.result()
+    assert report["repeats"] is None or report["repeats"]["output_throughput"]["n"] == 1
+    [cut] = report["repeats_cut"]
+    assert (cut["repeat"], cut["repeats"], cut["why"]) == (2, 3, "the cancel") and cut["completed"] < 8
+    assert report["failures"]["sent"] == 8  # repeat 1's requests: the cut repeat's are not counted
+    from engine.runs.catalog import RunCatalog
+    catalog = RunCatalog([tmp_path / "out"])
+    catalog.refresh()
+    [info] = catalog.runs.values()
+    assert "cancelled at 8/8 completed" in info.progress_text
+    assert "repeat 2 of 3 cut short, left out" in info.progress_text
+    from engine.runs.schema import load_report
+
+    from magpie_tui.screens.reports import bench_state
+    state = bench_state(load_report(job.run_dir / "benchmark_report.json"))
+    assert state.startswith("CANCELLED at 8") and "repeat 2 of 3 cut short after" in state, state

@@ -199,3 +199,26 @@ def test_refresh_opens_only_grown_events_files_and_the_quick_check_reads_only_li
     assert [r.path for r in cat.refresh(finished=False)] == [late.root]
     live.events.close()
     late.events.close()
+
+
+def test_runs_recorded_before_run_finished_carried_figures_get_them_from_their_report():
+    # The example runs of 2026-11-29 ended with a bare run_finished: their numbers come from the
+    # report, once, as the lists show them for every newer run.
+    catalog = RunCatalog([REPO / "examples" / "runs"])
+    catalog.refresh()
+    runs = {info.name: info for info in catalog.runs.values()}
+    sweep = runs["benchmark_builtin-tiny_20261129_192715_db9427"]
+    report = json.loads((sweep.path / "benchmark_report.json").read_text())
+    assert sweep.figures.completed == 10 + 10 + 20 + 20 + 40 + 40 and sweep.figures.failed == 0
+    assert sweep.figures.never_sent is None  # not recorded then
+    assert sweep.figures.ttft_p50_ms.mean == report["repeats"]["median_ttft_ms"]["mean"]
+    assert sweep.figures.output_tok_s.ci95 == report["repeats"]["output_throughput"]["ci95"]
+    repeated = runs["benchmark_builtin-tiny_20261129_192724_793ef2"]
+    assert (repeated.figures.completed, repeated.figures.failed) == (24, 0)  # 3 repeats of 8
+    compare = runs["compare_three_pass_20261129_191525_aa7d27"]
+    assert compare.figures.winner == "one_pass" and compare.figures.baseline == "three_pass"
+    assert compare.figures.verdicts == {"baseline": 1, "faster": 1, "incorrect": 1}
+    assert "winner one_pass" in compare.progress_text
+    # A run that recorded its own figures keeps them, unread from the report.
+    gpu = runs["benchmark_builtin-1b_20261206_204557_017c5f"]
+    assert gpu.figures is not None and gpu._figures_read is False
