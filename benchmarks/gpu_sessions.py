@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads((ws / "benchmark_report.json").read_text()) if ws and (ws / "benchmark_report.json").exists() else {}
         s = sessions_section(report)
         pc = s.get("server_prefix_cache") or {}
-        rows.append({"run": name, "exit": code, "wall_s": round(wall, 1), "sessions": f"{s.get('sessions_completed')}/{s.get('sessions')}",
+        rows.append({"run": name, "exit": code, "wall_s": round(wall, 1),
+                     "sessions": f"{s.get('sessions_completed')}/{s.get('sessions')}",
                      "cached": s.get("cached_prompt_tokens"), "prompt": s.get("prompt_tokens"), "share": s.get("cached_share"),
                      "hit_rate": pc.get("hit_rate"), "fresh_tok_s": s.get("fresh_prompt_throughput"),
                      "reused_tok_s": s.get("reused_prompt_throughput"),
@@ -142,10 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_sessions.json").write_text(json.dumps({"rows": rows, "trace": trace_row}, indent=1))
-    print("\n| run | exit | wall s | sessions | cached / prompt tokens | share | hit rate | fresh tok/s | reused tok/s | out tok/s |")
+    print("\n| run | exit | wall s | sessions | cached / prompt tokens | share | hit rate | fresh tok/s | "
+          "reused tok/s | out tok/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    def f(v, spec=".1f"):
+        return "-" if v is None else format(v, spec)
+
     for r in rows:
-        f = (lambda v, spec=".1f": "-" if v is None else format(v, spec))
         print(f"| {r['run']} | {r['exit']} | {r['wall_s']} | {r['sessions']} | {r['cached']} / {r['prompt']} | "
               f"{f(r['share'], '.1%')} | {f(r['hit_rate'], '.1%')} | {f(r['fresh_tok_s'])} | {f(r['reused_tok_s'])} | "
               f"{f(r['output_tok_s'])} |")

@@ -399,14 +399,12 @@ def read_new_events(info: RunInfo) -> bool:
 def figures_from_report(info: RunInfo) -> Optional[RunFigures]:
     """The headline figures of a finished run whose ``run_finished`` carries none (a run recorded
     before it did), read once from its report; None where there is no report to read."""
-    import json
+    from engine.safeio import read_json
     path = info.report_path
     if path is None or info.mode not in ("benchmark", "compare", "analyze"):
         return None
     try:
-        if path.stat().st_size > 64 * 1024 * 1024:  # not a report this reads on a list's behalf
-            return None
-        report = json.loads(path.read_bytes())
+        report = read_json(path)  # a regular file of a report's size only: never a FIFO or a device
     except (OSError, ValueError):
         return None
     if not isinstance(report, dict):
