@@ -4,8 +4,9 @@
 2. the suite but the timed verdicts, on pytest workers (one test file at a time per worker; one
    worker more than the machine has cores, as the tests often wait on the servers and commands
    they start: on two cores 3 workers kept the CPU 97% busy where 2 left a quarter of it idle);
-3. the timed verdicts (``serial``: ties and speedups measured on this machine) alone, so that no
-   other test is noise in their timings.
+3. the timed verdicts a busy machine could turn (``serial``: ties of identical kernels and close
+   speedups measured on this machine) alone, so that no other test is noise in their timings;
+   verdicts far apart (a 9x kernel, 3x the work) run in step 2.
 
 Every step runs even when an earlier one failed (a failure in one says nothing about the others),
 each step's result and time are printed at the end, and the exit status is non-zero when any step
