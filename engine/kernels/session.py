@@ -757,7 +757,7 @@ class HarnessSession:
                 self.emit(m, "performance", "running", step=0, steps=p["rounds"], detail="warm-up round")
             else:
                 self.emit(m, "performance", "running", step=r + 1, steps=p["rounds"],
-                          detail=f"{p['per_round']} calls")
+                          detail=f"{p['per_round']} call{'' if p['per_round'] == 1 else 's'}")
             self._clocks.cool_down(m.key, r)
             try:
                 # Every timed kernel keeps outputs the same way (the judge's own are dropped
