@@ -8,8 +8,6 @@ from __future__ import annotations
 import csv
 import gc
 import os
-import pickle
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from engine.runs.workspace import Workspace
 from engine.trace import critical_path
 from engine.trace.checks import check_lines, checks_section, profiler_steps, run_checks, tracelens_report_check
 from engine.trace.discover import discover_traces
+from engine.trace.forked import ForkedCall
 from engine.trace.gaps import (
     DEFAULT_CATEGORIES, DEFAULT_IGNORE, GAP_COLUMNS, GAP_EXTRA_COLUMNS, aggregate_kernels, gap_rows, idle_analysis,
     merge_ranks, step_launch_analysis, trace_window,
@@ -256,37 +255,17 @@ class _BackgroundSplit:
         self.kwargs = dict(num_steps=opts.num_steps, conc=opts.conc, osl=opts.osl, ratio=opts.random_range_ratio,
                            output_path_base=ws_root)
         self.workers = 1
-        self.pid = 0
-        self.fd = -1
+        self.child: Optional[ForkedCall] = None
         self.child_s: Optional[float] = None  # the split's own time, in the child
         if not hasattr(os, "fork") or threading.active_count() > 1:
             return
         self.workers = 2  # in the child: half the files there, half in a child of its own
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: split, send the result, exit without the parent's exit handlers
-            code = 0
-            try:
-                os.close(read_fd)
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_DFL)  # dies with the run (the parent also ends it)
-                t0 = time.perf_counter()
-                try:
-                    outcome: tuple = ("ok", self._split(), time.perf_counter() - t0)
-                except Exception as exc:  # handed to the parent, which raises it where it would have
-                    outcome = ("error", exc, time.perf_counter() - t0)
-                try:
-                    data = pickle.dumps(outcome)
-                except Exception as exc:  # an exception that cannot be pickled: its text
-                    data = pickle.dumps(("error", RuntimeError(f"{type(outcome[1]).__name__}: {exc}"), outcome[2]))
-                with os.fdopen(write_fd, "wb") as fh:
-                    fh.write(data)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        self.pid, self.fd = pid, read_fd
+        self.child = ForkedCall(self._split, "the trace split's process")
+
+    @property
+    def pid(self) -> int:
+        """The child's pid while it runs; 0 without a child or once its result is read."""
+        return self.child.pid if self.child is not None else 0
 
     def _split(self) -> Any:
         from engine.trace.split import split_trace
@@ -294,36 +273,21 @@ class _BackgroundSplit:
 
     def result(self) -> Any:
         """The ``SplitResult``; raises what the split raised."""
-        if not self.pid:
+        if self.child is None:
             t0 = time.perf_counter()
             try:
                 return self._split()
             finally:
                 self.child_s = time.perf_counter() - t0
-        with os.fdopen(self.fd, "rb") as fh:
-            data = fh.read()
-        self.fd = -1
-        _, status = os.waitpid(self.pid, 0)
-        self.pid = 0
-        if not data:
-            raise RuntimeError(f"the trace split's process ended without a result (wait status {status})")
-        state, value, self.child_s = pickle.loads(data)
-        if state == "error":
-            raise value
-        return value
+        try:
+            return self.child.result()
+        finally:
+            self.child_s = self.child.seconds
 
     def stop(self) -> None:
         """End the child if it still runs (the analysis failed or was cancelled before its result)."""
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except OSError:
-                pass
-            self.pid = 0
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        if self.child is not None:
+            self.child.stop()
 
 
 def summary_lines(report: dict) -> list[str]:

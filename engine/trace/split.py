@@ -25,8 +25,6 @@ import gc
 import json
 import math
 import os
-import pickle
-import signal
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -35,6 +33,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from engine.trace.forked import ForkedCall
 from engine.trace.load import ODD_ID, EventWriter, Trace
 from engine.trace.steps import StepInfo, find_steps
 
@@ -381,45 +380,17 @@ def _write_in_two(writer: _SliceWriter, jobs: list[tuple[int, str, int, int]]) -
     if not mine or not theirs:
         writer.write_all(jobs)
         return
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its files, then its files and details through the pipe
-        code = 0
-        try:
-            os.close(read_fd)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_DFL)
-            try:
-                writer.write_all([jobs[j] for j in theirs])
-                outcome: tuple = ("ok", (writer.files, writer.details))
-            except Exception as exc:
-                outcome = ("error", exc)
-            try:
-                data = pickle.dumps(outcome)
-            except Exception as exc:
-                data = pickle.dumps(("error", RuntimeError(f"{type(outcome[1]).__name__}: {exc}")))
-            with os.fdopen(write_fd, "wb") as fh:
-                fh.write(data)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_fd)
+    def theirs_written() -> tuple:  # in the child: its files, then its files and details through the pipe
+        writer.write_all([jobs[j] for j in theirs])
+        return writer.files, writer.details
+
+    child = ForkedCall(theirs_written, "the trace split's second process")
     try:
         writer.write_all([jobs[j] for j in mine])
     except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(read_fd)
+        child.stop()
         raise
-    with os.fdopen(read_fd, "rb") as fh:
-        data = fh.read()
-    _, status = os.waitpid(pid, 0)
-    if not data:
-        raise RuntimeError(f"the trace split's second process ended without a result (wait status {status})")
-    state, value = pickle.loads(data)
-    if state == "error":
-        raise value
+    value = child.result()
     done = dict(zip(mine, zip(writer.files, writer.details)))
     done.update(zip(theirs, zip(*value)))
     writer.files = [done[j][0] for j in range(len(jobs))]
