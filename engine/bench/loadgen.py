@@ -263,6 +263,16 @@ class LoadGenerator:
         with _fewer_collections():
             return await self._run()
 
+    async def _warm_up(self, client: Any, sem: "asyncio.Semaphore | None") -> list[RequestOutput]:
+        """The warm-up: ``num_warmups`` requests shaped as the first, not measured."""
+        cfg = self.config
+        if cfg.num_warmups <= 0:
+            return []
+        first = self.requests[0]
+        return await self._gather([
+            self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i + self.warmup_id_start}",
+                          time.perf_counter(), "warmup", cfg.num_warmups) for i in range(cfg.num_warmups)])
+
     async def _run(self) -> LoadResult:
         cfg = self.config
         with self._lock:
@@ -271,13 +281,7 @@ class LoadGenerator:
                 return LoadResult(outputs=[], cancelled=True)
         sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
         async with self._client() as client:
-            warm: list[RequestOutput] = []
-            if cfg.num_warmups > 0:
-                first = self.requests[0]
-                jobs = [self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i + self.warmup_id_start}",
-                                      time.perf_counter(), "warmup", cfg.num_warmups)
-                        for i in range(cfg.num_warmups)]
-                warm = await self._gather(jobs)
+            warm = await self._warm_up(client, sem)
             if self._cancelled:
                 return LoadResult(outputs=[], warmup_outputs=warm, cancelled=True)
             if self.before_measure is not None:

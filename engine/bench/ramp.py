@@ -147,12 +147,7 @@ class RampGenerator(LoadGenerator):
             if self._cancelled:
                 return LoadResult(outputs=[], cancelled=True)
         async with self._client() as client:
-            warm: list[RequestOutput] = []
-            if cfg.num_warmups > 0:
-                sem = asyncio.Semaphore(cfg.max_concurrency or cfg.num_warmups)
-                warm = await self._gather([
-                    self._limited(client, sem, self.requests[0], f"{cfg.request_id_prefix}warmup-{i}",
-                                  time.perf_counter(), "warmup", cfg.num_warmups) for i in range(cfg.num_warmups)])
+            warm = await self._warm_up(client, asyncio.Semaphore(cfg.max_concurrency or cfg.num_warmups))
             if self._cancelled:
                 return LoadResult(outputs=[], warmup_outputs=warm, cancelled=True)
             if self.before_measure is not None:
