@@ -29,6 +29,14 @@ def _with_figures(project) -> None:
     (run / "events.jsonl").write_text("\n".join(lines[:-1] + [json.dumps(last)]) + "\n")
 
 
+async def _compare_events(pilot, app):
+    """The recorded compare's Run screen on its Events tab: the tab's log."""
+    app.open_run(find_run(app, "compare_"))
+    await wait_screen(pilot, app, RunScreen, "#run-log")
+    await pilot.press("right_square_bracket", "right_square_bracket")  # Events
+    return app.screen.query_one("#run-events")
+
+
 async def test_a_finished_compares_winner_stays_in_the_run_header_at_80_columns(app, project):
     """The header ends with the winner line: at 80 columns it wraps instead of losing it (it read
     '… · base three_pass  ·' with the elapsed time and the winner cut off)."""
@@ -92,10 +100,7 @@ async def test_search_matches_are_reported_on_the_search_line_not_over_the_log(a
     the search had just scrolled to. The match stands on the search line, one at a time."""
     async with app.run_test(size=SMALL) as pilot:
         await open_runs(pilot, app)
-        app.open_run(find_run(app, "compare_"))
-        await wait_screen(pilot, app, RunScreen, "#run-log")
-        await pilot.press("right_square_bracket", "right_square_bracket")  # Events
-        events_log = app.screen.query_one("#run-events")
+        events_log = await _compare_events(pilot, app)
         await wait_for(pilot, lambda: len(events_log.lines) > 3)
         await pilot.press("slash")
         app.screen.query_one("#log-search").value = "stage"
@@ -168,10 +173,7 @@ async def test_a_compares_events_lead_with_the_kernel_and_its_stage_at_80_column
     its step and detail past the edge; it leads with the console's words now."""
     async with app.run_test(size=SMALL) as pilot:
         await open_runs(pilot, app)
-        app.open_run(find_run(app, "compare_"))
-        await wait_screen(pilot, app, RunScreen, "#run-log")
-        await pilot.press("right_square_bracket", "right_square_bracket")  # Events
-        events_log = app.screen.query_one("#run-events")
+        events_log = await _compare_events(pilot, app)
         await wait_for(pilot, lambda: any("stage" in line for line in events_log.lines))
         stages = [line for line in events_log.lines if " stage " in line]
         assert stages and all("kernel=" not in line for line in stages), stages
@@ -183,10 +185,7 @@ async def test_the_search_match_is_marked_where_the_log_cannot_scroll_it_to_the_
     nothing told which line it was: the match's line is drawn marked until the search closes."""
     async with app.run_test(size=SMALL) as pilot:
         await open_runs(pilot, app)
-        app.open_run(find_run(app, "compare_"))
-        await wait_screen(pilot, app, RunScreen, "#run-log")
-        await pilot.press("right_square_bracket", "right_square_bracket")  # Events
-        log = app.screen.query_one("#run-events")
+        log = await _compare_events(pilot, app)
         await wait_for(pilot, lambda: any("run_finished" in line for line in log.lines))
         await pilot.press("slash")
         app.screen.query_one("#log-search").value = "run_finished"
