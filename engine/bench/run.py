@@ -622,7 +622,7 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
             # A repeat cut short is not a sample of the same workload: keep it out of the
             # statistics (the first repeat stays, marked, so a cancelled run still reports), and
             # say which one it was and how far it got.
-            why = "the server stopped" if run.server_gone else "the cancel"
+            why = "the server's exit" if run.server_gone else "the cancel"
             run.cut_repeats.append({"point": point, "point_index": index, "repeat": rep + 1,
                                     "repeats": cfg.client.repeats, "completed": result["completed"],
                                     "failed": result["failed"], "why": why})
