@@ -49,6 +49,31 @@ def bootstrap_speedup(baseline_ms: Sequence[float], candidate_ms: Sequence[float
     return float(np.median(b) / np.median(c)), float(lo), float(hi)
 
 
+def _resampled_medians(rounds: list[np.ndarray], picks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The median of each bootstrap draw: draw ``i`` takes the rounds ``picks[i]`` and, within each,
+    as many samples as the round has, with replacement. Vectorised over the draws (in blocks that
+    bound the memory); rounds of unequal sizes are padded with NaN, which the median skips."""
+    sizes = np.array([r.size for r in rounds])
+    table = np.full((len(rounds), int(sizes.max())), np.nan)
+    for i, samples in enumerate(rounds):
+        table[i, :samples.size] = samples
+    n_boot, r = picks.shape
+    width = int(sizes.max())
+    equal = bool((sizes == width).all())
+    block = max(1, 4_000_000 // max(1, r * width))
+    out = np.empty(n_boot)
+    for start in range(0, n_boot, block):
+        pick = picks[start:start + block]                                   # (n, r)
+        within = (rng.random((pick.shape[0], r, width)) * sizes[pick][..., None]).astype(np.intp)
+        drawn = table[pick[..., None], within]                              # (n, r, width)
+        if equal:
+            out[start:start + block] = np.median(drawn.reshape(pick.shape[0], -1), axis=1)
+        else:
+            drawn[np.arange(width) >= sizes[pick][..., None]] = np.nan      # past a short round's end
+            out[start:start + block] = np.nanmedian(drawn.reshape(pick.shape[0], -1), axis=1)
+    return out
+
+
 def verdict(ci_low: float, ci_high: float, margin: float = 0.0) -> str:
     """'faster' only when the whole interval lies above 1 + margin, 'slower' only when it lies
     below 1 / (1 + margin); anything else, inside the margin or not established, is a tie."""
@@ -82,13 +107,8 @@ def bootstrap_speedup_rounds(baseline_rounds: Sequence[Sequence[float]], candida
     if len(pairs) < 2:
         return bootstrap_speedup(b_all, c_all, confidence=confidence, n_boot=n_boot, seed=seed)
     rng = np.random.default_rng(seed)
-    ratios = np.empty(n_boot)
-    r = len(pairs)
-    for i in range(n_boot):
-        pick = rng.integers(0, r, size=r)
-        bs = np.concatenate([pairs[j][0][rng.integers(0, pairs[j][0].size, size=pairs[j][0].size)] for j in pick])
-        cs = np.concatenate([pairs[j][1][rng.integers(0, pairs[j][1].size, size=pairs[j][1].size)] for j in pick])
-        ratios[i] = np.median(bs) / np.median(cs)
+    picks = rng.integers(0, len(pairs), size=(n_boot, len(pairs)))
+    ratios = _resampled_medians([b for b, _ in pairs], picks, rng) / _resampled_medians([c for _, c in pairs], picks, rng)
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(ratios, [alpha, 1.0 - alpha])
     return float(np.median(b_all) / np.median(c_all)), float(lo), float(hi)
