@@ -128,13 +128,13 @@ class _Channel:
 class ForkServer(_Channel):
     """The parent's handle on one server process (one environment)."""
 
-    def __init__(self, python: str, env: dict) -> None:
+    def __init__(self, python: str, env: dict, preload: bool = False) -> None:
         super().__init__()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         WATCHDOG.ready()
         try:
             self.proc = subprocess.Popen([python, "-m", "engine.kernels.forkserver", str(theirs.fileno()),
-                                          str(IDLE_EXIT_S)], cwd="/",
+                                          str(IDLE_EXIT_S), *(["preload"] if preload else [])], cwd="/",
                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, start_new_session=True,
                                          pass_fds=(theirs.fileno(),))
@@ -291,7 +291,9 @@ def _server_for(python: str, env: dict, local: bool = False):
                 _FAILED.add((shared, key))  # a server of its own, as without one to share
         if server is None:
             try:
-                server = ForkServer(python, env)
+                # One started for the children of a sharing process serves many runs: it loads
+                # what their reference workers would each import (``_preload``).
+                server = ForkServer(python, env, preload=local)
             except OSError:
                 _FAILED.add(key)
                 raise
@@ -529,9 +531,37 @@ def _fork_worker(worker_main, msg: dict, fds: list[int], sock: socket.socket) ->
         os._exit(code)
 
 
-def serve(sock: socket.socket, idle_exit_s: float = IDLE_EXIT_S) -> None:
+def _preload(compiler_stack: bool) -> None:
+    """Before the first fork. With ``compiler_stack`` (a server that serves the runs of other
+    processes, ``share``: many reference workers), what a worker would import later is loaded
+    once here: the flop counter, whose first use in each reference worker pulls in torch's
+    compiler stack (torch._dynamo, about 1.2 s of CPU a process). Then everything is collected
+    and frozen, so each worker's own collections skip torch and the worker module (a fork
+    inherits the freeze; the worker unfreezes before it exits)."""
+    import gc
+    if compiler_stack:
+        # The compiler stack imports Triton, which reads TRITON_INTERPRET once: as the worker
+        # would have it when its flop counter imports them (a worker on the CPU sets it to 1 at
+        # its load), and no longer in the environment the worker starts with.
+        unset = "TRITON_INTERPRET" not in os.environ
+        if unset:
+            os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            import torch._dynamo  # noqa: F401
+            import torch.utils.flop_counter  # noqa: F401
+        except Exception:  # noqa: BLE001 - a torch without them: the worker imports what it finds, as before
+            pass
+        finally:
+            if unset:
+                os.environ.pop("TRITON_INTERPRET", None)
+    gc.collect()
+    gc.freeze()
+
+
+def serve(sock: socket.socket, idle_exit_s: float = IDLE_EXIT_S, compiler_stack: bool = False) -> None:
     this_module = sys.modules["__main__"]  # noqa: F841 - kept alive: the worker module takes its place
     worker = _load_worker_as_main()
+    _preload(compiler_stack)
     why = _not_forkable()
     sock.send(json.dumps({"ready": why is None, "why": why}).encode())
     if why:
@@ -593,7 +623,7 @@ def serve(sock: socket.socket, idle_exit_s: float = IDLE_EXIT_S) -> None:
 
 def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[0]))
-    serve(sock, float(argv[1]) if len(argv) > 1 else IDLE_EXIT_S)
+    serve(sock, float(argv[1]) if len(argv) > 1 else IDLE_EXIT_S, compiler_stack=argv[2:3] == ["preload"])
     return 0
 
 
