@@ -86,6 +86,7 @@ class WorkerProcess:
         self._buf = b""
         self._sent_at = time.monotonic()
         self.closed = False
+        self._exit_sent = False
         self.peak_device_by_op: dict[str, int] = {}
         self.peak_host_by_op: dict[str, int] = {}
         self.held_device_by_op: dict[str, int] = {}
@@ -225,13 +226,27 @@ class WorkerProcess:
         """Processes the worker's descendants left running outside its group, stopped so far."""
         return read_escaped(self.escaped_path)
 
+    def ask_exit(self) -> bool:
+        """Send the exit request without waiting (``close`` waits): a session closing all its
+        workers asks each of them first, so they wind down together. False when it could not be
+        sent (the worker is stopped or its pipe is gone)."""
+        if self.closed:
+            return False
+        if not self._exit_sent:
+            try:
+                self._w.write(json.dumps({"op": "exit"}) + "\n")
+                self._w.flush()
+            except OSError:
+                return False
+            self._exit_sent = True
+        return True
+
     def close(self) -> None:
         if self.closed:
             return
         try:
-            self._w.write(json.dumps({"op": "exit"}) + "\n")
-            self._w.flush()
-            self.proc.wait(timeout=10)
+            if self.ask_exit():
+                self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             pass
         self.stop()
@@ -448,10 +463,12 @@ class HarnessSession:
             if not self.cancel.cancelled:
                 self._timing()
         finally:
-            for m in self._everyone():
-                if m.worker is not None:
-                    m.worker.close()
-                    self._check_escaped(m)
+            alive = [m for m in self._everyone() if m.worker is not None]
+            for m in alive:  # all of them asked first: they exit together, not one after another
+                m.worker.ask_exit()
+            for m in alive:
+                m.worker.close()
+                self._check_escaped(m)
             for p in self._scratch.glob("*"):
                 p.unlink(missing_ok=True)
             self._scratch.rmdir()
