@@ -150,6 +150,23 @@ def _offsets(lengths: Sequence[int], device: torch.device) -> torch.Tensor:
     return cu
 
 
+def _to_empty(module: nn.Module, device: torch.device) -> None:
+    """``module.to_empty(device=device)``: each parameter and buffer of the meta module
+    allocated (uninitialised) on ``device`` in its shape and dtype, shared ones once. Through
+    ``torch.empty`` rather than ``Module.to_empty``, whose ``empty_like`` of a meta tensor runs
+    torch's Python reference and imports sympy with it (~0.5 s of CPU at every server start)."""
+    made: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id of a meta tensor: (it, its replacement)
+    for m in module.modules():
+        for tensors in (m._parameters, m._buffers):
+            for name, t in list(tensors.items()):
+                if t is None:
+                    continue
+                if id(t) not in made:
+                    empty = torch.empty(t.shape, dtype=t.dtype, device=device)
+                    made[id(t)] = (t, nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty)
+                tensors[name] = made[id(t)][1]
+
+
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                  kernels: Kernels | None = None) -> None:
@@ -176,7 +193,7 @@ class LlamaModel(nn.Module):
             self.final_norm = nn.Parameter(torch.ones(config.hidden_size))
             self.lm_head = None if config.tie_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.to(dtype)  # still on meta: the weights are created in their dtype, never in float32 first
-        self.to_empty(device=device)
+        _to_empty(self, device)
         self._init_weights()
         self.requires_grad_(False)
         inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim)
