@@ -532,28 +532,34 @@ def _fork_worker(worker_main, msg: dict, fds: list[int], sock: socket.socket) ->
 
 
 def _preload(compiler_stack: bool) -> None:
-    """Before the first fork. With ``compiler_stack`` (a server that serves the runs of other
-    processes, ``share``: many reference workers), what a worker would import later is loaded
-    once here: the flop counter, whose first use in each reference worker pulls in torch's
-    compiler stack (torch._dynamo, about 1.2 s of CPU a process). Then everything is collected
-    and frozen, so each worker's own collections skip torch and the worker module (a fork
-    inherits the freeze; the worker unfreezes before it exits)."""
+    """Before the first fork. Triton, which every worker imports when it describes its device
+    (``op_load``), is imported once here. With ``compiler_stack`` (a server that serves the runs
+    of other processes, ``share``: many reference workers), so is the flop counter, whose first
+    use in each reference worker pulls in torch's compiler stack (torch._dynamo, about 1.2 s of
+    CPU a process). Then everything is collected and frozen, so each worker's own collections
+    skip torch and the worker module (a fork inherits the freeze; the worker unfreezes before it
+    exits)."""
     import gc
-    if compiler_stack:
-        # The compiler stack imports Triton, which reads TRITON_INTERPRET once: as the worker
-        # would have it when its flop counter imports them (a worker on the CPU sets it to 1 at
-        # its load), and no longer in the environment the worker starts with.
-        unset = "TRITON_INTERPRET" not in os.environ
-        if unset:
-            os.environ["TRITON_INTERPRET"] = "1"
+    # Triton reads TRITON_INTERPRET once: imported as the worker would have it (a worker on the
+    # CPU sets it to 1 at its load, before it imports Triton), and the variable no longer in the
+    # environment the worker starts with.
+    unset = "TRITON_INTERPRET" not in os.environ
+    if unset:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
         try:
-            import torch._dynamo  # noqa: F401
-            import torch.utils.flop_counter  # noqa: F401
-        except Exception:  # noqa: BLE001 - a torch without them: the worker imports what it finds, as before
+            import triton  # noqa: F401
+        except Exception:  # noqa: BLE001 - no Triton, or a broken one: the worker says so itself, as before
             pass
-        finally:
-            if unset:
-                os.environ.pop("TRITON_INTERPRET", None)
+        if compiler_stack:
+            try:
+                import torch._dynamo  # noqa: F401
+                import torch.utils.flop_counter  # noqa: F401
+            except Exception:  # noqa: BLE001 - a torch without them: the worker imports what it finds, as before
+                pass
+    finally:
+        if unset:
+            os.environ.pop("TRITON_INTERPRET", None)
     gc.collect()
     gc.freeze()
 
@@ -628,4 +634,12 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # Nothing in the server needs finalizing, and its parent waits for the exit: the interpreter's
+    # teardown of torch (and of its compiler stack, where loaded) took 0.3-1 s.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
