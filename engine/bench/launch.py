@@ -87,6 +87,11 @@ def server_command(cfg: BenchmarkConfig, port: int, profile_dir: Optional[Path] 
             argv += ["--max-model-len", envs["MAX_MODEL_LEN"]]
         if "GPU_MEMORY_UTILIZATION" in envs:
             argv += ["--gpu-memory-utilization", envs["GPU_MEMORY_UTILIZATION"]]
+        from engine.bench.session_run import is_session_run
+        if is_session_run(cfg.client) and "--enable-prompt-tokens-details" not in extra:
+            # A session replay reports each turn's cached prompt tokens from the usage's
+            # prompt_tokens_details.cached_tokens, which vLLM leaves out of its answers without this flag.
+            argv.append("--enable-prompt-tokens-details")
         if profile_dir is not None:
             # vLLM >= 0.13: without --profiler-config the profile routes do not exist (404).
             tp_cfg = cfg.profiler.torch_profiler

@@ -23,7 +23,9 @@ Every request carries the session-affinity header (``session_header``, default `
 empty: none) with its session's id, so that a router can keep a session on one replica.
 
 Per request: what ``metrics.compute_metrics`` takes (TTFT, ITL, E2EL, tokens), plus the session,
-the turn index and ``usage.prompt_tokens_details.cached_tokens``. ``session_metrics`` adds per
+the turn index and ``usage.prompt_tokens_details.cached_tokens`` (vLLM sends it only when started
+with ``--enable-prompt-tokens-details``, which a vLLM launched for a session replay gets; a server
+that sends none leaves the cached tokens unreported, not 0). ``session_metrics`` adds per
 turn index and per session: TTFT by turn, cached prompt tokens, fresh vs reused prompt-token
 throughput, session duration and turns per session, and the prefix-cache hit rate from the
 server's ``/metrics`` counters (vLLM's ``vllm:prefix_cache_queries`` / ``_hits``) read before and

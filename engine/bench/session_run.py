@@ -57,6 +57,21 @@ def load_run_sessions(run: "BenchRun", target: "LoadTarget", shape: "_Shape",
                               delay_s=cl.session_delay, subagents=cl.subagents), blocks
 
 
+def no_cached_tokens_note(section: dict) -> str | None:
+    """The warning for a replay whose answers carried no ``usage.prompt_tokens_details.cached_tokens``
+    (``section``: ``session_metrics``), None when some did or no turn was answered. vLLM sends the
+    field only when started with ``--enable-prompt-tokens-details``: a vLLM this tool launches for a
+    session replay gets that flag (``engine.bench.launch.server_command``), a server given by
+    ``--base-url`` may lack it."""
+    if not section.get("turns_completed") or section.get("cached_prompt_tokens") is not None:
+        return None
+    metrics = ("; the prefix-cache hit rate from the server's /metrics is still reported"
+               if (section.get("server_prefix_cache") or {}).get("hit_rate") is not None else "")
+    return ("the server's answers carried no usage.prompt_tokens_details.cached_tokens, so the sessions report no "
+            "cached prompt tokens per turn (vLLM sends them only when started with --enable-prompt-tokens-details)"
+            + metrics)
+
+
 def run_session_repeats(run: "BenchRun", target: "LoadTarget", point: dict, index: int, shape: "_Shape") -> list[dict]:
     """One sweep point's repeats of the session replay: their results (as ``_run_repeats``)."""
     cancel, cl = run.cancel, run.cfg.client
@@ -112,6 +127,10 @@ def _one_repeat(run: "BenchRun", target: "LoadTarget", point: dict, index: int, 
     result["session_mode"] = mode
     _save(run, f"requests/point{index}_repeat{rep}.json", detailed_turns(result_obj))
     s = result["sessions"]
+    note = None if cfg.framework == "builtin" and not cfg.server.prefix_caching else no_cached_tokens_note(s)
+    if note and note not in run.warnings:  # said once, not at every point and repeat
+        run.warnings.append(note)
+        run.log(f"warning: {note}")
     pc = s.get("server_prefix_cache") or {}
     hit = f", server prefix-cache hit rate {pc['hit_rate']:.1%}" if pc.get("hit_rate") is not None else ""
     run.log(f"point {point or 'default'} repeat {rep + 1}/{cl.repeats}: {s['sessions_completed']}/{s['sessions']} "
