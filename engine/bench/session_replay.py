@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -93,6 +94,13 @@ class SessionReplayResult:
     metrics_before: dict[str, float] | None = None
     metrics_after: dict[str, float] | None = None
     cancelled: bool = False
+
+
+def answer_key(session_id: str, turn: int) -> tuple[int, ...]:
+    """The seed of the stand-in token ids of a session's answer to ``turn`` (token-id sessions keep
+    no answer text): the same in every run, so a replay's prompts are reproducible (Python's
+    ``hash`` of a string is salted per process)."""
+    return (4, zlib.crc32(session_id.encode()), turn)
 
 
 class _History:
@@ -276,7 +284,7 @@ class SessionReplay:
             if not rec.out.success:
                 return  # the rest of the session depends on this answer
             history.add(turn.input, rec.text, rec.out.output_tokens or rec.out.counted_tokens,
-                        (4, hash(session.session_id) & 0x7FFFFFFF, k))
+                        answer_key(session.session_id, k))
             for child in children.get(k, []):
                 self._spawn(http, child, history.copy())  # its context: the parent's as of this answer
 
