@@ -64,8 +64,10 @@ _MSG_BYTES = 1 << 16
 IDLE_EXIT_S = 300.0
 SHARE_ENV = "MAGPIE_FORKSERVER"  # the socket of a process that shares its servers (``share``)
 # Set per invocation, never read at import: a shared server ignores them when matching an
-# environment, and the forked worker gets the asking process's values.
-VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
+# environment, and the forked worker gets the asking process's values. MAGPIE_PREPARED_KEY
+# (engine.jobs.requests): a random key of each submitting process (an MCP server, the
+# workbench) that its run children hold, read only when a run loads its prepared request.
+VOLATILE_ENV = ("PYTEST_CURRENT_TEST", "MAGPIE_PREPARED_KEY")
 
 
 def usable() -> bool:

@@ -96,7 +96,11 @@ def _stable(value):
 
 @pytest.mark.slow
 def test_compare_through_stdio_gives_the_cli_report(tmp_path):
-    cli = run_magpie("compare", "-k", RMSNORM, "-o", tmp_path / "cli", "--no-perf", "--seed", "7")
+    # In the environment the MCP server's jobs get (engine.jobs.executors.engine_env: the checkout
+    # first on PYTHONPATH again): the harness workers of both runs then fork from one shared
+    # server instead of one each environment (torch and its compiler stack imported again).
+    job_env = {"MAGPIE_MCP_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    cli = run_magpie("compare", "-k", RMSNORM, "-o", tmp_path / "cli", "--no-perf", "--seed", "7", env=job_env)
     assert cli.returncode == 0, cli.stderr
     cli_report = json.loads((only_workspace(tmp_path / "cli") / "compare_report.json").read_text())
 
