@@ -270,7 +270,13 @@ _OWNER = [0]
 
 
 def _server_for(python: str, env: dict, local: bool = False):
-    key = (python, tuple(sorted(env.items())), local)
+    shared = os.environ.get(SHARE_ENV)
+    ours = _SHARER[0] is not None and _SHARER[0].path == shared  # this process shares them
+    asks = bool(shared) and not local and not ours  # a sharing parent's server, for exactly this env
+    # A server of our own runs without the per-invocation variables (start_worker hands them to
+    # the worker): one server for every value of them, as a sharing process's servers are.
+    own_env = {k: v for k, v in env.items() if k not in VOLATILE_ENV}
+    key = (python, tuple(sorted((env if asks else own_env).items())), local)
     with _SERVERS_LOCK:
         if _OWNER[0] != os.getpid():  # a forked copy of this process starts servers of its own
             _SERVERS.clear()
@@ -284,18 +290,16 @@ def _server_for(python: str, env: dict, local: bool = False):
         if key in _FAILED:  # e.g. that python has no torch: the spawned worker says so
             raise ForkServerError("no fork server for this environment")
         server = None
-        shared = os.environ.get(SHARE_ENV)
-        ours = _SHARER[0] is not None and _SHARER[0].path == shared  # this process shares them
-        if shared and not local and not ours and (shared, key) not in _FAILED:
+        if asks and (shared, key) not in _FAILED:
             try:
                 server = SharedForkServer(shared, python, env)
             except OSError:
                 _FAILED.add((shared, key))  # a server of its own, as without one to share
         if server is None:
             try:
-                # One started for the children of a sharing process serves many runs: it loads
-                # what their reference workers would each import (``_preload``).
-                server = ForkServer(python, env, preload=local)
+                # One of a sharing process (for its children or itself) serves many runs: it
+                # loads what their reference workers would each import (``_preload``).
+                server = ForkServer(python, own_env, preload=local or ours)
             except OSError:
                 _FAILED.add(key)
                 raise
@@ -425,6 +429,8 @@ def start_worker(python: str, env: dict, cwd: Path, scratch: Path, read_fd: int,
     msg = {"op": "spawn", "cwd": str(cwd), "scratch": str(scratch), "record": str(record)}
     for attempt in (1, 2):  # a server that has just exited (idle) is started again once
         server = _server_for(python, env)
+        if isinstance(server, ForkServer) and any(k in env for k in VOLATILE_ENV):
+            msg["env"] = env  # the worker's environment, exactly: its server runs without them
         try:
             reply = server.request(msg, (read_fd, write_fd, stdout_fd, stderr_fd))
             break
