@@ -24,9 +24,10 @@ The catalog, read by the loop::
 ``LibraryKernel`` fields: ``op`` (a registry key), ``name`` (short id, unique), ``path`` (the
 dotted path ``package.module:function`` that ``engine.serve.kernels.resolve_kernels`` imports),
 ``backend`` (``"torch"`` or ``"triton"``) and ``description``. ``available(device)`` answers
-``(usable, reason)`` without importing the kernel (importing this package imports no triton):
-a Triton kernel needs triton and a GPU (CUDA or ROCm), or, on the CPU, ``TRITON_INTERPRET=1``
-set before triton is imported (correct but slow: for correctness tests, never for timing).
+``(usable, reason)`` without importing the kernel (importing this package imports neither torch
+nor triton): a Triton kernel needs triton and a GPU (CUDA or ROCm), or, on the CPU,
+``TRITON_INTERPRET=1`` set before triton is imported (correct but slow: for correctness tests,
+never for timing).
 ``reason`` says why not, or carries a note when usable.
 ``load()`` imports and returns the function.
 
@@ -52,8 +53,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from engine.library._common import INTERPRET_ENV, LibraryInputError, interpreted
-from engine.serve.kernels import KERNEL_KEYS
+from engine.library._base import INTERPRET_ENV, LibraryInputError, interpreted  # torch-free, as this module
+from engine.serve.kernel_keys import KERNEL_KEYS
 
 __all__ = ["BACKENDS", "CATALOG", "LibraryInputError", "LibraryKernel", "candidates_for", "kernel_named"]
 

@@ -7,24 +7,13 @@ from typing import Any
 
 import torch
 
-from engine.errors import MagpieError
+from engine.library._base import INTERPRET_ENV, LibraryInputError, interpreted
+
+__all__ = ["FLOAT_DTYPES", "INDEX_DTYPES", "INTERPRET_ENV", "LibraryInputError", "check_tensor", "interpreted",
+           "last_dim_contiguous"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
-INTERPRET_ENV = "TRITON_INTERPRET"
-
-
-class LibraryInputError(MagpieError, ValueError):
-    """A library kernel was called with inputs it cannot compute correctly (shape, dtype,
-    device), or where it cannot run at all (a Triton kernel on a CPU without the interpreter)."""
-
-    title = "unusable kernel input"
-
-
-def interpreted(kernel: Any) -> bool:
-    """Whether a ``@triton.jit`` kernel was built for the interpreter. Decided when its module was
-    imported (Triton reads TRITON_INTERPRET at decoration time), not by today's environment."""
-    return type(kernel).__name__ == "InterpretedFunction"
 
 
 def check_tensor(name: str, arg: str, t: Any, *, ndim: int | None = None, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,

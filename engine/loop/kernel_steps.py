@@ -69,14 +69,17 @@ def step_harness(loop: "Loop", step: "LoopStep") -> HarnessResult:
 
 def _implementation_in_use(loop: "Loop", op: str, device: Optional[str]) -> str:
     """The clean config's kernels: entry for ``op``, else the server's default on the profiled device."""
-    from engine.serve.kernels import default_kernel_path
     raw = loop.clean_yaml()
     server = (raw.get("benchmark") or {}).get("server") or {}
     kernels = server.get("kernels") or {}
     if kernels.get(op):
         return kernels[op]
     on_gpu = device == "gpu" and server.get("triton_kernels", True) is not False
-    return default_kernel_path(op, "cuda" if on_gpu else None)
+    if not on_gpu:  # the reference, named without importing torch (seconds) into the loop's process
+        from engine.serve.kernel_keys import REFERENCE_PATHS
+        return REFERENCE_PATHS[op]
+    from engine.serve.kernels import default_kernel_path
+    return default_kernel_path(op, "cuda")
 
 
 # ---------------------------------------------------------------------------- 5. candidates

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.errors import MagpieError
-from engine.serve.kernel_keys import KERNEL_KEYS  # torch-free, for the launch form and the job API
+from engine.serve.kernel_keys import KERNEL_KEYS, REFERENCE_PATHS  # torch-free, for the launch form and the job API
 
 TRITON_MODULE = "engine.serve.triton_kernels"
 # Attribute under which the model hangs the host copy of a cu_seqlens tensor it built: the
@@ -164,6 +164,8 @@ _DEFAULTS: dict[str, Callable] = {
     "attention": varlen_attention,
     "decode_attention": decode_attention,
 }
+if {k: fn.__name__ for k, fn in _DEFAULTS.items()} != {k: p.rpartition(":")[2] for k, p in REFERENCE_PATHS.items()}:
+    raise ImportError("engine.serve.kernel_keys.REFERENCE_PATHS does not name the defaults of engine.serve.kernels")
 # The Triton defaults on a GPU: key -> dotted path of the kernel.
 TRITON_DEFAULTS = {"rmsnorm": f"{TRITON_MODULE}:rmsnorm", "activation": f"{TRITON_MODULE}:silu_and_mul",
                    "rotary": f"{TRITON_MODULE}:rotary", "attention": "engine.library.attention:varlen_attention_triton",
