@@ -75,13 +75,24 @@ def test_manifest_is_complete_and_consistent():
 
 # ----------------------------------------------------------------------------- one compare per CPU YAML
 
+@pytest.fixture(scope="module")
+def pidfile(tmp_path_factory) -> Path:
+    """Where a kernel that detaches a process (detached_process.py) writes its pid: one path for
+    every compare of the module, so that all of them run in the same environment and fork their
+    workers from the session's one shared fork server (its environment is part of the key: a
+    path a compare would make the next compare start a server of its own, torch and all)."""
+    return tmp_path_factory.mktemp("adversarial_pids") / "detached.pids"
+
+
 @pytest.fixture(scope="module", params=CPU_YAMLS)
-def compare_run(request, tmp_path_factory):
+def compare_run(request, tmp_path_factory, pidfile):
     rel = request.param
     out = tmp_path_factory.mktemp(Path(rel).stem)
-    # A kernel that detaches a process (detached_process.py) writes its pid here.
+    pidfile.unlink(missing_ok=True)
     proc = run_magpie("compare", "-k", SUITE / rel, "-o", out, "--seed", "1", timeout=1500,
-                      env={"MAGPIE_ADVERSARIAL_PIDFILE": str(out / "detached.pids")})
+                      env={"MAGPIE_ADVERSARIAL_PIDFILE": str(pidfile)})
+    if pidfile.exists():  # this compare's detached pids, read by test_no_detached_process_outlives_the_run
+        pidfile.rename(out / "detached.pids")
     return rel, proc, out
 
 
