@@ -86,7 +86,10 @@ def test_on_ray_the_reference_judges_the_baseline_in_every_time_task(tmp_path):
     del cfg["kernels"][1]["reference_file"]  # named on the baseline only: the candidate's task still gets it
     cfg["scheduler"] = {"ray": {"gpu_resource": "sim_gpu"}}
     (src / "wrong_baseline.compare.yaml").write_text(yaml.safe_dump(cfg))
-    with local_ray_head("mgref", resources={"sim_gpu": 1}) as address:
+    # No idle workers started ahead for this process's own job: it submits nothing, and the CLI's
+    # tasks run in workers of their own runtime environment (two Python processes, ~1.3 s of CPU).
+    no_prestart = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+    with local_ray_head("mgref", resources={"sim_gpu": 1}, _system_config=no_prestart) as address:
         proc = run_magpie("-e", "ray", "--ray-address", address, "compare", "-k", src / "wrong_baseline.compare.yaml",
                           "--seed", "1", "--repeats", "10", "-o", tmp_path / "out", timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
