@@ -570,15 +570,17 @@ class Engine:
         self._ahead = (decoding + joined, self.decoder.run_joined(decoded, first_tokens, [len(r.prompt) for r in joined],
                                                                   [r.slot for r in joined]))
 
-    def _emit(self, req: _Request, token: int) -> bool:
-        """Hand ``token`` to the request; True when that finished it (its slot is freed)."""
+    def _settle(self, req: _Request, token: int, events: list[tuple[_Request, TokenEvent]]) -> bool:
+        """Give ``token`` to the request and queue its event in ``events``; True when that finished
+        it (its slot is freed and counted now, before any event of the step goes out)."""
         req.output.append(token)
         finish = None
         if not req.ignore_eos and token == self.eos_id:
             finish = "stop"
         elif len(req.output) >= req.max_tokens:
             finish = "length"
-        req.sink(TokenEvent(token, finish_reason=finish, cached_tokens=req.cached if len(req.output) == 1 else None))
+        events.append((req, TokenEvent(token, finish_reason=finish,
+                                       cached_tokens=req.cached if len(req.output) == 1 else None)))
         if finish is not None:
             if self.prefix_cache is not None and req.slot is not None:
                 # Its prompt and the tokens generated before the last (whose keys and values are in its slot).
@@ -588,18 +590,23 @@ class Engine:
         return finish is not None
 
     def _finish(self, chunks: list[tuple[_Request, int, int]], decoding: list[_Request], tokens: list[int]) -> None:
+        """Settle a step's tokens, update the state and counters, then hand the tokens out: a client
+        that has its last token and then reads ``/metrics`` finds the request counted."""
         started: list[_Request] = []  # whose prompt is now all in the cache, and not finished by its first token
+        events: list[tuple[_Request, TokenEvent]] = []
         for (req, s, n), token in zip(chunks, tokens):
             req.prefilled = s + n
             if self.prefix_cache is not None and req.prefilled == len(req.prompt):
                 self.prefix_cache.store(self.cache, req.slot, req.prompt)  # requests that share it can start now
-            if req.prefilled == len(req.prompt) and not self._emit(req, token):
+            if req.prefilled == len(req.prompt) and not self._settle(req, token, events):
                 started.append(req)
-        running = [req for req, token in zip(decoding, tokens[len(chunks):]) if not self._emit(req, token)]
+        running = [req for req, token in zip(decoding, tokens[len(chunks):]) if not self._settle(req, token, events)]
         with self._cond:
             self._prefilling = [r for r in self._prefilling if r.prefilled < len(r.prompt)]
             self._running = running + started
             self.stats.generation_tokens += len(decoding) + sum(1 for r, s, n in chunks if s + n == len(r.prompt))
+        for req, event in events:
+            req.sink(event)
 
     def _fail(self, batch: list[_Request], error: str) -> None:
         failed = {id(r) for r in batch}

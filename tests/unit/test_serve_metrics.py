@@ -133,3 +133,22 @@ def test_the_decode_floor_is_the_weights_read_over_the_bandwidth():
     assert (report["gpu"], report["bandwidth_tbs"], report["bandwidth_source"]) == ("H200", 4.3, "measured")
     assert report["tpot_over_floor"] == pytest.approx(1.15 / one_b["ms_per_step"], abs=0.01)
     assert builtin_floor("1b", "no-such-gpu")["ms_per_step"] is None
+
+
+def test_a_request_is_counted_before_its_last_token_goes_out():
+    """A client that has a request's last token and then reads /metrics finds the request's tokens
+    and its finish counted, and it no longer running: the counters are updated before the step
+    hands its tokens out."""
+    engine = Engine(LlamaModel(PRESETS["tiny"]), max_batch_size=4, max_model_len=64, graph_batch_sizes=[1, 4])
+    seen: list[tuple[int, float, int]] = []
+
+    def sink(ev) -> None:
+        if ev.finish_reason is not None:
+            m = engine.metrics()
+            seen.append((m["generation_tokens"], m["finished"].get("length", 0), m["running"]))
+
+    for i in range(3):
+        engine.submit([1, 2, 3 + i], 1 + i, True, sink)  # 1, 2 and 3 tokens: one finishes at its first token
+    while engine.step() is not None:
+        pass
+    assert seen == [(3, 1, 2), (5, 2, 1), (6, 3, 0)], seen
