@@ -539,7 +539,7 @@ def _fork_worker(worker_main, msg: dict, fds: list[int], sock: socket.socket) ->
         os._exit(code)
 
 
-def _preload(compiler_stack: bool) -> None:
+def _preload(compiler_stack: bool, has_cuda: bool) -> None:
     """Before the first fork. Triton, which every worker imports when it describes its device
     (``op_load``), is imported once here. With ``compiler_stack`` (a server that serves the runs
     of other processes, ``share``: many reference workers), so is the flop counter, whose first
@@ -548,34 +548,43 @@ def _preload(compiler_stack: bool) -> None:
     skip torch and the worker module (a fork inherits the freeze; the worker unfreezes before it
     exits)."""
     import gc
-    # Triton reads TRITON_INTERPRET once: imported as the worker would have it (a worker on the
-    # CPU sets it to 1 at its load, before it imports Triton), and the variable no longer in the
-    # environment the worker starts with.
+    # Triton decides interpreter or compiler for each @triton.jit function when it is defined, and
+    # its own library (triton.language.standard: tl.max, tl.sum ...) is defined at its import: it
+    # is imported here only where every worker will run with the same TRITON_INTERPRET — set in
+    # the environment already, or a machine without a GPU, where each worker sets it to 1 at its
+    # load (op_load). On a GPU machine without it, a worker decides by its own device (a CUDA
+    # worker compiles, a CPU one interprets), so Triton and torch's compiler stack, which imports
+    # Triton, are left to the worker.
     unset = "TRITON_INTERPRET" not in os.environ
-    if unset:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        try:
-            import triton  # noqa: F401
-        except Exception:  # noqa: BLE001 - no Triton, or a broken one: the worker says so itself, as before
-            pass
-        if compiler_stack:
-            try:
-                import torch._dynamo  # noqa: F401
-                import torch.utils.flop_counter  # noqa: F401
-            except Exception:  # noqa: BLE001 - a torch without them: the worker imports what it finds, as before
-                pass
-    finally:
+    if not (unset and has_cuda):
         if unset:
-            os.environ.pop("TRITON_INTERPRET", None)
+            os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            _import_triton(compiler_stack)
+        finally:
+            if unset:
+                os.environ.pop("TRITON_INTERPRET", None)
     gc.collect()
     gc.freeze()
+
+
+def _import_triton(compiler_stack: bool) -> None:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - no Triton, or a broken one: the worker says so itself, as before
+        pass
+    if compiler_stack:
+        try:
+            import torch._dynamo  # noqa: F401
+            import torch.utils.flop_counter  # noqa: F401
+        except Exception:  # noqa: BLE001 - a torch without them: the worker imports what it finds, as before
+            pass
 
 
 def serve(sock: socket.socket, idle_exit_s: float = IDLE_EXIT_S, compiler_stack: bool = False) -> None:
     this_module = sys.modules["__main__"]  # noqa: F841 - kept alive: the worker module takes its place
     worker = _load_worker_as_main()
-    _preload(compiler_stack)
+    _preload(compiler_stack, worker._HAS_CUDA)
     why = _not_forkable()
     sock.send(json.dumps({"ready": why is None, "why": why}).encode())
     if why:

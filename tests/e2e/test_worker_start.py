@@ -11,11 +11,13 @@ probes/<pid>-<module>.json."""
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from conftest import read_report, run_magpie
+from conftest import REPO, read_report, run_magpie
 from engine.kernels import forkserver
 
 pytestmark = pytest.mark.slow
@@ -372,3 +374,26 @@ def test_a_child_killed_outright_leaves_no_worker_and_the_shared_server_reaps_it
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("has_cuda,interpret", [(False, None), (True, None), (True, "1")])
+def test_a_fork_server_imports_triton_only_as_every_worker_would_have_it(has_cuda, interpret):
+    """Triton defines its own library (tl.max, tl.sum ...) as interpreted or compiled functions at
+    its import. A server imports it before forking only where every worker will agree: no GPU
+    (each worker interprets) or TRITON_INTERPRET set already; on a GPU machine without it, a CUDA
+    worker compiles and a CPU worker interprets, so Triton is left to each of them."""
+    pytest.importorskip("triton")
+    code = ("import os, sys\nfrom engine.kernels.forkserver import _preload\n"
+            f"_preload(False, {has_cuda})\n"
+            "loaded = 'triton' in sys.modules\n"
+            "kind = type(sys.modules['triton.language.standard'].max).__name__ if loaded else None\n"
+            "print(loaded, kind, os.environ.get('TRITON_INTERPRET'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = interpret
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         cwd=REPO).stdout.split()
+    if has_cuda and interpret is None:
+        assert out == ["False", "None", "None"]  # left to each worker
+    else:
+        assert out == ["True", "InterpretedFunction", str(interpret)]  # and the variable as it was
