@@ -303,9 +303,9 @@ def bundled_kernel_paths() -> frozenset[str]:
     """``module:function`` of every kernel that ships with the engine: the library's catalog, the
     built-in server's Triton defaults and its PyTorch references."""
     from engine.library import CATALOG
-    from engine.serve.kernels import _DEFAULTS, TRITON_DEFAULTS
-    paths = {k.path for k in CATALOG} | set(TRITON_DEFAULTS.values())
-    paths |= {f"engine.serve.kernels:{fn.__name__}" for fn in _DEFAULTS.values()}
+    from engine.serve.kernel_keys import REFERENCE_PATHS
+    from engine.serve.kernels import TRITON_DEFAULTS
+    paths = {k.path for k in CATALOG} | set(TRITON_DEFAULTS.values()) | set(REFERENCE_PATHS.values())
     return frozenset(paths)
 
 

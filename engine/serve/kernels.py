@@ -164,7 +164,7 @@ _DEFAULTS: dict[str, Callable] = {
     "attention": varlen_attention,
     "decode_attention": decode_attention,
 }
-if {k: fn.__name__ for k, fn in _DEFAULTS.items()} != {k: p.rpartition(":")[2] for k, p in REFERENCE_PATHS.items()}:
+if {k: f"{__name__}:{fn.__name__}" for k, fn in _DEFAULTS.items()} != REFERENCE_PATHS:
     raise ImportError("engine.serve.kernel_keys.REFERENCE_PATHS does not name the defaults of engine.serve.kernels")
 # The Triton defaults on a GPU: key -> dotted path of the kernel.
 TRITON_DEFAULTS = {"rmsnorm": f"{TRITON_MODULE}:rmsnorm", "activation": f"{TRITON_MODULE}:silu_and_mul",
@@ -270,7 +270,7 @@ def _check_signature(key: str, path: str, fn: Callable) -> None:
 
 def _defaults(device: torch.device | str | None, triton_defaults: bool) -> tuple[dict[str, Callable], dict[str, str], list[str]]:
     chosen = dict(_DEFAULTS)
-    sources = {k: f"{__name__}:{fn.__name__}" for k, fn in _DEFAULTS.items()}
+    sources = dict(REFERENCE_PATHS)
     notes: list[str] = []
     if device is None or torch.device(device).type != "cuda" or not triton_defaults:
         return chosen, sources, notes
