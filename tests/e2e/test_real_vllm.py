@@ -47,14 +47,6 @@ TOLERANCE = 0.05
 METRICS = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    vllm_cpu.ensure_venv()
-    out = tmp_path_factory.mktemp("tiny-llama")
-    info = vllm_cpu.build_tiny_model(out)
-    return out, info
-
-
 def _yaml(path: Path, model: Path, vocab: int, *, conc: int, prompts: int) -> Path:
     path.write_text(f"""benchmark:
   framework: vllm

@@ -113,14 +113,6 @@ PROBE = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    vllm_cpu.ensure_venv()
-    out = tmp_path_factory.mktemp("tiny-llama")
-    info = vllm_cpu.build_tiny_model(out)
-    return out, info
-
-
 def test_oot_classes_replace_vllms_own(tmp_path):
     from engine.loop.vllm_plugin import install_vllm_plugin, write_vllm_plugin
     python = str(vllm_cpu.ensure_venv())

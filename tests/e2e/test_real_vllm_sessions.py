@@ -35,14 +35,6 @@ BLOCK = 32
 SESSIONS, TURNS, SYSTEM, ISL, OSL = 4, 3, 64, 32, 4
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    vllm_cpu.ensure_venv()
-    out = tmp_path_factory.mktemp("tiny-llama")
-    info = vllm_cpu.build_tiny_model(out)
-    return out, info
-
-
 def _yaml(path: Path, model: Path, vocab: int) -> Path:
     path.write_text(f"""benchmark:
   framework: vllm
