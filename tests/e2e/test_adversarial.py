@@ -80,7 +80,7 @@ def pidfile(tmp_path_factory) -> Path:
     """Where a kernel that detaches a process (detached_process.py) writes its pid: one path for
     every compare of the module, so that all of them run in the same environment and fork their
     workers from the session's one shared fork server (its environment is part of the key: a
-    path a compare would make the next compare start a server of its own, torch and all)."""
+    path per compare would make each compare start a server of its own, torch and all)."""
     return tmp_path_factory.mktemp("adversarial_pids") / "detached.pids"
 
 

@@ -4,10 +4,14 @@ lines named by file and line, the synthetic generator, and the engine's prefix r
 
 import concurrent.futures
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from conftest import REPO
 from engine.bench.datasets import DatasetError
 from engine.bench.sessions import (BlockTokens, load_mooncake, load_sharegpt_sessions, synthetic_sessions)
 from engine.serve.engine import Engine
@@ -214,3 +218,12 @@ def test_a_long_cached_prefix_with_a_chunked_rest_matches_the_uncached_answer():
         on.stop()
         off.stop()
     assert cached == 80 and got_on == got_off
+
+
+def test_the_answers_stand_in_tokens_are_the_same_in_every_process():
+    """Token-id sessions fill an answer's place in the context with ids seeded by the session and
+    turn: two processes with different string-hash salts must seed them alike."""
+    code = "from engine.bench.session_replay import answer_key; print(answer_key('session-7', 2))"
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(seen) == 1, seen
