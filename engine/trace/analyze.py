@@ -9,6 +9,7 @@ import csv
 import gc
 import os
 import threading
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,6 +322,13 @@ def _start_split(trace: Trace, ws: Workspace, opts: TraceAnalysisOptions) -> Opt
     return _BackgroundSplit(trace, _split_dir(ws), opts, ws.root)
 
 
+def _may_link(trace: Trace) -> bool:
+    """The trace has GPU events and flow events (what the tree links launches to kernels by)."""
+    from engine.trace.tree import GPU_CATS
+    return any(trace.kinds_where(lambda ph, cat: ph == "X" and cat in GPU_CATS)) and \
+        any(trace.kinds_where(lambda ph, cat: ph in ("s", "f")))
+
+
 def _stop_if_cancelled(cancel: Any, where: str) -> None:
     if cancel is not None and cancel.cancelled:
         raise TraceCancelled(f"trace analysis cancelled {where} ({cancel.reason or 'cancelled'})")
@@ -363,6 +371,12 @@ def _analyse(target: Path, opts: TraceAnalysisOptions, ws: Workspace, log: Calla
         ws.events.emit("stage", stage=f"load rank {rank}", state=StageState.RUNNING, trace=str(path))
         with times("load"):
             trace = load_trace(path, cancel)
+        is_rank0 = rank0_trace is None
+        if is_rank0 and opts.tracelens and _may_link(trace):
+            # The split reads only the trace: started now, it overlaps every stage below (stopped
+            # there if the tree links no GPU event to a launch after all).
+            split_job = _start_split(trace, ws, opts)
+            started += [split_job] if split_job is not None else []
         with times("kernels"):
             window = trace_window(trace, opts.start_pct, opts.end_pct)
             windows[str(rank)] = window.to_dict()
@@ -381,13 +395,16 @@ def _analyse(target: Path, opts: TraceAnalysisOptions, ws: Workspace, log: Calla
             steps = step_launch_analysis(tree, _steps_for(found_steps, window), idle["gaps"])
             idle_by_rank[rank], steps_by_rank[rank] = idle, steps
             idle_files += _idle_files(rank, idle, steps, gap_dir)
-        is_rank0 = rank0_trace is None
         if is_rank0:
             rank0_trace, rank0_tree = trace, tree
             linked = tree.linked_gpu_events
-            if linked and opts.tracelens:
-                split_job = _start_split(trace, ws, opts)
-                started += [split_job] if split_job is not None else []
+            if not linked and split_job is not None:  # its files would be of a section that is not written
+                try:
+                    split_job.result()  # (its own child writes files too: let both finish, then remove them)
+                except Exception:
+                    pass
+                shutil.rmtree(_split_dir(ws), ignore_errors=True)
+                split_job = None
             if linked:
                 with times("timeline"):
                     timeline_rows = gpu_timeline(linked)

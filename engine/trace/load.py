@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import codecs
 import gc
-import gzip
 import json
 import math
-import queue
+import os
+import pickle
 import re
+import signal
+import struct
 import sys
 import threading
 import weakref
+import zlib
 from array import array
 from itertools import accumulate
 from pathlib import Path
@@ -810,14 +813,22 @@ def _window_args(app: _Appender, items: list) -> tuple[list, list, list[int]]:
     keep_args = _KEEP_ALL_ARGS
     args_index = app.args_index
     pool = app.t.args_pool
-    for n, r, raw, ids in zip(range(len(items)), items, raws, ids_list):
-        if ids is None or (r.cat not in keep_args and r.ph != "M") or raw == b"{}":
-            continue
-        if r.cat == "python_function":  # a frame's own ids: its args never repeat, so are not looked up
-            if len(raw) > 2 * MAX_JSON_DEPTH and _too_deep(raw):  # (too deep needs that many brackets)
-                raise ValueError(f"args nest deeper than {MAX_JSON_DEPTH} levels, the most a trace event may")
-            args[n] = len(pool)
-            pool.append(raw)
+    # Python frames (most events of a trace with stacks): their args hold their own ids, so never
+    # repeat and are pooled as they are, in one pass; the others are looked up one by one.
+    cats = [r.cat for r in items]
+    frames = [n for n, c, ids, raw in zip(range(len(items)), cats, ids_list, raws)
+              if c == "python_function" and ids is not None and raw != b"{}"]
+    if frames:
+        texts = [raws[n] for n in frames]
+        if max(map(len, texts)) > 2 * MAX_JSON_DEPTH and any(map(_too_deep, texts)):  # (needs that many brackets)
+            raise ValueError(f"args nest deeper than {MAX_JSON_DEPTH} levels, the most a trace event may")
+        base = len(pool)
+        pool.extend(texts)
+        for j, n in enumerate(frames, base):
+            args[n] = j
+    for n in (range(len(items)) if not frames else [n for n, c in enumerate(cats) if c != "python_function"]):
+        r, c, raw, ids = items[n], cats[n], raws[n], ids_list[n]
+        if ids is None or c == "python_function" or (c not in keep_args and r.ph != "M") or raw == b"{}":
             continue
         ext, corr, idx = ids.ext, ids.corr, ids.idx
         # (Plain replaces of the known values: several times cheaper than a regex.)
@@ -935,6 +946,12 @@ def _last_event_end(buf: str, start: int) -> int:
         end = j
 
 
+def _last_brace(buf: str, start: int) -> int:
+    """Index of the last '}' in buf[start:] before only whitespace and commas; -1 if none."""
+    k = len(buf.rstrip(" \t\r\n,")) - 1
+    return k if k > start and buf[k] == "}" else -1
+
+
 def _open_text(path: Path) -> tuple[BinaryIO, Any]:
     from engine.safeio import NotRegularFile, open_regular
     try:
@@ -948,58 +965,59 @@ def _open_text(path: Path) -> tuple[BinaryIO, Any]:
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":
-        fh = gzip.GzipFile(fileobj=fh)  # type: ignore[assignment]
+        fh = _Gunzip(fh)  # type: ignore[assignment]
     return fh, codecs.getincrementaldecoder("utf-8")(errors="strict")
 
 
-class _ReadAhead:
-    """Reads a file on a thread, ``_AHEAD`` chunks of ``_CHUNK`` bytes ahead of ``read``; what the
-    file raised is raised by ``read``."""
+class _Gunzip:
+    """A gzip file's text (every member, in order), inflated by zlib a large block at a time
+    (GzipFile's reads take 8 kB of input each: 2-3 times the time). Trailing zeros after the last
+    member are skipped, as GzipFile skips them; a stream cut short raises EOFError, bad data
+    OSError."""
 
-    def __init__(self, fh: BinaryIO) -> None:
-        self.fh = fh
-        self.chunks: queue.Queue = queue.Queue(_AHEAD)
-        self.stopped = threading.Event()
-        self.eof = False
-        self.thread = threading.Thread(target=self._run, name="trace-read-ahead", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                chunk: Any = self.fh.read(_CHUNK)
-            except BaseException as exc:  # handed to the reader
-                chunk = exc
-            while not self.stopped.is_set():
-                try:
-                    self.chunks.put(chunk, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if not isinstance(chunk, bytes) or not chunk:
-                return
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw = raw
+        self.inflate = zlib.decompressobj(31)  # 31: a gzip header and trailer (its CRC and size checked)
+        self.started = False
+        self.input = b""
 
     def read(self, size: int) -> bytes:
-        """At least ``size`` bytes, or what is left (b"" at the end)."""
         parts, n = [], 0
-        while n < size and not self.eof:
-            chunk = self.chunks.get()
-            if isinstance(chunk, BaseException):
-                self.eof = True
-                raise chunk
-            if not chunk:
-                self.eof = True
-                break
-            parts.append(chunk)
-            n += len(chunk)
+        while n < size:
+            if not self.input:
+                self.input = self.raw.read(_GZ_INPUT)
+                if not self.input:
+                    if self.started and not self.inflate.eof:
+                        raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                    break
+            if self.inflate.eof:  # another member follows, or zeros
+                if not self.input.strip(b"\x00"):
+                    self.input = b""
+                    continue
+                self.inflate, self.started = zlib.decompressobj(31), False
+            try:
+                out = self.inflate.decompress(self.input, size - n)
+            except zlib.error as exc:
+                raise OSError(f"not a valid gzip stream ({exc})") from None
+            self.started = True
+            self.input = self.inflate.unused_data if self.inflate.eof else self.inflate.unconsumed_tail
+            if out:
+                parts.append(out)
+                n += len(out)
         return b"".join(parts)
 
+    def seek(self, offset: int) -> int:  # (only to the start: after the magic was read)
+        if offset != 0:
+            raise OSError("a gzip stream seeks only to its start")
+        self.raw.seek(0)
+        self.inflate, self.started, self.input = zlib.decompressobj(31), False, b""
+        return 0
+
     def close(self) -> None:
-        self.stopped.set()
-        self.thread.join()
+        self.raw.close()
 
 
-_AHEAD = 8  # chunks read ahead of the parse
+_GZ_INPUT = 1 << 18  # compressed bytes read at a time
 
 
 class _Reader:
@@ -1008,10 +1026,7 @@ class _Reader:
     def __init__(self, path: Path, cancel: Any = None) -> None:
         self.path = path
         self.fh, self.decoder = _open_text(path)
-        self.gz = isinstance(self.fh, gzip.GzipFile)
-        # A gzip file is decompressed a few chunks ahead on a thread (zlib lets go of the GIL
-        # while it inflates): the parse of one window overlaps the inflating of the next.
-        self.ahead = _ReadAhead(self.fh) if self.gz else None
+        self.gz = isinstance(self.fh, _Gunzip)
         self.buf = ""
         self.pos = 0  # position in buf
         self.offset = 0  # characters dropped before buf[0]
@@ -1019,6 +1034,13 @@ class _Reader:
         self.eof = False
         self.cancel = cancel
         self._fills = 0
+        # A large trace's events from the byte ``tail.start`` on are loaded by a forked child
+        # (``_Tail``): this reader then stops at the event boundary the child began at.
+        self.tail: _Tail | None = None
+        self.in_events = False  # inside the traceEvents list (the only place a split may fall)
+        self.raw_pos = 0  # bytes of the (decompressed) text read so far
+        self.limit: int | None = None  # where this reader stops: the child's first event
+        self.at_limit = False
 
     def fill(self, size: int = _CHUNK) -> bool:
         if self.eof:
@@ -1026,16 +1048,22 @@ class _Reader:
         self._fills += 1
         if self.cancel is not None and self._fills % _CANCEL_EVERY == 0 and self.cancel.cancelled:
             raise TraceCancelled(f"{self.path}: loading cancelled ({self.cancel.reason or 'cancelled'})")
+        if self.tail is not None and self.limit is None and self.raw_pos + size + _CHUNK >= self.tail.start:
+            self._meet_tail()
         try:
-            raw = self.fh.read(size) if self.ahead is None else self.ahead.read(size)
+            raw = self.fh.read(size)
         except (OSError, EOFError) as exc:  # bad gzip stream
             raise TraceError(f"{self.path}: cannot read after character {self.offset + len(self.buf)}: {exc}") from None
+        if self.limit is not None and self.raw_pos + len(raw) >= self.limit:
+            raw = raw[:self.limit - self.raw_pos]  # (what was read past it is the child's)
+            self.at_limit = True
+        self.raw_pos += len(raw)
         try:
             text = self.decoder.decode(raw, final=not raw)
         except UnicodeDecodeError as exc:
             raise TraceError(f"{self.path}: not UTF-8 text near character {self.offset + len(self.buf)} "
                              f"(byte {self.byte_at(len(self.buf)) + exc.start}): {exc.reason}") from None
-        if not raw:
+        if not raw or (self.at_limit and self.raw_pos >= self.limit):  # type: ignore[operator]
             self.eof = True
         # Drop what was consumed so the window stays one chunk or so long.
         if self.pos:
@@ -1045,12 +1073,19 @@ class _Reader:
         self.pos = 0
         return bool(text) or not self.eof
 
+    def _meet_tail(self) -> None:
+        """Near the child's start: stop at its first event, or (outside the events list, or where
+        the child found no place to begin) go on alone."""
+        assert self.tail is not None
+        boundary = self.tail.boundary() if self.in_events else None
+        if boundary is None or boundary < self.raw_pos:
+            self.tail.stop()
+            self.tail = None
+        else:
+            self.limit = boundary
+
     def close(self) -> None:
-        try:
-            if self.ahead is not None:
-                self.ahead.close()
-        finally:
-            self.fh.close()
+        self.fh.close()
 
     def byte_at(self, pos: int) -> int:
         """The byte offset (in the decompressed text) of ``buf[pos]``."""
@@ -1113,6 +1148,8 @@ def _read_events(reader: _Reader, app: _Appender) -> None:
         if pos >= len(buf):
             reader.pos = pos
             if not reader.fill():
+                if reader.at_limit:  # the child's events begin here
+                    return
                 raise TraceError(f"{reader.path}: truncated: the traceEvents list ends without ']' "
                                  f"after event {len(trace.kind) - 1}")
             continue
@@ -1125,8 +1162,9 @@ def _read_events(reader: _Reader, app: _Appender) -> None:
             reader.pos = pos
             reader.fill()
             continue
-        if fast and len(buf) - pos > _FAST_MIN:
-            j = _last_event_end(buf, pos)
+        if fast and (len(buf) - pos > _FAST_MIN or reader.at_limit):
+            # (At the child's start every event left is whole: decoded as they would be mid-file.)
+            j = _last_event_end(buf, pos) if not reader.at_limit else _last_brace(buf, pos)
             items = None
             for _ in range(2):  # a false boundary (inside a string) gets one earlier try
                 if j <= pos:
@@ -1175,11 +1213,14 @@ def load_trace(path: Path | str, cancel: Any = None) -> Trace:
 
 
 def _load(path: Path, cancel: Any = None) -> Trace:
-    reader = _Reader(path, cancel)
+    tail = _Tail.start(path)
     try:
-        trace = _read_trace(path, reader)
+        trace = _load_with(path, cancel, tail)
+    except _Restart:  # the split fell where no event begins (a string that looks like one): alone
+        trace = _load_with(path, cancel, None)
     finally:
-        reader.close()
+        if tail is not None:
+            tail.stop()
     n = len(trace.args_pool)  # the pool's per-entry state, made once its size is known
     trace._args_decoded = [_UNDECODED] * n
     trace._pool_compact = bytearray(n)
@@ -1188,13 +1229,26 @@ def _load(path: Path, cancel: Any = None) -> Trace:
     return trace
 
 
+def _load_with(path: Path, cancel: Any, tail: _Tail | None) -> Trace:
+    reader = _Reader(path, cancel)
+    reader.tail = tail
+    try:
+        return _read_trace(path, reader)
+    except TraceError:
+        if reader.at_limit:  # read to the child's start and failed there: not an event boundary
+            raise _Restart() from None
+        raise
+    finally:
+        reader.close()
+
+
 def _read_trace(path: Path, reader: _Reader) -> Trace:
     trace = Trace(path)
     app = _Appender(trace)
     c = reader.skip_ws()
     if c == "[":
         reader.pos += 1
-        _read_events(reader, app)
+        _events_list(reader, app)
     elif c == "{":
         reader.pos += 1
         seen_events = False
@@ -1212,7 +1266,8 @@ def _read_trace(path: Path, reader: _Reader) -> Trace:
                 if reader.skip_ws() != "[":
                     raise TraceError(f"{path}: traceEvents is not a list")
                 reader.pos += 1
-                _read_events(reader, app)
+                if _events_list(reader, app):
+                    return trace  # the child read the rest of the file
                 seen_events = True
             else:
                 trace.metadata[key] = reader.value(f"top-level key {key!r}")
@@ -1223,6 +1278,247 @@ def _read_trace(path: Path, reader: _Reader) -> Trace:
     else:
         raise TraceError(f"{path}: not a JSON trace (starts with {c!r}): a trace is a JSON object or a list of events")
     return trace
+
+
+def _events_list(reader: _Reader, app: _Appender) -> bool:
+    """The traceEvents list; True when it stopped where the child's part begins and the child's
+    events (and the rest of the file: its top-level keys after the list) were appended."""
+    reader.in_events = True
+    try:
+        _read_events(reader, app)
+    finally:
+        reader.in_events = False
+    if not reader.at_limit:
+        return False
+    assert reader.tail is not None
+    part = reader.tail.result()
+    if part is None:  # the child failed (an error further on, which this process then reports)
+        raise _Restart()
+    _append_part(app, part)
+    return True
+
+
+# ------------------------------------------------------------------------------ two processes
+
+# A large trace is loaded by two processes: this one reads its events up to about ``_SPLIT_AT`` of
+# the text, a forked child (decompressing the file from the start, without parsing, up to there)
+# the rest; the child's columns come back pickled through a pipe and are appended with its tables
+# mapped onto this process's. The result is the one a single process gets, table order included
+# (the child's new names, ids and args follow this part's, in the order the child met them).
+_PARALLEL_MIN = 48 << 20  # bytes of JSON text: below this, one process is as quick
+_SPLIT_AT = 0.55  # the child also decompresses this process's part and sends its own back: it gets less
+_EVENT_START = re.compile(rb"\}\s*,\s*\{")
+_BOUNDARY_SEARCH = 16 << 20  # bytes looked through past the split point for an event boundary
+
+
+class _Restart(Exception):
+    """The two-process load could not join its parts: load again in one process."""
+
+
+class _Tail:
+    """The forked child that loads the events from the first event boundary at or after byte
+    ``start`` of the text to the end of the file. It first sends the boundary (8 bytes; -1 when
+    it found none it could decode from), then its part pickled (or nothing, when it failed)."""
+
+    def __init__(self, path: Path, start: int) -> None:
+        self.start = start
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(read_fd)
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)  # dies with the run (the parent also ends it)
+                with os.fdopen(write_fd, "wb") as out:
+                    _load_tail(path, start, out)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        self.pid, self.fh = pid, os.fdopen(read_fd, "rb")
+        self._boundary: int | None | object = _UNDECODED
+
+    @classmethod
+    def start(cls, path: Path) -> _Tail | None:
+        """The child for a trace large enough to be worth it, where fork is there and safe (no
+        other threads, whose locks the child would get half-held); else None."""
+        if _FAST is None or not hasattr(os, "fork") or threading.active_count() > 1:
+            return None
+        size = _text_size(path)
+        if size is None or size < _PARALLEL_MIN:
+            return None
+        return cls(path, int(size * _SPLIT_AT))
+
+    def boundary(self) -> int | None:
+        if self._boundary is _UNDECODED:
+            data = self.fh.read(8)
+            value = struct.unpack("<q", data)[0] if len(data) == 8 else -1
+            self._boundary = value if value >= 0 else None
+        return self._boundary  # type: ignore[return-value]
+
+    def result(self) -> dict | None:
+        data = self.fh.read()
+        self.stop()
+        try:
+            return pickle.loads(data) if data else None
+        except Exception:
+            return None
+
+    def stop(self) -> None:
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except OSError:
+                pass
+            self.pid = 0
+        if not self.fh.closed:
+            self.fh.close()
+
+
+def _text_size(path: Path) -> int | None:
+    """The size of the (decompressed) text: a gzip file's last member records it modulo 2**32
+    (a larger text counts as about 10x its compressed size)."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return os.fstat(fh.fileno()).st_size
+            compressed = fh.seek(0, os.SEEK_END)
+            if compressed < 8:
+                return None
+            fh.seek(-4, os.SEEK_END)
+            size = struct.unpack("<I", fh.read(4))[0]
+    except OSError:
+        return None
+    while size < compressed:
+        size += 1 << 32
+    return size if size < 40 * compressed else 10 * compressed
+
+
+def _load_tail(path: Path, start: int, out: BinaryIO) -> None:
+    """The child: find the first event boundary at or after ``start`` that msgspec decodes from,
+    send it, load the events from there and the file's rest, send the part."""
+    fh, _ = _open_text(path)
+    first = fh.read(1 << 16).lstrip()[:1]
+    top_object = first == b"{"
+    if isinstance(fh, _Gunzip):
+        pos = 1 << 16
+        while pos < start:  # decompress up to the split point (what this process skips)
+            chunk = fh.read(min(1 << 20, start - pos))
+            if not chunk:
+                break
+            pos += len(chunk)
+    else:
+        pos = fh.seek(start)
+    window = b""
+    boundary = -1
+    while len(window) < _BOUNDARY_SEARCH:
+        chunk = fh.read(1 << 20)
+        if not chunk:
+            break
+        window += chunk
+        boundary = _first_boundary(window)
+        if boundary >= 0:
+            break
+    out.write(struct.pack("<q", pos + boundary if boundary >= 0 else -1))
+    out.flush()
+    if boundary < 0:
+        return
+    reader = _Reader.__new__(_Reader)
+    reader.path, reader.fh, reader.gz = path, fh, isinstance(fh, _Gunzip)
+    reader.decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    reader.buf, reader.pos, reader.offset, reader.byte_offset = "", 0, 0, pos + boundary
+    reader.eof, reader.cancel, reader._fills = False, None, 0
+    reader.tail, reader.in_events, reader.raw_pos, reader.limit, reader.at_limit = None, True, 0, None, False
+    reader.buf = reader.decoder.decode(window[boundary:])
+    trace = Trace(path)
+    app = _Appender(trace)
+    try:
+        _read_events(reader, app)
+        if top_object:  # the top-level keys after the list
+            while True:
+                c = reader.skip_ws(",")
+                if c == "}":
+                    break
+                if c == "":
+                    raise TraceError("truncated")
+                key = reader.value("a top-level key")
+                if not isinstance(key, str) or reader.skip_ws() != ":":
+                    raise TraceError("malformed top level")
+                reader.pos += 1
+                if key == "traceEvents":
+                    raise TraceError("a second traceEvents list")  # this process reads it alone
+                trace.metadata[key] = reader.value(f"top-level key {key!r}")
+        elif reader.skip_ws():
+            raise TraceError("text after the list")
+    finally:
+        reader.close()
+    index = app.args_index
+    keyed = [None] * len(trace.args_pool)
+    for key, i in index.items():
+        keyed[i] = key
+    pool: Any = trace.args_pool
+    if all(type(x) is bytes for x in pool):  # one blob and its offsets: pickled 10x faster than the list
+        pool = (b"".join(pool), array("q", accumulate(map(len, pool), initial=0)))
+    part = {"columns": {c: getattr(trace, c) for c in _COLUMNS}, "kinds": trace.kinds, "names": trace.names,
+            "ids": trace.ids, "args_pool": pool, "args_keys": keyed, "odd": trace.odd,
+            "metadata": trace.metadata}
+    pickle.dump(part, out, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _first_boundary(window: bytes) -> int:
+    """The offset in ``window`` of the first ``{`` after ``},`` from which the events that follow
+    decode (a false boundary inside a string mostly does not); -1 if none."""
+    for m in _EVENT_START.finditer(window):
+        at = m.end() - 1
+        text = window[at:at + (1 << 18)].decode("utf-8", "ignore")
+        end = _last_event_end(text, 0)
+        if end <= 0:
+            continue
+        try:
+            _FAST.decode("[" + text[:end + 1] + "]")
+        except (*_FAST_ERRORS, RecursionError):
+            continue
+        return at
+    return -1
+
+
+_COLUMNS = ("kind", "name", "pid", "tid", "ts", "dur", "num_flags", "corr", "ext", "flow", "args")
+
+
+def _append_part(app: _Appender, part: dict) -> None:
+    """Append the child's events: its kinds, names, ids and args pool mapped onto this trace's
+    tables (new entries appended in the child's order, as one process would have met them)."""
+    t = app.t
+    base = len(t.kind)
+    kinds = np.array([app.kind(ph, cat) for ph, cat in part["kinds"]] or [0], dtype=np.int64)
+    names = np.array([app.name(n) for n in part["names"]] or [0], dtype=np.int64)
+    ids = np.array([app.ident(v) for v in part["ids"]] or [0], dtype=np.int64)
+    pool_map = []
+    pool = part["args_pool"]
+    if type(pool) is tuple:
+        blob, offsets = pool
+        pool = [blob[a:b] for a, b in zip(offsets, offsets[1:])]
+    for key, value in zip(part["args_keys"], pool):
+        if key is None:  # a python_function frame's args: never shared
+            pool_map.append(len(t.args_pool))
+            t.args_pool.append(value)
+        else:
+            pool_map.append(app.pooled(key, value))
+    cols = part["columns"]
+    for name, table in (("kind", kinds), ("name", names), ("pid", ids), ("tid", ids)):
+        col = getattr(t, name)
+        col.frombytes(table[np.frombuffer(cols[name], dtype=cols[name].typecode)].astype(col.typecode).tobytes())
+    args = np.frombuffer(cols["args"], dtype=t.args.typecode)
+    mapped = np.array(pool_map or [0], dtype=np.int64)[np.maximum(args, 0)]
+    t.args.frombytes(np.where(args >= 0, mapped, -1).astype(t.args.typecode).tobytes())
+    for name in ("ts", "dur", "num_flags", "corr", "ext", "flow"):
+        getattr(t, name).extend(cols[name])
+    for (column, uid), value in part["odd"].items():
+        t.odd[(column, base + uid)] = value
+    t.metadata.update(part["metadata"])
 
 
 def _short(value: Any) -> str:

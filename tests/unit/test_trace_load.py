@@ -132,3 +132,142 @@ def test_event_writer_writes_what_json_writes_of_event_json(tmp_path):
     assert writer.text(uids) == expected
     assert ",".join(writer.text(uids[i:i + 7]) for i in range(0, len(uids), 7)) == expected  # args now compact
     assert [got.args_of(u) for u in uids] == [want.args_of(u) for u in uids]  # decoded from the compact texts
+
+
+@pytest.fixture
+def two_processes(monkeypatch):
+    """Any trace loads in two processes (pytest's own threads aside); yields the forks' arguments."""
+    forks = []
+    real = load_mod._Tail.__init__
+
+    def counted(self, *args):
+        forks.append(args)
+        real(self, *args)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(load_mod.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(load_mod._Tail, "__init__", counted)
+    return forks
+
+
+def _same_trace(a, b, exact_pool=True):
+    """``exact_pool``: the args pools equal entry by entry (else each event's args equal: where one
+    process read an odd event on its slow path, its pool holds the args decoded, not as text)."""
+    for column in load_mod._COLUMNS:
+        if column != "args" or exact_pool:
+            assert getattr(a, column) == getattr(b, column), column
+    assert (a.kinds, a.names, a.ids, a.odd, a.metadata) == (b.kinds, b.names, b.ids, b.odd, b.metadata)
+    if exact_pool:
+        assert a.args_pool == b.args_pool  # the same entries, in the same order: one process's tables
+    assert [a.args_of(u) for u in range(len(a.kind))] == [b.args_of(u) for u in range(len(b.kind))]
+
+
+def _frames_trace(n=2500, odd_at=None):
+    """Ops, launches and Python frames (whose args never repeat), as a trace with stacks has them."""
+    from trace_builder import TraceBuilder
+    b = TraceBuilder()
+    for i in range(n):
+        ext = b.op(f"aten::op{i % 7}", i * 10.0, 5, dims=[[i % 5, 3], []])
+        b.launch(i * 10.0 + 1, f"kernel_{i % 3}", 1e6 + i * 20.0, 4, ext=ext)
+        b.events.append({"ph": "X", "cat": "python_function", "name": f"model.py({i % 50}): forward", "pid": 100,
+                         "tid": 100, "ts": i * 10.0 + 0.5, "dur": 2.0,
+                         "args": {"Python parent id": i, "Python id": i + 1, "Python thread": 0}})
+        if odd_at is not None and i == odd_at:
+            b.events.append(odd_at_event())
+    return b
+
+
+def odd_at_event():
+    return {"ph": "X", "cat": "cpu_op", "name": "odd }, {\"ph\": \"X\" name", "pid": 100, "tid": 100, "ts": 7,
+            "dur": 1, "args": {"Concrete Inputs": ["}, {\"ph\": \"X\"}"], "Ev Idx": 3}}
+
+
+@pytest.mark.parametrize("name", ["t.json.gz", "t.json"])
+def test_two_process_load_equals_one_process(tmp_path, monkeypatch, two_processes, name):
+    """A large trace is loaded by this process and a forked child (the events after the split
+    point): the trace is the one a single process loads, tables in the same order, and the
+    top-level keys after the events list come back from the child."""
+    path = _frames_trace().write(tmp_path / name, deviceProperties=[{"name": "NVIDIA H100"}])
+    doc = json.loads(gzip.open(path, "rt").read() if name.endswith(".gz") else path.read_text())
+    doc["traceName"], doc["baseTimeNanoseconds"] = "x", 1700000000000000000
+    path_after = tmp_path / ("after_" + name)
+    with (gzip.open if name.endswith(".gz") else open)(path_after, "wt") as fh:
+        json.dump(doc, fh)
+    bare = tmp_path / ("bare_" + name)
+    with (gzip.open if name.endswith(".gz") else open)(bare, "wt") as fh:
+        json.dump(doc["traceEvents"], fh)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 48 << 20)
+    assert load_mod._Tail.start(path) is None  # small: one process
+    alone = {p: load_trace(p) for p in (path, path_after, bare)}
+    assert not two_processes
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
+    for n, (p, one) in enumerate(alone.items(), 1):
+        two = load_trace(p)
+        assert len(two_processes) == n and len(two.events) == len(one.events) > 10000
+        _same_trace(two, one)
+    assert alone[path_after].metadata["traceName"] == "x"
+
+
+def test_two_process_load_skips_a_boundary_look_alike_in_a_string(tmp_path, monkeypatch, two_processes):
+    """An event boundary look-alike inside a string just after the split point: the child does not
+    begin there (the events from there do not decode) but at the next event; the same trace."""
+    text, at = _text_with_look_alike()
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 1 << 62)
+    one = load_trace(path)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(load_mod, "_SPLIT_AT", (at - 20) / len(text))
+    _same_trace(load_trace(path), one, exact_pool=False)
+    assert len(two_processes) == 1
+
+
+def test_two_process_load_that_cannot_join_loads_alone(tmp_path, monkeypatch, two_processes):
+    """A child made to begin inside a string (its look-alike taken for a boundary): it fails, this
+    process fails to end there, and loads the whole trace alone; the same trace."""
+    text, at = _text_with_look_alike()
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 1 << 62)
+    one = load_trace(path)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(load_mod, "_SPLIT_AT", (at - 20) / len(text))
+    monkeypatch.setattr(load_mod, "_first_boundary", lambda window: window.index(b'}, {\\"ph') + 3)
+    tries = _count_tries(monkeypatch)
+    _same_trace(load_trace(path), one)
+    assert len(two_processes) == 1 and tries == [True, False]  # with the child, then alone
+
+
+def _text_with_look_alike() -> tuple[str, int]:
+    b = _frames_trace(n=1200)
+    text = json.dumps({"traceEvents": b.events})
+    pos = text.index("}, {", len(text) // 2) + 3  # an event start near the middle
+    text = text[:pos] + json.dumps(odd_at_event()) + ", " + text[pos:]
+    return text, text.index('}, {\\"ph\\"', pos)  # the look-alike (ASCII: characters are bytes)
+
+
+def test_two_process_load_reports_an_error_in_the_childs_part_as_one_process(tmp_path, monkeypatch, two_processes):
+    text = json.dumps({"traceEvents": _frames_trace(n=1200).events})
+    at = text.index('"name": "aten::op', int(len(text) * 0.8))
+    path = tmp_path / "bad.json"
+    path.write_text(text[:at] + '"name": aten::op' + text[at + len('"name": "aten::op'):])
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 1 << 62)
+    with pytest.raises(TraceError) as alone:
+        load_trace(path)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
+    tries = _count_tries(monkeypatch)
+    with pytest.raises(TraceError) as two:
+        load_trace(path)
+    assert str(two.value) == str(alone.value) and "malformed JSON in event" in str(two.value)
+    assert len(two_processes) == 1 and tries == [True, False]
+
+
+def _count_tries(monkeypatch) -> list[bool]:
+    """Each load attempt: True with a child."""
+    tries: list[bool] = []
+    real = load_mod._load_with
+
+    def counted(path, cancel, tail):
+        tries.append(tail is not None)
+        return real(path, cancel, tail)
+    monkeypatch.setattr(load_mod, "_load_with", counted)
+    return tries
