@@ -164,8 +164,22 @@ def fixed_lengths_flag(root: Path) -> list[str]:
     return ["--vllm-range-ratio", "0"] if "--vllm-range-ratio" in cli else ["--range-ratio", "0"]
 
 
+def requests_of(args: argparse.Namespace, conc: int) -> int:
+    """Measured requests a run sends: --num-prompts, or every turn of every session."""
+    if args.sessions:
+        return args.sessions[0] * args.sessions[1]
+    return args.num_prompts or 4 * conc
+
+
 def ours_command(args: argparse.Namespace, url: str, conc: int, procs: int, out: Path,
                  root: Path = REPO) -> tuple[list[str], Path]:
+    if args.sessions:  # chat sessions, each turn on top of the whole conversation so far, as AIPerf's
+        cmd = [sys.executable, "-m", "engine.cli", "benchmark", "vllm", "-m", "fake", "--base-url", url,
+               "--endpoint", "chat", "--tokenizer", str(args.tokenizer), "--dataset-name", "sessions",
+               "--num-sessions", str(args.sessions[0]), "--session-turns", str(args.sessions[1]),
+               "--system-prompt-len", "0", "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+               "--concurrency", str(conc), "--warmup", str(args.warmup), "-o", str(out)]
+        return cmd, out
     cmd = [sys.executable, "-m", "engine.cli", "benchmark", "vllm", "-m", "fake", "--base-url", url,
            "--tokenizer", "none", "--vocab-size", "1000", "--input-len", str(args.input_len),
            "--output-len", str(args.output_len), *fixed_lengths_flag(root),
@@ -189,9 +203,14 @@ def vllm_command(args: argparse.Namespace, url: str, conc: int, out: Path) -> tu
 
 
 def aiperf_command(args: argparse.Namespace, url: str, conc: int, out: Path) -> tuple[list[str], Path]:
-    cmd = [str(args.aiperf), "profile", "--model", "fake", "--url", url, "--endpoint-type", "completions",
+    if args.sessions:
+        load = ["--endpoint-type", "chat", "--conversation-num", str(args.sessions[0]),
+                "--conversation-turn-mean", str(args.sessions[1]), "--conversation-turn-stddev", "0"]
+    else:
+        load = ["--endpoint-type", "completions", "--request-count", str(args.num_prompts or 4 * conc)]
+    cmd = [str(args.aiperf), "profile", "--model", "fake", "--url", url, *load,
            "--streaming", "--tokenizer", str(args.tokenizer), "--concurrency", str(conc),
-           "--request-count", str(args.num_prompts or 4 * conc), "--warmup-request-count", str(args.warmup),
+           "--warmup-request-count", str(args.warmup),
            "--synthetic-input-tokens-mean", str(args.input_len), "--synthetic-input-tokens-stddev", "0",
            "--output-tokens-mean", str(args.output_len), "--output-tokens-stddev", "0",
            "--extra-inputs", "ignore_eos:true", "--random-seed", "0", "--ui-type", "none",
@@ -234,7 +253,11 @@ def _client_result(client: str, where: Path) -> tuple[float, int, dict[str, tupl
         raise RuntimeError(f"our client wrote no report under {where}")
     r = json.loads(reports[-1].read_text())["result"]
     detail = json.loads(next(reports[-1].parent.glob("requests/point0_repeat0.json")).read_text())
-    per = {str(i): (st, t) for i, (st, t) in enumerate(zip(detail["start_times"], detail["ttfts"]))}
+    if "session_id" in detail:  # a session replay: request ids are <session>:<turn>
+        per = {f"{sid}:{k}": (st, t) for sid, k, st, t in
+               zip(detail["session_id"], detail["turn"], detail["start_time"], detail["ttft"])}
+    else:
+        per = {str(i): (st, t) for i, (st, t) in enumerate(zip(detail["start_times"], detail["ttfts"]))}
     return float(r["mean_ttft_ms"]), int(r.get("failed", 0)), per
 
 
@@ -263,7 +286,7 @@ def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: 
                             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     # vLLM's test and warm-up requests carry no x-request-id, ours are named warmup-<i>; AIPerf's
     # are random UUIDs: its warm-up is the first --warmup requests.
-    _post(url + "/watch", {"pid": proc.pid, "count": args.num_prompts or 4 * conc, "skip_ids": ["anon-", "warmup-"],
+    _post(url + "/watch", {"pid": proc.pid, "count": requests_of(args, conc), "skip_ids": ["anon-", "warmup-", "warmup:"],
                            "skip_first": args.warmup if client == "aiperf" else 0})
     timer = threading.Timer(args.timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
     timer.start()
@@ -400,12 +423,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", help="tokenizer folder for the peers (default: the tiny test model, built with vLLM's venv)")
     ap.add_argument("--aiperf", default=str(DEFAULT_AIPERF), help="AIPerf's console script")
     ap.add_argument("--clients", default="ours,vllm,aiperf")
+    ap.add_argument("--sessions", metavar="S:T", help="a session replay instead: S chat sessions of T turns, each "
+                    "turn --input-len new tokens on top of the conversation so far (ours and AIPerf; vLLM's "
+                    "bench serve has no sessions)")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the server and the clients to CPUs")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", help="write every run and the table here")
     ap.add_argument("--baseline", metavar="REV", help="also run our client as of this git revision, in the same rounds")
     args = ap.parse_args(argv)
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    if args.sessions:
+        args.sessions = tuple(int(x) for x in args.sessions.split(":"))
+        if "vllm" in clients:
+            clients.remove("vllm")
     args.baseline_tree = None
     if args.baseline:
         args.baseline_tree = baseline_tree(args.baseline)

@@ -50,11 +50,39 @@ def load_run_sessions(run: "BenchRun", target: "LoadTarget", shape: "_Shape",
     blocks = _blocks(target, seed)
     if cl.dataset_name == "mooncake":
         assert cl.dataset_path is not None
-        return load_mooncake(cl.dataset_path, blocks=blocks, block_size=cl.session_block_size,
-                             tokenizer=target.tokenizer, max_sessions=cl.num_sessions), blocks
-    return synthetic_sessions(cl.num_sessions or shape.conc, cl.session_turns, blocks=blocks,
-                              system_prompt_len=cl.system_prompt_len, input_len=shape.isl, output_len=shape.osl,
-                              delay_s=cl.session_delay, subagents=cl.subagents), blocks
+        sessions = load_mooncake(cl.dataset_path, blocks=blocks, block_size=cl.session_block_size,
+                                 tokenizer=target.tokenizer, max_sessions=cl.num_sessions)
+    else:
+        sessions = synthetic_sessions(cl.num_sessions or shape.conc, cl.session_turns, blocks=blocks,
+                                      system_prompt_len=cl.system_prompt_len, input_len=shape.isl,
+                                      output_len=shape.osl, delay_s=cl.session_delay, subagents=cl.subagents)
+    if cl.endpoint == "chat":
+        return as_text(sessions, target.tokenizer, cl.dataset_name), blocks
+    return sessions, blocks
+
+
+def as_text(sessions: list[Session], tokenizer: Any, dataset: str) -> list[Session]:
+    """Token-id sessions as text, for the chat endpoint: each input (and the shared system prompt)
+    decoded by the tokenizer, once per distinct input, so a prefix two sessions share is the same
+    text in both (as vLLM's random dataset decodes its token ids). The answers are then the server's
+    own text, appended to the conversation as chat clients do."""
+    if tokenizer is None:
+        raise ValueError(f"{dataset} sessions on the chat endpoint need a tokenizer (--tokenizer): their inputs are "
+                         "token ids, which chat messages cannot carry; or use --endpoint completions")
+    decoded: dict[tuple[int, ...], str] = {}
+
+    def text(ids: Any) -> Any:
+        if not isinstance(ids, list):
+            return ids
+        key = tuple(ids)
+        if key not in decoded:
+            decoded[key] = tokenizer.decode(ids, skip_special_tokens=True)
+        return decoded[key]
+    for session in sessions:
+        session.system = text(session.system)
+        for turn in session.turns:
+            turn.input = text(turn.input)
+    return sessions
 
 
 def no_cached_tokens_note(section: dict) -> str | None:

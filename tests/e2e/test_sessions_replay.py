@@ -280,3 +280,36 @@ def test_sharegpt_sessions_on_the_chat_endpoint_reuse_the_conversation(tmp_path,
     prompts = [t.out.prompt_len for t in sorted(result.turns, key=lambda t: t.turn)]
     assert cached[1] >= prompts[0] // 8 * 8 - 8 and cached[2] >= prompts[1] // 8 * 8 - 8 and cached[1] > 0
     assert prompts == sorted(prompts)
+
+
+class _WordTokenizer:
+    """A stand-in tokenizer's decode: token id i is the word w<i>."""
+
+    vocab_size = 1000
+    all_special_ids: list = []
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_synthetic_sessions_on_the_chat_endpoint_are_text_with_the_servers_answers(servers):
+    """Token-id sessions (synthetic, mooncake) on the chat endpoint: each input decoded to text once
+    (a shared system prompt is the same text in every session), the conversation the server's own
+    answers; the server's prefix cache then hits on every later turn."""
+    from engine.bench.session_run import as_text
+    from engine.bench.sessions import synthetic_sessions
+    on, _ = servers
+    sessions = synthetic_sessions(2, 3, blocks=BlockTokens(1000, [], 0), system_prompt_len=24, input_len=12, output_len=5)
+    sessions = as_text(sessions, _WordTokenizer(), "sessions")
+    assert isinstance(sessions[0].system, str) and sessions[0].system == sessions[1].system
+    assert all(isinstance(t.input, str) and len(t.input.split()) == 12 for s in sessions for t in s.turns)
+    result = run_sessions(SessionReplayConfig(on, "tiny", endpoint="/v1/chat/completions"), sessions)
+    assert [t.out.success for t in result.turns] == [True] * 6, [t.out.error for t in result.turns]
+    by_turn = sorted(result.turns, key=lambda t: (t.session_id, t.turn))
+    for s in ("s0", "s1"):
+        turns = [t for t in by_turn if t.session_id == s]
+        prompts = [t.out.prompt_len for t in turns]
+        assert prompts == sorted(prompts) and prompts[2] > prompts[1] > prompts[0]
+        assert all(t.cached_tokens and t.cached_tokens >= 8 for t in turns[1:])
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        as_text(synthetic_sessions(1, 1, blocks=BlockTokens(1000, [], 0)), None, "sessions")
