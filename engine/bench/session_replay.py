@@ -35,15 +35,16 @@ after the replay.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import aiohttp
+import msgspec
 import numpy as np
 
+from engine.bench.http_client import HTTPError, StreamingHTTPClient
 from engine.bench.metrics import RequestOutput, compute_metrics
 from engine.bench.server_metrics import parse_exposition
 from engine.bench.sessions import BlockTokens, Session
@@ -51,6 +52,8 @@ from engine.bench.sessions import BlockTokens, Session
 REPLAY_MODES = ("closed", "open")
 DEFAULT_SESSION_HEADER = "X-Session-ID"
 _QUERIES, _HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+_ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.decode
 
 
 @dataclass
@@ -66,6 +69,9 @@ class SessionReplayConfig:
     time_scale: float = 1.0  # delays and timestamps are multiplied by this
     num_warmups: int = 0  # unmeasured requests first, of tokens no session shares (the cache stays cold for them)
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # "lean": the load generator's own HTTP client (keep-alive pool, reads taken a poll at a time);
+    # "aiohttp": aiohttp's (proxies from the environment apply).
+    http_client: str = "lean"
 
     @property
     def is_chat(self) -> bool:
@@ -178,6 +184,8 @@ class SessionReplay:
         self._warm_done = 0
         self._cancelled = False
         self._tasks: set[asyncio.Task] = set()
+        self._lean: StreamingHTTPClient | None = None
+        self._path = "/" + config.endpoint.lstrip("/")
 
     def cancel(self) -> None:
         """Stop the replay (from any thread): requests in flight end as cancelled."""
@@ -195,20 +203,30 @@ class SessionReplay:
         self._loop = asyncio.get_running_loop()
         timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s) if cfg.request_timeout_s else None
         connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
-            await self._warm_up(http)
-            before = await _scrape(http, cfg.base_url)
-            self.phase, self.phase_total = "measure", self.total_turns
-            self.measure_start = time.perf_counter()
-            self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency and cfg.mode == "closed" else None
-            self._t0 = time.perf_counter()
-            roots = [s for s in self.sessions if s.parent_id is None or s.parent_id not in self.by_id]
-            for s in roots:
-                self._spawn(http, s, None)
-            while self._tasks:
-                await asyncio.gather(*list(self._tasks), return_exceptions=True)
-            duration = time.perf_counter() - self._t0
-            after = await _scrape(http, cfg.base_url)
+        self._lean = StreamingHTTPClient(cfg.base_url) if cfg.http_client == "lean" else None
+        try:
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:  # (and /metrics)
+                await self._warm_up(http)
+                before = await _scrape(http, cfg.base_url)
+                if self._lean is not None and cfg.max_concurrency and cfg.mode == "closed":
+                    try:  # the first turns then wait on no TCP handshake, as the load generator's requests
+                        await self._lean.open_connections(min(cfg.max_concurrency, len(self.sessions)))
+                    except OSError:
+                        pass  # (each turn then connects, and fails, on its own)
+                self.phase, self.phase_total = "measure", self.total_turns
+                self.measure_start = time.perf_counter()
+                self._sem = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency and cfg.mode == "closed" else None
+                self._t0 = time.perf_counter()
+                roots = [s for s in self.sessions if s.parent_id is None or s.parent_id not in self.by_id]
+                for s in roots:
+                    self._spawn(http, s, None)
+                while self._tasks:
+                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                duration = time.perf_counter() - self._t0
+                after = await _scrape(http, cfg.base_url)
+        finally:
+            if self._lean is not None:
+                await self._lean.close()
         return SessionReplayResult(self.turns, max(duration, 1e-9), self.sessions, before, after, self._cancelled)
 
     async def _warm_up(self, http: aiohttp.ClientSession) -> None:
@@ -318,51 +336,69 @@ class SessionReplay:
         out = RequestOutput(prompt_len=prompt_len, request_id=f"{sid}:{k}")
         rec = TurnOutput(out, sid, k)
         parts: list[str] = []
-        url = cfg.base_url.rstrip("/") + "/" + cfg.endpoint.lstrip("/")
-        st = time.perf_counter()
-        out.start_time = st
-        last = st
-        done = False
+        payload = _ENCODE(body)
+        lean = self._lean
+        request = lean.build_post(self._path, payload, headers) if lean is not None else b""
+        buf = b""
+        done = failed = False
         seen = 0
+        st = last = time.perf_counter()
+        out.start_time = st
+
+        def feed(chunk: bytes, now: float) -> bool:
+            """The SSE messages of a read into ``rec``; True to stop (an error event)."""
+            nonlocal buf, done, failed, seen, last
+            buf += chunk
+            while b"\n\n" in buf:
+                event, buf = buf.split(b"\n\n", 1)
+                line = event.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    continue
+                if not _take(_DECODE(data), rec, parts):
+                    failed = True
+                    return True
+                if out.counted_tokens > seen:  # a token chunk
+                    seen = out.counted_tokens
+                    if out.ttft == 0.0:
+                        out.ttft = now - st
+                    else:
+                        out.itl.append(now - last)
+                    last = now
+            return False
+
         self.in_flight += 1
         try:
-            async with http.post(url, data=json.dumps(body), headers=headers) as r:
-                if r.status != 200:
-                    out.error = f"HTTP {r.status}: {(await r.text())[:300]}"
+            if lean is not None:
+                exchange = lean.send(request, feed)
+                response = await (asyncio.wait_for(exchange, cfg.request_timeout_s) if cfg.request_timeout_s
+                                  else exchange)
+                if response.status != 200:
+                    out.error = f"HTTP {response.status}: {response.error_body[:300].decode('utf-8', 'replace')}"
                     return rec
-                buf = b""
-                async for chunk in r.content.iter_any():
-                    now = time.perf_counter()
-                    buf += chunk
-                    while b"\n\n" in buf:
-                        event, buf = buf.split(b"\n\n", 1)
-                        line = event.strip()
-                        if not line.startswith(b"data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
-                            done = True
-                            continue
-                        if not _take(json.loads(data), rec, parts):
-                            return rec
-                        if out.counted_tokens > seen:  # a token chunk
-                            seen = out.counted_tokens
-                            if out.ttft == 0.0:
-                                out.ttft = now - st
-                            else:
-                                out.itl.append(now - last)
-                            last = now
+            else:
+                url = cfg.base_url.rstrip("/") + self._path
+                async with http.post(url, data=payload, headers=headers) as r:
+                    if r.status != 200:
+                        out.error = f"HTTP {r.status}: {(await r.text())[:300]}"
+                        return rec
+                    async for chunk in r.content.iter_any():
+                        if feed(chunk, time.perf_counter()):
+                            break
         except asyncio.CancelledError:
             out.error = "cancelled"
             raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError, HTTPError, OSError, ValueError) as exc:
             out.error = f"{type(exc).__name__}: {exc}"[:300]
             return rec
         finally:
             self.in_flight -= 1
             out.latency = last - st
-            if not out.error and not done:
-                out.error = out.error or "the stream ended without data: [DONE]"
+            if not out.error and not done and not failed:
+                out.error = "the stream ended without data: [DONE]"
             out.success = not out.error and out.ttft > 0
             rec.text = "".join(parts)
             out.generated_text_len = len(rec.text)

@@ -125,7 +125,8 @@ def _one_repeat(run: "BenchRun", target: "LoadTarget", point: dict, index: int, 
     config = SessionReplayConfig(base_url=target.base_url, model=target.model,
                                  endpoint="/v1/chat/completions" if cl.endpoint == "chat" else "/v1/completions",
                                  mode=mode, session_header=cl.session_header, max_concurrency=shape.conc,
-                                 request_timeout_s=cfg.timeout_seconds, num_warmups=cl.warmup)
+                                 request_timeout_s=cfg.timeout_seconds, num_warmups=cl.warmup,
+                                 http_client=cl.http_client)
     total = sum(len(s.turns) for s in sessions)
     replay = SessionReplay(config, sessions, filler=blocks)
     progress = ProgressTimer(replay, lambda **f: run.ws.events.emit("progress", **f),  # type: ignore[arg-type]

@@ -292,7 +292,8 @@ class _WordTokenizer:
         return " ".join(f"w{i}" for i in ids)
 
 
-def test_synthetic_sessions_on_the_chat_endpoint_are_text_with_the_servers_answers(servers):
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_synthetic_sessions_on_the_chat_endpoint_are_text_with_the_servers_answers(servers, client):
     """Token-id sessions (synthetic, mooncake) on the chat endpoint: each input decoded to text once
     (a shared system prompt is the same text in every session), the conversation the server's own
     answers; the server's prefix cache then hits on every later turn."""
@@ -303,7 +304,7 @@ def test_synthetic_sessions_on_the_chat_endpoint_are_text_with_the_servers_answe
     sessions = as_text(sessions, _WordTokenizer(), "sessions")
     assert isinstance(sessions[0].system, str) and sessions[0].system == sessions[1].system
     assert all(isinstance(t.input, str) and len(t.input.split()) == 12 for s in sessions for t in s.turns)
-    result = run_sessions(SessionReplayConfig(on, "tiny", endpoint="/v1/chat/completions"), sessions)
+    result = run_sessions(SessionReplayConfig(on, "tiny", endpoint="/v1/chat/completions", http_client=client), sessions)
     assert [t.out.success for t in result.turns] == [True] * 6, [t.out.error for t in result.turns]
     by_turn = sorted(result.turns, key=lambda t: (t.session_id, t.turn))
     for s in ("s0", "s1"):
@@ -313,3 +314,17 @@ def test_synthetic_sessions_on_the_chat_endpoint_are_text_with_the_servers_answe
         assert all(t.cached_tokens and t.cached_tokens >= 8 for t in turns[1:])
     with pytest.raises(ValueError, match="need a tokenizer"):
         as_text(synthetic_sessions(1, 1, blocks=BlockTokens(1000, [], 0)), None, "sessions")
+
+
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_a_turn_the_server_refuses_fails_with_its_status_and_ends_its_session(servers, client):
+    on, _ = servers
+    sessions = synthetic_sessions_for_refusal()
+    result = run_sessions(SessionReplayConfig(on, "no-such-model", http_client=client), sessions)
+    assert len(result.turns) == 1 and not result.turns[0].out.success  # the session stops at its failed turn
+    assert result.turns[0].out.error.startswith("HTTP 404"), result.turns[0].out.error
+
+
+def synthetic_sessions_for_refusal():
+    from engine.bench.sessions import synthetic_sessions
+    return synthetic_sessions(1, 2, blocks=BlockTokens(1000, [], 0), input_len=8, output_len=2)
