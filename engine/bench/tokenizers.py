@@ -49,18 +49,44 @@ class TokenizerError(MagpieError):
 def load_tokenizer(name: str, *, trust_remote_code: bool = False) -> Tokenizer:
     if name == BUILTIN:
         return BuiltinTokenizer()
+    plain = not trust_remote_code and _plain_fast_class(name)
     try:
-        from transformers import AutoTokenizer
+        # The generic fast class, where the folder names it, loaded directly: AutoTokenizer first
+        # imports transformers' configuration classes, which import torch (2-3 s of start-up where
+        # torch is installed, as on every GPU server), for nothing a tokenizer needs.
+        if plain:
+            from transformers import PreTrainedTokenizerFast as AutoTokenizer
+        else:
+            from transformers import AutoTokenizer
     except ImportError:
         raise TokenizerError(f"client.tokenizer {name!r}: loading a Hugging Face tokenizer needs the transformers "
                              "package (pip install transformers), or set client.tokenizer none (--tokenizer none) for token-id "
                              "prompts") from None
     try:
+        if plain:
+            return AutoTokenizer.from_pretrained(name)
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, ... for a name it cannot resolve
         raise TokenizerError(f"client.tokenizer {name!r} could not be loaded: {type(exc).__name__}: "
                              f"{str(exc).splitlines()[0] if str(exc) else ''} (give a local folder with "
                              "tokenizer files, or a hub name reachable from here)") from None
+
+
+_PLAIN_FAST = ("PreTrainedTokenizerFast", "TokenizersBackend")  # (the second: transformers 5's name of the first)
+
+
+def _plain_fast_class(name: str) -> bool:
+    """A local folder whose tokenizer_config.json names the generic fast tokenizer class (Llama 3's
+    and many others' do) and that has the tokenizer.json it reads."""
+    import json
+    from pathlib import Path
+    folder = Path(name).expanduser()
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(config, dict) and config.get("tokenizer_class") in _PLAIN_FAST
+            and (folder / "tokenizer.json").is_file())
 
 
 def transformers_available() -> bool:

@@ -53,3 +53,36 @@ def test_folder_vocab_size_reads_config_json(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     assert folder_vocab_size(str(tmp_path)) is None
     assert folder_vocab_size("org/hub-name") is None and folder_vocab_size("") is None
+
+
+def test_a_folder_naming_the_generic_fast_class_loads_without_importing_torch(tmp_path):
+    """A local tokenizer whose tokenizer_config.json names PreTrainedTokenizerFast (TokenizersBackend
+    in transformers 5) loads as that class directly, in a process that never imports torch (what
+    AutoTokenizer's configuration classes do), and encodes as AutoTokenizer's does; a folder naming a
+    model's own class still goes through AutoTokenizer."""
+    pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    import json
+    import subprocess
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"], show_progress=False,
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the red cat sat on the blue mat"] * 50, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    code = ("import sys, json; from engine.bench.tokenizers import load_tokenizer; "
+            f"t = load_tokenizer({str(tmp_path)!r}); "
+            "print(json.dumps([t.encode('the red cat'), t.all_special_ids, 'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    ids, special, torch_imported = json.loads(out.strip().splitlines()[-1])
+    want = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert ids == want.encode("the red cat") and special == want.all_special_ids
+    assert torch_imported is False
+    config["tokenizer_class"] = "LlamaTokenizerFast"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    from engine.bench.tokenizers import _plain_fast_class
+    assert not _plain_fast_class(str(tmp_path)) and _plain_fast_class(str(tmp_path / "missing")) is False
