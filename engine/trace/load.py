@@ -1251,33 +1251,41 @@ def _read_trace(path: Path, reader: _Reader) -> Trace:
         _events_list(reader, app)
     elif c == "{":
         reader.pos += 1
-        seen_events = False
-        while True:
-            c = reader.skip_ws(",")
-            if c == "}":
-                break
-            if c == "":
-                raise TraceError(f"{path}: truncated: the top-level object is not closed")
-            key = reader.value("a top-level key")
-            if not isinstance(key, str) or reader.skip_ws() != ":":
-                raise TraceError(f"{path}: malformed top level at character {reader.offset + reader.pos}")
-            reader.pos += 1
-            if key == "traceEvents":
-                if reader.skip_ws() != "[":
-                    raise TraceError(f"{path}: traceEvents is not a list")
-                reader.pos += 1
-                if _events_list(reader, app):
-                    return trace  # the child read the rest of the file
-                seen_events = True
-            else:
-                trace.metadata[key] = reader.value(f"top-level key {key!r}")
-        if not seen_events:
+        if not _object_keys(path, reader, app):
             raise TraceError(f"{path}: no traceEvents list (is this a torch-profiler trace?)")
     elif c == "":
         raise TraceError(f"{path}: empty file")
     else:
         raise TraceError(f"{path}: not a JSON trace (starts with {c!r}): a trace is a JSON object or a list of events")
     return trace
+
+
+def _object_keys(path: Path, reader: _Reader, app: _Appender, *, after_events: bool = False) -> bool:
+    """The keys of the top-level object to its end: metadata, and the traceEvents list (True once
+    read). ``after_events``: the keys after the list (the child's part), where a second list is an
+    error (one process then reads the file)."""
+    seen_events = after_events
+    while True:
+        c = reader.skip_ws(",")
+        if c == "}":
+            return seen_events
+        if c == "":
+            raise TraceError(f"{path}: truncated: the top-level object is not closed")
+        key = reader.value("a top-level key")
+        if not isinstance(key, str) or reader.skip_ws() != ":":
+            raise TraceError(f"{path}: malformed top level at character {reader.offset + reader.pos}")
+        reader.pos += 1
+        if key == "traceEvents":
+            if after_events:
+                raise TraceError(f"{path}: a second traceEvents list")
+            if reader.skip_ws() != "[":
+                raise TraceError(f"{path}: traceEvents is not a list")
+            reader.pos += 1
+            if _events_list(reader, app):
+                return True  # the child read the rest of the file
+            seen_events = True
+        else:
+            app.t.metadata[key] = reader.value(f"top-level key {key!r}")
 
 
 def _events_list(reader: _Reader, app: _Appender) -> bool:
@@ -1438,19 +1446,7 @@ def _load_tail(path: Path, start: int, out: BinaryIO) -> None:
     try:
         _read_events(reader, app)
         if top_object:  # the top-level keys after the list
-            while True:
-                c = reader.skip_ws(",")
-                if c == "}":
-                    break
-                if c == "":
-                    raise TraceError("truncated")
-                key = reader.value("a top-level key")
-                if not isinstance(key, str) or reader.skip_ws() != ":":
-                    raise TraceError("malformed top level")
-                reader.pos += 1
-                if key == "traceEvents":
-                    raise TraceError("a second traceEvents list")  # this process reads it alone
-                trace.metadata[key] = reader.value(f"top-level key {key!r}")
+            _object_keys(path, reader, app, after_events=True)
         elif reader.skip_ws():
             raise TraceError("text after the list")
     finally:
