@@ -1352,7 +1352,7 @@ class _Tail:
     def start(cls, path: Path) -> _Tail | None:
         """The child for a trace large enough to be worth it, where fork is there and safe (no
         other threads, whose locks the child would get half-held); else None."""
-        if _FAST is None or not hasattr(os, "fork") or threading.active_count() > 1:
+        if _FAST is None or not hasattr(os, "fork") or threading.active_count() > 1 or _cpus() < 2:
             return None
         size = _text_size(path)
         if size is None or size < _PARALLEL_MIN:
@@ -1384,6 +1384,14 @@ class _Tail:
             self.pid = 0
         if not self.fh.closed:
             self.fh.close()
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (one CPU: the child would only take turns with this process)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _text_size(path: Path) -> int | None:
