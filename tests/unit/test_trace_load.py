@@ -145,6 +145,7 @@ def two_processes(monkeypatch):
         real(self, *args)
     monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
     monkeypatch.setattr(load_mod.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(load_mod, "_cpus", lambda: 2)  # (on one CPU too: the result must not depend on it)
     monkeypatch.setattr(load_mod._Tail, "__init__", counted)
     return forks
 
