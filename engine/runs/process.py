@@ -559,6 +559,10 @@ def run_process(
             result.error = str(exc)
             err_path.write_bytes(f"could not start: {exc}\n".encode())
             return result
+        # Told to the watchdog first: until then a kill of this process (a Ray worker cancelled
+        # with force) would leave the group running, and starting the log readers (two threads)
+        # can take longer under load than the command takes to start its own children.
+        WATCHDOG.watch(proc.pid)
         os.close(out_w)  # the child holds the write ends now
         os.close(err_w)
         readers = [_CappedLog(out_r, out_path), _CappedLog(err_r, err_path)]
@@ -567,7 +571,6 @@ def run_process(
         # The logs are complete once the group is gone (a grandchild that escaped the group and
         # still holds a pipe is not waited for long).
         stack.callback(lambda: [r.join(timeout=5.0) for r in readers])
-        WATCHDOG.watch(proc.pid)
         try:
             while True:
                 try:
