@@ -159,14 +159,17 @@ def not_runnable(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -
     return None
 
 
-def supervised(argv: Sequence[str], record: Optional[Path], stop_with: Optional[int] = None) -> list[str]:
+def supervised(argv: Sequence[str], record: Optional[Path], stop_with: Optional[int] = None,
+               go_fd: Optional[int] = None) -> list[str]:
     """``argv`` run under ``reaper.py``: a descendant that leaves the command's process group
     (``setsid``) and outlives its parent is stopped and written to ``record`` (JSON lines). With
-    ``stop_with`` (this process's pid), the command is also stopped when that process is gone."""
+    ``stop_with`` (this process's pid), the command is also stopped when that process is gone;
+    with ``go_fd`` (an inherited pipe's read end) it starts once a byte arrives there."""
     argv = [str(a) for a in argv]
     if not is_supervised_here():
         return argv
     extra = ["--stop-with", str(stop_with)] if stop_with else []
+    extra += ["--go-fd", str(go_fd)] if go_fd is not None else []
     return [sys.executable, "-I", "-S", str(REAPER), str(record or ""), *extra, "--", *argv]
 
 
@@ -551,18 +554,33 @@ def run_process(
             why = not_runnable(argv, full_env, cwd)
             if why:
                 raise OSError(why)
-            proc = subprocess.Popen(supervised(argv, escaped_path), cwd=str(cwd), env=full_env, stdout=out_w,
-                                    stderr=err_w, stdin=subprocess.DEVNULL, start_new_session=True)
+            # The command waits for a byte on go_r until the watchdog knows its group: a kill of
+            # this process (a Ray worker cancelled with force) in between would leave it running.
+            go_r, go_w = os.pipe() if is_supervised_here() else (-1, -1)
+            try:
+                proc = subprocess.Popen(supervised(argv, escaped_path, go_fd=go_r if go_r >= 0 else None),
+                                        cwd=str(cwd), env=full_env, stdout=out_w, stderr=err_w,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        pass_fds=(go_r,) if go_r >= 0 else ())
+            except BaseException:
+                if go_r >= 0:
+                    os.close(go_r)
+                    os.close(go_w)
+                raise
         except OSError as exc:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
             result.error = str(exc)
             err_path.write_bytes(f"could not start: {exc}\n".encode())
             return result
-        # Told to the watchdog first: until then a kill of this process (a Ray worker cancelled
-        # with force) would leave the group running, and starting the log readers (two threads)
-        # can take longer under load than the command takes to start its own children.
         WATCHDOG.watch(proc.pid)
+        if go_r >= 0:
+            os.close(go_r)
+            try:
+                os.write(go_w, b"1")
+            except OSError:  # the command's launcher (the reaper) is gone already: it runs nothing
+                pass
+            os.close(go_w)
         os.close(out_w)  # the child holds the write ends now
         os.close(err_w)
         readers = [_CappedLog(out_r, out_path), _CappedLog(err_r, err_path)]

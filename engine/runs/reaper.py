@@ -11,7 +11,7 @@ when the command ends; each one is written to the record file (one JSON line: pi
 line, when) so the run can say so. The command's exit status is passed on unchanged (a command
 killed by a signal ends this process by the same signal).
 
-Stdlib only, run as ``python -I -S reaper.py RECORD [--stop-with PID] -- ARGV...``: it starts in
+Stdlib only, run as ``python -I -S reaper.py RECORD [--stop-with PID] [--go-fd FD] -- ARGV...``: it starts in
 milliseconds and imports nothing from the environment it supervises. With ``--stop-with PID`` it
 also stops the command once its own parent is no longer PID (the launcher died, however it died:
 a server started for one run must not outlive it). Where ``prctl`` is not available it still
@@ -64,8 +64,11 @@ def _cmdline(pid: int) -> str:
 
 
 class Reaper:
-    def __init__(self, record: str, argv: list[str], stop_with: int = 0, start=None) -> None:
+    def __init__(self, record: str, argv: list[str], stop_with: int = 0, start=None, go_fd: int = -1) -> None:
         self.record, self.argv, self.stop_with = record, argv, stop_with
+        # With a go fd, the command starts only once the launcher writes a byte there (it has told
+        # its watchdog about this group first); end of file (the launcher died) starts nothing.
+        self.go_fd = go_fd
         # Instead of exec'ing argv, the child runs start() and exits with what it returns: the
         # fork server's workers, which have their imports already (engine.kernels.forkserver).
         self.start = start
@@ -139,8 +142,21 @@ class Reaper:
                 self._signal_orphan(pid, signal.SIGKILL)
             time.sleep(0.02)
 
+    def _wait_for_go(self) -> bool:
+        """True once the launcher says go (or when it gives no go fd); False when it died first."""
+        if self.go_fd < 0:
+            return True
+        try:
+            go = os.read(self.go_fd, 1)
+        except OSError:
+            go = b""
+        os.close(self.go_fd)
+        return bool(go)
+
     def run(self) -> int:
         become_subreaper()
+        if not self._wait_for_go():
+            return 1
         forwarded = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
         early: list[int] = []  # came while the command was being started
@@ -212,13 +228,17 @@ class Reaper:
 
 
 def main(args: list[str]) -> int:
-    stop_with = 0
-    if len(args) >= 3 and args[1] == "--stop-with":
-        stop_with, args = int(args[2]), [args[0]] + args[3:]
+    stop_with, go_fd = 0, -1
+    while len(args) >= 3 and args[1] in ("--stop-with", "--go-fd"):
+        if args[1] == "--stop-with":
+            stop_with = int(args[2])
+        else:
+            go_fd = int(args[2])
+        args = [args[0]] + args[3:]
     if len(args) < 3 or args[1] != "--":
-        sys.stderr.write("usage: reaper.py RECORD [--stop-with PID] -- ARGV...\n")
+        sys.stderr.write("usage: reaper.py RECORD [--stop-with PID] [--go-fd FD] -- ARGV...\n")
         return 2
-    return Reaper(args[0], args[2:], stop_with).run()
+    return Reaper(args[0], args[2:], stop_with, go_fd=go_fd).run()
 
 
 if __name__ == "__main__":

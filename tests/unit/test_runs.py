@@ -6,6 +6,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from engine.runs.process import CancelToken, run_process
 from engine.runs.workspace import Workspace, atomic_write_json
 
@@ -109,3 +111,23 @@ def test_logs_and_missing_program(tmp_path):
     assert (tmp_path / "x.stdout.log").read_text() == "out\n"
     r = run_process(["/nonexistent/program"], cwd=tmp_path, log_stem=tmp_path / "y")
     assert r.error and not r.ok and "could not start" in r.describe_failure()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="commands run under the reaper on Linux")
+def test_a_command_under_the_reaper_waits_for_go_and_a_dead_launcher_starts_nothing(tmp_path):
+    """run_process's command starts only after the watchdog knows its group (a byte on the go fd);
+    if the launcher dies before (the go pipe closes unwritten), the command never runs."""
+    import subprocess
+    from engine.runs.process import supervised
+    for say_go in (True, False):
+        marker = tmp_path / f"ran_{say_go}"
+        r, w = os.pipe()
+        proc = subprocess.Popen(supervised(["touch", str(marker)], None, go_fd=r), pass_fds=(r,))
+        os.close(r)
+        time.sleep(0.3)
+        assert not marker.exists()  # waiting for go
+        if say_go:
+            os.write(w, b"1")
+        os.close(w)
+        assert proc.wait(timeout=30) == (0 if say_go else 1)
+        assert marker.exists() == say_go
