@@ -28,9 +28,7 @@ import gc
 import json
 import math
 import os
-import pickle
 import re
-import signal
 import struct
 import sys
 import threading
@@ -44,6 +42,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Sequence, U
 import numpy as np
 
 from engine.errors import MagpieError
+from engine.trace.forked import ForkedCall
 
 if TYPE_CHECKING:
     from engine.trace.tree import EventTree
@@ -1006,13 +1005,6 @@ class _Gunzip:
                 n += len(out)
         return b"".join(parts)
 
-    def seek(self, offset: int) -> int:  # (only to the start: after the magic was read)
-        if offset != 0:
-            raise OSError("a gzip stream seeks only to its start")
-        self.raw.seek(0)
-        self.inflate, self.started, self.input = zlib.decompressobj(31), False, b""
-        return 0
-
     def close(self) -> None:
         self.raw.close()
 
@@ -1023,18 +1015,25 @@ _GZ_INPUT = 1 << 18  # compressed bytes read at a time
 class _Reader:
     """A growing text window over the (decompressed) file."""
 
-    def __init__(self, path: Path, cancel: Any = None) -> None:
+    def __init__(self, path: Path, cancel: Any = None, *, resume: tuple[BinaryIO, bytes, int] | None = None) -> None:
+        """``resume``: (an open text stream, the bytes already read from it to start with, their
+        offset in the text): the child's reader, from its first event on."""
         self.path = path
-        self.fh, self.decoder = _open_text(path)
+        if resume is None:
+            self.fh, self.decoder = _open_text(path)
+            first, self.byte_offset = b"", 0
+        else:
+            self.fh, first, self.byte_offset = resume
+            self.decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
         self.gz = isinstance(self.fh, _Gunzip)
-        self.buf = ""
+        self.buf = self.decoder.decode(first)
         self.pos = 0  # position in buf
         self.offset = 0  # characters dropped before buf[0]
-        self.byte_offset = 0  # bytes (of the decompressed text) dropped before buf[0]
+        # (byte_offset: bytes of the decompressed text dropped before buf[0])
         self.eof = False
         self.cancel = cancel
         self._fills = 0
-        # A large trace's events from the byte ``tail.start`` on are loaded by a forked child
+        # A large trace's events from the byte ``tail.split_at`` on are loaded by a forked child
         # (``_Tail``): this reader then stops at the event boundary the child began at.
         self.tail: _Tail | None = None
         self.in_events = False  # inside the traceEvents list (the only place a split may fall)
@@ -1048,7 +1047,7 @@ class _Reader:
         self._fills += 1
         if self.cancel is not None and self._fills % _CANCEL_EVERY == 0 and self.cancel.cancelled:
             raise TraceCancelled(f"{self.path}: loading cancelled ({self.cancel.reason or 'cancelled'})")
-        if self.tail is not None and self.limit is None and self.raw_pos + size + _CHUNK >= self.tail.start:
+        if self.tail is not None and self.limit is None and self.raw_pos + size + _CHUNK >= self.tail.split_at:
             self._meet_tail()
         try:
             raw = self.fh.read(size)
@@ -1324,28 +1323,14 @@ class _Restart(Exception):
 
 
 class _Tail:
-    """The forked child that loads the events from the first event boundary at or after byte
-    ``start`` of the text to the end of the file. It first sends the boundary (8 bytes; -1 when
-    it found none it could decode from), then its part pickled (or nothing, when it failed)."""
+    """The events from the first event boundary at or after byte ``split_at`` of the text to the
+    end of the file, loaded by ``_load_tail`` in a forked child: its first message is that boundary
+    (8 bytes; -1 when it found none it could decode from), its result the part (None: no part)."""
 
-    def __init__(self, path: Path, start: int) -> None:
-        self.start = start
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                os.close(read_fd)
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_DFL)  # dies with the run (the parent also ends it)
-                with os.fdopen(write_fd, "wb") as out:
-                    _load_tail(path, start, out)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        self.pid, self.fh = pid, os.fdopen(read_fd, "rb")
+    def __init__(self, path: Path, split_at: int) -> None:
+        self.split_at = split_at
+        self.call = ForkedCall(lambda send_first: _load_tail(path, split_at, send_first),
+                               "the trace's second part", first_message=True)
         self._boundary: int | None | object = _UNDECODED
 
     @classmethod
@@ -1361,29 +1346,19 @@ class _Tail:
 
     def boundary(self) -> int | None:
         if self._boundary is _UNDECODED:
-            data = self.fh.read(8)
+            data = self.call.first()
             value = struct.unpack("<q", data)[0] if len(data) == 8 else -1
             self._boundary = value if value >= 0 else None
         return self._boundary  # type: ignore[return-value]
 
     def result(self) -> dict | None:
-        data = self.fh.read()
-        self.stop()
         try:
-            return pickle.loads(data) if data else None
-        except Exception:
+            return self.call.result()
+        except Exception:  # the child failed (this process then reads the file alone and says why)
             return None
 
     def stop(self) -> None:
-        if self.pid:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            except OSError:
-                pass
-            self.pid = 0
-        if not self.fh.closed:
-            self.fh.close()
+        self.call.stop()
 
 
 def _cpus() -> int:
@@ -1413,9 +1388,9 @@ def _text_size(path: Path) -> int | None:
     return size if size < 40 * compressed else 10 * compressed
 
 
-def _load_tail(path: Path, start: int, out: BinaryIO) -> None:
+def _load_tail(path: Path, start: int, send_first: Callable[[bytes], None]) -> dict | None:
     """The child: find the first event boundary at or after ``start`` that msgspec decodes from,
-    send it, load the events from there and the file's rest, send the part."""
+    send it, load the events from there and the file's rest; the part (None without a boundary)."""
     fh, _ = _open_text(path)
     first = fh.read(1 << 16).lstrip()[:1]
     top_object = first == b"{"
@@ -1438,17 +1413,10 @@ def _load_tail(path: Path, start: int, out: BinaryIO) -> None:
         boundary = _first_boundary(window)
         if boundary >= 0:
             break
-    out.write(struct.pack("<q", pos + boundary if boundary >= 0 else -1))
-    out.flush()
+    send_first(struct.pack("<q", pos + boundary if boundary >= 0 else -1))
     if boundary < 0:
-        return
-    reader = _Reader.__new__(_Reader)
-    reader.path, reader.fh, reader.gz = path, fh, isinstance(fh, _Gunzip)
-    reader.decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-    reader.buf, reader.pos, reader.offset, reader.byte_offset = "", 0, 0, pos + boundary
-    reader.eof, reader.cancel, reader._fills = False, None, 0
-    reader.tail, reader.in_events, reader.raw_pos, reader.limit, reader.at_limit = None, True, 0, None, False
-    reader.buf = reader.decoder.decode(window[boundary:])
+        return None
+    reader = _Reader(path, resume=(fh, window[boundary:], pos + boundary))
     trace = Trace(path)
     app = _Appender(trace)
     try:
@@ -1466,10 +1434,9 @@ def _load_tail(path: Path, start: int, out: BinaryIO) -> None:
     pool: Any = trace.args_pool
     if all(type(x) is bytes for x in pool):  # one blob and its offsets: pickled 10x faster than the list
         pool = (b"".join(pool), array("q", accumulate(map(len, pool), initial=0)))
-    part = {"columns": {c: getattr(trace, c) for c in _COLUMNS}, "kinds": trace.kinds, "names": trace.names,
+    return {"columns": {c: getattr(trace, c) for c in _COLUMNS}, "kinds": trace.kinds, "names": trace.names,
             "ids": trace.ids, "args_pool": pool, "args_keys": keyed, "odd": trace.odd,
             "metadata": trace.metadata}
-    pickle.dump(part, out, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _first_boundary(window: bytes) -> int:

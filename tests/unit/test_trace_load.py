@@ -211,13 +211,7 @@ def test_two_process_load_equals_one_process(tmp_path, monkeypatch, two_processe
 def test_two_process_load_skips_a_boundary_look_alike_in_a_string(tmp_path, monkeypatch, two_processes):
     """An event boundary look-alike inside a string just after the split point: the child does not
     begin there (the events from there do not decode) but at the next event; the same trace."""
-    text, at = _text_with_look_alike()
-    path = tmp_path / "t.json"
-    path.write_text(text)
-    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 1 << 62)
-    one = load_trace(path)
-    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
-    monkeypatch.setattr(load_mod, "_SPLIT_AT", (at - 20) / len(text))
+    path, one = _look_alike_at_the_split(tmp_path, monkeypatch)
     _same_trace(load_trace(path), one, exact_pool=False)
     assert len(two_processes) == 1
 
@@ -225,25 +219,28 @@ def test_two_process_load_skips_a_boundary_look_alike_in_a_string(tmp_path, monk
 def test_two_process_load_that_cannot_join_loads_alone(tmp_path, monkeypatch, two_processes):
     """A child made to begin inside a string (its look-alike taken for a boundary): it fails, this
     process fails to end there, and loads the whole trace alone; the same trace."""
-    text, at = _text_with_look_alike()
-    path = tmp_path / "t.json"
-    path.write_text(text)
-    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 1 << 62)
-    one = load_trace(path)
-    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
-    monkeypatch.setattr(load_mod, "_SPLIT_AT", (at - 20) / len(text))
+    path, one = _look_alike_at_the_split(tmp_path, monkeypatch)
     monkeypatch.setattr(load_mod, "_first_boundary", lambda window: window.index(b'}, {\\"ph') + 3)
     tries = _count_tries(monkeypatch)
     _same_trace(load_trace(path), one)
     assert len(two_processes) == 1 and tries == [True, False]  # with the child, then alone
 
 
-def _text_with_look_alike() -> tuple[str, int]:
+def _look_alike_at_the_split(tmp_path, monkeypatch):
+    """A trace with an event boundary look-alike in a string near its middle, the split point
+    just before it; (its path, the trace one process loads)."""
     b = _frames_trace(n=1200)
     text = json.dumps({"traceEvents": b.events})
     pos = text.index("}, {", len(text) // 2) + 3  # an event start near the middle
     text = text[:pos] + json.dumps(odd_at_event()) + ", " + text[pos:]
-    return text, text.index('}, {\\"ph\\"', pos)  # the look-alike (ASCII: characters are bytes)
+    at = text.index('}, {\\"ph\\"', pos)  # the look-alike (ASCII: characters are bytes)
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 1 << 62)
+    one = load_trace(path)
+    monkeypatch.setattr(load_mod, "_PARALLEL_MIN", 0)
+    monkeypatch.setattr(load_mod, "_SPLIT_AT", (at - 20) / len(text))
+    return path, one
 
 
 def test_two_process_load_reports_an_error_in_the_childs_part_as_one_process(tmp_path, monkeypatch, two_processes):
