@@ -381,7 +381,8 @@ def test_find_capacity_bisects_to_the_knee(tmp_path):
     levels = {lv["level"]: lv for lv in cap["levels"]}
     assert cap["over"] == "concurrency" and cap["slos_ms"] == {"ttft": 50.0} and cap["goodput_target"] == 0.8
     assert cap["search"] == "bisect" and [lv["level"] for lv in cap["levels"]][:4] == [1, 2, 4, 8]
-    assert levels[1]["passed"] and not levels[8]["passed"]
+    # Doubling from 1: 4 is usually the last to pass and 8 fails; a busy machine may fail 4 already.
+    assert levels[1]["passed"] and not levels[max(levels)]["passed"] and max(levels) in (4, 8)
     assert cap["knee"] in (2, 3, 4) and cap["knee_interval"][1] == cap["knee"] + 1
     assert all({"level", "passed", "goodput_share", "request_throughput", "latency_ms"} <= set(lv)
                for lv in cap["levels"])
@@ -462,7 +463,8 @@ def test_capacity_ramp_holds_at_the_knee_in_one_run(tmp_path):
     cap = r["capacity"]
     levels = {lv["level"]: lv for lv in cap["levels"]}
     assert cap["mode"] == "ramp" and cap["slos_ms"] == {"ttft": 50.0} and cap["window_s"] == 0.3
-    assert levels[1]["passed"] and not levels[8]["passed"]
+    # Doubling from 1: 4 is usually the last to pass and 8 fails; a busy machine may fail 4 already.
+    assert levels[1]["passed"] and not levels[max(levels)]["passed"] and max(levels) in (4, 8)
     assert cap["knee"] in (2, 3, 4) and cap["knee_interval"][1] == cap["knee"] + 1
     # The windows in time order: the ramp's levels as the search chose them, then three at the knee.
     windows = cap["windows"]
