@@ -33,7 +33,6 @@ import struct
 import sys
 import threading
 import weakref
-import zlib
 from array import array
 from itertools import accumulate
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Sequence, U
 import numpy as np
 
 from engine.errors import MagpieError
+from engine.trace.deflate import zlib
 from engine.trace.forked import ForkedCall
 
 if TYPE_CHECKING:

@@ -26,13 +26,13 @@ import json
 import math
 import os
 import threading
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from engine.trace.deflate import zlib
 from engine.trace.forked import ForkedCall
 from engine.trace.load import ODD_ID, EventWriter, Trace
 from engine.trace.steps import StepInfo, find_steps

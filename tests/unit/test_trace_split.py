@@ -477,3 +477,33 @@ def test_a_slice_finds_flows_and_gpu_events_by_odd_ids(tmp_path):
             e["args"]["correlation"] = float(e["args"]["correlation"])
     result = split_trace(load_trace(b.write(tmp_path / "odd.json")), tmp_path / "split", find_steady_state=False)
     assert [(d["event_count"], d["num_gpu_events"]) for d in result.details] == [(26, 5)] * 3
+
+
+def test_either_deflate_writes_the_same_split_text_and_reads_the_others_files(tmp_path, monkeypatch):
+    """zlib-ng (the `fast` extra) and the standard library's zlib: the split traces of one trace
+    hold the same text, and a trace deflated by one loads through the other's inflate."""
+    import gzip
+    import zlib as std_zlib
+
+    import engine.trace.load as load_mod
+    import engine.trace.split as split_mod
+    from engine.trace.deflate import NAME
+    from engine.trace.split import split_trace
+    if NAME != "zlib-ng":
+        pytest.skip("zlib-ng is not installed here (pip install zlib-ng)")
+    fast = split_trace(load_trace(GOLDEN / "synthetic_vllm.json.gz"), tmp_path / "fast", output_path_base=tmp_path)
+    monkeypatch.setattr(split_mod, "zlib", std_zlib)
+    monkeypatch.setattr(load_mod, "zlib", std_zlib)
+    std = split_trace(load_trace(GOLDEN / "synthetic_vllm.json.gz"), tmp_path / "std", output_path_base=tmp_path)
+    gz = [p.name for p in fast.files if p.suffix == ".gz"]
+    assert gz and gz == [p.name for p in std.files if p.suffix == ".gz"]
+    for name in gz:
+        a, b = (tmp_path / "fast" / name).read_bytes(), (tmp_path / "std" / name).read_bytes()
+        assert a != b and gzip.decompress(a) == gzip.decompress(b)
+    # Loading each other's files: the stdlib reader (patched in now) reads zlib-ng's ...
+    t_std = load_trace(tmp_path / "fast" / gz[0])
+    monkeypatch.undo()
+    # ... and zlib-ng's reader the standard library's.
+    t_fast = load_trace(tmp_path / "std" / gz[0])
+    assert len(t_std.events) == len(t_fast.events) > 0
+    assert [t_std.event_json(u) for u in range(len(t_std.events))] == [t_fast.event_json(u) for u in range(len(t_fast.events))]
