@@ -68,13 +68,18 @@ class ForkedCall:
         """What the function returned; raises what it raised."""
         if self.first_message and not self._first_read:
             self.first()
+        # Unpickled from the pipe as it is read: the pickled bytes of a large result (a trace's
+        # columns) are never held beside the objects made from them.
         with self.fh:
-            data = self.fh.read()
+            try:
+                outcome = pickle.load(self.fh)
+            except (EOFError, pickle.UnpicklingError):  # nothing, or a result cut short
+                outcome = None
         _, status = os.waitpid(self.pid, 0)
         self.pid = 0
-        if not data:
+        if outcome is None:
             raise RuntimeError(f"{self.what} ended without a result (wait status {status})")
-        state, value, self.seconds = pickle.loads(data)
+        state, value, self.seconds = outcome
         if state == "error":
             raise value
         return value

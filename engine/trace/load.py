@@ -1467,26 +1467,31 @@ def _append_part(app: _Appender, part: dict) -> None:
     kinds = np.array([app.kind(ph, cat) for ph, cat in part["kinds"]] or [0], dtype=np.int64)
     names = np.array([app.name(n) for n in part["names"]] or [0], dtype=np.int64)
     ids = np.array([app.ident(v) for v in part["ids"]] or [0], dtype=np.int64)
+    # The part's entries are taken out of it as they are used, so that each is freed once
+    # appended: the main process's peak is that of the loaded trace, not of it and a copy.
     pool_map = []
-    pool = part["args_pool"]
+    pool = part.pop("args_pool")
     if type(pool) is tuple:
         blob, offsets = pool
         pool = [blob[a:b] for a, b in zip(offsets, offsets[1:])]
-    for key, value in zip(part["args_keys"], pool):
+        del blob, offsets
+    for key, value in zip(part.pop("args_keys"), pool):
         if key is None:  # a python_function frame's args: never shared
             pool_map.append(len(t.args_pool))
             t.args_pool.append(value)
         else:
             pool_map.append(app.pooled(key, value))
-    cols = part["columns"]
+    del pool
+    cols = part.pop("columns")
     for name, table in (("kind", kinds), ("name", names), ("pid", ids), ("tid", ids)):
-        col = getattr(t, name)
-        col.frombytes(table[np.frombuffer(cols[name], dtype=cols[name].typecode)].astype(col.typecode).tobytes())
-    args = np.frombuffer(cols["args"], dtype=t.args.typecode)
+        col, theirs = getattr(t, name), cols.pop(name)
+        col.frombytes(table[np.frombuffer(theirs, dtype=theirs.typecode)].astype(col.typecode).tobytes())
+    args = np.frombuffer(cols.pop("args"), dtype=t.args.typecode)
     mapped = np.array(pool_map or [0], dtype=np.int64)[np.maximum(args, 0)]
     t.args.frombytes(np.where(args >= 0, mapped, -1).astype(t.args.typecode).tobytes())
+    del args, mapped
     for name in ("ts", "dur", "num_flags", "corr", "ext", "flow"):
-        getattr(t, name).extend(cols[name])
+        getattr(t, name).extend(cols.pop(name))
     for (column, uid), value in part["odd"].items():
         t.odd[(column, base + uid)] = value
     t.metadata.update(part["metadata"])
