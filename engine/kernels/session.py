@@ -276,6 +276,7 @@ class Member:
     checked_calls: int = 0
     other_stream_calls: int = 0
     addresses_reused: int = 0  # calls whose inputs could not be placed at a new address
+    pinned_cpu: Optional[int] = None  # the CPU a CPU kernel's timed calls ran on (every worker the same)
     # Traced calls against the discovery call's kernels: calls, differ, empty, first example.
     kernel_sets: dict = field(default_factory=lambda: {"calls": 0, "differ": 0, "empty": 0, "example": None})
     state: str = "pending"  # pending -> checked -> timed; or failed / cancelled
@@ -447,6 +448,8 @@ class HarnessSession:
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
         self._ledger = MemoryLedger()
         self._clocks = ClockWatch(None, "no kernel was timed")
+        self._cpu: Optional[int] = None
+        self._cpu_chosen = False
 
     # ------------------------------------------------------------ life cycle
     def _everyone(self) -> list[Member]:
@@ -759,6 +762,27 @@ class HarnessSession:
         return {"timer": timer, "repeats": repeats, "rounds": rounds, "per_round": math.ceil(repeats / rounds),
                 "warm": w}
 
+    def _timing_cpu(self) -> Optional[int]:
+        """The one CPU every worker of this session makes its timed calls on, when they run on the
+        CPU (``worker._pin_timing_thread``): the CPU this process was on when timing began (another
+        session at the same time most likely picks another), chosen once; None with one CPU."""
+        if self._cpu_chosen:
+            return self._cpu
+        self._cpu_chosen = True
+        try:
+            allowed = os.sched_getaffinity(0)
+        except (AttributeError, OSError):
+            return None
+        if len(allowed) < 2:
+            return None
+        try:  # field 39 of /proc/self/stat: the CPU this process last ran on
+            with open("/proc/self/stat", "rb") as f:
+                now = int(f.read().rsplit(b")", 1)[1].split()[36])
+        except (OSError, ValueError, IndexError):
+            now = -1
+        self._cpu = now if now in allowed else max(allowed)
+        return self._cpu
+
     def _round(self, r: int, order: list[Member], plans: dict[str, dict]) -> bool:
         """One round of every timed kernel in ``order``, then the judging of what they kept.
         False when the run was cancelled."""
@@ -781,7 +805,7 @@ class HarnessSession:
                 # unjudged), so none of them runs under other allocation conditions.
                 with self._clocks.during(m.key, r):
                     rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
-                                           keep=1 if judge is not None else 0)
+                                           keep=1 if judge is not None else 0, cpu=self._timing_cpu())
             except (KernelRaised, WorkerError) as exc:
                 if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}", exc):
                     return False
@@ -800,6 +824,7 @@ class HarnessSession:
                 m.other_stream_calls += int(rep.get("other_stream_calls", 0))
                 _add_kernel_sets(m, rep.get("kernel_sets"))
                 m.addresses_reused = max(m.addresses_reused, int(rep.get("addresses_reused") or 0))
+                m.pinned_cpu = rep.get("pinned_cpu")
                 if rep.get("events_ms"):
                     m.events_rounds.append(rep["events_ms"])
             pending.append((m, rep.get("kept", [])))
@@ -1023,6 +1048,8 @@ class HarnessSession:
                         "wall": "time.perf_counter around each call (bound before the kernel's module was imported)",
                     }[timer]}
         m.timing["round_medians_ms"] = [statistics.median(r) for r in m.rounds if r]
+        if m.pinned_cpu is not None:
+            m.timing["pinned_cpu"] = m.pinned_cpu
         if m.clock_audit:
             m.timing["clock_audit"] = dict(m.clock_audit)
         if events:

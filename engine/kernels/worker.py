@@ -39,6 +39,7 @@ import time as _time_module  # noqa: E402
 
 _perf_counter = _time_module.perf_counter
 _monotonic = _time_module.monotonic
+_setaffinity = getattr(_os, "sched_setaffinity", None)  # Linux: the timed calls' CPU (_pin_timing_thread)
 
 import contextlib  # noqa: E402
 import gc  # noqa: E402
@@ -265,6 +266,7 @@ class Worker:
         self.seen_addresses: set[int] = set()
         self.address_shift = 0
         self.addresses_reused = 0
+        self.pinned_cpu: Optional[int] = None  # where a CPU kernel's timed calls run (_pin_timing_thread)
         self.graph = None
         self.inplace = False
         self.state_files: list[str] = []  # the reference's weights, shared with the others
@@ -1031,6 +1033,9 @@ class Worker:
         judged, drawn after the calls returned."""
         n, timer = int(req["n"]), req["timer"]
         keep_max = int(req.get("keep", 1))
+        cpu = req.get("cpu")
+        if self.device.type == "cpu" and cpu is not None and self.pinned_cpu != cpu:
+            self.pinned_cpu = _pin_timing_thread(int(cpu))
         # The span the parent checks against its own clock covers everything this request does
         # (a round of one slow call spent as long again on the untimed call below).
         t_start = _perf_counter()
@@ -1043,10 +1048,28 @@ class Worker:
         reply["errors"] = [self.reuse_error] if self.reuse_error else []
         reply["round_span_s"] = _perf_counter() - t_start
         reply["addresses_reused"] = self.addresses_reused
+        reply["pinned_cpu"] = self.pinned_cpu
         # Handed over only when the judge asks (op_export): a CUDA tensor shared by IPC stays
         # allocated in this process until a receiver has opened and dropped it.
         reply["kept"] = [{"handle": h, **self.held[h]["meta"]} for h in reply["kept"]]
         return reply
+
+
+def _pin_timing_thread(cpu: int) -> Optional[int]:
+    """Pin the thread that makes the timed calls of a CPU kernel to ``cpu``, the one the session
+    chose for all its workers (``Session._timing_cpu``); returns it, or None where that cannot be.
+    Each kernel runs in a worker of its own: left to the scheduler, two workers that take turns
+    keep to different cores, and the cores of a VM or a shared host are not equally fast (two
+    vCPUs here differed by 0-12% from one second to the next), so an identical kernel measured
+    18% slower in one run. Timed on one core, both pay the same core. (The workers' one
+    intra-op thread is set when they load.)"""
+    if _setaffinity is None:
+        return None
+    try:
+        _setaffinity(0, {cpu})  # this thread: the one that makes the calls
+        return cpu
+    except (OSError, ValueError):
+        return None
 
 
 def _before_gpu_call(w: Worker, inputs, into_graph: bool, spin_cycles: int) -> None:

@@ -7,6 +7,7 @@ the gate and be called a tie; a copy that is wrong only on the integer-index pat
 Tiny shapes: each compare is two harness processes, dominated by importing torch.
 """
 
+import os
 import textwrap
 
 import pytest
@@ -107,6 +108,11 @@ def _assert_tie(proc, results):
     assert copy["correctness_state"] == "SUCCESS", detail
     assert ref["verdict"] == "baseline", detail
     assert copy["verdict"] == "tie", detail
+    # Both kernels' timed calls ran on one CPU (each kernel has a worker of its own; two cores of
+    # one machine are not equally fast), one this process may use.
+    pinned = {r["performance_result"]["method"].get("pinned_cpu") for r in results}
+    if len(os.sched_getaffinity(0)) > 1:
+        assert len(pinned) == 1 and pinned <= os.sched_getaffinity(0), pinned
 
 
 def test_several_inputs_init_args_and_python_numbers_tie(tmp_path, write_yaml):
