@@ -1057,7 +1057,7 @@ class Worker:
 
 def _pin_timing_thread(cpu: int) -> Optional[int]:
     """Pin the thread that makes the timed calls of a CPU kernel to ``cpu``, the one the session
-    chose for all its workers (``Session._timing_cpu``); returns it, or None where that cannot be.
+    chose for all its workers (``HarnessSession._timing_cpu``); returns it, or None where that cannot be.
     Each kernel runs in a worker of its own: left to the scheduler, two workers that take turns
     keep to different cores, and the cores of a VM or a shared host are not equally fast (two
     vCPUs here differed by 0-12% from one second to the next), so an identical kernel measured
