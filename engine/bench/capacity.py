@@ -480,6 +480,8 @@ class CapacitySearch:
                 "boundary": boundary, "boundary_ci95": list(ci), "boundary_shape": shape,
                 "binding_slo": binding, "binding_slo_margins": binding_by, "monotone": all(
                     raw[i] >= raw[i + 1] for i in range(len(raw) - 1)), "probes": self.probes,
+                "dispersion": round(self.dispersion(), 4),
+                "replicated_levels": sum(1 for t in self.tried if len(t.runs) > 1),
                 "verdict": verdict, "levels": rows}
 
     def _binding(self, lv: Optional[Level], knee: Optional[Level]) -> tuple[Optional[str], Optional[dict]]:
@@ -569,6 +571,15 @@ def boundary_lines(section: dict) -> list[str]:
     if lo is None or hi is None:
         line += " (no level on that side had enough requests to decide)"
     rows = [line]
+    # What the interval holds: the requests' sampling at the levels run, widened by the run-to-run
+    # dispersion only where a level was run more than once. On an H100 two margin searches minutes
+    # apart gave 153.4 [153, 154] and 145.8 [137, 164]: the server's drift was in neither.
+    if section.get("replicated_levels") == 0:
+        rows.append("interval: the requests' sampling at the levels run; no level was run twice, so a drift of the "
+                    "server between runs is not in it (--repeats 2 or a second search measures it)")
+    elif section.get("replicated_levels"):
+        rows.append(f"interval: widened by the run-to-run dispersion at the {section['replicated_levels']} level(s) "
+                    f"run more than once (x{section.get('dispersion', 1.0):.2f} the binomial variance)")
     binding, by = section.get("binding_slo"), section.get("binding_slo_margins") or {}
     if binding == "errors":
         rows.append(f"binding: failed requests ({by.get('failed_share', 0):.0%} of those at {by.get('level', 0):g})")

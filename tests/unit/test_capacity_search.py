@@ -58,6 +58,8 @@ def test_margin_search_needs_fewer_levels_than_bisection_on_a_queue_and_reports_
     text = "\n".join(capacity_table(s))
     assert "margin search" in text and "95% interval [148, 149]" in text and "binding SLO: ttft" in text
     assert "boundary: smooth" in text
+    # One run a level: the interval is the requests' sampling only, and the summary says so.
+    assert s["replicated_levels"] == 0 and "no level was run twice" in text
     plot = text[text.index("goodput share by concurrency (log axis"):].splitlines()
     assert len(plot) == 10 and plot[1].startswith("100% *") and "|" in plot[4] and plot[-1].split() == ["1", "192"]
 
@@ -86,6 +88,9 @@ def test_undecided_ends_run_again_and_the_interval_widens_to_what_the_requests_d
     assert summary["probes"] == sum(runs.values())
     lo, hi = summary["boundary_ci95"]
     assert lo is not None and hi is not None and lo <= 15 <= hi  # the true boundary: share 0.9 at 15
+    assert summary["replicated_levels"] == sum(r > 1 for r in runs.values()) > 0 and summary["dispersion"] >= 1
+    text = "\n".join(capacity_table(summary))
+    assert "run more than once" in text and "no level was run twice" not in text
     assert all(summary["levels"][i]["smoothed_share"] is not None for i in range(len(runs)))
 
 
