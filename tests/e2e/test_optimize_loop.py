@@ -267,7 +267,9 @@ def test_a_loop_with_no_correct_candidate_stops_at_the_candidates(until_harness,
     assert cand.state == "done" and cand.result["winner"] is None
     assert [r["verdict"] for r in cand.result["rows"]] == ["baseline", "incorrect"]
     compare = json.loads(next((root / cand.run_dir).glob("compare_report.json")).read_text())
-    assert cand.result["stopped"] == compare["winner_reason"] and compare["winner_id"] == "baseline"
+    base = compare["results"]["kernel_results"][0]
+    assert cand.result["stopped"] == compare["winner_reason"] and compare["winner_id"] == "baseline", \
+        (compare["winner_reason"], base.get("performance_result"), base.get("errors"), proc.stdout[-3000:])
     assert "outputs differ from the baseline" in cand.result["rows"][1]["reason"]
     for name in ("integrate", "rebenchmark"):
         assert loop.step(name).state == "skipped" and loop.step(name).reason.startswith("no winner")
