@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Optional
 
@@ -448,8 +449,6 @@ class HarnessSession:
         self._scratch = Path(tempfile.mkdtemp(prefix="magpie-harness-"))
         self._ledger = MemoryLedger()
         self._clocks = ClockWatch(None, "no kernel was timed")
-        self._cpu: Optional[int] = None
-        self._cpu_chosen = False
 
     # ------------------------------------------------------------ life cycle
     def _everyone(self) -> list[Member]:
@@ -762,13 +761,11 @@ class HarnessSession:
         return {"timer": timer, "repeats": repeats, "rounds": rounds, "per_round": math.ceil(repeats / rounds),
                 "warm": w}
 
+    @cached_property
     def _timing_cpu(self) -> Optional[int]:
         """The one CPU every worker of this session makes its timed calls on, when they run on the
         CPU (``worker._pin_timing_thread``): the CPU this process was on when timing began (another
         session at the same time most likely picks another), chosen once; None with one CPU."""
-        if self._cpu_chosen:
-            return self._cpu
-        self._cpu_chosen = True
         try:
             allowed = os.sched_getaffinity(0)
         except (AttributeError, OSError):
@@ -780,8 +777,7 @@ class HarnessSession:
                 now = int(f.read().rsplit(b")", 1)[1].split()[36])
         except (OSError, ValueError, IndexError):
             now = -1
-        self._cpu = now if now in allowed else max(allowed)
-        return self._cpu
+        return now if now in allowed else max(allowed)
 
     def _round(self, r: int, order: list[Member], plans: dict[str, dict]) -> bool:
         """One round of every timed kernel in ``order``, then the judging of what they kept.
@@ -805,7 +801,7 @@ class HarnessSession:
                 # unjudged), so none of them runs under other allocation conditions.
                 with self._clocks.during(m.key, r):
                     rep = m.worker.request("time", self.s.perf_timeout_s, n=p["per_round"], timer=p["timer"],
-                                           keep=1 if judge is not None else 0, cpu=self._timing_cpu())
+                                           keep=1 if judge is not None else 0, cpu=self._timing_cpu)
             except (KernelRaised, WorkerError) as exc:
                 if self._timing_failed(m, f"timing failed in round {r + 1}: {exc}", exc):
                     return False
