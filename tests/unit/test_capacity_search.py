@@ -49,7 +49,8 @@ def test_margin_search_needs_fewer_levels_than_bisection_on_a_queue_and_reports_
     server = _server(148.5)
     bisect, margin = _search("bisect", server), _search("margin", server)
     assert bisect.summary({})["knee"] == margin.summary({})["knee"] == 148
-    assert margin.probes < bisect.probes - 4  # climbs by the margins' line, lands next to the boundary
+    # climbs by the margins' line, lands next to the boundary; then runs the bracket's two ends again
+    assert len(margin.tried) < bisect.probes - 4 and margin.probes == len(margin.tried) + 2 < bisect.probes
     s = margin.summary({"ttft": 100.0, "tpot": 50.0})
     assert s["search"] == "margin" and s["knee_interval"] == [148, 149] and 148 <= s["boundary"] <= 149
     assert s["boundary_ci95"] == [148, 149] and s["binding_slo"] == "ttft" and s["boundary_shape"] == "smooth"
@@ -58,8 +59,12 @@ def test_margin_search_needs_fewer_levels_than_bisection_on_a_queue_and_reports_
     text = "\n".join(capacity_table(s))
     assert "margin search" in text and "95% interval [148, 149]" in text and "binding SLO: ttft" in text
     assert "boundary: smooth" in text
-    # One run a level: the interval is the requests' sampling only, and the summary says so.
-    assert s["replicated_levels"] == 0 and "no level was run twice" in text
+    # The bracket's ends run twice: the interval would hold the server's drift between runs (none here).
+    assert {lv["level"]: lv["repeats"] for lv in s["levels"] if lv["repeats"] > 1} == {148: 2, 149: 2}
+    assert s["replicated_levels"] == 2 and s["dispersion"] == 1.0 and "at the 2 level(s) run more than once" in text
+    # Bisection runs each level once: its interval is the requests' sampling only, and says so.
+    b = bisect.summary({"ttft": 100.0})
+    assert b["replicated_levels"] == 0 and "no level was run twice" in "\n".join(capacity_table(b))
     plot = text[text.index("goodput share by concurrency (log axis"):].splitlines()
     assert len(plot) == 10 and plot[1].startswith("100% *") and "|" in plot[4] and plot[-1].split() == ["1", "192"]
 
@@ -134,3 +139,20 @@ def test_slo_margin_is_at_most_one_exactly_when_the_share_meets_the_quantile():
     assert "slo_margin" not in compute_metrics(outs, 1.0, goodput_slos={"ttft": 35}).to_result()
     assert math.isclose(compute_metrics(outs, 1.0, goodput_slos={"ttft": 35}, slo_quantile=0.6)
                         .to_result()["slo_margins"]["ttft"], 30 / 35)
+
+
+def test_a_server_that_drifts_between_runs_widens_the_interval_to_its_mean_boundary():
+    # Run by run the server's capacity is 100 or 112 at random (a clock, a neighbour, a cache): each
+    # run alone is exact (200 requests, no sampling noise), so only a level run twice shows the drift.
+    rng = random.Random(14)
+
+    def server(level):
+        capacity = rng.choice((100.0, 112.0))
+        share = min(1.0, max(0.0, 0.9 - 2.0 * (level / capacity - 1)))
+        return _run(round(share * 200), 200, level / capacity, {"ttft": level / capacity})
+    s = _search("margin", server).summary({"ttft": 100.0})
+    # The expected share (both capacities alike) meets 90% up to 105.7. Read from runs of one level
+    # each, this search's interval was [109, 113]; with the bracket's ends run twice it holds 105.7.
+    lo, hi = s["boundary_ci95"]
+    assert lo is not None and hi is not None and lo <= 105.66 <= hi
+    assert s["replicated_levels"] >= 2 and s["dispersion"] > 1
