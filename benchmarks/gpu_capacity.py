@@ -11,7 +11,7 @@ the same built-in server, started once, searches interleaved, a table last.
 Usage (repository root on the GPU machine; see gpu_serving.py for what engine/ needs):
 
     PYTHONPATH=. python3 benchmarks/gpu_capacity.py RESULTS_DIR [--size 1b] [--max-batch 64]
-        [--tpot-at 40] [--rounds 2] [--budget 500] [--out DIR]
+        [--tpot-at 40] [--rounds 2 | --plan margin,margin,margin] [--budget 500] [--out DIR]
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tpot-at", type=float, default=40.0)
     ap.add_argument("--num-prompts", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--plan", help="the searches in order, comma-separated (margin, bisect, ramp); default: "
+                    "--rounds pairs of margin and bisect with the ramp after the first pair")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; no search starts past it")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -86,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         tpot = round(interpolate([(c["conc"], c["tpot_p99"]) for c in ok], args.tpot_at), 2)
         ttft = round(2 * interpolate([(c["conc"], c["ttft_p99"]) for c in ok], args.tpot_at), 1)
         say(f"SLOs: tpot <= {tpot} ms, ttft <= {ttft} ms (from the calibration at concurrency {args.tpot_at:g})")
-        plan = [m for _ in range(args.rounds) for m in ("margin", "bisect")]
-        plan.insert(2, "ramp")
+        if args.plan:
+            plan = args.plan.split(",")
+        else:
+            plan = [m for _ in range(args.rounds) for m in ("margin", "bisect")]
+            plan.insert(2, "ramp")
         for i, how in enumerate(plan):
             if time.monotonic() - t0 > args.budget:
                 say(f"budget {args.budget:.0f} s reached before {how} #{i}")
