@@ -12,14 +12,16 @@ a read's stamp never waits behind another stream's parsing. A caller that names 
 are framed (an SSE stream: `data: `, message, blank line) gets the bare messages of reads that are
 one such chunk each, found for the whole response in a few list-wide passes (`_FramedChunks`).
 
-While a chunked body streams in on asyncio's selector loop (plain TCP, Linux), its socket is read
-outside asyncio's per-socket machinery: the transport's reading is paused and the socket joins one
-epoll set of the client's own (`_ReadHub`), itself one reader of the loop. When any body socket is
-readable the loop runs one callback, which polls that set and reads every ready socket in turn
-(`os.read`), all stamped with one `perf_counter()` taken right after the poll; a read that could
-end its response goes back to the transport's way. Per token this skips the loop's per-socket
-callback (a handle run in a context, two transport frames, a protocol call): a third of the
-client's CPU per token at 128 streams.
+On asyncio's selector loop (plain TCP, Linux) a connection's socket is read outside asyncio's
+per-socket machinery from the moment it opens: the transport's reading is paused and the socket
+joins one epoll set of the client's own (`_ReadHub`), itself one reader of the loop. When any
+socket is readable the loop runs one callback, which polls that set and reads every ready socket in
+turn (`os.read`), all stamped with one `perf_counter()` taken right after the poll; a read of a
+streaming body is kept there and then, any other read goes to the connection as the transport
+would give it. Per token this skips the loop's per-socket callback (a handle run in a context, two
+transport frames, a protocol call): a third of the client's CPU per token at 128 streams. The
+socket stays in the set from request to request (no epoll changes per request); at end of file or
+an error it leaves, and the transport's own read meets it and closes the connection.
 benchmarks/loadgen_overhead.py and benchmarks/client_cost.py measure the difference.
 
 What it speaks: HTTP/1.1 (and 1.0 responses), keep-alive with a pool of idle connections per
@@ -444,10 +446,9 @@ _HUB_READ = 64 * 1024  # below glibc's mmap threshold: a read's buffer comes fro
 
 
 class _ReadHub:
-    """The body sockets of one client's connections in one epoll set, read in one loop callback (see
-    the module's doc). A connection joins while its chunked body is kept and leaves at a read that
-    could end the response, at EOF or an error (the transport then reads, and reports them), and when
-    it closes."""
+    """The sockets of one client's connections in one epoll set, read in one loop callback (see
+    the module's doc). A connection joins when it opens and leaves at EOF or an error (the transport
+    then reads, and reports them), and when it closes."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -498,12 +499,12 @@ class _ReadHub:
             if not data:  # EOF or an error: the transport's own read meets it and ends the connection
                 self.leave(fd)
                 continue
-            # A read that cannot end the response (see _Connection.data_received): kept with its stamp.
-            if len(data) >= 4 and data[-4] != 13:
+            # A streaming body's read that cannot end the response (see _Connection.received): kept
+            # with its stamp, inline.
+            if conn.keeping and len(data) >= 4 and data[-4] != 13:
                 conn.kept.append(data)
                 conn.kept_at.append(now)
                 continue
-            self.leave(fd)
             conn.received(data, now)
 
     def close(self) -> None:
@@ -566,8 +567,6 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(None)
         else:
             self.keeping = parser.state in _CHUNKED_STATES
-            if self.keeping and self.hub is not None and self.hub_fd < 0 and self.hub.join(self, self.fd):
-                self.hub_fd = self.fd
 
     # eof_received is left as asyncio's default (close the transport): connection_lost then decides
     # whether the response was complete.
@@ -655,8 +654,10 @@ class StreamingHTTPClient:
         conn.loop = loop
         hub = self._read_hub(loop)
         sock = conn.transport.get_extra_info("socket") if hub is not None and conn.transport is not None else None
-        if sock is not None:
+        if sock is not None and hub is not None:
             conn.hub, conn.fd = hub, sock.fileno()
+            if hub.join(conn, conn.fd):
+                conn.hub_fd = conn.fd
         self._open.add(conn)
         return conn
 
