@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--plan", help="the searches in order, comma-separated (margin, bisect, ramp); default: "
                     "--rounds pairs of margin and bisect with the ramp after the first pair")
+    ap.add_argument("--steps", type=int, help="--capacity-steps of each search (default: the tool's)")
     ap.add_argument("--budget", type=float, default=500.0, help="seconds; no search starts past it")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             out = args.results / f"{i:02d}_{how}"
             mode = ["--capacity-mode", "ramp", "--ramp-window", "6", "--ramp-hold", "12"] if how == "ramp" else \
                 ["--capacity-search", how]
+            if args.steps:
+                mode += ["--capacity-steps", str(args.steps)]
             rc, wall = run_cli(f"{how} #{i}", ["benchmark", "-b", str(config), "--base-url", server.url,
                                                "--find-capacity", f"tpot:{tpot}", f"ttft:{ttft}", "--capacity-max", "256",
                                                *mode, "--num-prompts", str(args.num_prompts), *LOAD, "--warmup", "8",
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                              "boundary": cap.get("boundary"), "ci95": [lo, hi],
                              "width": (hi - lo) / cap["boundary"] if cap.get("boundary") and lo is not None and hi is not None
                              else None, "binding": cap.get("binding_slo"), "shape": cap.get("boundary_shape"),
-                             "knee": cap.get("knee"), "levels": levels(cap)})
+                             "knee": cap.get("knee"), "levels": levels(cap), "replicated": cap.get("replicated_levels"),
+                             "drift": cap.get("margin_drift"), "dispersion": cap.get("dispersion")})
             say(f"search {searches[-1]}")
             if args.out and ws:
                 dest = args.out / out.name
@@ -125,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_capacity.json").write_text(json.dumps(result, indent=1))
-    print("\n| search | exit | wall s | runs | boundary | 95% interval | width | binds | shape | levels (goodput) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| search | exit | wall s | runs | boundary | 95% interval | width | binds | shape | run twice | margin drift "
+          "| levels (goodput) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for s in searches:
         lo, hi = s["ci95"]
         print(f"| {s['search']} | {s['rc']} | {s['wall_s']} | {s['probes']} | {s['boundary']} | {lo}-{hi} | "
-              f"{'-' if s['width'] is None else format(s['width'], '.1%')} | {s['binding']} | {s['shape']} | {s['levels']} |")
+              f"{'-' if s['width'] is None else format(s['width'], '.1%')} | {s['binding']} | {s['shape']} | "
+              f"{s.get('replicated')} | {s.get('drift')} | {s['levels']} |")
     print(f"calibration: {cal}")
     return 0 if searches and all(s["rc"] == 0 for s in searches) else 1
 

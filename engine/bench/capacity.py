@@ -29,7 +29,11 @@ curve), the knee (the highest level whose smoothed share meets the target; its i
 lowest level above it that misses]), the boundary (where the smoothed curve, linear between
 levels, crosses the target) with a 95% interval [highest level whose Wilson interval lies above
 the target, lowest above it whose interval lies below] (the levels whose verdict the requests
-decide; monotone curve assumed), the binding SLO (the largest SLO margin at the first level
+decide; monotone curve assumed). Where levels were run more than once, the run-to-run drift of
+their SLO margins (``drift``: a pooled standard deviation of log margin, with Student's t for its
+few degrees of freedom) must agree too: a level whose mean margin is within that drift of 1 is
+undecided, one far from it stays decided; without margins the shares' dispersion widens the
+Wilson intervals instead. Then the binding SLO (the largest SLO margin at the first level
 beyond the boundary, or ``errors`` where failed requests alone miss the target there) and whether
 the boundary is a cliff (across a bracket within one step or 5%, the margin grows far faster than
 the level: ``_shape``) or smooth.
@@ -51,6 +55,15 @@ DEFAULT_CEILING = 1024.0
 RATE_TOLERANCE = 0.05
 SEARCHES = ("bisect", "margin")
 Z_DECIDE = 1.96  # each end of the boundary's interval is one-sided 97.5%: the two together 95%
+# Student's t at 97.5% by degrees of freedom: the drift is estimated from a few repeated runs, and
+# with z in its place the interval held the true boundary 92% of the time at 5% run-to-run noise.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086)
+
+
+def t975(df: int) -> float:
+    """Student's t quantile at 97.5% for ``df`` degrees of freedom (within 0.1% beyond the table)."""
+    return _T975[df - 1] if 1 <= df <= len(_T975) else Z_DECIDE + 2.5 / max(df, 1)
 MAX_RUNS = 4  # runs of one level (the first and its replicates) in the margin search
 MAX_GROWTH = 4.0  # the margin search climbs at most this factor a level
 # Levels the margin search runs twice beside the boundary before it reads its interval. With every
@@ -143,17 +156,31 @@ class Level:
         pairs = [good_and_sent(r) for r in self.runs]
         return sum(g for g, _ in pairs), sum(n for _, n in pairs)
 
-    def decide(self, phi: float = 1.0, sent: Optional[int] = None) -> Optional[bool]:
+    def decide(self, phi: float = 1.0, sent: Optional[int] = None, drift: Optional[tuple[float, int]] = None,
+               runs: Optional[int] = None) -> Optional[bool]:
         """True: the Wilson interval of the good requests lies at or above the target; False:
         below it; None: it straddles the target (the requests do not decide). ``phi``: the
         run-to-run dispersion (``dispersion``), the requests count as ``sent / phi``; ``sent``:
-        as if that many requests had been sent at the same share (would more runs decide it?)."""
+        as if that many requests had been sent at the same share (would more runs decide it?).
+        ``drift``: the run-to-run spread of log(SLO margin) and its degrees of freedom
+        (``CapacitySearch.drift``); a level with a margin in every run is then decided only where
+        its mean log margin, within t(97.5%, df) times the spread / sqrt(runs) (``runs``: as if
+        run that often), lies on the same side of 0 as the requests say: a server whose latency
+        moves from run to run may meet the target in one run and miss it in the next."""
         good, n = self.counts
         if not n:
             return None
         n_eff = (sent or n) / max(phi, 1.0)
         lo, hi = wilson_share(good / n, n_eff)
-        return True if lo >= self.target else False if hi < self.target else None
+        by_requests = True if lo >= self.target else False if hi < self.target else None
+        margins = [r.get("slo_margin") for r in self.runs]
+        if drift is None or by_requests is None or any(not isinstance(m, (int, float)) or m <= 0 for m in margins):
+            return by_requests
+        mean_log = sum(math.log(m) for m in margins) / len(margins)
+        spread, df = drift
+        half = t975(df) * spread / math.sqrt(runs or len(margins))
+        by_margin = True if mean_log + half <= 0 else False if mean_log - half > 0 else None
+        return by_requests if by_margin is by_requests else None
 
     @property
     def decided(self) -> Optional[bool]:
@@ -181,7 +208,7 @@ class Level:
                 met[k] = met.get(k, 0) + int(v)
         return {k: v / sent for k, v in sorted(met.items())} if sent else {}
 
-    def to_dict(self, over: str, phi: float = 1.0) -> dict[str, Any]:
+    def to_dict(self, over: str, phi: float = 1.0, drift: Optional[tuple[float, int]] = None) -> dict[str, Any]:
         first = self.runs[0] if self.runs else {}
 
         def mean(key: str) -> Optional[float]:
@@ -190,7 +217,7 @@ class Level:
         shares = [{"goodput_share": goodput_share(r)} for r in self.runs]
         agg = aggregate_repeats(shares)["goodput_share"] if len(self.runs) > 1 else None
         good, sent = self.counts
-        decided = self.decide(phi)
+        decided = self.decide(phi, drift=drift)
         return {"level": self.level, "over": over, "passed": self.passed, "goodput_share": self.share,
                 "goodput_share_ci95": agg["ci95"] if agg else None,
                 "repeats": len(self.runs), "request_throughput": mean("request_throughput"),
@@ -306,12 +333,36 @@ class CapacitySearch:
             df += len(pairs) - 1
         return max(1.0, chi2 / df) if df else 1.0
 
+    def drift(self) -> Optional[tuple[float, int]]:
+        """The run-to-run spread of the SLO margin: the pooled standard deviation of log(margin)
+        between the runs of one level, over the levels run more than once with a margin in every
+        run, and its degrees of freedom; None while there is none. Unlike ``dispersion`` it reads how far each run passed or
+        missed, so it applies to every level alike: a level far from the boundary stays decided,
+        one whose margin is within the drift of 1 does not."""
+        ss = df = 0.0
+        for t in self.tried:
+            margins = [r.get("slo_margin") for r in t.runs]
+            if len(margins) < 2 or any(not isinstance(m, (int, float)) or m <= 0 for m in margins):
+                continue
+            logs = [math.log(m) for m in margins]
+            mean = sum(logs) / len(logs)
+            ss += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+        return (math.sqrt(ss / df), int(df)) if df else None
+
+    def spread(self) -> tuple[float, Optional[tuple[float, int]]]:
+        """(phi, drift) that widen a level's verdict: the margins' drift where measured (the
+        requests then count as sampled: phi 1), else the shares' dispersion."""
+        drift = self.drift()
+        return (1.0 if drift is not None else self.dispersion()), drift
+
     def interval(self) -> tuple[Optional[float], Optional[float]]:
-        """The boundary's 95% interval: the highest level the requests decide passes, the lowest
-        above it they decide misses (None: below the lowest tried, or above the highest)."""
-        phi = self.dispersion()
-        lo = max((t.level for t in self.tried if t.decide(phi)), default=None)
-        hi = min((t.level for t in self.tried if t.decide(phi) is False and (lo is None or t.level > lo)),
+        """The boundary's 95% interval: the highest level decided to pass, the lowest above it
+        decided to miss (None: below the lowest tried, or above the highest); ``Level.decide``
+        with the run-to-run ``spread``."""
+        phi, drift = self.spread()
+        lo = max((t.level for t in self.tried if t.decide(phi, drift=drift)), default=None)
+        hi = min((t.level for t in self.tried if t.decide(phi, drift=drift) is False and (lo is None or t.level > lo)),
                  default=None)
         return lo, hi
 
@@ -358,23 +409,23 @@ class CapacitySearch:
         low, high = self.interval()
         if low is not None and high is not None and self._close(low, high):
             return None
-        phi = self.dispersion()
+        phi, drift = self.spread()
         per_run = max([1] + [sum(good_and_sent(r)[1] for r in t.runs) // len(t.runs) for t in self.tried if t.runs])
         sides = []
         if low is None or low < lo:
             floor = low if low is not None else 0.0
-            cands = [t for t in self.tried if floor < t.level <= lo and t.decide(phi) is None
-                     and len(t.runs) < MAX_RUNS and t.decide(phi, per_run * MAX_RUNS) is True]
+            cands = [t for t in self.tried if floor < t.level <= lo and t.decide(phi, drift=drift) is None
+                     and len(t.runs) < MAX_RUNS and t.decide(phi, per_run * MAX_RUNS, drift, MAX_RUNS) is True]
             nearest = min((t.level for t in self.tried if floor < t.level <= lo), default=lo)
-            pick = max(cands, key=lambda t: t.level).level if cands else self._toward(floor, nearest, True, phi)
+            pick = max(cands, key=lambda t: t.level).level if cands else self._toward(floor, nearest, True, phi, drift)
             if pick is not None:
                 sides.append(((lo - floor) / max(lo, 1e-9), pick))
         if high is None or high > hi:
             ceil = high if high is not None else min(self.ceiling, 2 * max(t.level for t in self.tried))
-            cands = [t for t in self.tried if hi <= t.level < ceil and t.decide(phi) is None
-                     and len(t.runs) < MAX_RUNS and t.decide(phi, per_run * MAX_RUNS) is False]
+            cands = [t for t in self.tried if hi <= t.level < ceil and t.decide(phi, drift=drift) is None
+                     and len(t.runs) < MAX_RUNS and t.decide(phi, per_run * MAX_RUNS, drift, MAX_RUNS) is False]
             nearest = max((t.level for t in self.tried if hi <= t.level < ceil), default=hi)
-            pick = min(cands, key=lambda t: t.level).level if cands else self._toward(nearest, ceil, False, phi)
+            pick = min(cands, key=lambda t: t.level).level if cands else self._toward(nearest, ceil, False, phi, drift)
             if pick is not None:
                 sides.append(((ceil - hi) / max(hi, 1e-9), pick))
         return max(sides)[1] if sides else None
@@ -388,11 +439,12 @@ class CapacitySearch:
         ends = [t for t in (self._level(lo), self._level(hi)) if t is not None and len(t.runs) == 1]
         return min(ends, key=lambda t: abs(t.share - self.target)).level if ends else None
 
-    def _toward(self, a: float, b: float, passing: bool, phi: float) -> Optional[float]:
+    def _toward(self, a: float, b: float, passing: bool, phi: float,
+                drift: Optional[tuple[float, int]] = None) -> Optional[float]:
         """An untried level strictly between a and b where one run should decide: where the line
         between their margins reaches the margin of the decided level nearest the boundary
         (the largest margin decided to pass, the smallest decided to miss); half way without."""
-        decided = [t.margin for t in self.tried if t.decide(phi) is passing and t.margin is not None]
+        decided = [t.margin for t in self.tried if t.decide(phi, drift=drift) is passing and t.margin is not None]
         la, lb = self._level(a), self._level(b)
         ma, mb = (la.margin if la else None), (lb.margin if lb else None)
         if decided and ma is not None and mb is not None and mb > ma:
@@ -487,8 +539,9 @@ class CapacitySearch:
         shape = self._shape(knee, self._level(upper) if upper is not None else None, dict(zip(levels, fitted)))
         fit_by_level = dict(zip(levels, fitted))
         rows = []
+        phi, drift = self.spread()
         for t in self.tried:
-            row = t.to_dict(self.over)
+            row = t.to_dict(self.over, phi, drift)
             row["smoothed_share"] = fit_by_level.get(t.level)
             rows.append(row)
         return {"over": self.over, "search": self.search, "slos_ms": dict(slos), "goodput_target": self.target,
@@ -498,6 +551,8 @@ class CapacitySearch:
                 "binding_slo": binding, "binding_slo_margins": binding_by, "monotone": all(
                     raw[i] >= raw[i + 1] for i in range(len(raw) - 1)), "probes": self.probes,
                 "dispersion": round(self.dispersion(), 4),
+                "margin_drift": round(drift[0], 4) if drift is not None else None,
+                "margin_drift_df": drift[1] if drift is not None else None,
                 "replicated_levels": sum(1 for t in self.tried if len(t.runs) > 1),
                 "verdict": verdict, "levels": rows}
 
@@ -593,7 +648,12 @@ def boundary_lines(section: dict) -> list[str]:
     # apart gave 153.4 [153, 154] and 145.8 [137, 164]: the server's drift was in neither.
     if section.get("replicated_levels") == 0:
         rows.append("interval: the requests' sampling at the levels run; no level was run twice, so a drift of the "
-                    "server between runs is not in it (--repeats 2 or a second search measures it)")
+                    "server between runs is not in it (--repeats 2, more --capacity-steps or a second search "
+                    "measures it)")
+    elif section.get("margin_drift") is not None:
+        rows.append(f"interval: the requests' sampling and the run-to-run drift of the SLO margin "
+                    f"({math.expm1(section['margin_drift']):.1%} a run, from {section['replicated_levels']} level(s) "
+                    f"run more than once, {section.get('margin_drift_df')} degrees of freedom)")
     elif section.get("replicated_levels"):
         rows.append(f"interval: widened by the run-to-run dispersion at the {section['replicated_levels']} level(s) "
                     f"run more than once (x{section.get('dispersion', 1.0):.2f} the binomial variance)")

@@ -405,8 +405,9 @@ class Client(_Strict):
     capacity_steps: int = Field(default=10, ge=2, description="most levels tried (the margin search: most runs, "
                                 "replicates included)")
     capacity_search: Literal["margin", "bisect"] = Field(
-        default="margin", description="margin: the next level where the SLO margins' line crosses 1, undecided "
-                                      "bracket ends run again; bisect: doubled, then bisected on pass/fail alone")
+        default="margin", description="margin: the next level where the SLO margins' line crosses 1, the "
+                                      "bracket's ends and undecided levels run again; bisect: doubled, then bisected "
+                                      "on pass/fail alone")
     # search: each level a run of its own (the client restarted), doubled then bisected; ramp: one
     # continuous run (engine.bench.ramp) whose level changes window by window, judged by the same
     # SLOs, then held at the highest passing level for ramp_hold seconds (measured in windows, with

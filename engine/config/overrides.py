@@ -145,7 +145,11 @@ class BenchmarkOverrides(BaseModel):
                                                "(default 1024)")] = None
     capacity_search: Annotated[Optional[Literal["margin", "bisect"]], Override(
         "client.capacity_search", "margin: the next level where the SLO margins (latency over limit at the target "
-        "quantile) cross 1, undecided levels run again (default); bisect: doubled, then bisected on pass/fail")] = None
+        "quantile) cross 1, the bracket's ends and undecided levels run again (default); bisect: doubled, then "
+        "bisected on pass/fail")] = None
+    capacity_steps: Annotated[Optional[int], Override(
+        "client.capacity_steps", "most runs of the capacity search, repeated runs included (default 10; the ramp: "
+        "most windows)", metavar="N")] = None
     capacity_mode: Annotated[Optional[Literal["search", "ramp"]], Override(
         "client.capacity_mode", "search: a run per level (default); ramp: the same levels in one "
         "continuous run, a window each, then a hold at the highest passing level")] = None

@@ -196,7 +196,7 @@ def register(app: Any, state: State) -> None:  # noqa: C901 - one closure per to
                   warmup_seconds: Optional[float] = None, cooldown_seconds: Optional[float] = None,
                   find_capacity: Optional[list[str]] = None, goodput_target: Optional[float] = None,
                   capacity_over: str = "", capacity_max: Optional[float] = None, capacity_mode: str = "",
-                  capacity_search: str = "",
+                  capacity_search: str = "", capacity_steps: Optional[int] = None,
                   ramp_window: Optional[float] = None, ramp_min_requests: Optional[int] = None,
                   ramp_hold: Optional[float] = None, reset_prefix_cache: Optional[bool] = None, event_loop: str = "",
                   client_procs: Optional[int] = None, batch: str = "", environment: str = "", ray_address: str = "") -> dict:

@@ -61,7 +61,8 @@ def test_margin_search_needs_fewer_levels_than_bisection_on_a_queue_and_reports_
     assert "boundary: smooth" in text
     # The bracket's ends run twice: the interval would hold the server's drift between runs (none here).
     assert {lv["level"]: lv["repeats"] for lv in s["levels"] if lv["repeats"] > 1} == {148: 2, 149: 2}
-    assert s["replicated_levels"] == 2 and s["dispersion"] == 1.0 and "at the 2 level(s) run more than once" in text
+    assert s["replicated_levels"] == 2 and s["dispersion"] == 1.0 and s["margin_drift"] == 0.0
+    assert "run-to-run drift of the SLO margin (0.0% a run, from 2 level(s) run more than once" in text
     # Bisection runs each level once: its interval is the requests' sampling only, and says so.
     b = bisect.summary({"ttft": 100.0})
     assert b["replicated_levels"] == 0 and "no level was run twice" in "\n".join(capacity_table(b))
@@ -155,4 +156,25 @@ def test_a_server_that_drifts_between_runs_widens_the_interval_to_its_mean_bound
     # each, this search's interval was [109, 113]; with the bracket's ends run twice it holds 105.7.
     lo, hi = s["boundary_ci95"]
     assert lo is not None and hi is not None and lo <= 105.66 <= hi
-    assert s["replicated_levels"] >= 2 and s["dispersion"] > 1
+    assert s["replicated_levels"] >= 2 and s["dispersion"] > 1 and s["margin_drift"] > 0
+    text = "\n".join(capacity_table(s))
+    assert "run-to-run drift of the SLO margin" in text and "degrees of freedom" in text
+
+
+def test_the_margins_drift_leaves_levels_far_from_the_boundary_decided():
+    # Two runs of the level at the boundary disagree (0.95 and 0.84 of 600 requests, margins 0.96 and
+    # 1.04), the levels below pass with every request far inside the SLO. The shares' dispersion
+    # alone (phi > 10) would leave every level undecided; the margins' drift (about 4% a run, two
+    # degrees of freedom: t 4.3) keeps 48 and 55 decided and the one at the boundary not.
+    s = CapacitySearch(target=0.9, search="margin")
+    s.record(48, [_run(480, 480, 0.75, {"tpot": 0.75})])
+    s.record(55, [_run(535, 550, 0.8, {"tpot": 0.8})])
+    s.record(60, [_run(570, 600, 0.96, {"tpot": 0.96})])
+    s.record(60, [_run(504, 600, 1.04, {"tpot": 1.04})])
+    s.record(62, [_run(430, 620, 1.2, {"tpot": 1.2})])
+    s.record(62, [_run(440, 620, 1.18, {"tpot": 1.18})])
+    assert s.dispersion() > 10
+    summary = s.summary({"tpot": 10.0})
+    assert summary["boundary_ci95"] == [55, 62]
+    verdicts = {lv["level"]: lv["verdict"] for lv in summary["levels"]}
+    assert verdicts == {48: "pass", 55: "pass", 60: "undecided", 62: "fail"}
