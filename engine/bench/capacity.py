@@ -18,7 +18,7 @@ least one step up); inside the bracket, where the line between the bracket's mar
 (regula falsi; a probe that did not halve the bracket is followed by a bisection, so a cliff costs
 at most about twice bisection's levels). When the bracket is adjacent (or within 5% for a rate),
 its two ends are each run a second time (``DISPERSION_LEVELS``: the server's run-to-run drift,
-not only its requests' sampling, then widens the interval, see ``dispersion``), then again, at most
+not only its requests' sampling, then widens the interval, see ``drift``), then again, at most
 ``MAX_RUNS`` times each, while their verdict is undecided: the Wilson interval of the level's good
 requests over all its runs straddles the target. Each replicate counts against `max_steps`.
 
@@ -336,9 +336,9 @@ class CapacitySearch:
     def drift(self) -> Optional[tuple[float, int]]:
         """The run-to-run spread of the SLO margin: the pooled standard deviation of log(margin)
         between the runs of one level, over the levels run more than once with a margin in every
-        run, and its degrees of freedom; None while there is none. Unlike ``dispersion`` it reads how far each run passed or
-        missed, so it applies to every level alike: a level far from the boundary stays decided,
-        one whose margin is within the drift of 1 does not."""
+        run, and its degrees of freedom; None while there is none. Unlike ``dispersion`` it reads
+        how far each run passed or missed, so it applies to every level alike: a level far from the
+        boundary stays decided, one whose margin is within the drift of 1 does not."""
         ss = df = 0.0
         for t in self.tried:
             margins = [r.get("slo_margin") for r in t.runs]
@@ -644,8 +644,8 @@ def boundary_lines(section: dict) -> list[str]:
         line += " (no level on that side had enough requests to decide)"
     rows = [line]
     # What the interval holds: the requests' sampling at the levels run, widened by the run-to-run
-    # dispersion only where a level was run more than once. On an H100 two margin searches minutes
-    # apart gave 153.4 [153, 154] and 145.8 [137, 164]: the server's drift was in neither.
+    # drift only where a level was run more than once. On an H100 two margin searches minutes apart,
+    # every level run once, gave 153.4 [153, 154] and 145.8 [137, 164]: the drift was in neither.
     if section.get("replicated_levels") == 0:
         rows.append("interval: the requests' sampling at the levels run; no level was run twice, so a drift of the "
                     "server between runs is not in it (--repeats 2, more --capacity-steps or a second search "
