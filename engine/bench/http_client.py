@@ -528,8 +528,7 @@ class _Connection(asyncio.Protocol):
         self.kept_at: list[float] = []
         # True while a chunked body is being read: a read is then only stamped and kept.
         self.keeping = False
-        self.hub: _ReadHub | None = None  # where its body is read, when it can be (see _ReadHub)
-        self.fd = -1
+        self.hub: _ReadHub | None = None  # where its socket is read, when it can be (see _ReadHub)
         self.hub_fd = -1  # its socket's descriptor while in the hub
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -654,10 +653,8 @@ class StreamingHTTPClient:
         conn.loop = loop
         hub = self._read_hub(loop)
         sock = conn.transport.get_extra_info("socket") if hub is not None and conn.transport is not None else None
-        if sock is not None and hub is not None:
-            conn.hub, conn.fd = hub, sock.fileno()
-            if hub.join(conn, conn.fd):
-                conn.hub_fd = conn.fd
+        if sock is not None and hub is not None and hub.join(conn, sock.fileno()):
+            conn.hub, conn.hub_fd = hub, sock.fileno()
         self._open.add(conn)
         return conn
 
