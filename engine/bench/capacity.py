@@ -173,14 +173,21 @@ class Level:
         n_eff = (sent or n) / max(phi, 1.0)
         lo, hi = wilson_share(good / n, n_eff)
         by_requests = True if lo >= self.target else False if hi < self.target else None
-        margins = [r.get("slo_margin") for r in self.runs]
-        if drift is None or by_requests is None or any(not isinstance(m, (int, float)) or m <= 0 for m in margins):
+        logs = self.log_margins()
+        if drift is None or by_requests is None or logs is None:
             return by_requests
-        mean_log = sum(math.log(m) for m in margins) / len(margins)
+        mean_log = sum(logs) / len(logs)
         spread, df = drift
-        half = t975(df) * spread / math.sqrt(runs or len(margins))
+        half = t975(df) * spread / math.sqrt(runs or len(logs))
         by_margin = True if mean_log + half <= 0 else False if mean_log - half > 0 else None
         return by_requests if by_margin is by_requests else None
+
+    def log_margins(self) -> Optional[list[float]]:
+        """log(SLO margin) of each run; None unless every run has a positive margin."""
+        margins = [r.get("slo_margin") for r in self.runs]
+        if not margins or any(not isinstance(m, (int, float)) or m <= 0 for m in margins):
+            return None
+        return [math.log(m) for m in margins]
 
     @property
     def decided(self) -> Optional[bool]:
@@ -341,10 +348,9 @@ class CapacitySearch:
         boundary stays decided, one whose margin is within the drift of 1 does not."""
         ss = df = 0.0
         for t in self.tried:
-            margins = [r.get("slo_margin") for r in t.runs]
-            if len(margins) < 2 or any(not isinstance(m, (int, float)) or m <= 0 for m in margins):
+            logs = t.log_margins()
+            if logs is None or len(logs) < 2:
                 continue
-            logs = [math.log(m) for m in margins]
             mean = sum(logs) / len(logs)
             ss += sum((x - mean) ** 2 for x in logs)
             df += len(logs) - 1
