@@ -1,13 +1,42 @@
 """The asyncio event loop a process runs on: uvloop where it is installed (the ``fast`` extra),
 else asyncio's own. The benchmark's load generator and the built-in server both choose with
-``event_loop: auto | uvloop | asyncio``."""
+``event_loop: auto | uvloop | asyncio``.
+
+asyncio's own loop runs here on `StreamSelector` where the platform has epoll: asyncio's selector,
+which also reads the sockets of streaming connections itself. A connection's socket joins it
+(`join`; its transport's reading is paused) and from then on the one `epoll_wait` of each loop
+turn reports it with the loop's own descriptors; the selector reads each ready joined socket right
+there (`os.read`), all stamped with one `perf_counter()` taken after the poll, and hands the bytes to
+the connection. Per streamed token that skips asyncio's per-socket machinery (a handle run in a
+context, two transport frames, a protocol call) and, against a read hub of its own registered as
+one more reader of the loop, a second `epoll_wait` and a handle a loop turn.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import math
+import os
+import selectors
+import sys
+import time
+import weakref
+from collections.abc import Mapping
+from selectors import EVENT_READ, EVENT_WRITE
+from typing import Any, Protocol
+
+try:
+    from select import EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, epoll
+except ImportError:  # not Linux: asyncio's own selector, and connections read by their transports
+    epoll = None  # type: ignore[assignment,misc]
+else:
+    _NOT_IN, _NOT_OUT, _TO_WRITER = ~EPOLLIN, ~EPOLLOUT, EPOLLOUT | EPOLLERR | EPOLLHUP
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+# A read's size: below glibc's mmap threshold, so its buffer comes from the heap, not a fresh mapping.
+STREAM_READ = 64 * 1024
+_perf_counter = time.perf_counter
 
 
 def event_loop_name(choice: str = "auto") -> str:
@@ -28,9 +57,24 @@ def event_loop_name(choice: str = "auto") -> str:
 
 
 def run_coroutine(coro: Any, event_loop: str = "auto") -> Any:
-    """Run `coro` to its end in a fresh event loop of the kind `event_loop_name` picks."""
+    """Run `coro` to its end in a fresh event loop of the kind `event_loop_name` picks (asyncio's
+    own on `StreamSelector` where the platform has epoll)."""
     if event_loop_name(event_loop) == "asyncio":
-        return asyncio.run(coro)
+        if sys.version_info >= (3, 11):
+            with asyncio.Runner(loop_factory=new_asyncio_loop) as runner:
+                return runner.run(coro)
+        loop = new_asyncio_loop()
+        try:
+            asyncio.set_event_loop(loop)
+            return loop.run_until_complete(coro)
+        finally:
+            try:
+                _cancel_all(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
     import uvloop
     loop = uvloop.new_event_loop()
     try:
@@ -42,3 +86,244 @@ def run_coroutine(coro: Any, event_loop: str = "auto") -> Any:
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    """What asyncio.run does with the tasks a coroutine left behind (Python 3.10 has no Runner)."""
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+_STREAM_SELECTORS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamSelector] = weakref.WeakKeyDictionary()
+
+
+def new_asyncio_loop() -> asyncio.AbstractEventLoop:
+    """asyncio's selector loop, on a `StreamSelector` where the platform has epoll."""
+    if epoll is None:
+        return asyncio.new_event_loop()
+    selector = StreamSelector()
+    loop = asyncio.SelectorEventLoop(selector)
+    _STREAM_SELECTORS[loop] = selector
+    return loop
+
+
+def stream_selector(loop: asyncio.AbstractEventLoop) -> StreamSelector | None:
+    """The `StreamSelector` of a loop made by `new_asyncio_loop`, else None."""
+    return _STREAM_SELECTORS.get(loop)
+
+
+class StreamReader(Protocol):
+    """A connection whose socket `StreamSelector` reads. While `keeping`, a read that cannot end
+    its response (its fourth byte from the end is not a CR: a token's chunk ends "\\n\\n\\r\\n", a
+    chunked body ends with a blank line) is only appended to `kept` with its stamp in `kept_at`;
+    every other read goes to `received(data, stamp)`; an end of file or an error to `stream_eof(fd)`
+    (the reader then leaves), an exception from `received` to `stream_failed(exc)`."""
+
+    keeping: bool
+    kept: list[bytes]
+    kept_at: list[float]
+
+    def received(self, data: bytes, now: float) -> None: ...
+
+    def stream_eof(self, fd: int) -> None: ...
+
+    def stream_failed(self, exc: BaseException) -> None: ...
+
+
+class _KeyMap(Mapping):
+    """`get_map()`: the registered file objects' keys by descriptor, read-only."""
+
+    def __init__(self, keys: dict[int, selectors.SelectorKey]) -> None:
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, fileobj: Any) -> selectors.SelectorKey:
+        try:
+            return self._keys[_fileno(fileobj)]
+        except KeyError:
+            raise KeyError(f"{fileobj!r} is not registered") from None
+
+    def __iter__(self):
+        return iter(self._keys)
+
+
+def _fileno(fileobj: Any) -> int:
+    fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+    if not isinstance(fd, int) or fd < 0:
+        raise ValueError(f"invalid file descriptor: {fileobj!r}")
+    return fd
+
+
+class StreamSelector(selectors.BaseSelector):
+    """An epoll selector for asyncio's loop that reads the joined sockets itself (see the module's
+    doc). A descriptor may be both registered (asyncio waits to write to it) and joined (it is
+    read here): its epoll mask is the union, and each side gets its own events."""
+
+    def __init__(self) -> None:
+        self._ep = epoll()
+        self._keys: dict[int, selectors.SelectorKey] = {}
+        self._map = _KeyMap(self._keys)
+        self._masks: dict[int, int] = {}  # what epoll watches, per descriptor
+        self.members: dict[int, StreamReader] = {}  # joined sockets
+
+    # --- the selector asyncio uses
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        if not events or events & ~(EVENT_READ | EVENT_WRITE):
+            raise ValueError(f"invalid events: {events!r}")
+        fd = _fileno(fileobj)
+        if fd in self._keys:
+            raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
+        key = self._keys[fd] = selectors.SelectorKey(fileobj, fd, events, data)
+        try:
+            self._watch(fd)
+        except BaseException:
+            del self._keys[fd]
+            raise
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        fd = _fileno(fileobj)
+        try:
+            key = self._keys.pop(fd)
+        except KeyError:
+            raise KeyError(f"{fileobj!r} is not registered") from None
+        try:
+            self._watch(fd)
+        except OSError:  # closed since it was registered
+            self._masks.pop(fd, None)
+        return key
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = _fileno(fileobj)
+        try:
+            key = self._keys[fd]
+        except KeyError:
+            raise KeyError(f"{fileobj!r} is not registered") from None
+        if events != key.events or data is not key.data:
+            if not events or events & ~(EVENT_READ | EVENT_WRITE):
+                raise ValueError(f"invalid events: {events!r}")
+            key = self._keys[fd] = key._replace(events=events, data=data)
+            try:
+                self._watch(fd)
+            except BaseException:
+                del self._keys[fd]
+                raise
+        return key
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self._map
+
+    def close(self) -> None:
+        self._keys.clear()
+        self._masks.clear()
+        self.members.clear()
+        self._ep.close()
+
+    def _watch(self, fd: int) -> None:
+        """Make epoll watch what the key and the membership of `fd` ask for."""
+        key = self._keys.get(fd)
+        want = 0
+        if key is not None:
+            if key.events & EVENT_READ:
+                want |= EPOLLIN
+            if key.events & EVENT_WRITE:
+                want |= EPOLLOUT
+        if fd in self.members:
+            want |= EPOLLIN
+        had = self._masks.get(fd, 0)
+        if want == had:
+            return
+        if not want:
+            del self._masks[fd]
+            try:
+                self._ep.unregister(fd)
+            except OSError:  # closed already: epoll forgot it then
+                pass
+            return
+        try:
+            if had:
+                self._ep.modify(fd, want)
+            else:
+                self._ep.register(fd, want)
+        except FileExistsError:  # watched under a descriptor number closed and reused since
+            self._ep.modify(fd, want)
+        except FileNotFoundError:  # closed since, so epoll forgot it; this is a new socket of that number
+            self._ep.register(fd, want)
+        self._masks[fd] = want
+
+    # --- the joined sockets
+    def join(self, fd: int, reader: StreamReader) -> None:
+        """Read `fd` here from now on (its transport's reading must be paused first)."""
+        self.members[fd] = reader
+        try:
+            self._watch(fd)
+        except BaseException:
+            del self.members[fd]
+            raise
+
+    def leave(self, fd: int, reader: StreamReader | None = None) -> bool:
+        """`fd` is not read here any more (only while it is `reader`'s, when named); False when it was not joined."""
+        if fd not in self.members or (reader is not None and self.members[fd] is not reader):
+            return False
+        del self.members[fd]
+        try:
+            self._watch(fd)
+        except OSError:
+            self._masks.pop(fd, None)
+        return True
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None:
+            timeout = -1
+        elif timeout <= 0:
+            timeout = 0
+        else:  # epoll counts milliseconds: round up, to wait at least `timeout`
+            timeout = math.ceil(timeout * 1e3) * 1e-3
+        try:
+            fd_events = self._ep.poll(timeout, max(len(self._masks), 1))
+        except InterruptedError:
+            return []
+        now = _perf_counter()
+        ready = []
+        members_get, keys_get, read, size = self.members.get, self._keys.get, os.read, STREAM_READ
+        for fd, event in fd_events:
+            reader = members_get(fd)
+            if reader is not None:
+                if event & _NOT_OUT:  # readable, or an error or a hang-up that its read reports
+                    try:
+                        data = read(fd, size)
+                    except (BlockingIOError, InterruptedError):
+                        data = None
+                    except OSError:
+                        data = b""
+                    if data:
+                        # A streaming body's read that cannot end the response: kept with its stamp, inline.
+                        if reader.keeping and len(data) >= 4 and data[-4] != 13:
+                            reader.kept.append(data)
+                            reader.kept_at.append(now)
+                        else:
+                            try:
+                                reader.received(data, now)
+                            except Exception as exc:  # noqa: BLE001 - its request fails, not the loop
+                                reader.stream_failed(exc)
+                    elif data is not None:  # end of file or an error: its transport's own read meets it
+                        reader.stream_eof(fd)
+                event &= _TO_WRITER  # what is left for asyncio: a writer of this socket, if it waits
+                if not event:
+                    continue
+            key = keys_get(fd)
+            if key is not None:
+                events = 0
+                if event & _NOT_IN:
+                    events |= EVENT_WRITE
+                if event & _NOT_OUT:
+                    events |= EVENT_READ
+                events &= key.events
+                if events:
+                    ready.append((key, events))
+        return ready

@@ -51,6 +51,13 @@ def _shared_fork_servers():
     yield
 
 
+def pytest_asyncio_loop_factories(config, item):
+    """Async tests run on the loop the product's commands run on (asyncio's, with the selector that
+    reads streaming sockets itself, engine.eventloop.new_asyncio_loop)."""
+    from engine.eventloop import new_asyncio_loop
+    return {"asyncio": new_asyncio_loop}
+
+
 def pytest_unconfigure(config):
     """Harness workers run in this process in some tests, and a worker freezes its heap
     (engine.kernels.worker._settle_heap): thaw it, so that the exit finalizes everything as usual."""

@@ -12,17 +12,17 @@ a read's stamp never waits behind another stream's parsing. A caller that names 
 are framed (an SSE stream: `data: `, message, blank line) gets the bare messages of reads that are
 one such chunk each, found for the whole response in a few list-wide passes (`_FramedChunks`).
 
-On asyncio's selector loop (plain TCP, Linux) a connection's socket is read outside asyncio's
-per-socket machinery from the moment it opens: the transport's reading is paused and the socket
-joins one epoll set of the client's own (`_ReadHub`), itself one reader of the loop. When any
-socket is readable the loop runs one callback, which polls that set and reads every ready socket in
-turn (`os.read`), all stamped with one `perf_counter()` taken right after the poll; a read of a
-streaming body is kept there and then, any other read goes to the connection as the transport
-would give it. Per token this skips the loop's per-socket callback (a handle run in a context, two
-transport frames, a protocol call): a third of the client's CPU per token at 128 streams. The
-socket stays in the set from request to request (no epoll changes per request); at end of file or
-an error it leaves, and the transport's own read meets it and closes the connection.
-benchmarks/loadgen_overhead.py and benchmarks/client_cost.py measure the difference.
+On asyncio's loop as the product runs it (`engine.eventloop.new_asyncio_loop`: plain TCP, Linux)
+a connection's socket is read outside asyncio's per-socket machinery from the moment it opens: the
+transport's reading is paused and the socket joins the loop's selector (`StreamSelector`), which
+reads every ready joined socket in the poll of each loop turn (`os.read`), all stamped with one
+`perf_counter()` taken right after it; a read of a streaming body is kept there and then, any other
+read goes to the connection as the transport would give it. Per token this skips the loop's
+per-socket callback (a handle run in a context, two transport frames, a protocol call): a third of
+the client's CPU per token at 128 streams. The socket stays joined from request to request (no epoll
+changes per request); at end of file or an error it leaves, and the transport's own read meets it and
+closes the connection. On another loop (uvloop's, or one made elsewhere) and over TLS the transport
+reads. benchmarks/loadgen_overhead.py and benchmarks/client_cost.py measure the difference.
 
 What it speaks: HTTP/1.1 (and 1.0 responses), keep-alive with a pool of idle connections per
 client, responses framed by `Transfer-Encoding: chunked`, `Content-Length`, or the connection's
@@ -34,9 +34,7 @@ is retried once on a fresh one, and only when not a byte of the response had arr
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import select
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -46,6 +44,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from engine.errors import MagpieError
+from engine.eventloop import StreamSelector, stream_selector
 
 # on_body(data, stamp) gets the body bytes of one read and the perf_counter() of that read;
 # returning True stops the response there (the connection is closed, not reused).
@@ -442,78 +441,6 @@ def _chunk_list(data: bytes) -> tuple[list[bytes], bool] | None:
     return out, False
 
 
-_HUB_READ = 64 * 1024  # below glibc's mmap threshold: a read's buffer comes from the heap, not a fresh mapping
-
-
-class _ReadHub:
-    """The sockets of one client's connections in one epoll set, read in one loop callback (see
-    the module's doc). A connection joins when it opens and leaves at EOF or an error (the transport
-    then reads, and reports them), and when it closes."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.ep = select.epoll()
-        self.members: dict[int, _Connection] = {}
-        loop.add_reader(self.ep.fileno(), self._pump)
-
-    def join(self, conn: _Connection, fd: int) -> bool:
-        try:
-            conn.transport.pause_reading()  # type: ignore[union-attr]
-            self.ep.register(fd, select.EPOLLIN)
-        except (OSError, ValueError, RuntimeError):
-            conn.transport.resume_reading()  # type: ignore[union-attr]
-            return False
-        self.members[fd] = conn
-        return True
-
-    def leave(self, fd: int, conn: _Connection | None = None) -> None:
-        """`fd` out of the set (only while it is `conn`'s, when named), its transport reading again."""
-        if conn is not None and self.members.get(fd) is not conn:
-            return
-        conn = self.members.pop(fd, None)
-        if conn is None:
-            return
-        try:
-            self.ep.unregister(fd)
-        except (OSError, ValueError):
-            pass
-        conn.hub_fd = -1
-        transport = conn.transport
-        if transport is not None and not transport.is_closing():
-            transport.resume_reading()
-
-    def _pump(self) -> None:
-        events = self.ep.poll(0)
-        now = _perf_counter()
-        members, read = self.members, os.read
-        for fd, _mask in events:
-            conn = members.get(fd)
-            if conn is None:
-                continue
-            try:
-                data = read(fd, _HUB_READ)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                data = b""
-            if not data:  # EOF or an error: the transport's own read meets it and ends the connection
-                self.leave(fd)
-                continue
-            # A streaming body's read that cannot end the response (see _Connection.received): kept
-            # with its stamp, inline.
-            if conn.keeping and len(data) >= 4 and data[-4] != 13:
-                conn.kept.append(data)
-                conn.kept_at.append(now)
-                continue
-            conn.received(data, now)
-
-    def close(self) -> None:
-        for fd in list(self.members):
-            self.leave(fd)
-        self.loop.remove_reader(self.ep.fileno())
-        self.ep.close()
-
-
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; it carries one request at a time."""
 
@@ -528,8 +455,8 @@ class _Connection(asyncio.Protocol):
         self.kept_at: list[float] = []
         # True while a chunked body is being read: a read is then only stamped and kept.
         self.keeping = False
-        self.hub: _ReadHub | None = None  # where its socket is read, when it can be (see _ReadHub)
-        self.hub_fd = -1  # its socket's descriptor while in the hub
+        self.selector: StreamSelector | None = None  # the loop's selector, while it reads this socket itself
+        self.joined_fd = -1  # its socket's descriptor while the selector reads it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -575,10 +502,25 @@ class _Connection(asyncio.Protocol):
         self.kept, self.kept_at = [], []
         self.parser.feed_reads(reads, stamps)
 
+    def stream_eof(self, fd: int) -> None:
+        """The selector read an end of file or an error: its transport reads again, meets it and
+        ends the connection (connection_lost decides whether the response was complete)."""
+        self._leave_selector()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    def stream_failed(self, exc: BaseException) -> None:
+        self._fail(exc)
+
+    def _leave_selector(self) -> None:
+        if self.joined_fd >= 0 and self.selector is not None:  # before the descriptor is closed (and reused)
+            self.selector.leave(self.joined_fd, self)
+        self.joined_fd = -1
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.hub_fd >= 0 and self.hub is not None:
-            self.hub.leave(self.hub_fd, self)
+        self._leave_selector()
         parser, waiter = self.parser, self.waiter
         if parser is None or waiter is None or waiter.done():
             return
@@ -602,8 +544,7 @@ class _Connection(asyncio.Protocol):
     def _close(self) -> None:
         self.closed = True
         self.keeping = False
-        if self.hub_fd >= 0 and self.hub is not None:  # before the descriptor is closed (and reused)
-            self.hub.leave(self.hub_fd, self)
+        self._leave_selector()
         if self.transport is not None:
             self.transport.abort()
 
@@ -630,31 +571,25 @@ class StreamingHTTPClient:
         self.ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
-        self._hub: _ReadHub | None = None
-        self._hub_tried = False
-
-    def _read_hub(self, loop: asyncio.AbstractEventLoop) -> _ReadHub | None:
-        """The client's read hub, where it can serve: plain TCP on asyncio's own selector loop with
-        epoll (with another loop, uvloop's, or TLS, the transport reads as usual)."""
-        if not self._hub_tried:
-            self._hub_tried = True
-            if (self.ssl is None and hasattr(select, "epoll")
-                    and isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)):
-                try:
-                    self._hub = _ReadHub(loop)
-                except (OSError, ValueError, NotImplementedError):
-                    self._hub = None
-        return self._hub if self._hub is not None and self._hub.loop is loop else None
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl,
                                                server_hostname=self.host if self.ssl else None)
         conn.loop = loop
-        hub = self._read_hub(loop)
-        sock = conn.transport.get_extra_info("socket") if hub is not None and conn.transport is not None else None
-        if sock is not None and hub is not None and hub.join(conn, sock.fileno()):
-            conn.hub, conn.hub_fd = hub, sock.fileno()
+        # Plain TCP on asyncio's loop with a StreamSelector: the selector reads the socket from now on.
+        selector = stream_selector(loop) if self.ssl is None else None
+        transport = conn.transport
+        sock = transport.get_extra_info("socket") if selector is not None and transport is not None else None
+        if sock is not None:
+            fd = sock.fileno()
+            try:
+                transport.pause_reading()
+                selector.join(fd, conn)
+            except (OSError, ValueError, RuntimeError):
+                transport.resume_reading()
+            else:
+                conn.selector, conn.joined_fd = selector, fd
         self._open.add(conn)
         return conn
 
@@ -749,10 +684,6 @@ class StreamingHTTPClient:
             conn._close()
         self._open.clear()
         self._idle.clear()
-        if self._hub is not None:
-            self._hub.close()
-            self._hub = None
-        self._hub_tried = False
         await asyncio.sleep(0)  # let the transports run their close callbacks
 
     async def __aenter__(self) -> StreamingHTTPClient:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.bench.http_client import HTTPError, ResponseParser, StreamingHTTPClient
+from engine.eventloop import stream_selector
 
 SSE = b'data: {"choices": [{"text": "a"}]}\n\ndata: [DONE]\n\n'
 
@@ -461,8 +462,8 @@ def test_a_wrong_size_line_on_a_framed_message_ends_as_in_the_general_parser():
         assert _outcome(framed) == _outcome(general), bad
 
 
-async def test_a_body_read_in_the_hub_that_is_cut_short_fails_and_leaves_the_hub():
-    # Reads of a chunked body go through the client's epoll hub (asyncio's selector loop, plain TCP):
+async def test_a_body_read_by_the_selector_that_is_cut_short_fails_and_leaves_it():
+    # The loop's StreamSelector reads a connection's socket (asyncio's loop made by new_asyncio_loop, plain TCP):
     # a server that closes mid-body ends the request as the transport's own reads would.
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -478,20 +479,21 @@ async def test_a_body_read_in_the_hub_that_is_cut_short_fails_and_leaves_the_hub
         async with StreamingHTTPClient(f"http://127.0.0.1:{port}") as client:
             with pytest.raises(HTTPError, match="in the middle of the body"):
                 await asyncio.wait_for(post(client), 10)
-            hub = client._hub
-            assert hub is not None and not hub.members  # used, and left at the close
+            selector = stream_selector(asyncio.get_running_loop())
+            assert selector is not None and not selector.members  # used, and left at the close
     finally:
         server.close()
         await server.wait_closed()
 
 
-async def test_a_connection_reads_its_next_response_after_a_body_from_the_hub():
+async def test_a_connection_reads_its_next_response_after_a_body_read_by_the_selector():
     body = [HEAD_CHUNKED] + [b"4\r\nt%03d\r\n" % i for i in range(5)] + [b"0\r\n\r\n"]
     async with RawServer(lambda c, n, r: body) as srv:
         async with StreamingHTTPClient(f"http://127.0.0.1:{srv.port}") as client:
             for _ in range(3):
                 resp, got = await post(client)
                 assert resp.status == 200 and [d for d, _ in got] == [b"t%03d" % i for i in range(5)]
-                # the connection stays in the hub from request to request (no epoll change per request)
-                assert client._hub is not None and list(client._hub.members.values()) == list(client._open)
+                # the socket stays with the selector from request to request (no epoll change per request)
+                selector = stream_selector(asyncio.get_running_loop())
+                assert selector is not None and list(selector.members.values()) == list(client._open)
     assert srv.connections == 1
