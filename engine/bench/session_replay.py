@@ -48,6 +48,7 @@ from engine.bench.http_client import HTTPError, StreamingHTTPClient
 from engine.bench.metrics import RequestOutput, compute_metrics
 from engine.bench.server_metrics import parse_exposition
 from engine.bench.sessions import BlockTokens, Session
+from engine.eventloop import run_coroutine
 
 REPLAY_MODES = ("closed", "open")
 DEFAULT_SESSION_HEADER = "X-Session-ID"
@@ -435,7 +436,7 @@ def _take(msg: dict[str, Any], rec: TurnOutput, parts: list[str]) -> bool:
 
 def run_sessions(config: SessionReplayConfig, sessions: Sequence[Session], *, filler: BlockTokens | None = None,
                  on_turn: Callable[[TurnOutput], None] | None = None) -> SessionReplayResult:
-    return asyncio.run(SessionReplay(config, sessions, filler=filler, on_turn=on_turn).run())
+    return run_coroutine(SessionReplay(config, sessions, filler=filler, on_turn=on_turn).run(), "asyncio")
 
 
 def _ms_stats(values: Sequence[float]) -> dict[str, float | int]:
