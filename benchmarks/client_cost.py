@@ -44,7 +44,8 @@ and the table says the peer was not run.
 
 `--baseline REV` adds our client as it was at git revision REV (its `engine/` from `git archive`)
 as a third client taking its turn in the same rounds: a before/after of a client change measured
-interleaved, on the same server and machine state, not on another day.
+interleaved, on the same server and machine state, not on another day. `--clients asyncio,uvloop,vllm`
+runs our client on each named event loop (`--event-loop`; uvloop where it is installed) the same way.
 
 AIPerf needs its own environment (`--aiperf`, default `/tmp/aiperf-venv/bin/aiperf`: made by
 `python -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0`) and a local
@@ -271,6 +272,7 @@ def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: 
         cmd, result_at = aiperf_command(args, url, conc, out)
     else:
         cmd, result_at = ours_command(args, url, conc, procs, out, root)
+        cmd += OURS.get(client, [])
     env = dict(os.environ)
     if client == "vllm":
         from vllm_cpu import vllm_env
@@ -344,7 +346,10 @@ def _med(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} [{_range(values)}]"
 
 
-NAMES = {"vllm": "vllm bench serve", "aiperf": "aiperf profile", "ours": "magpie benchmark"}
+NAMES = {"vllm": "vllm bench serve", "aiperf": "aiperf profile", "ours": "magpie benchmark",
+         "asyncio": "magpie benchmark, asyncio", "uvloop": "magpie benchmark, uvloop"}
+# our client as installed (its default loop), and on a named event loop
+OURS = {"ours": [], "asyncio": ["--event-loop", "asyncio"], "uvloop": ["--event-loop", "uvloop"]}
 # (column, Sample field) of the CPU per 1k tokens by window
 METHODS = (("whole process", "whole_ms_per_1k"), ("from first request", "from_first_request_ms_per_1k"),
            ("request window", "cpu_ms_per_1k_tokens"))
@@ -378,9 +383,11 @@ def table(samples: list[Sample], peer_note: str, baseline: str = "") -> str:
         rows.append(f"| {name} | {conc} | {procs} | " + " | ".join(f"{c:.3f}" for c in cells[:5]) + f" | {cells[5]:.2f} |")
     ratios = []
     for conc in sorted({s.concurrency for s in samples}):
-        for procs in sorted({s.client_procs for s in samples if s.client == "ours"}):
-            ours = [s for s in samples if s.concurrency == conc and s.client == "ours" and s.client_procs == procs]
-            base = [s for s in samples if s.concurrency == conc and s.client == "baseline" and s.client_procs == procs]
+        for who, procs in sorted({(s.client, s.client_procs) for s in samples if s.client in OURS}):
+            ours = [s for s in samples if s.concurrency == conc and s.client == who and s.client_procs == procs]
+            base = [s for s in samples if s.concurrency == conc and s.client == "baseline" and s.client_procs == procs
+                    and who == "ours"]
+            label = "ours" if who == "ours" else f"ours on {who}"
             for method, f in METHODS:
                 mine = statistics.median(getattr(s, f) for s in ours) if ours else math.nan
                 peers = {c: statistics.median(getattr(s, f) for s in samples if s.concurrency == conc and s.client == c)
@@ -388,7 +395,7 @@ def table(samples: list[Sample], peer_note: str, baseline: str = "") -> str:
                 if ours and peers:
                     lightest = min(peers, key=peers.get)
                     each = ", ".join(f"{mine / v:.2f}x {NAMES[c]}'s" for c, v in peers.items())
-                    ratios.append(f"C={conc}, {procs} proc(s), {method}: ours / the lightest peer's ({NAMES[lightest]}) "
+                    ratios.append(f"C={conc}, {procs} proc(s), {method}: {label} / the lightest peer's ({NAMES[lightest]}) "
                                   f"CPU per token, medians of runs {mine / peers[lightest]:.2f}x ({each})")
                 if base and ours:
                     change = mine / statistics.median(getattr(s, f) for s in base)
@@ -458,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         if "aiperf" in clients and not args.tokenizer:
             clients.remove("aiperf")
             notes.append("AIPerf was not run: it needs a local tokenizer folder (--tokenizer)")
+    if "uvloop" in clients and subprocess.run([sys.executable, "-c", "import uvloop"], capture_output=True).returncode:
+        clients.remove("uvloop")
+        notes.append("our client on uvloop was not run: uvloop is not installed (pip install uvloop)")
     peer_note = "; ".join(notes)
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu = cpus[-1] if len(cpus) > 1 and not args.no_pin else None

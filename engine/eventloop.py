@@ -50,8 +50,7 @@ def event_loop_name(choice: str = "auto") -> str:
         import uvloop  # noqa: F401
     except ImportError:
         if choice == "uvloop":
-            raise ValueError("event loop uvloop: it is not installed (pip install 'magpie-workbench[fast]' "
-                             "or pip install uvloop)") from None
+            raise ValueError("event loop uvloop: it is not installed (pip install uvloop)") from None
         return "asyncio"
     return "uvloop"
 

@@ -462,6 +462,12 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        # A read the transport gives (uvloop's loop, TLS): most are a token's chunk, kept here without
+        # a second call (what `received` does first).
+        if self.keeping and len(data) >= 4 and data[-4] != 13:
+            self.kept.append(data)
+            self.kept_at.append(_perf_counter())
+            return
         self.received(data, _perf_counter())
 
     def received(self, data: bytes, now: float) -> None:

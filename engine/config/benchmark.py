@@ -351,7 +351,7 @@ class Client(_Strict):
     # lean: our asyncio-Protocol client, which stamps each read where it arrives; aiohttp: the
     # client library vLLM's benchmark uses (a cross-check, or for servers behind what lean lacks).
     http_client: Literal["lean", "aiohttp"] = "lean"
-    # auto: uvloop where installed (pip install 'magpie-workbench[fast]'), else asyncio's own loop.
+    # auto: uvloop where installed (a dependency where it installs), else asyncio's own loop.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # Client processes sharing the load on one clock, results merged (engine.bench.client_procs):
     # for loads one process cannot stamp in time. Each gets a share of the concurrency.
@@ -450,7 +450,7 @@ class Client(_Strict):
         if self.event_loop == "uvloop":
             import importlib.util
             if importlib.util.find_spec("uvloop") is None:
-                raise ValueError("event_loop uvloop: it is not installed (pip install 'magpie-workbench[fast]'), "
+                raise ValueError("event_loop uvloop: it is not installed (pip install uvloop), "
                                  "or use auto")
         if self.find_capacity:
             if self.sweep:
