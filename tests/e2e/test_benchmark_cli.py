@@ -81,6 +81,24 @@ def test_base_url_server_and_failures(tmp_path):
         assert r["dataset"]["vocab_size"] == 1000 and r["dataset"]["vocab_source"] == "client.vocab_size"
 
 
+def test_the_lean_client_on_each_event_loop_reads_every_token(tmp_path):
+    # auto is uvloop where it is installed (its transports read); asyncio's loop reads the streams
+    # in its selector. Both give every token of every request and say which loop ran.
+    from bench_server import BenchServer, Script
+    import importlib.util
+    loops = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else [])
+    for loop in loops:
+        out = tmp_path / loop
+        with BenchServer(Script(tokens=7, itl_s=0.001)) as srv:
+            proc = run_magpie("benchmark", "vllm", "-m", "test-model", "--base-url", srv.url, "--concurrency", "3",
+                              "--num-prompts", "9", "--input-len", "8", "--output-len", "7", "--event-loop", loop,
+                              "--vocab-size", "1000", "-o", out, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        _, r = _report(out)
+        assert r["environment"]["event_loop"] == loop and r["environment"]["http_client"] == "lean"
+        assert r["throughput"]["completed_requests"] == 9 and r["throughput"]["total_output_tokens"] == 63
+
+
 @pytest.mark.slow
 def test_chat_endpoint_with_text_prompts(tmp_path):
     proc = run_magpie("benchmark", "builtin", "--endpoint", "chat", "--concurrency", "2", "--input-len", "16",

@@ -22,11 +22,15 @@ def _reqs(n: int, out_len: int = 6) -> list[SampleRequest]:
     return sample_random_requests(n, input_len=16, output_len=out_len, vocab_size=1000, seed=0)
 
 
-@pytest.fixture(params=["lean", "aiohttp"])
+@pytest.fixture(params=[("lean", "auto"), ("lean", "asyncio"), ("aiohttp", "auto")],
+                ids=["lean", "lean-asyncio", "aiohttp"])
 def cfg(request):
-    """Every behaviour holds for both HTTP clients."""
+    """Every behaviour holds for both HTTP clients, and for the lean one on both event loops (auto is
+    uvloop where it is installed; asyncio's loop reads the streams in its selector)."""
+    client, loop = request.param
+
     def make(srv: BenchServer, **kw) -> LoadGenConfig:
-        return LoadGenConfig(base_url=srv.url, model="fake", http_client=request.param, **kw)
+        return LoadGenConfig(base_url=srv.url, model="fake", http_client=client, event_loop=loop, **kw)
     return make
 
 
