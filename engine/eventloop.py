@@ -143,7 +143,7 @@ class _KeyMap(Mapping):
 
     def __getitem__(self, fileobj: Any) -> selectors.SelectorKey:
         try:
-            return self._keys[_fileno(fileobj)]
+            return self._keys[_lookup(self._keys, fileobj)]
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
 
@@ -156,6 +156,18 @@ def _fileno(fileobj: Any) -> int:
     if not isinstance(fd, int) or fd < 0:
         raise ValueError(f"invalid file descriptor: {fileobj!r}")
     return fd
+
+
+def _lookup(keys: dict[int, selectors.SelectorKey], fileobj: Any) -> int:
+    """`fileobj`'s descriptor; for a file object closed since it was registered (no descriptor any
+    more), the one it was registered under, as the standard selectors find it."""
+    try:
+        return _fileno(fileobj)
+    except ValueError:
+        for key in keys.values():
+            if key.fileobj is fileobj:
+                return key.fd
+        raise
 
 
 class StreamSelector(selectors.BaseSelector):
@@ -186,7 +198,7 @@ class StreamSelector(selectors.BaseSelector):
         return key
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        fd = _fileno(fileobj)
+        fd = _lookup(self._keys, fileobj)
         try:
             key = self._keys.pop(fd)
         except KeyError:
@@ -198,7 +210,7 @@ class StreamSelector(selectors.BaseSelector):
         return key
 
     def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        fd = _fileno(fileobj)
+        fd = _lookup(self._keys, fileobj)
         try:
             key = self._keys[fd]
         except KeyError:

@@ -189,3 +189,14 @@ def test_a_loop_made_for_the_product_is_a_selector_loop():
         assert isinstance(stream_selector(loop), StreamSelector)
     finally:
         loop.close()
+
+
+def test_a_socket_closed_since_it_was_registered_is_unregistered_by_its_object(pair):
+    a, b = pair
+    sel = StreamSelector()
+    try:
+        key = sel.register(a, selectors.EVENT_READ)
+        a.close()  # its fileno() is -1 now
+        assert sel.get_key(a) == key and sel.unregister(a) == key and not sel.get_map()
+    finally:
+        sel.close()
