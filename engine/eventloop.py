@@ -1,5 +1,5 @@
-"""The asyncio event loop a process runs on: uvloop where it is installed (the ``fast`` extra),
-else asyncio's own. The benchmark's load generator and the built-in server both choose with
+"""The asyncio event loop a process runs on: uvloop where it is installed (a dependency where it
+installs: not on Windows or PyPy), else asyncio's own. The benchmark's load generator and the built-in server both choose with
 ``event_loop: auto | uvloop | asyncio``.
 
 asyncio's own loop runs here on `StreamSelector` where the platform has epoll: asyncio's selector,
@@ -40,7 +40,7 @@ _perf_counter = time.perf_counter
 
 
 def event_loop_name(choice: str = "auto") -> str:
-    """The event loop a run gets: uvloop where it is installed (the `fast` extra) unless asked for
+    """The event loop a run gets: uvloop where it is installed (a dependency where it installs) unless asked for
     asyncio's own; "uvloop" when it is not installed is an error."""
     if choice not in EVENT_LOOPS:
         raise ValueError(f"event loop {choice!r}: choose one of {', '.join(EVENT_LOOPS)}")

@@ -89,7 +89,7 @@ class ServeConfig(BaseModel):
     # On a GPU, Triton kernels as the defaults of rmsnorm, activation, rotary, decode_attention; false: PyTorch.
     triton_kernels: bool = True
     stats_interval_s: float = Field(default=10.0, ge=0)
-    # The HTTP side's event loop: uvloop where installed (the `fast` extra), else asyncio's.
+    # The HTTP side's event loop: uvloop where installed (a dependency where it installs), else asyncio's.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # Prefix caching (vLLM's --enable-prefix-caching, on by default there too): blocks of
     # prefix_cache_block_size tokens, a pool of prefix_cache_blocks (default: a quarter of the KV
