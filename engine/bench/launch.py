@@ -304,6 +304,11 @@ class LocalServer:
         except OSError:
             return ""
 
+    # How often a run looks whether the server is gone during the load: a process's exit is one
+    # waitpid away, and a client that fails fast (a refused connection in ~0.1 ms) would otherwise
+    # send thousands of requests to nothing between two looks.
+    exit_poll_s = 0.02
+
     def exited(self) -> Optional[str]:
         """Why the server is gone (its exit code), None while it runs."""
         if self.proc is None or self.proc.poll() is None:

@@ -62,6 +62,8 @@ class KeptServer:
     def base_url(self) -> str:
         return str(self.record["base_url"])
 
+    exit_poll_s = 0.05  # a look at its process (see LocalServer.exit_poll_s)
+
     def exited(self) -> Optional[str]:
         return None if is_alive(self.record) else "the kept server is gone"
 

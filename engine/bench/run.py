@@ -880,7 +880,7 @@ def _run(lg: LoadGenerator | ClientPool):
     return run_coroutine(lg.run(), lg.config.event_loop)
 
 
-SERVER_POLL_S = 0.5
+SERVER_POLL_S = 0.5  # how often the run looks whether the server is gone, unless it says (exit_poll_s)
 
 
 def _watch_cancel(cancel: CancelToken, lg: LoadGenerator | ClientPool,
@@ -891,15 +891,16 @@ def _watch_cancel(cancel: CancelToken, lg: LoadGenerator | ClientPool,
     import threading
     done = threading.Event()
     exited = getattr(run.server, "exited", None) if run is not None else None
+    poll_s = getattr(run.server, "exit_poll_s", SERVER_POLL_S) if run is not None else SERVER_POLL_S
     started = time.monotonic()
 
     def watch() -> None:
         last_poll = 0.0
-        while not done.wait(0.1):
+        while not done.wait(min(0.1, poll_s)):
             if cancel.cancelled:
                 lg.cancel()
                 return
-            if exited is not None and time.monotonic() - last_poll >= SERVER_POLL_S:
+            if exited is not None and time.monotonic() - last_poll >= poll_s:
                 last_poll = time.monotonic()
                 why = exited()
                 if why:
