@@ -320,7 +320,7 @@ class StreamSelector(selectors.BaseSelector):
                         else:
                             try:
                                 reader.received(data, now)
-                            except Exception as exc:  # noqa: BLE001 - its request fails, not the loop
+                            except Exception as exc:  # its request fails, not the loop
                                 reader.stream_failed(exc)
                     elif data is not None:  # end of file or an error: its transport's own read meets it
                         reader.stream_eof(fd)
