@@ -1,6 +1,6 @@
-"""The asyncio event loop a process runs on: uvloop where it is installed (a dependency where it
-installs: not on Windows or PyPy), else asyncio's own. The benchmark's load generator and the built-in server both choose with
-``event_loop: auto | uvloop | asyncio``.
+"""The asyncio event loop a process runs on: uvloop where it is installed (a dependency on CPython
+for Linux and macOS on x86-64 and ARM), else asyncio's own. The benchmark's load generator and the
+built-in server both choose with ``event_loop: auto | uvloop | asyncio``.
 
 asyncio's own loop runs here on `StreamSelector` where the platform has epoll: asyncio's selector,
 which also reads the sockets of streaming connections itself. A connection's socket joins it
