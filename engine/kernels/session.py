@@ -340,10 +340,24 @@ def audit_outcome(claimed_ms: float, real: list[float], null: list[float], ratio
     """The clock audit's finding, from the kernel's claimed median per call and the judge's
     batches (per-call wall times with the calls, and without: ``real``, ``null``): "fine" (the
     claim is at least ``ratio`` of what the judge saw), "forged" (below it by more than the
-    noise of the judge's medians), or "unsure" (below it, but within that noise)."""
+    noise of the judge's medians), or "unsure" (below it, but within that noise).
+
+    On a machine whose cores other processes share, a batch of calls is often put off the CPU
+    while the median of single calls is not: a batch's time then counts the waits too (an honest
+    kernel was seen claiming 0.23 of the judge's median on a 2-core machine running three test
+    workers). What the judge's least-delayed quarter of batches saw is the other fair reading: a
+    claim it confirms, clearly above the noise, is fine. A forged claim is below both (the
+    adversaries' claims are under 0.01 of what their batches take)."""
     seen, noise = audit_seen(real, null)
     if claimed_ms >= ratio * seen:
         return "fine"
+    if len(real) >= 4:
+        import statistics
+        seen_low = statistics.quantiles(real, n=4)[0] - statistics.median(null)
+        # a reading of the work, not of the empty batches' noise
+        null_noise = 3 * _mad(null) / math.sqrt(len(null))
+        if seen_low > max(AUDIT_SLACK_MS, null_noise) and claimed_ms >= ratio * seen_low:
+            return "fine"
     return "forged" if claimed_ms < ratio * seen - max(AUDIT_SLACK_MS, noise) else "unsure"
 
 
