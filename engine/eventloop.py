@@ -158,6 +158,11 @@ def _fileno(fileobj: Any) -> int:
     return fd
 
 
+def _check_events(events: int) -> None:
+    if not events or events & ~(EVENT_READ | EVENT_WRITE):
+        raise ValueError(f"invalid events: {events!r}")
+
+
 def _lookup(keys: dict[int, selectors.SelectorKey], fileobj: Any) -> int:
     """`fileobj`'s descriptor; for a file object closed since it was registered (no descriptor any
     more), the one it was registered under, as the standard selectors find it."""
@@ -184,18 +189,11 @@ class StreamSelector(selectors.BaseSelector):
 
     # --- the selector asyncio uses
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        if not events or events & ~(EVENT_READ | EVENT_WRITE):
-            raise ValueError(f"invalid events: {events!r}")
+        _check_events(events)
         fd = _fileno(fileobj)
         if fd in self._keys:
             raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
-        key = self._keys[fd] = selectors.SelectorKey(fileobj, fd, events, data)
-        try:
-            self._watch(fd)
-        except BaseException:
-            del self._keys[fd]
-            raise
-        return key
+        return self._store(selectors.SelectorKey(fileobj, fd, events, data))
 
     def unregister(self, fileobj: Any) -> selectors.SelectorKey:
         fd = _lookup(self._keys, fileobj)
@@ -216,14 +214,19 @@ class StreamSelector(selectors.BaseSelector):
         except KeyError:
             raise KeyError(f"{fileobj!r} is not registered") from None
         if events != key.events or data is not key.data:
-            if not events or events & ~(EVENT_READ | EVENT_WRITE):
-                raise ValueError(f"invalid events: {events!r}")
-            key = self._keys[fd] = key._replace(events=events, data=data)
-            try:
-                self._watch(fd)
-            except BaseException:
-                del self._keys[fd]
-                raise
+            _check_events(events)
+            key = self._store(key._replace(events=events, data=data))
+        return key
+
+    def _store(self, key: selectors.SelectorKey) -> selectors.SelectorKey:
+        """`key` as its descriptor's, epoll told; on a failure the descriptor has no key (as the
+        standard selectors leave it)."""
+        self._keys[key.fd] = key
+        try:
+            self._watch(key.fd)
+        except BaseException:
+            del self._keys[key.fd]
+            raise
         return key
 
     def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
