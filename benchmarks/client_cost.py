@@ -203,6 +203,17 @@ def vllm_command(args: argparse.Namespace, url: str, conc: int, out: Path) -> tu
     return cmd, out / "result.json"
 
 
+def floor_command(args: argparse.Namespace, url: str, conc: int, out: Path) -> tuple[list[str], Path]:
+    """`floor_client.c`, built once per run of this script: the least a client that reads each token costs."""
+    if args.floor_binary is None:
+        args.floor_binary = Path(tempfile.mkdtemp(prefix="floor_client_")) / "floor_client"
+        subprocess.run(["cc", "-O2", "-o", str(args.floor_binary), str(REPO / "benchmarks" / "floor_client.c")], check=True)
+    host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
+    cmd = [str(args.floor_binary), host, port, str(conc), str(args.num_prompts or 4 * conc), str(args.warmup),
+           str(args.output_len), str(args.input_len), str(out / "result.json")]
+    return cmd, out / "result.json"
+
+
 def aiperf_command(args: argparse.Namespace, url: str, conc: int, out: Path) -> tuple[list[str], Path]:
     if args.sessions:
         load = ["--endpoint-type", "chat", "--conversation-num", str(args.sessions[0]),
@@ -244,10 +255,10 @@ def _client_result(client: str, where: Path) -> tuple[float, int, dict[str, tupl
     """(mean TTFT ms, failed requests, {request id: (start stamp, TTFT s)}) from what the client wrote."""
     if client == "aiperf":
         return _aiperf_result(where)
-    if client == "vllm":
+    if client in ("vllm", "floor"):
         r = json.loads(where.read_text())
         # Outputs are in request order; request i was sent as x-request-id vllm-<i> (--request-id-prefix).
-        per = {f"vllm-{i}": (st, t) for i, (st, t) in enumerate(zip(r.get("start_times", []), r.get("ttfts", [])))}
+        per = {f"{client}-{i}": (st, t) for i, (st, t) in enumerate(zip(r.get("start_times", []), r.get("ttfts", [])))}
         return float(r["mean_ttft_ms"]), int(r.get("failed", 0)), per
     reports = sorted(where.glob("*/benchmark_report.json"))
     if not reports:
@@ -268,11 +279,16 @@ def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: 
     root = args.baseline_tree if client == "baseline" else REPO
     if client == "vllm":
         cmd, result_at = vllm_command(args, url, conc, out)
+    elif client == "floor":
+        cmd, result_at = floor_command(args, url, conc, out)
     elif client == "aiperf":
         cmd, result_at = aiperf_command(args, url, conc, out)
     else:
         cmd, result_at = ours_command(args, url, conc, procs, out, root)
         cmd += OURS.get(client, [])
+        if client == "asyncio-py":  # the same client with StreamSelector's loop turn in Python, not C
+            cmd[1:3] = ["-c", "import sys, engine.eventloop as e; e._poll = None; "
+                        "from engine.cli import main; sys.exit(main())"]
     env = dict(os.environ)
     if client == "vllm":
         from vllm_cpu import vllm_env
@@ -319,7 +335,7 @@ def run_once(args: argparse.Namespace, url: str, client: str, conc: int, procs: 
     all_tokens = sum(r["tokens"] for r in stats["requests"].values())
     stat_cpu = window["client_stat_cpu_s"]
     from_first = window["client_stat_cpu_from_first_any_s"]
-    return Sample(client=client, concurrency=conc, client_procs=procs if client not in PEERS else 1,
+    return Sample(client=client, concurrency=conc, client_procs=procs if client not in (*PEERS, "floor") else 1,
                   requests=window["requests"], tokens=window["tokens"],
                   cpu_ms_per_1k_tokens=stat_cpu * per_1k,
                   client_mean_ttft_ms=client_ttft, server_mean_ttft_ms=server_ttft,
@@ -347,9 +363,12 @@ def _med(values: list[float]) -> str:
 
 
 NAMES = {"vllm": "vllm bench serve", "aiperf": "aiperf profile", "ours": "magpie benchmark",
-         "asyncio": "magpie benchmark, asyncio", "uvloop": "magpie benchmark, uvloop"}
+         "asyncio": "magpie benchmark, asyncio", "uvloop": "magpie benchmark, uvloop",
+         "asyncio-py": "magpie benchmark, asyncio, loop turn in Python",
+         "floor": "floor (C: read and stamp, no parsing)"}
 # our client as installed (its default loop), and on a named event loop
-OURS = {"ours": [], "asyncio": ["--event-loop", "asyncio"], "uvloop": ["--event-loop", "uvloop"]}
+OURS = {"ours": [], "asyncio": ["--event-loop", "asyncio"], "uvloop": ["--event-loop", "uvloop"],
+        "asyncio-py": ["--event-loop", "asyncio"]}
 # (column, Sample field) of the CPU per 1k tokens by window
 METHODS = (("whole process", "whole_ms_per_1k"), ("from first request", "from_first_request_ms_per_1k"),
            ("request window", "cpu_ms_per_1k_tokens"))
@@ -363,7 +382,7 @@ def table(samples: list[Sample], peer_note: str, baseline: str = "") -> str:
     groups: dict[tuple, list[Sample]] = {}
     for s in samples:
         groups.setdefault((s.concurrency, s.client, s.client_procs), []).append(s)
-    order = {"vllm": 0, "aiperf": 1}
+    order = {"vllm": 0, "aiperf": 1, "floor": 2}
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 2), kv[0][1], kv[0][2]))
     for (conc, client, procs), ss in ordered:
         name = NAMES.get(client, f"magpie benchmark @{baseline}")
@@ -383,11 +402,11 @@ def table(samples: list[Sample], peer_note: str, baseline: str = "") -> str:
         rows.append(f"| {name} | {conc} | {procs} | " + " | ".join(f"{c:.3f}" for c in cells[:5]) + f" | {cells[5]:.2f} |")
     ratios = []
     for conc in sorted({s.concurrency for s in samples}):
-        for who, procs in sorted({(s.client, s.client_procs) for s in samples if s.client in OURS}):
+        for who, procs in sorted({(s.client, s.client_procs) for s in samples if s.client in OURS or s.client == "floor"}):
             ours = [s for s in samples if s.concurrency == conc and s.client == who and s.client_procs == procs]
             base = [s for s in samples if s.concurrency == conc and s.client == "baseline" and s.client_procs == procs
                     and who == "ours"]
-            label = "ours" if who == "ours" else f"ours on {who}"
+            label = "ours" if who == "ours" else "the floor" if who == "floor" else f"ours on {who}"
             for method, f in METHODS:
                 mine = statistics.median(getattr(s, f) for s in ours) if ours else math.nan
                 peers = {c: statistics.median(getattr(s, f) for s in samples if s.concurrency == conc and s.client == c)
@@ -444,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         if "vllm" in clients:
             clients.remove("vllm")
     args.baseline_tree = None
+    args.floor_binary = None
     if args.baseline:
         args.baseline_tree = baseline_tree(args.baseline)
         clients.insert(clients.index("ours") + 1 if "ours" in clients else 0, "baseline")
@@ -483,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         for conc in [int(c) for c in args.concurrency.split(",")]:
             for rep in range(args.repeats):  # rounds: every client once per round, in turn
                 for client in clients:
-                    for procs in ([int(p) for p in args.client_procs.split(",")] if client not in PEERS else [1]):
+                    for procs in ([int(p) for p in args.client_procs.split(",")] if client not in (*PEERS, "floor") else [1]):
                         s = run_once(args, url, client, conc, procs, client_cpus)
                         s.round = rep + 1
                         samples.append(s)

@@ -360,7 +360,7 @@ def _child_main(spec_path: str) -> int:
                                 name="pool-progress")
     progress.start()
     freeze_heap()
-    result = run_coroutine(lg.run(), spec.config.event_loop)
+    result = run_coroutine(lg.run(), spec.config.event_loop, reads_streams=spec.config.http_client == "lean")
     stop_progress.set()
     progress.join()  # its last counts go out before "done"
     tmp = Path(spec.result_path + ".tmp")

@@ -444,6 +444,9 @@ def _chunk_list(data: bytes) -> tuple[list[bytes], bool] | None:
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; it carries one request at a time."""
 
+    # Slots: the selector's C loop turn looks `keeping`, `kept` and `kept_at` up on every read.
+    __slots__ = ("transport", "loop", "parser", "waiter", "closed", "kept", "kept_at", "keeping", "selector", "joined_fd")
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None

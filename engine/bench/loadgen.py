@@ -109,7 +109,8 @@ class LoadGenConfig:
     cooldown_s: float = 0.0
     # Requests carrying a `timestamp` (a trace) are released at (timestamp - first) x this.
     timestamp_scale: float = 1.0
-    # "auto": uvloop where installed, else asyncio's loop; "uvloop"; "asyncio" (see event_loop_name).
+    # "auto": asyncio's loop where its turn runs in C and the client is lean, else uvloop where installed,
+    # else asyncio's; "uvloop"; "asyncio" (see event_loop_name).
     event_loop: str = "auto"
 
     @property
@@ -804,4 +805,5 @@ def freeze_heap() -> None:
 def run_load(config: LoadGenConfig, requests: Sequence[SampleRequest], *,
              on_progress: ProgressCallback | None = None) -> LoadResult:
     """Synchronous convenience: run a LoadGenerator in a fresh event loop (`config.event_loop`)."""
-    return run_coroutine(LoadGenerator(config, requests, on_progress=on_progress).run(), config.event_loop)
+    return run_coroutine(LoadGenerator(config, requests, on_progress=on_progress).run(), config.event_loop,
+                         reads_streams=config.http_client == "lean")

@@ -92,7 +92,7 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     state = RunState.FAILED
     report["dataset"] = {"name": cfg.client.dataset_name, "path": cfg.client.dataset_path, "prompts": "token ids",
                          "tokenizer": None, "prefix_len": cfg.client.prefix_len}
-    report["environment"]["event_loop"] = event_loop_name(cfg.client.event_loop)
+    report["environment"]["event_loop"] = event_loop_name(cfg.client.event_loop, reads_streams=cfg.client.http_client == "lean")
     try:
         # Before the server starts: prompts that cannot be made should not cost a server start.
         prompts = _prompt_source(run)
@@ -877,7 +877,7 @@ def _run(lg: LoadGenerator | ClientPool):
     if isinstance(lg, ClientPool):
         return lg.run()  # each process freezes its own heap
     freeze_heap()
-    return run_coroutine(lg.run(), lg.config.event_loop)
+    return run_coroutine(lg.run(), lg.config.event_loop, reads_streams=lg.config.http_client == "lean")
 
 
 SERVER_POLL_S = 0.5  # how often the run looks whether the server is gone, unless it says (exit_poll_s)

@@ -144,7 +144,7 @@ def _one_repeat(run: "BenchRun", target: "LoadTarget", point: dict, index: int, 
     run.log(f"point {point or 'default'}: replaying {len(sessions)} sessions ({total} turns), {mode} loop, "
             f"at most {shape.conc} at once")
     try:
-        result_obj = run_coroutine(replay.run(), cl.event_loop)
+        result_obj = run_coroutine(replay.run(), cl.event_loop, reads_streams=cl.http_client == "lean")
     finally:
         stop.set()
         progress.stop()

@@ -351,7 +351,8 @@ class Client(_Strict):
     # lean: our asyncio-Protocol client, which stamps each read where it arrives; aiohttp: the
     # client library vLLM's benchmark uses (a cross-check, or for servers behind what lean lacks).
     http_client: Literal["lean", "aiohttp"] = "lean"
-    # auto: uvloop where installed (a dependency where it installs), else asyncio's own loop.
+    # auto: for the lean client asyncio's own loop where its turn runs in C (engine._streamread),
+    # else uvloop where installed (a dependency where it installs), else asyncio's own loop.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
     # Client processes sharing the load on one clock, results merged (engine.bench.client_procs):
     # for loads one process cannot stamp in time. Each gets a share of the concurrency.

@@ -165,7 +165,8 @@ class BenchmarkOverrides(BaseModel):
         "/reset_prefix_cache, SGLang /flush_cache, builtin; default: on for sweeps and capacity searches)",
         off="never reset the prefix cache between load points")] = None
     event_loop: Annotated[Optional[Literal["auto", "uvloop", "asyncio"]], Override(
-        "client.event_loop", "the load generator's event loop (default auto: uvloop where installed)")] = None
+        "client.event_loop", "the load generator's event loop (default auto: asyncio's with its loop turn in C "
+        "where built, else uvloop where installed)")] = None
     http_client: Annotated[Optional[Literal["lean", "aiohttp"]], Override(
         "client.http_client", "the load generator's HTTP client (default lean: stamps each read where it "
         "arrives)")] = None

@@ -6,10 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import selectors
+import shutil
+import signal
 import socket
+import sysconfig
+import time
+from pathlib import Path
 
 import pytest
 
+import engine.eventloop as eventloop
 from engine.bench.http_client import StreamingHTTPClient
 from engine.eventloop import StreamSelector, new_asyncio_loop, run_coroutine, stream_selector
 
@@ -39,6 +45,20 @@ class Reader:
         self.failures.append(exc)
 
 
+@pytest.fixture(params=["C", "Python"])
+def make_selector(request):
+    """StreamSelector with its loop turn in C (engine/_streamread.c) and in Python: the same behaviour."""
+    if request.param == "C" and eventloop._poll is None:
+        pytest.skip("engine._streamread was not built (test_the_c_loop_turn_is_built_where_it_can_be says whether it should be)")
+
+    def make() -> StreamSelector:
+        sel = StreamSelector()
+        sel.in_c = request.param == "C"
+        return sel
+
+    return make
+
+
 @pytest.fixture
 def pair():
     a, b = socket.socketpair()
@@ -49,9 +69,9 @@ def pair():
     b.close()
 
 
-def test_it_is_a_selector_as_asyncio_uses_one(pair):
+def test_it_is_a_selector_as_asyncio_uses_one(pair, make_selector):
     a, b = pair
-    sel = StreamSelector()
+    sel = make_selector()
     try:
         key = sel.register(a, selectors.EVENT_READ, "data")
         assert sel.get_key(a) == key and sel.get_key(a.fileno()) == key and len(sel.get_map()) == 1
@@ -75,9 +95,9 @@ def test_it_is_a_selector_as_asyncio_uses_one(pair):
         sel.close()
 
 
-def test_a_joined_socket_is_read_by_the_selector_and_its_writer_still_waits_in_asyncio(pair):
+def test_a_joined_socket_is_read_by_the_selector_and_its_writer_still_waits_in_asyncio(pair, make_selector):
     a, b = pair
-    sel = StreamSelector()
+    sel = make_selector()
     reader = Reader()
     try:
         sel.join(a.fileno(), reader)
@@ -96,9 +116,9 @@ def test_a_joined_socket_is_read_by_the_selector_and_its_writer_still_waits_in_a
         sel.close()
 
 
-def test_kept_reads_are_stamped_inline_and_a_read_that_may_end_the_body_is_handed_over(pair):
+def test_kept_reads_are_stamped_inline_and_a_read_that_may_end_the_body_is_handed_over(pair, make_selector):
     a, b = pair
-    sel = StreamSelector()
+    sel = make_selector()
     reader = Reader(keeping=True)
     try:
         sel.join(a.fileno(), reader)
@@ -112,10 +132,10 @@ def test_kept_reads_are_stamped_inline_and_a_read_that_may_end_the_body_is_hande
         sel.close()
 
 
-def test_an_end_of_file_goes_to_the_reader_and_a_raising_reader_fails_alone(pair):
+def test_an_end_of_file_goes_to_the_reader_and_a_raising_reader_fails_alone(pair, make_selector):
     a, b = pair
     c, d = socket.socketpair()
-    sel = StreamSelector()
+    sel = make_selector()
     failing, ending = Reader(fail=True), Reader()
     try:
         sel.join(a.fileno(), failing)
@@ -130,8 +150,8 @@ def test_an_end_of_file_goes_to_the_reader_and_a_raising_reader_fails_alone(pair
         c.close()
 
 
-def test_a_descriptor_number_closed_and_reused_is_watched_again():
-    sel = StreamSelector()
+def test_a_descriptor_number_closed_and_reused_is_watched_again(make_selector):
+    sel = make_selector()
     first = socket.socket()
     fd = first.fileno()
     try:
@@ -191,12 +211,111 @@ def test_a_loop_made_for_the_product_is_a_selector_loop():
         loop.close()
 
 
-def test_a_socket_closed_since_it_was_registered_is_unregistered_by_its_object(pair):
+def test_a_socket_closed_since_it_was_registered_is_unregistered_by_its_object(pair, make_selector):
     a, b = pair
-    sel = StreamSelector()
+    sel = make_selector()
     try:
         key = sel.register(a, selectors.EVENT_READ)
         a.close()  # its fileno() is -1 now
         assert sel.get_key(a) == key and sel.unregister(a) == key and not sel.get_map()
     finally:
         sel.close()
+
+
+def test_the_c_loop_turn_is_built_where_it_can_be():
+    # setup.py builds engine._streamread as optional: an install without a compiler or Python's
+    # headers goes on with the loop turn in Python. Where both are here, it must have been built.
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not (shutil.which("cc") or shutil.which("gcc")) or not headers.exists():
+        pytest.skip("no C compiler or no Python headers here: the loop turn runs in Python")
+    assert eventloop._poll is not None, "engine._streamread did not build: run `pip install -e .` and read its output"
+    assert StreamSelector().in_c
+
+
+def test_a_read_is_stamped_on_perf_counters_clock_and_kept_in_any_list_like(pair, make_selector):
+    from collections import deque
+
+    a, b = pair
+    sel = make_selector()
+    reader = Reader(keeping=True)
+    reader.kept, reader.kept_at = deque(), deque()  # not a list: appended through its method
+    try:
+        sel.join(a.fileno(), reader)
+        b.send(b"d\r\ndata: tok\n\n\r\n")
+        before = time.perf_counter()
+        time.sleep(0.001)
+        sel.select(1)
+        after = time.perf_counter()
+        assert list(reader.kept) == [b"d\r\ndata: tok\n\n\r\n"]
+        assert before < reader.kept_at[0] < after
+    finally:
+        sel.close()
+
+
+def test_a_keyboard_interrupt_from_a_reader_stops_the_loop_turn(pair, make_selector):
+    a, b = pair
+    sel = make_selector()
+
+    class Interrupted(Reader):
+        def received(self, data: bytes, now: float) -> None:
+            raise KeyboardInterrupt
+
+    reader = Interrupted()
+    try:
+        sel.join(a.fileno(), reader)
+        b.send(b"x")
+        with pytest.raises(KeyboardInterrupt):
+            sel.select(1)
+        assert not reader.failures  # not a failure of its request: the whole run stops
+    finally:
+        sel.close()
+
+
+def test_more_ready_sockets_than_a_turn_reads_on_its_stack(make_selector):
+    # 300 joined sockets ready at once: the C loop turn takes its event array from the heap past 256.
+    pairs = [socket.socketpair() for _ in range(300)]
+    sel = make_selector()
+    readers = [Reader() for _ in pairs]
+    try:
+        for (a, b), reader in zip(pairs, readers):
+            a.setblocking(False)
+            sel.join(a.fileno(), reader)
+            b.send(b"token")
+        assert sel.select(1) == []
+        assert all([d for d, _ in r.got] == [b"token"] for r in readers)
+    finally:
+        sel.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_a_signal_during_the_wait_runs_its_handler_and_the_turn_ends_empty(make_selector):
+    # epoll_wait interrupted by a signal whose handler returns: the handler runs, the turn has nothing
+    # (in C it ends there, in Python epoll waits out the rest of its timeout), asyncio asks again.
+    sel = make_selector()
+    got = []
+    old = signal.signal(signal.SIGALRM, lambda *_: got.append(1))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        assert sel.select(0.3) == []
+        assert got
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        sel.close()
+
+
+def test_auto_gives_a_lean_client_the_loop_turn_in_c_and_anything_else_uvloop(monkeypatch):
+    import importlib.util
+
+    has_uvloop = importlib.util.find_spec("uvloop") is not None
+    other = "uvloop" if has_uvloop else "asyncio"
+    monkeypatch.setattr(eventloop, "_poll", lambda *a: ([], 0.0))  # as if built
+    assert eventloop.event_loop_name("auto", reads_streams=True) == "asyncio"
+    assert eventloop.event_loop_name("auto") == other  # the built-in server, aiohttp's client
+    assert eventloop.event_loop_name("asyncio") == "asyncio"
+    monkeypatch.setattr(eventloop, "_poll", None)  # not built
+    assert eventloop.event_loop_name("auto", reads_streams=True) == other
+    if has_uvloop:
+        assert eventloop.event_loop_name("uvloop", reads_streams=True) == "uvloop"
