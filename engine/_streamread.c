@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Below glibc's mmap threshold; one buffer, used only while the GIL is held. */
+/* Below glibc's mmap threshold; one buffer, written only while the GIL is held and copied out at once. */
 #define READ_SIZE (64 * 1024)
 #define STACK_EVENTS 256
 
@@ -91,8 +91,10 @@ read_member(PyObject *reader, int fd, PyObject *now)
     Py_XDECREF(keeping);
     if (keep < 0) {
         rc = -1;
-    } else if (keep && got >= 4 && read_buffer[got - 4] != '\r') {
-        /* a streaming body's read that cannot end the response: kept with its stamp */
+    } else if (keep && got >= 4 && PyBytes_AS_STRING(data)[got - 4] != '\r') {
+        /* a streaming body's read that cannot end the response: kept with its stamp (its byte looked
+         * at in the bytes object: the lookup above may have run Python code, and another thread's
+         * loop turn may have read into the shared buffer since) */
         rc = append_to(reader, s_kept, data);
         if (rc == 0)
             rc = append_to(reader, s_kept_at, now);

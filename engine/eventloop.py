@@ -10,6 +10,11 @@ there (`os.read`), all stamped with one `perf_counter()` taken after the poll, a
 the connection. Per streamed token that skips asyncio's per-socket machinery (a handle run in a
 context, two transport frames, a protocol call) and, against a read hub of its own registered as
 one more reader of the loop, a second `epoll_wait` and a handle a loop turn.
+
+The loop turn (poll, read, hand over) is C where `engine._streamread` was built (setup.py: with the
+package, where a compiler and Python's headers are found), else the same in Python
+(`StreamSelector._select_py`); `auto` gives a lean client this loop when its turn is C, uvloop's
+otherwise.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ one such chunk each, found for the whole response in a few list-wide passes (`_F
 On asyncio's loop as the product runs it (`engine.eventloop.new_asyncio_loop`: plain TCP, Linux)
 a connection's socket is read outside asyncio's per-socket machinery from the moment it opens: the
 transport's reading is paused and the socket joins the loop's selector (`StreamSelector`), which
-reads every ready joined socket in the poll of each loop turn (`os.read`), all stamped with one
-`perf_counter()` taken right after it; a read of a streaming body is kept there and then, any other
-read goes to the connection as the transport would give it. Per token this skips the loop's
+reads every ready joined socket in the poll of each loop turn (in C where `engine._streamread` was
+built, else `os.read`), all stamped with one `perf_counter()` reading taken right after it; a read
+of a streaming body is kept there and then, any other read goes to the connection as the transport
+would give it. Per token this skips the loop's
 per-socket callback (a handle run in a context, two transport frames, a protocol call): a third of
 the client's CPU per token at 128 streams. The socket stays joined from request to request (no epoll
 changes per request); at end of file or an error it leaves, and the transport's own read meets it and

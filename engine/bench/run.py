@@ -27,7 +27,7 @@ from engine.bench.gpu_monitor import GpuMonitor
 from engine.bench.gpu_select import GpuSelectionError, GpuState, gpu_states, select_gpus, visible_devices
 from engine.bench.launch import LaunchError, LocalServer, Server, ServerCommand, free_port, server_command
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator, freeze_heap
-from engine.eventloop import event_loop_name, run_coroutine
+from engine.eventloop import c_loop_turn, event_loop_name, run_coroutine
 from engine.bench.metrics import aggregate_repeats, detailed_lists, format_interval
 from engine.bench.server_metrics import ServerMetricsScraper
 from engine.bench.session_replay import summary_lines as session_summary_lines
@@ -92,7 +92,10 @@ def run_benchmark(cfg: BenchmarkConfig, ws: Workspace, cancel: CancelToken, *, o
     state = RunState.FAILED
     report["dataset"] = {"name": cfg.client.dataset_name, "path": cfg.client.dataset_path, "prompts": "token ids",
                          "tokenizer": None, "prefix_len": cfg.client.prefix_len}
-    report["environment"]["event_loop"] = event_loop_name(cfg.client.event_loop, reads_streams=cfg.client.http_client == "lean")
+    loop = event_loop_name(cfg.client.event_loop, reads_streams=cfg.client.http_client == "lean")
+    report["environment"]["event_loop"] = loop
+    # asyncio's loop turn (poll, read, hand over the streams) in C or in Python; uvloop's is libuv's
+    report["environment"]["loop_turn"] = ("C" if c_loop_turn() else "Python") if loop == "asyncio" else None
     try:
         # Before the server starts: prompts that cannot be made should not cost a server start.
         prompts = _prompt_source(run)

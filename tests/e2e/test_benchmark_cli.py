@@ -99,6 +99,7 @@ def test_the_lean_client_on_each_event_loop_reads_every_token(tmp_path):
         _, r = _report(out)
         ran = loop if loop != "auto" else "asyncio" if c_loop_turn() else "uvloop" if "uvloop" in loops else "asyncio"
         assert r["environment"]["event_loop"] == ran and r["environment"]["http_client"] == "lean"
+        assert r["environment"]["loop_turn"] == (("C" if c_loop_turn() else "Python") if ran == "asyncio" else None)
         assert r["throughput"]["completed_requests"] == 9 and r["throughput"]["total_output_tokens"] == 63
 
 
