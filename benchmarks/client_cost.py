@@ -75,6 +75,7 @@ import statistics
 import subprocess
 import signal
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -155,6 +156,11 @@ def baseline_tree(rev: str) -> Path:
     tree = Path(tempfile.mkdtemp(prefix="client_cost_tree_"))
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "engine"], capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    for source in (tree / "engine").glob("_*.c"):  # its C modules, built as an install would build them
+        name = source.stem
+        suffix = sysconfig.get_config_var("EXT_SUFFIX")
+        subprocess.run(["cc", "-O2", "-fPIC", "-shared", f"-I{sysconfig.get_paths()['include']}", str(source),
+                        "-o", str(source.with_name(name + suffix))], check=True)
     return tree
 
 

@@ -68,7 +68,8 @@ deliver(PyObject *reader, PyObject *data, PyObject *now)
     return 0;
 }
 
-/* One ready joined socket. */
+/* One ready joined socket: 0 when its read was kept (or there was nothing to read), 1 when it went to
+ * Python code (received, stream_eof, stream_failed), -1 on an error to raise. */
 static int
 read_member(PyObject *reader, int fd, PyObject *now)
 {
@@ -80,7 +81,7 @@ read_member(PyObject *reader, int fd, PyObject *now)
         if (res == NULL)
             return -1;
         Py_DECREF(res);
-        return 0;
+        return 1;
     }
     PyObject *data = PyBytes_FromStringAndSize(read_buffer, got);
     if (data == NULL)
@@ -100,6 +101,8 @@ read_member(PyObject *reader, int fd, PyObject *now)
             rc = append_to(reader, s_kept_at, now);
     } else {
         rc = deliver(reader, data, now);
+        if (rc == 0)
+            rc = 1;
     }
     Py_DECREF(data);
     return rc;
@@ -107,20 +110,25 @@ read_member(PyObject *reader, int fd, PyObject *now)
 
 PyDoc_STRVAR(poll_doc,
 "poll(epfd, timeout_ms, maxevents, members) -> (now, [(fd, events), ...])\n\n"
-"One epoll_wait on `epfd` (-1 waits forever). Each ready descriptor in `members` (fd -> reader) is\n"
-"read and handed to its reader, stamped with one time.perf_counter() reading taken after the poll;\n"
-"what is left for asyncio (every other descriptor, and a member's EPOLLOUT/ERR/HUP) comes back\n"
-"with `now`.");
+"epoll_wait on `epfd` (-1 waits forever). Each ready descriptor in `members` (fd -> reader) is\n"
+"read and handed to its reader, stamped with one time.perf_counter() reading taken after the wait.\n"
+"While a wait brings only reads the readers keep, it waits again for the rest of the timeout; it\n"
+"returns what is left for asyncio (every other descriptor, and a member's EPOLLOUT/ERR/HUP) with\n"
+"the last stamp, after a reader's Python code ran, or when the time is up.");
 
-/* time.perf_counter() as CPython computes it on Linux: CLOCK_MONOTONIC, in seconds. */
+static long long
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* time.perf_counter() as CPython computes it on Linux: CLOCK_MONOTONIC, nanoseconds, then seconds. */
 static PyObject *
 perf_counter(void)
 {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    /* nanoseconds first, then seconds, as CPython rounds it */
-    return PyFloat_FromDouble((double)((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec) / 1e9);
+    return PyFloat_FromDouble((double)monotonic_ns() / 1e9);
 }
 
 static int
@@ -158,55 +166,76 @@ streamread_poll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (events == NULL)
             return PyErr_NoMemory();
     }
-    int n, err;
-    Py_BEGIN_ALLOW_THREADS
-    n = epoll_wait(epfd, events, maxevents, timeout);
-    err = errno;
-    Py_END_ALLOW_THREADS
-    PyObject *result = NULL, *now = NULL, *rest = NULL;
-    if (n < 0) {
-        if (err != EINTR) {
-            errno = err;
-            PyErr_SetFromErrno(PyExc_OSError);
-            goto done;
-        }
-        if (PyErr_CheckSignals() < 0) /* a handler raised (KeyboardInterrupt) */
-            goto done;
-        n = 0;
-    }
-    now = perf_counter();
-    rest = PyList_New(0);
-    if (now == NULL || rest == NULL)
+    /* While a wait ends with nothing but kept reads, nothing in asyncio has changed: wait again, for
+     * what is left of the timeout, instead of a loop turn in Python per wake-up. */
+    long long deadline = timeout > 0 ? monotonic_ns() + (long long)timeout * 1000000LL : 0;
+    PyObject *result = NULL, *now = NULL, *rest = PyList_New(0);
+    if (rest == NULL)
         goto done;
-    for (int i = 0; i < n; i++) {
-        int fd = events[i].data.fd;
-        uint32_t event = events[i].events;
-        PyObject *key = PyLong_FromLong(fd);
-        if (key == NULL)
-            goto done;
-        PyObject *reader = PyDict_GetItemWithError(members, key); /* borrowed */
-        Py_DECREF(key);
-        if (reader == NULL && PyErr_Occurred())
-            goto done;
-        if (reader != NULL) {
-            if (event & ~(uint32_t)EPOLLOUT) { /* readable, or an error or hang-up its read reports */
-                Py_INCREF(reader);
-                int rc = read_member(reader, fd, now);
-                Py_DECREF(reader);
-                if (rc < 0)
-                    goto done;
+    for (;;) {
+        int n, err;
+        Py_BEGIN_ALLOW_THREADS
+        n = epoll_wait(epfd, events, maxevents, timeout);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (n < 0) {
+            if (err != EINTR) {
+                errno = err;
+                PyErr_SetFromErrno(PyExc_OSError);
+                goto done;
             }
-            event &= EPOLLOUT | EPOLLERR | EPOLLHUP; /* left for asyncio: a writer of this socket */
-            if (!event)
-                continue;
+            if (PyErr_CheckSignals() < 0) /* a handler raised (KeyboardInterrupt) */
+                goto done;
+            n = 0;
         }
-        PyObject *item = Py_BuildValue("(iI)", fd, event);
-        if (item == NULL)
+        Py_XDECREF(now);
+        now = perf_counter();
+        if (now == NULL)
             goto done;
-        int rc = PyList_Append(rest, item);
-        Py_DECREF(item);
-        if (rc < 0)
+        int to_python = 0;
+        for (int i = 0; i < n; i++) {
+            int fd = events[i].data.fd;
+            uint32_t event = events[i].events;
+            PyObject *key = PyLong_FromLong(fd);
+            if (key == NULL)
+                goto done;
+            PyObject *reader = PyDict_GetItemWithError(members, key); /* borrowed */
+            Py_DECREF(key);
+            if (reader == NULL && PyErr_Occurred())
+                goto done;
+            if (reader != NULL) {
+                if (event & ~(uint32_t)EPOLLOUT) { /* readable, or an error or hang-up its read reports */
+                    Py_INCREF(reader);
+                    int rc = read_member(reader, fd, now);
+                    Py_DECREF(reader);
+                    if (rc < 0)
+                        goto done;
+                    to_python |= rc;
+                }
+                event &= EPOLLOUT | EPOLLERR | EPOLLHUP; /* left for asyncio: a writer of this socket */
+                if (!event)
+                    continue;
+            }
+            PyObject *item = Py_BuildValue("(iI)", fd, event);
+            if (item == NULL)
+                goto done;
+            int rc = PyList_Append(rest, item);
+            Py_DECREF(item);
+            if (rc < 0)
+                goto done;
+        }
+        /* back to asyncio: its own events, Python code ran (it may have scheduled callbacks), the
+         * time is up, or asyncio has callbacks waiting (timeout 0) */
+        if (n == 0 || to_python || PyList_GET_SIZE(rest) > 0 || timeout == 0)
+            break;
+        if (PyErr_CheckSignals() < 0) /* a signal that came while reading: its handler runs now */
             goto done;
+        if (deadline) {
+            long long left = deadline - monotonic_ns();
+            if (left <= 0)
+                break;
+            timeout = (int)((left + 999999) / 1000000); /* round up, as asyncio does */
+        }
     }
     result = PyTuple_Pack(2, now, rest);
 done:

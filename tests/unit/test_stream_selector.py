@@ -123,7 +123,7 @@ def test_kept_reads_are_stamped_inline_and_a_read_that_may_end_the_body_is_hande
     try:
         sel.join(a.fileno(), reader)
         b.send(b"d\r\ndata: tok\n\n\r\n")  # a token's chunk: it cannot end a chunked body
-        sel.select(1)
+        sel.select(0.01)  # (the C turn waits on after a kept read, for the rest of its timeout)
         assert reader.kept == [b"d\r\ndata: tok\n\n\r\n"] and len(reader.kept_at) == 1 and not reader.got
         b.send(b"0\r\n\r\n")  # the body's end
         sel.select(1)
@@ -244,7 +244,7 @@ def test_a_read_is_stamped_on_perf_counters_clock_and_kept_in_any_list_like(pair
         b.send(b"d\r\ndata: tok\n\n\r\n")
         before = time.perf_counter()
         time.sleep(0.001)
-        sel.select(1)
+        sel.select(0.01)
         after = time.perf_counter()
         assert list(reader.kept) == [b"d\r\ndata: tok\n\n\r\n"]
         assert before < reader.kept_at[0] < after
@@ -319,3 +319,35 @@ def test_auto_gives_a_lean_client_the_loop_turn_in_c_and_anything_else_uvloop(mo
     assert eventloop.event_loop_name("auto", reads_streams=True) == other
     if has_uvloop:
         assert eventloop.event_loop_name("uvloop", reads_streams=True) == "uvloop"
+
+
+def test_a_turn_waits_on_through_kept_reads_and_returns_when_python_ran(pair, make_selector):
+    import threading
+
+    a, b = pair
+    c, d = socket.socketpair()
+    sel = make_selector()
+    reader = Reader(keeping=True)
+    token = b"d\r\ndata: tok\n\n\r\n"
+    waker = threading.Timer(5.0, lambda: d.send(b"late"))  # ends a wait that should not be happening
+    try:
+        sel.join(a.fileno(), reader)
+        asyncio_key = sel.register(c, selectors.EVENT_READ, "asyncio's")
+        b.send(token)
+        started = time.perf_counter()
+        assert sel.select(0.05) == [] and reader.kept == [token]
+        if sel.in_c:  # nothing for asyncio came: the C turn waited out its timeout
+            assert time.perf_counter() - started >= 0.045
+        # A read that may end the body runs the reader's Python code: the turn returns at once, even
+        # with no timeout, for asyncio to run what that code scheduled.
+        waker.start()
+        b.send(b"0\r\n\r\n")
+        assert sel.select(None) == [] and [g for g, _ in reader.got] == [b"0\r\n\r\n"]
+        waker.cancel()
+        d.send(b"now")  # and asyncio's own descriptors end a turn too
+        assert sel.select(None) == [(asyncio_key, selectors.EVENT_READ)]
+    finally:
+        waker.cancel()
+        sel.close()
+        c.close()
+        d.close()
