@@ -1,17 +1,25 @@
-/* The loop turn of engine.eventloop.StreamSelector in C: one epoll_wait, then every ready joined
- * socket read and handed to its connection, the rest returned for asyncio's keys.
+/* The loop turn of engine.eventloop.StreamSelector in C, and `Kept`, the reads of a streaming body
+ * kept with their stamps until the body may have ended.
  *
- * Why C: at 128 streams a token is one read of ~100 bytes; in Python the loop over the poll's events
- * (a dict lookup, os.read, two appends) cost about as much CPU per token as the kernel's read did.
- * Here a token costs the read, one bytes object and two list appends. The behaviour is exactly the
- * Python loop's (engine/eventloop.py, `StreamSelector._select_py`), which runs where this module
- * was not built.
+ * `poll`: epoll_wait, then every ready joined socket read; a read its connection keeps (a token's
+ * chunk) is copied into the connection's `Kept` with its stamp, anything else goes to the
+ * connection's Python code; what is left for asyncio is returned. While a wait brings nothing but
+ * kept reads it waits again, so a token costs the kernel's read and a copy, no Python object.
+ * `Kept.take_framed` then gives the messages of a whole body of SSE event chunks in one pass.
+ *
+ * Why C: at 128 streams a token is one read of ~100 bytes; in Python the loop turn (asyncio's
+ * `_run_once`, a dict lookup, os.read, two appends) and the framing passes cost together about as
+ * much CPU per token as the kernel's read. The behaviour is the Python code's
+ * (engine/eventloop.py: `StreamSelector._select_py`, `PyKept`; `ResponseParser.feed_reads`), which
+ * runs where this module was not built.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <errno.h>
 #include <limits.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,27 +27,279 @@
 /* Below glibc's mmap threshold; one buffer, written only while the GIL is held and copied out at once. */
 #define READ_SIZE (64 * 1024)
 #define STACK_EVENTS 256
+/* A Kept keeps its buffers between responses up to these sizes; larger ones are freed when taken. */
+#define KEEP_BYTES (1 << 20)
+#define KEEP_READS 16384
 
 static char read_buffer[READ_SIZE];
-static PyObject *s_keeping, *s_kept, *s_kept_at, *s_received, *s_stream_eof, *s_stream_failed;
+static PyObject *s_keeping, *s_add, *s_received, *s_stream_eof, *s_stream_failed;
+
+/* ---- Kept ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    char keeping;        /* a chunked body is being read: reads that cannot end it are kept */
+    char *buf;           /* the kept reads, one after another */
+    Py_ssize_t len, cap;
+    Py_ssize_t *ends;    /* where each read ends in buf */
+    double *stamps;      /* each read's perf_counter() stamp */
+    Py_ssize_t n, ncap;
+} Kept;
+
+static PyTypeObject KeptType;
+
+static void
+kept_reset(Kept *k)
+{
+    k->len = k->n = 0;
+    if (k->cap > KEEP_BYTES) {
+        PyMem_Free(k->buf);
+        k->buf = NULL;
+        k->cap = 0;
+    }
+    if (k->ncap > KEEP_READS) {
+        PyMem_Free(k->ends);
+        PyMem_Free(k->stamps);
+        k->ends = NULL;
+        k->stamps = NULL;
+        k->ncap = 0;
+    }
+}
 
 static int
-append_to(PyObject *owner, PyObject *name, PyObject *item)
+kept_push(Kept *k, const char *data, Py_ssize_t size, double stamp)
 {
-    PyObject *list = PyObject_GetAttr(owner, name);
-    if (list == NULL)
-        return -1;
-    int rc;
-    if (PyList_CheckExact(list)) {
-        rc = PyList_Append(list, item);
-    } else {
-        PyObject *res = PyObject_CallMethod(list, "append", "O", item);
-        rc = res == NULL ? -1 : 0;
-        Py_XDECREF(res);
+    if (k->len + size > k->cap) {
+        Py_ssize_t cap = k->cap ? k->cap : 4096;
+        while (cap < k->len + size)
+            cap *= 2;
+        char *buf = PyMem_Realloc(k->buf, (size_t)cap);
+        if (buf == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        k->buf = buf;
+        k->cap = cap;
     }
-    Py_DECREF(list);
-    return rc;
+    if (k->n == k->ncap) {
+        Py_ssize_t ncap = k->ncap ? k->ncap * 2 : 64;
+        Py_ssize_t *ends = PyMem_Realloc(k->ends, sizeof(Py_ssize_t) * (size_t)ncap);
+        if (ends == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        k->ends = ends;
+        double *stamps = PyMem_Realloc(k->stamps, sizeof(double) * (size_t)ncap);
+        if (stamps == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        k->stamps = stamps;
+        k->ncap = ncap;
+    }
+    memcpy(k->buf + k->len, data, (size_t)size);
+    k->len += size;
+    k->ends[k->n] = k->len;
+    k->stamps[k->n] = stamp;
+    k->n++;
+    return 0;
 }
+
+static void
+kept_dealloc(Kept *k)
+{
+    PyMem_Free(k->buf);
+    PyMem_Free(k->ends);
+    PyMem_Free(k->stamps);
+    Py_TYPE(k)->tp_free((PyObject *)k);
+}
+
+static PyObject *
+kept_add(Kept *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "add(data: bytes, stamp: float)");
+        return NULL;
+    }
+    double stamp = PyFloat_AsDouble(args[1]);
+    if (stamp == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (kept_push(k, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), stamp) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+kept_take(Kept *k, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *reads = PyList_New(k->n), *stamps = PyList_New(k->n);
+    if (reads == NULL || stamps == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0, start = 0; i < k->n; start = k->ends[i], i++) {
+        PyObject *data = PyBytes_FromStringAndSize(k->buf + start, k->ends[i] - start);
+        PyObject *at = PyFloat_FromDouble(k->stamps[i]);
+        if (data == NULL || at == NULL) {
+            Py_XDECREF(data);
+            Py_XDECREF(at);
+            goto fail;
+        }
+        PyList_SET_ITEM(reads, i, data);
+        PyList_SET_ITEM(stamps, i, at);
+    }
+    kept_reset(k);
+    PyObject *out = PyTuple_Pack(2, reads, stamps);
+    Py_DECREF(reads);
+    Py_DECREF(stamps);
+    return out;
+fail:
+    Py_XDECREF(reads);
+    Py_XDECREF(stamps);
+    return NULL;
+}
+
+/* A chunk-size line of hex digits only (what servers write), and its CRLF, at p (< end): the
+ * size, and p moved past the line; -1 for anything else. */
+static Py_ssize_t
+size_line(const char **pp, const char *end)
+{
+    const char *p = *pp;
+    Py_ssize_t size = 0;
+    int digits = 0;
+    for (; p < end; p++, digits++) {
+        char c = *p;
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (v < 0)
+            break;
+        if (digits == 15) /* past 2^60 bytes: not a chunk of ours (and no overflow) */
+            return -1;
+        size = size * 16 + v;
+    }
+    if (digits == 0 || end - p < 2 || p[0] != '\r' || p[1] != '\n')
+        return -1;
+    *pp = p + 2;
+    return size;
+}
+
+static PyObject *
+kept_take_framed(Kept *k, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "take_framed(prefix: bytes, suffix: bytes)");
+        return NULL;
+    }
+    const char *prefix = PyBytes_AS_STRING(args[0]), *suffix = PyBytes_AS_STRING(args[1]);
+    Py_ssize_t plen = PyBytes_GET_SIZE(args[0]), slen = PyBytes_GET_SIZE(args[1]);
+    /* First pass: check every read and count the messages; nothing is made unless all fit. */
+    Py_ssize_t count = 0;
+    int ended = 0;
+    for (Py_ssize_t i = 0, start = 0; i < k->n; start = k->ends[i], i++) {
+        const char *p = k->buf + start, *end = k->buf + k->ends[i];
+        if (p == end)
+            Py_RETURN_NONE;
+        while (p < end) {
+            Py_ssize_t size = size_line(&p, end);
+            if (size < 0)
+                Py_RETURN_NONE;
+            if (size == 0) { /* the last chunk: no trailers, the body's end, the last kept byte */
+                if (end - p != 2 || p[0] != '\r' || p[1] != '\n' || i != k->n - 1)
+                    Py_RETURN_NONE;
+                ended = 1;
+                p = end;
+                break;
+            }
+            if (end - p < size + 2 || p[size] != '\r' || p[size + 1] != '\n' || size < plen + slen
+                    || memcmp(p, prefix, (size_t)plen) != 0 || memcmp(p + size - slen, suffix, (size_t)slen) != 0)
+                Py_RETURN_NONE;
+            count++;
+            p += size + 2;
+        }
+    }
+    /* Second pass: the messages, each at its read's stamp. */
+    PyObject *messages = PyList_New(count), *stamps = PyList_New(count);
+    if (messages == NULL || stamps == NULL)
+        goto fail;
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0, start = 0; i < k->n; start = k->ends[i], i++) {
+        const char *p = k->buf + start, *end = k->buf + k->ends[i];
+        PyObject *at = NULL;
+        while (p < end) {
+            Py_ssize_t size = size_line(&p, end);
+            if (size == 0)
+                break;
+            PyObject *message = PyBytes_FromStringAndSize(p + plen, size - plen - slen);
+            if (message == NULL)
+                goto fail;
+            PyList_SET_ITEM(messages, m, message);
+            if (at == NULL && (at = PyFloat_FromDouble(k->stamps[i])) == NULL)
+                goto fail;
+            Py_INCREF(at);
+            PyList_SET_ITEM(stamps, m, at);
+            m++;
+            p += size + 2;
+        }
+        Py_XDECREF(at);
+    }
+    kept_reset(k);
+    PyObject *out = Py_BuildValue("(NNO)", messages, stamps, ended ? Py_True : Py_False);
+    return out;
+fail:
+    Py_XDECREF(messages);
+    Py_XDECREF(stamps);
+    return NULL;
+}
+
+static PyObject *
+kept_clear(Kept *k, PyObject *Py_UNUSED(ignored))
+{
+    kept_reset(k);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+kept_length(Kept *k)
+{
+    return k->n;
+}
+
+static PyMethodDef kept_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))kept_add, METH_FASTCALL,
+     "add(data, stamp): keep one read and its perf_counter() stamp."},
+    {"take", (PyCFunction)kept_take, METH_NOARGS,
+     "take() -> (reads, stamps): every kept read, in order, and its stamp; none are kept after."},
+    {"take_framed", (PyCFunction)(void (*)(void))kept_take_framed, METH_FASTCALL,
+     "take_framed(prefix, suffix) -> (messages, stamps, ended) | None\n\n"
+     "When every kept read is whole chunks (hex size lines without extensions) whose data are each\n"
+     "prefix + message + suffix, the last read possibly ending with the last chunk (no trailers):\n"
+     "each message with its read's stamp, and whether the body ended; none are kept after. Else\n"
+     "None, and the reads stay for take()."},
+    {"clear", (PyCFunction)kept_clear, METH_NOARGS, "clear(): keep nothing."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef kept_members[] = {
+    {"keeping", T_BOOL, offsetof(Kept, keeping), 0,
+     "a chunked body is being read: a read that cannot end it is kept"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods kept_as_sequence = {
+    .sq_length = (lenfunc)kept_length,
+};
+
+static PyTypeObject KeptType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "engine._streamread.Kept",
+    .tp_doc = "The reads of a streaming body kept with their stamps (engine.eventloop.PyKept in C).",
+    .tp_basicsize = sizeof(Kept),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)kept_dealloc,
+    .tp_methods = kept_methods,
+    .tp_members = kept_members,
+    .tp_as_sequence = &kept_as_sequence,
+};
+
+/* ---- the loop turn ------------------------------------------------------------------------- */
 
 /* reader.received(data, now); an Exception from it goes to reader.stream_failed(exc), anything
  * else (KeyboardInterrupt, SystemExit) propagates. */
@@ -68,11 +328,12 @@ deliver(PyObject *reader, PyObject *data, PyObject *now)
     return 0;
 }
 
-/* One ready joined socket: 0 when its read was kept (or there was nothing to read), 1 when it went to
- * Python code (received, stream_eof, stream_failed), -1 on an error to raise. */
+/* One ready joined socket, `entry` its (reader, kept): 0 when its read was kept (or there was nothing
+ * to read), 1 when it went to Python code (received, stream_eof, stream_failed), -1 on an error. */
 static int
-read_member(PyObject *reader, int fd, PyObject *now)
+read_member(PyObject *entry, int fd, double stamp, PyObject **now)
 {
+    PyObject *reader = PyTuple_GET_ITEM(entry, 0), *kept = PyTuple_GET_ITEM(entry, 1);
     ssize_t got = read(fd, read_buffer, READ_SIZE);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return 0;
@@ -83,36 +344,45 @@ read_member(PyObject *reader, int fd, PyObject *now)
         Py_DECREF(res);
         return 1;
     }
+    int may_end = got < 4 || read_buffer[got - 4] == '\r'; /* a chunked body ends with a blank line */
+    if (Py_IS_TYPE(kept, &KeptType)) {
+        if (((Kept *)kept)->keeping && !may_end)
+            return kept_push((Kept *)kept, read_buffer, got, stamp);
+    }
+    if (*now == NULL && (*now = PyFloat_FromDouble(stamp)) == NULL)
+        return -1;
     PyObject *data = PyBytes_FromStringAndSize(read_buffer, got);
     if (data == NULL)
         return -1;
-    int rc;
-    PyObject *keeping = PyObject_GetAttr(reader, s_keeping);
-    int keep = keeping == NULL ? -1 : PyObject_IsTrue(keeping);
-    Py_XDECREF(keeping);
-    if (keep < 0) {
-        rc = -1;
-    } else if (keep && got >= 4 && PyBytes_AS_STRING(data)[got - 4] != '\r') {
-        /* a streaming body's read that cannot end the response: kept with its stamp (its byte looked
-         * at in the bytes object: the lookup above may have run Python code, and another thread's
-         * loop turn may have read into the shared buffer since) */
-        rc = append_to(reader, s_kept, data);
-        if (rc == 0)
-            rc = append_to(reader, s_kept_at, now);
-    } else {
-        rc = deliver(reader, data, now);
-        if (rc == 0)
-            rc = 1;
+    int rc = 0;
+    if (!Py_IS_TYPE(kept, &KeptType) && !may_end) { /* a Kept of another type (PyKept): its own way */
+        PyObject *keeping = PyObject_GetAttr(kept, s_keeping);
+        int keep = keeping == NULL ? -1 : PyObject_IsTrue(keeping);
+        Py_XDECREF(keeping);
+        if (keep < 0) {
+            Py_DECREF(data);
+            return -1;
+        }
+        if (keep) {
+            PyObject *res = PyObject_CallMethodObjArgs(kept, s_add, data, *now, NULL);
+            Py_DECREF(data);
+            if (res == NULL)
+                return -1;
+            Py_DECREF(res);
+            return 0;
+        }
     }
+    rc = deliver(reader, data, *now);
     Py_DECREF(data);
-    return rc;
+    return rc < 0 ? -1 : 1;
 }
 
 PyDoc_STRVAR(poll_doc,
 "poll(epfd, timeout_ms, maxevents, members) -> (now, [(fd, events), ...])\n\n"
-"epoll_wait on `epfd` (-1 waits forever). Each ready descriptor in `members` (fd -> reader) is\n"
-"read and handed to its reader, stamped with one time.perf_counter() reading taken after the wait.\n"
-"While a wait brings only reads the readers keep, it waits again for the rest of the timeout; it\n"
+"epoll_wait on `epfd` (-1 waits forever). Each ready descriptor in `members` (fd -> (reader, kept))\n"
+"is read, stamped with one time.perf_counter() reading taken after the wait: a read `kept` keeps\n"
+"goes there, any other to the reader. While a wait brings only kept reads, it waits again for the\n"
+"rest of the timeout; it\n"
 "returns what is left for asyncio (every other descriptor, and a member's EPOLLOUT/ERR/HUP) with\n"
 "the last stamp, after a reader's Python code ran, or when the time is up.");
 
@@ -188,10 +458,8 @@ streamread_poll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 goto done;
             n = 0;
         }
-        Py_XDECREF(now);
-        now = perf_counter();
-        if (now == NULL)
-            goto done;
+        Py_CLEAR(now); /* this wake-up's stamp, made a float only when Python code needs it */
+        double stamp = (double)monotonic_ns() / 1e9;
         int to_python = 0;
         for (int i = 0; i < n; i++) {
             int fd = events[i].data.fd;
@@ -199,15 +467,19 @@ streamread_poll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyObject *key = PyLong_FromLong(fd);
             if (key == NULL)
                 goto done;
-            PyObject *reader = PyDict_GetItemWithError(members, key); /* borrowed */
+            PyObject *entry = PyDict_GetItemWithError(members, key); /* borrowed */
             Py_DECREF(key);
-            if (reader == NULL && PyErr_Occurred())
+            if (entry == NULL && PyErr_Occurred())
                 goto done;
-            if (reader != NULL) {
+            if (entry != NULL) {
+                if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) {
+                    PyErr_SetString(PyExc_TypeError, "poll: members maps a descriptor to (reader, kept)");
+                    goto done;
+                }
                 if (event & ~(uint32_t)EPOLLOUT) { /* readable, or an error or hang-up its read reports */
-                    Py_INCREF(reader);
-                    int rc = read_member(reader, fd, now);
-                    Py_DECREF(reader);
+                    Py_INCREF(entry);
+                    int rc = read_member(entry, fd, stamp, &now);
+                    Py_DECREF(entry);
                     if (rc < 0)
                         goto done;
                     to_python |= rc;
@@ -237,6 +509,8 @@ streamread_poll(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             timeout = (int)((left + 999999) / 1000000); /* round up, as asyncio does */
         }
     }
+    if (now == NULL && (now = perf_counter()) == NULL)
+        goto done;
     result = PyTuple_Pack(2, now, rest);
 done:
     Py_XDECREF(now);
@@ -253,7 +527,8 @@ static PyMethodDef streamread_methods[] = {
 
 static struct PyModuleDef streamread_module = {
     PyModuleDef_HEAD_INIT, "engine._streamread",
-    "StreamSelector's loop turn in C (see engine/eventloop.py).", -1, streamread_methods,
+    "StreamSelector's loop turn and the kept reads of a streaming body, in C (see engine/eventloop.py).",
+    -1, streamread_methods,
     NULL, NULL, NULL, NULL,
 };
 
@@ -261,12 +536,22 @@ PyMODINIT_FUNC
 PyInit__streamread(void)
 {
     s_keeping = PyUnicode_InternFromString("keeping");
-    s_kept = PyUnicode_InternFromString("kept");
-    s_kept_at = PyUnicode_InternFromString("kept_at");
+    s_add = PyUnicode_InternFromString("add");
     s_received = PyUnicode_InternFromString("received");
     s_stream_eof = PyUnicode_InternFromString("stream_eof");
     s_stream_failed = PyUnicode_InternFromString("stream_failed");
-    if (!s_keeping || !s_kept || !s_kept_at || !s_received || !s_stream_eof || !s_stream_failed)
+    if (!s_keeping || !s_add || !s_received || !s_stream_eof || !s_stream_failed)
         return NULL;
-    return PyModule_Create(&streamread_module);
+    if (PyType_Ready(&KeptType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&streamread_module);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&KeptType);
+    if (PyModule_AddObject(module, "Kept", (PyObject *)&KeptType) < 0) {
+        Py_DECREF(&KeptType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -37,10 +37,10 @@ except ImportError:  # not Linux: asyncio's own selector, and connections read b
 else:
     _NOT_IN, _NOT_OUT, _TO_WRITER = ~EPOLLIN, ~EPOLLOUT, EPOLLOUT | EPOLLERR | EPOLLHUP
 
-try:  # the loop turn in C, built with the package where a compiler was found (setup.py)
-    from engine._streamread import poll as _poll
+try:  # the loop turn and the kept reads in C, built with the package where a compiler was found (setup.py)
+    from engine._streamread import Kept as _CKept, poll as _poll
 except ImportError:
-    _poll = None
+    _CKept = _poll = None
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
@@ -131,16 +131,52 @@ def stream_selector(loop: asyncio.AbstractEventLoop) -> StreamSelector | None:
     return _STREAM_SELECTORS.get(loop)
 
 
+class PyKept:
+    """The reads of a streaming body kept with their stamps until it may have ended (`Kept`, where
+    engine._streamread was not built). While `keeping`, a read that cannot end the body is `add`ed;
+    `take()` gives them back, in order, with their stamps. `take_framed` is the C type's short cut
+    (the messages of a body of framed chunks in one pass): here always None, and the caller takes
+    the reads (`ResponseParser.feed_reads` has its own short cuts in Python)."""
+
+    __slots__ = ("keeping", "reads", "stamps")
+
+    def __init__(self) -> None:
+        self.keeping = False
+        self.reads: list[bytes] = []
+        self.stamps: list[float] = []
+
+    def add(self, data: bytes, stamp: float) -> None:
+        self.reads.append(data)
+        self.stamps.append(stamp)
+
+    def take(self) -> tuple[list[bytes], list[float]]:
+        reads, stamps = self.reads, self.stamps
+        self.reads, self.stamps = [], []
+        return reads, stamps
+
+    def take_framed(self, prefix: bytes, suffix: bytes) -> None:
+        return None
+
+    def clear(self) -> None:
+        self.reads, self.stamps = [], []
+
+    def __len__(self) -> int:
+        return len(self.reads)
+
+
+# What a connection keeps its reads in: C where built (its loop turn copies a token's read there,
+# no Python object made), else PyKept.
+Kept = _CKept if _CKept is not None else PyKept
+
+
 class StreamReader(Protocol):
-    """A connection whose socket `StreamSelector` reads. While `keeping`, a read that cannot end
-    its response (its fourth byte from the end is not a CR: a token's chunk ends "\\n\\n\\r\\n", a
-    chunked body ends with a blank line) is only appended to `kept` with its stamp in `kept_at`;
+    """A connection whose socket `StreamSelector` reads. While its `kept.keeping`, a read that
+    cannot end its response (its fourth byte from the end is not a CR: a token's chunk ends
+    "\\n\\n\\r\\n", a chunked body ends with a blank line) is only added to `kept` with its stamp;
     every other read goes to `received(data, stamp)`; an end of file or an error to `stream_eof(fd)`
     (the reader then leaves), an exception from `received` to `stream_failed(exc)`."""
 
-    keeping: bool
-    kept: list[bytes]
-    kept_at: list[float]
+    kept: Any  # a Kept (or PyKept)
 
     def received(self, data: bytes, now: float) -> None: ...
 
@@ -203,6 +239,7 @@ class StreamSelector(selectors.BaseSelector):
         self._map = _KeyMap(self._keys)
         self._masks: dict[int, int] = {}  # what epoll watches, per descriptor
         self.members: dict[int, StreamReader] = {}  # joined sockets
+        self._entries: dict[int, tuple[StreamReader, Any]] = {}  # the same, as (reader, its kept): the loop turn's
         self.in_c = _poll is not None  # the loop turn in C (engine/_streamread.c) where it was built
 
     # --- the selector asyncio uses
@@ -254,6 +291,7 @@ class StreamSelector(selectors.BaseSelector):
         self._keys.clear()
         self._masks.clear()
         self.members.clear()
+        self._entries.clear()
         self._ep.close()
 
     def _watch(self, fd: int) -> None:
@@ -292,17 +330,18 @@ class StreamSelector(selectors.BaseSelector):
     def join(self, fd: int, reader: StreamReader) -> None:
         """Read `fd` here from now on (its transport's reading must be paused first)."""
         self.members[fd] = reader
+        self._entries[fd] = (reader, reader.kept)
         try:
             self._watch(fd)
         except BaseException:
-            del self.members[fd]
+            del self.members[fd], self._entries[fd]
             raise
 
     def leave(self, fd: int, reader: StreamReader | None = None) -> bool:
         """`fd` is not read here any more (only while it is `reader`'s, when named); False when it was not joined."""
         if fd not in self.members or (reader is not None and self.members[fd] is not reader):
             return False
-        del self.members[fd]
+        del self.members[fd], self._entries[fd]
         try:
             self._watch(fd)
         except OSError:
@@ -313,7 +352,7 @@ class StreamSelector(selectors.BaseSelector):
         # epoll counts milliseconds: round up, to wait at least `timeout`
         ms = -1 if timeout is None else 0 if timeout <= 0 else math.ceil(timeout * 1e3)
         if self.in_c:
-            _, fd_events = _poll(self._ep.fileno(), ms, max(len(self._masks), 1), self.members)
+            _, fd_events = _poll(self._ep.fileno(), ms, max(len(self._masks), 1), self._entries)
         else:
             fd_events = self._select_py(ms)
         ready = []
@@ -340,10 +379,11 @@ class StreamSelector(selectors.BaseSelector):
             return []
         now = _perf_counter()
         rest = []
-        members_get, read, size = self.members.get, os.read, STREAM_READ
+        entries_get, read, size = self._entries.get, os.read, STREAM_READ
         for fd, event in fd_events:
-            reader = members_get(fd)
-            if reader is not None:
+            entry = entries_get(fd)
+            if entry is not None:
+                reader, kept = entry
                 if event & _NOT_OUT:  # readable, or an error or a hang-up that its read reports
                     try:
                         data = read(fd, size)
@@ -353,9 +393,8 @@ class StreamSelector(selectors.BaseSelector):
                         data = b""
                     if data:
                         # A streaming body's read that cannot end the response: kept with its stamp, inline.
-                        if reader.keeping and len(data) >= 4 and data[-4] != 13:
-                            reader.kept.append(data)
-                            reader.kept_at.append(now)
+                        if kept.keeping and len(data) >= 4 and data[-4] != 13:
+                            kept.add(data, now)
                         else:
                             try:
                                 reader.received(data, now)

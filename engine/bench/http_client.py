@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from engine.errors import MagpieError
-from engine.eventloop import StreamSelector, stream_selector
+from engine.eventloop import Kept, StreamSelector, stream_selector
 
 # on_body(data, stamp) gets the body bytes of one read and the perf_counter() of that read;
 # returning True stops the response there (the connection is closed, not reused).
@@ -248,6 +248,25 @@ class ResponseParser:
             if self.stopped:
                 return
 
+    def feed_kept(self, kept) -> None:
+        """`feed_reads` for the reads kept in `kept` (an engine.eventloop `Kept`), taken out of it.
+        When the messages of every kept read can be framed in one pass (`Kept.take_framed`: whole
+        chunks of one `framing` message each, the last read possibly ending the body) they go to
+        `on_framed` at their reads' stamps without a bytes object per read; else `feed_reads`."""
+        resp = self.response
+        if (self.framed is not None and self.state == _CHUNK_SIZE and not self.buf and resp is not None
+                and resp.status == 200):
+            framed = kept.take_framed(self.framed.prefix, self.framed.suffix)
+            if framed is not None:
+                messages, stamps, ended = framed
+                if ended:
+                    self.state = _DONE
+                if messages and self.on_framed(messages, stamps):
+                    self.stopped = True
+                return
+        reads, stamps = kept.take()
+        self.feed_reads(reads, stamps)
+
     def _skip_trailer(self, buf: bytes, pos: int) -> int:
         """Skip the complete trailer lines from ``pos`` (trailers are not kept); the empty line that ends them
         ends the response. Returns where the unread bytes start."""
@@ -445,8 +464,7 @@ def _chunk_list(data: bytes) -> tuple[list[bytes], bool] | None:
 class _Connection(asyncio.Protocol):
     """One TCP (or TLS) connection; it carries one request at a time."""
 
-    # Slots: the selector's C loop turn looks `keeping`, `kept` and `kept_at` up on every read.
-    __slots__ = ("transport", "loop", "parser", "waiter", "closed", "kept", "kept_at", "keeping", "selector", "joined_fd")
+    __slots__ = ("transport", "loop", "parser", "waiter", "closed", "kept", "selector", "joined_fd")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -454,11 +472,9 @@ class _Connection(asyncio.Protocol):
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.closed = False
-        # Reads of a chunked body kept with their stamps, parsed when the response may have ended.
-        self.kept: list[bytes] = []
-        self.kept_at: list[float] = []
-        # True while a chunked body is being read: a read is then only stamped and kept.
-        self.keeping = False
+        # Reads of a chunked body kept with their stamps, parsed when the response may have ended;
+        # while `kept.keeping` (a chunked body is being read) a read is only stamped and kept.
+        self.kept = Kept()
         self.selector: StreamSelector | None = None  # the loop's selector, while it reads this socket itself
         self.joined_fd = -1  # its socket's descriptor while the selector reads it
 
@@ -468,16 +484,16 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         # A read the transport gives (uvloop's loop, TLS): most are a token's chunk, kept here without
         # a second call (what `received` does first).
-        if self.keeping and len(data) >= 4 and data[-4] != 13:
-            self.kept.append(data)
-            self.kept_at.append(_perf_counter())
+        kept = self.kept
+        if kept.keeping and len(data) >= 4 and data[-4] != 13:
+            kept.add(data, _perf_counter())
             return
         self.received(data, _perf_counter())
 
     def received(self, data: bytes, now: float) -> None:
-        if self.keeping:  # most reads: a token's chunk, kept with its stamp
-            self.kept.append(data)
-            self.kept_at.append(now)
+        kept = self.kept
+        if kept.keeping:  # most reads: a token's chunk, kept with its stamp
+            kept.add(data, now)
             # A chunked response ends with a blank line ("0\r\n" [trailers] "\r\n"): a read whose
             # fourth byte from the end is not that CR cannot be its last (a token's chunk ends
             # "\n\n\r\n"). One byte looked at, not a method call; a read too short to tell goes on.
@@ -488,8 +504,8 @@ class _Connection(asyncio.Protocol):
             self._close()  # bytes nobody asked for: this connection cannot be trusted for the next request
             return
         try:
-            if self.kept:
-                self._feed_kept()
+            if kept:
+                parser.feed_kept(kept)
             else:
                 parser.feed(data, now)
         except Exception as exc:  # a malformed response, or on_body raised: this request fails
@@ -499,18 +515,13 @@ class _Connection(asyncio.Protocol):
             self._close()
             waiter.set_result(None)
         elif parser.done:
-            self.keeping = False
+            kept.keeping = False
             waiter.set_result(None)
         else:
-            self.keeping = parser.state in _CHUNKED_STATES
+            kept.keeping = parser.state in _CHUNKED_STATES
 
     # eof_received is left as asyncio's default (close the transport): connection_lost then decides
     # whether the response was complete.
-    def _feed_kept(self) -> None:
-        assert self.parser is not None
-        reads, stamps = self.kept, self.kept_at
-        self.kept, self.kept_at = [], []
-        self.parser.feed_reads(reads, stamps)
 
     def stream_eof(self, fd: int) -> None:
         """The selector read an end of file or an error: its transport reads again, meets it and
@@ -536,7 +547,7 @@ class _Connection(asyncio.Protocol):
             return
         try:
             if self.kept:
-                self._feed_kept()
+                parser.feed_kept(self.kept)
             if parser.done:  # the kept reads held the whole response
                 waiter.set_result(None)
                 return
@@ -553,7 +564,7 @@ class _Connection(asyncio.Protocol):
 
     def _close(self) -> None:
         self.closed = True
-        self.keeping = False
+        self.kept.keeping = False
         self._leave_selector()
         if self.transport is not None:
             self.transport.abort()
@@ -665,7 +676,8 @@ class StreamingHTTPClient:
 
     async def _exchange(self, conn: _Connection, request: bytes, parser: ResponseParser) -> Response:
         conn.parser = parser
-        conn.kept, conn.kept_at, conn.keeping = [], [], False
+        conn.kept.clear()
+        conn.kept.keeping = False
         # The loop the connection was opened on (before Python 3.12 each get_running_loop() is a getpid() call).
         conn.waiter = waiter = (conn.loop or asyncio.get_running_loop()).create_future()
         keep = False
@@ -680,7 +692,7 @@ class StreamingHTTPClient:
         finally:
             conn.parser = None
             conn.waiter = None
-            conn.keeping = False
+            conn.kept.keeping = False
             if keep:
                 self._idle.append(conn)
             else:

@@ -385,7 +385,7 @@ def _framed_reads(size: int) -> list[bytes]:
     return [_event_chunk(b"m" * n) for n in (size - 1, size, size + 1)]
 
 
-@pytest.mark.parametrize("reads, framed", [
+_FRAMED_CASES = [
     ([_event_chunk(b"%d" % i) for i in range(8)] + [b"0\r\n\r\n"], True),
     # the size line grows a digit in the middle of the response (0xff -> 0x100 bytes of data)
     (_framed_reads(255 - 8) + _framed_reads(256 - 8) + [b"0\r\n\r\n"], True),
@@ -405,7 +405,10 @@ def _framed_reads(size: int) -> list[bytes]:
     ([_event_chunk(b"a"), _chunk(b"data: bb\n"), _chunk(b"\n"), _event_chunk(b"c"), b"0\r\n\r\n"], False),
     ([_event_chunk(b"a"), _event_chunk(b"b") + _event_chunk(b"c"), _event_chunk(b"d"), b"0\r\n\r\n"], False),
     ([_event_chunk(b"a"), _event_chunk(b"b")[:5], _event_chunk(b"b")[5:], b"0\r\n\r\n"], False),
-])
+]
+
+
+@pytest.mark.parametrize("reads, framed", _FRAMED_CASES)
 def test_reads_of_one_framed_message_each_parse_as_the_general_parser_does(reads, framed):
     """The messages on_framed gets, framed again, are the bodies the general parser gives, read
     for read, and the short cut is taken exactly where every read but the last is one such chunk."""
@@ -428,6 +431,57 @@ def test_reads_of_one_framed_message_each_parse_as_the_general_parser_does(reads
     assert p1.done == p2.done and p1.keep_alive == p2.keep_alive and _by_read(got) == _by_read(general)
     last = ResponseParser(lambda d, t: None, on_framed=lambda ms, ts: None, framing=_LINE).framed.last(reads[-1])
     assert calls == ([len(reads) - 1 + (len(last[0]) if last else 0)] if framed else [])
+
+
+def _kept_kinds() -> list:
+    from engine import eventloop
+    return [pytest.param(eventloop.PyKept, id="PyKept"),
+            pytest.param(eventloop._CKept, id="C", marks=pytest.mark.skipif(eventloop._CKept is None, reason="not built"))]
+
+
+_WRONG_CHUNKS = [b"9\r\ndata: bb\n\n\r\n", b"b\r\ndata: bb\n\n\r\n", b"\n\n\r\n", b"x", b"9\r\nabc\r\n", b"zz\r\nabc\r\n",
+                 b"3\r\nabcXY", b"10000000000000000\r\ndata: bb\n\n\r\n", b"1;x=y\r\nb\r\n", b"0\r\n\r\n"]
+
+
+@pytest.mark.parametrize("kept_class", _kept_kinds())
+@pytest.mark.parametrize("reads", [r for r, _f in _FRAMED_CASES] + [
+    [_event_chunk(b"a"), bad, _event_chunk(b"c"), _event_chunk(b"d"), b"0\r\n\r\n"] for bad in _WRONG_CHUNKS] + [
+    [_event_chunk(b"a"), _event_chunk(b"[DONE]") + b"0\r\n\r\n"],  # few reads, the end in the last
+    [b"0\r\n\r\n"],  # nothing but the end
+    [_event_chunk(b"a") + b"0\r\n\r\n" + _event_chunk(b"b")],  # the end, then bytes that are not this body's
+    [_event_chunk(b"a"), _event_chunk(b"b") + b"0\r\n\r\n", _event_chunk(b"c")],  # the end in the middle
+    [_event_chunk(b"a"), b"0\r\nX-Trailer: 1\r\n\r\n"],  # trailers
+    [_event_chunk(b"a"), b""],
+])
+def test_kept_reads_taken_framed_parse_as_the_general_parser_does(reads, kept_class):
+    """`ResponseParser.feed_kept` (the C Kept's framing in one pass where it applies, else the reads
+    taken back) gives what the general parser gives read by read: bodies at their reads' stamps,
+    the end, whether the connection may be kept, the same error."""
+    stamps = [float(i + 1) for i in range(len(reads))]
+
+    def general(got):
+        p = ResponseParser(lambda d, t: got.append((d, t)))
+        p.feed(_HEAD, 0.0)
+        for r, t in zip(reads, stamps):
+            if r:
+                p.feed(r, t)
+        got.append((b"done" if p.done else b"open", float(p.keep_alive)))
+
+    def kept_way(got):
+        p = ResponseParser(lambda d, t: got.append((d, t)), on_bodies=lambda ps, ts: got.extend(zip(ps, ts)) and None,
+                           on_framed=lambda ms, ts: got.extend((_LINE[0] + m + _LINE[1], t) for m, t in zip(ms, ts)),
+                           framing=_LINE)
+        p.feed(_HEAD, 0.0)
+        kept = kept_class()
+        for r, t in zip(reads, stamps):
+            if r:
+                kept.add(r, t)
+        p.feed_kept(kept)
+        assert len(kept) == 0  # taken, either way
+        got.append((b"done" if p.done else b"open", float(p.keep_alive)))
+
+    want, have = _outcome(general), _outcome(kept_way)
+    assert have[0] == want[0] and _by_read(have[1]) == _by_read(want[1])
 
 
 def _by_read(bodies: list[tuple[bytes, float]]) -> list[tuple[bytes, float]]:

@@ -25,10 +25,12 @@ pytestmark = pytest.mark.skipif(not hasattr(__import__("select"), "epoll"), reas
 class Reader:
     """A StreamReader that records what the selector hands it."""
 
+    kept_class = eventloop.Kept  # what the selector fixture's kind of loop turn runs with
+
     def __init__(self, keeping: bool = False, fail: bool = False) -> None:
-        self.keeping, self.fail = keeping, fail
-        self.kept: list[bytes] = []
-        self.kept_at: list[float] = []
+        self.fail = fail
+        self.kept = self.kept_class()
+        self.kept.keeping = keeping
         self.got: list[tuple[bytes, float]] = []
         self.eofs: list[int] = []
         self.failures: list[BaseException] = []
@@ -46,10 +48,12 @@ class Reader:
 
 
 @pytest.fixture(params=["C", "Python"])
-def make_selector(request):
-    """StreamSelector with its loop turn in C (engine/_streamread.c) and in Python: the same behaviour."""
+def make_selector(request, monkeypatch):
+    """StreamSelector with its loop turn and kept reads in C (engine/_streamread.c), and in Python
+    (as where that module was not built): the same behaviour."""
     if request.param == "C" and eventloop._poll is None:
         pytest.skip("engine._streamread was not built (test_the_c_loop_turn_is_built_where_it_can_be says whether it should be)")
+    monkeypatch.setattr(Reader, "kept_class", eventloop.Kept if request.param == "C" else eventloop.PyKept)
 
     def make() -> StreamSelector:
         sel = StreamSelector()
@@ -124,10 +128,11 @@ def test_kept_reads_are_stamped_inline_and_a_read_that_may_end_the_body_is_hande
         sel.join(a.fileno(), reader)
         b.send(b"d\r\ndata: tok\n\n\r\n")  # a token's chunk: it cannot end a chunked body
         sel.select(0.01)  # (the C turn waits on after a kept read, for the rest of its timeout)
-        assert reader.kept == [b"d\r\ndata: tok\n\n\r\n"] and len(reader.kept_at) == 1 and not reader.got
+        reads, stamps = reader.kept.take()
+        assert reads == [b"d\r\ndata: tok\n\n\r\n"] and len(stamps) == 1 and not reader.got
         b.send(b"0\r\n\r\n")  # the body's end
         sel.select(1)
-        assert [d for d, _ in reader.got] == [b"0\r\n\r\n"] and reader.got[0][1] >= reader.kept_at[0]
+        assert [d for d, _ in reader.got] == [b"0\r\n\r\n"] and reader.got[0][1] >= stamps[0]
     finally:
         sel.close()
 
@@ -232,13 +237,10 @@ def test_the_c_loop_turn_is_built_where_it_can_be():
     assert StreamSelector().in_c
 
 
-def test_a_read_is_stamped_on_perf_counters_clock_and_kept_in_any_list_like(pair, make_selector):
-    from collections import deque
-
+def test_a_read_is_stamped_on_perf_counters_clock(pair, make_selector):
     a, b = pair
     sel = make_selector()
     reader = Reader(keeping=True)
-    reader.kept, reader.kept_at = deque(), deque()  # not a list: appended through its method
     try:
         sel.join(a.fileno(), reader)
         b.send(b"d\r\ndata: tok\n\n\r\n")
@@ -246,8 +248,8 @@ def test_a_read_is_stamped_on_perf_counters_clock_and_kept_in_any_list_like(pair
         time.sleep(0.001)
         sel.select(0.01)
         after = time.perf_counter()
-        assert list(reader.kept) == [b"d\r\ndata: tok\n\n\r\n"]
-        assert before < reader.kept_at[0] < after
+        reads, stamps = reader.kept.take()
+        assert reads == [b"d\r\ndata: tok\n\n\r\n"] and before < stamps[0] < after
     finally:
         sel.close()
 
@@ -335,7 +337,7 @@ def test_a_turn_waits_on_through_kept_reads_and_returns_when_python_ran(pair, ma
         asyncio_key = sel.register(c, selectors.EVENT_READ, "asyncio's")
         b.send(token)
         started = time.perf_counter()
-        assert sel.select(0.05) == [] and reader.kept == [token]
+        assert sel.select(0.05) == [] and reader.kept.take()[0] == [token]
         if sel.in_c:  # nothing for asyncio came: the C turn waited out its timeout
             assert time.perf_counter() - started >= 0.045
         # A read that may end the body runs the reader's Python code: the turn returns at once, even
@@ -351,3 +353,43 @@ def test_a_turn_waits_on_through_kept_reads_and_returns_when_python_ran(pair, ma
         sel.close()
         c.close()
         d.close()
+
+
+def test_the_c_loop_turn_keeps_a_python_kept_its_own_way(pair):
+    # A reader whose kept is a PyKept (not the C type) under the C loop turn: added through its method.
+    if eventloop._poll is None:
+        pytest.skip("engine._streamread was not built")
+    a, b = pair
+    sel = StreamSelector()
+    reader = Reader()
+    reader.kept = eventloop.PyKept()
+    reader.kept.keeping = True
+    try:
+        sel.join(a.fileno(), reader)
+        b.send(b"d\r\ndata: tok\n\n\r\n")
+        sel.select(0.01)
+        assert reader.kept.take()[0] == [b"d\r\ndata: tok\n\n\r\n"] and not reader.got
+    finally:
+        sel.close()
+
+
+@pytest.mark.parametrize("kind", ["C", "Python"])
+def test_kept_reads_come_back_in_order_with_their_stamps(kind):
+    if kind == "C" and eventloop._CKept is None:
+        pytest.skip("engine._streamread was not built")
+    kept = eventloop.Kept() if kind == "C" else eventloop.PyKept()
+    assert not kept.keeping and len(kept) == 0 and not kept
+    big = bytes(range(256)) * 300  # past the first buffer: it grows
+    for i in range(100):
+        kept.add(b"read %d" % i, float(i))
+    kept.add(big, 100.0)
+    assert len(kept) == 101 and kept
+    reads, stamps = kept.take()
+    assert reads == [b"read %d" % i for i in range(100)] + [big] and stamps == [float(i) for i in range(101)]
+    assert len(kept) == 0 and kept.take() == ([], [])
+    kept.add(b"x", 1.0)
+    kept.clear()
+    assert kept.take() == ([], [])
+    if kind == "C":
+        with pytest.raises(TypeError):
+            kept.add("text", 1.0)  # bytes only
