@@ -495,7 +495,7 @@ class LoadGenerator:
             request = client.send(payload, stream.feed, stream.feed_many, stream.feed_data_lines, _DATA_LINE) \
                 if lean else \
                 self._exchange_aiohttp(client, payload, headers, stream)
-            result = await (_bounded(request, timeout, self._loop or asyncio.get_running_loop()) if timeout else request)
+            result = await (bounded(request, timeout, self._loop or asyncio.get_running_loop()) if timeout else request)
             status_error = result if not lean else (
                 "" if result.status == 200 else _status_error(result.status, result.reason, result.error_body))
             if status_error:
@@ -528,7 +528,7 @@ class LoadGenerator:
                     return ""
 
 
-async def _bounded(request: Awaitable[Any], timeout: float, loop: asyncio.AbstractEventLoop) -> Any:
+async def bounded(request: Awaitable[Any], timeout: float, loop: asyncio.AbstractEventLoop) -> Any:
     """`request` awaited in this task, cancelled with TimeoutError after `timeout` s. Not
     `asyncio.wait_for`: before Python 3.12 it runs the request in a task of its own, so the request
     is written one loop turn after its start stamp (behind every callback ready then, in a burst all

@@ -45,6 +45,7 @@ import msgspec
 import numpy as np
 
 from engine.bench.http_client import HTTPError, StreamingHTTPClient
+from engine.bench.loadgen import bounded
 from engine.bench.metrics import RequestOutput, compute_metrics
 from engine.bench.server_metrics import parse_exposition
 from engine.bench.sessions import BlockTokens, Session
@@ -375,8 +376,9 @@ class SessionReplay:
         try:
             if lean is not None:
                 exchange = lean.send(request, feed)
-                response = await (asyncio.wait_for(exchange, cfg.request_timeout_s) if cfg.request_timeout_s
-                                  else exchange)
+                # in this task (not wait_for's: before Python 3.12 that writes the request a loop turn after `st`)
+                response = await (bounded(exchange, cfg.request_timeout_s, asyncio.get_running_loop())
+                                  if cfg.request_timeout_s else exchange)
                 if response.status != 200:
                     out.error = f"HTTP {response.status}: {response.error_body[:300].decode('utf-8', 'replace')}"
                     return rec

@@ -216,22 +216,22 @@ def test_aiohttp_client_goes_through_the_proxy_of_the_environment(monkeypatch):
 def test_a_request_timeout_keeps_the_request_in_its_own_task():
     # asyncio.wait_for (before 3.12) would run the request in a second task, a loop turn after its
     # start stamp: in a burst every request's bytes would leave behind all the other stamps.
-    from engine.bench.loadgen import _bounded
+    from engine.bench.loadgen import bounded
 
     async def main():
         loop = asyncio.get_running_loop()
 
         async def probe():
             return asyncio.current_task()
-        assert await _bounded(probe(), 5.0, loop) is asyncio.current_task()
+        assert await bounded(probe(), 5.0, loop) is asyncio.current_task()
         with pytest.raises(asyncio.TimeoutError):
-            await _bounded(asyncio.sleep(1.0), 0.01, loop)
+            await bounded(asyncio.sleep(1.0), 0.01, loop)
         if sys.version_info >= (3, 11):  # the timeout's own cancel is taken back: nothing cancels this task
             assert asyncio.current_task().cancelling() == 0
         await asyncio.sleep(0.02)  # the timer is gone: no late cancel arrives
 
         async def cancelled_from_outside():
-            await _bounded(asyncio.sleep(5.0), 5.0, loop)
+            await bounded(asyncio.sleep(5.0), 5.0, loop)
         task = asyncio.create_task(cancelled_from_outside())
         await asyncio.sleep(0.01)
         task.cancel()
