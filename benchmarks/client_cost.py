@@ -44,8 +44,15 @@ and the table says the peer was not run.
 
 `--baseline REV` adds our client as it was at git revision REV (its `engine/` from `git archive`)
 as a third client taking its turn in the same rounds: a before/after of a client change measured
-interleaved, on the same server and machine state, not on another day. `--clients asyncio,uvloop,vllm`
-runs our client on each named event loop (`--event-loop`; uvloop where it is installed) the same way.
+interleaved, on the same server and machine state, not on another day (its C modules are built
+from its tree). `--clients asyncio,uvloop,vllm` runs our client on each named event loop
+(`--event-loop`; uvloop where it is installed) the same way; `asyncio-py` is asyncio's loop with
+its turn in Python (as where engine/_streamread.c was not built).
+
+`floor` (`benchmarks/floor_client.c`, built with `cc` on first use) is the least a client can cost:
+C, one thread, one epoll set, the same requests and connections, every read stamped and nothing
+parsed. What any client that reads each token when it arrives pays on top of it is its own work;
+the ratio of the floor to a peer is the lowest ratio any such client could show against that peer.
 
 AIPerf needs its own environment (`--aiperf`, default `/tmp/aiperf-venv/bin/aiperf`: made by
 `python -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0`) and a local

@@ -13,8 +13,10 @@ one more reader of the loop, a second `epoll_wait` and a handle a loop turn.
 
 The loop turn (poll, read, hand over) is C where `engine._streamread` was built (setup.py: with the
 package, where a compiler and Python's headers are found), else the same in Python
-(`StreamSelector._select_py`); `auto` gives a lean client this loop when its turn is C, uvloop's
-otherwise.
+(`StreamSelector._select_py`). In C a token's read is copied into its connection's `Kept` with no
+Python object made, and while a wait brings nothing but such reads the turn waits again (for the
+rest of asyncio's timeout) instead of going back to asyncio's loop. `auto` gives a lean client this
+loop when its turn is C, uvloop's otherwise.
 """
 
 from __future__ import annotations

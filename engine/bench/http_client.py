@@ -10,7 +10,10 @@ chunked response is parsed, a read is only stamped and kept: the chunk framing a
 with a blank line), so the work of parsing comes after the stream's tokens, not between them, and
 a read's stamp never waits behind another stream's parsing. A caller that names how its messages
 are framed (an SSE stream: `data: `, message, blank line) gets the bare messages of reads that are
-one such chunk each, found for the whole response in a few list-wide passes (`_FramedChunks`).
+one such chunk each, found for the whole response in a few list-wide passes (`_FramedChunks`). The
+reads are kept in an `engine.eventloop.Kept`: where engine/_streamread.c was built, one buffer per
+connection into which the selector's C loop turn copies a token's read (no Python object per read),
+and whose `take_framed` frames a whole body of such chunks in one pass (`ResponseParser.feed_kept`).
 
 On asyncio's loop as the product runs it (`engine.eventloop.new_asyncio_loop`: plain TCP, Linux)
 a connection's socket is read outside asyncio's per-socket machinery from the moment it opens: the

@@ -83,12 +83,12 @@ def test_base_url_server_and_failures(tmp_path):
 
 def test_the_lean_client_on_each_event_loop_reads_every_token(tmp_path):
     # asyncio's loop reads the streams in its selector (its turn in C where built); uvloop's transports
-    # read; auto picks the first where its turn runs in C. Each gives every token of every request
+    # read (auto's choice between them: test_stream_selector). Each gives every token of every request
     # and says which loop ran.
     from bench_server import BenchServer, Script
     import importlib.util
     from engine.eventloop import c_loop_turn
-    loops = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else []) + ["auto"]
+    loops = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else [])
     for loop in loops:
         out = tmp_path / loop
         with BenchServer(Script(tokens=7, itl_s=0.001)) as srv:
@@ -97,9 +97,8 @@ def test_the_lean_client_on_each_event_loop_reads_every_token(tmp_path):
                               "--vocab-size", "1000", "-o", out, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         _, r = _report(out)
-        ran = loop if loop != "auto" else "asyncio" if c_loop_turn() else "uvloop" if "uvloop" in loops else "asyncio"
-        assert r["environment"]["event_loop"] == ran and r["environment"]["http_client"] == "lean"
-        assert r["environment"]["loop_turn"] == (("C" if c_loop_turn() else "Python") if ran == "asyncio" else None)
+        assert r["environment"]["event_loop"] == loop and r["environment"]["http_client"] == "lean"
+        assert r["environment"]["loop_turn"] == (("C" if c_loop_turn() else "Python") if loop == "asyncio" else None)
         assert r["throughput"]["completed_requests"] == 9 and r["throughput"]["total_output_tokens"] == 63
 
 
