@@ -215,7 +215,8 @@ class Engine:
     and steps of whole prompts from graphs per token bucket (``graphs.token_buckets``);
     ``packed_prompts`` (default: on a GPU) runs whole prompts padded to those buckets, with
     graphs or without, so that an eager engine computes what a graph engine does;
-    ``stats_interval_s`` > 0 prints a stats line that often while steps run. ``prefix_caching``
+    ``stats_interval_s`` > 0 prints a stats line that often while steps run, and a last one at
+    shutdown for the steps since. ``prefix_caching``
     keeps the keys and values of full blocks of ``prefix_block_size`` tokens in a pool of
     ``prefix_cache_blocks`` blocks (``engine.serve.prefix_cache``; default: a quarter of the KV
     cache's tokens, on a GPU at most a quarter of its free memory), and a request whose prompt
@@ -719,6 +720,10 @@ class Engine:
         self._shutdown()
 
     def _shutdown(self) -> None:
+        if self.stats_interval_s > 0:  # a last line for the steps since the previous one: the log counts them all
+            prev = self._last_stats[1] if self._last_stats else EngineStats()
+            if sum(self.metrics()["steps"].values()) > sum(prev.steps.values()):
+                print(self.stats_line(), flush=True)
         with self._cond:
             pending = list(self._waiting) + self._prefilling + self._running
             self._waiting.clear()

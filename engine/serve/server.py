@@ -26,7 +26,8 @@ because their keys and values were cached.
 
 On a GPU the decode steps are CUDA graph replays (``engine.serve.graphs``) unless ``--eager``
 (config ``eager: true``); the graphs are captured before the ready line, with every kernel,
-overrides included. A stats line is printed every ``stats_interval_s`` seconds while steps run.
+overrides included. A stats line is printed every ``stats_interval_s`` seconds while steps run (and a last one at
+shutdown for the steps since).
 
 ``python -m engine.serve --config FILE | --model tiny [--host H] [--port N]`` prints one line
 ``magpie-serve ready: http://H:N ...`` when it accepts requests (``--port 0`` picks a free port
