@@ -338,7 +338,11 @@ read_member(PyObject *entry, int fd, double stamp, PyObject **now)
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return 0;
     if (got <= 0) { /* end of file or an error: its transport's own read meets it */
-        PyObject *res = PyObject_CallMethod(reader, "stream_eof", "i", fd);
+        PyObject *number = PyLong_FromLong(fd);
+        if (number == NULL)
+            return -1;
+        PyObject *res = PyObject_CallMethodObjArgs(reader, s_stream_eof, number, NULL);
+        Py_DECREF(number);
         if (res == NULL)
             return -1;
         Py_DECREF(res);

@@ -240,8 +240,8 @@ class StreamSelector(selectors.BaseSelector):
         self._keys: dict[int, selectors.SelectorKey] = {}
         self._map = _KeyMap(self._keys)
         self._masks: dict[int, int] = {}  # what epoll watches, per descriptor
-        self.members: dict[int, StreamReader] = {}  # joined sockets
-        self._entries: dict[int, tuple[StreamReader, Any]] = {}  # the same, as (reader, its kept): the loop turn's
+        # joined sockets: fd -> (reader, its kept), what the loop turn (C or Python) looks up per read
+        self.members: dict[int, tuple[StreamReader, Any]] = {}
         self.in_c = _poll is not None  # the loop turn in C (engine/_streamread.c) where it was built
 
     # --- the selector asyncio uses
@@ -293,7 +293,6 @@ class StreamSelector(selectors.BaseSelector):
         self._keys.clear()
         self._masks.clear()
         self.members.clear()
-        self._entries.clear()
         self._ep.close()
 
     def _watch(self, fd: int) -> None:
@@ -331,19 +330,18 @@ class StreamSelector(selectors.BaseSelector):
     # --- the joined sockets
     def join(self, fd: int, reader: StreamReader) -> None:
         """Read `fd` here from now on (its transport's reading must be paused first)."""
-        self.members[fd] = reader
-        self._entries[fd] = (reader, reader.kept)
+        self.members[fd] = (reader, reader.kept)
         try:
             self._watch(fd)
         except BaseException:
-            del self.members[fd], self._entries[fd]
+            del self.members[fd]
             raise
 
     def leave(self, fd: int, reader: StreamReader | None = None) -> bool:
         """`fd` is not read here any more (only while it is `reader`'s, when named); False when it was not joined."""
-        if fd not in self.members or (reader is not None and self.members[fd] is not reader):
+        if fd not in self.members or (reader is not None and self.members[fd][0] is not reader):
             return False
-        del self.members[fd], self._entries[fd]
+        del self.members[fd]
         try:
             self._watch(fd)
         except OSError:
@@ -354,7 +352,7 @@ class StreamSelector(selectors.BaseSelector):
         # epoll counts milliseconds: round up, to wait at least `timeout`
         ms = -1 if timeout is None else 0 if timeout <= 0 else math.ceil(timeout * 1e3)
         if self.in_c:
-            _, fd_events = _poll(self._ep.fileno(), ms, max(len(self._masks), 1), self._entries)
+            _, fd_events = _poll(self._ep.fileno(), ms, max(len(self._masks), 1), self.members)
         else:
             fd_events = self._select_py(ms)
         ready = []
@@ -381,7 +379,7 @@ class StreamSelector(selectors.BaseSelector):
             return []
         now = _perf_counter()
         rest = []
-        entries_get, read, size = self._entries.get, os.read, STREAM_READ
+        entries_get, read, size = self.members.get, os.read, STREAM_READ
         for fd, event in fd_events:
             entry = entries_get(fd)
             if entry is not None:
