@@ -58,12 +58,18 @@ def test_timeout_kills_the_whole_group_and_only_it(tmp_path):
         bystander.wait()
 
 
+# The grandchild writes its pid whole (a rename) and the command waits for it before its own
+# sleep: on a busy machine the grandchild could otherwise be stopped before it had written it.
 _DETACH = ("import os, sys, time\n"
            "if os.fork() == 0:\n"
            "    os.setsid()\n"
            "    if os.fork() == 0:\n"
-           "        open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)\n"
+           "        open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid()))\n"
+           "        os.replace(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(120)\n"
            "    os._exit(0)\n"
+           "deadline = time.monotonic() + 30\n"
+           "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+           "    time.sleep(0.01)\n"
            "time.sleep(float(sys.argv[2]))\n")
 
 
