@@ -4,9 +4,11 @@
  * connections, closed loop, each sends a streamed completion (x-request-id warmup-<i>, then
  * floor-<i>), reads every byte as it arrives (one read per ready socket and wake-up, the way a
  * client that stamps each token must), stamps the first body byte after the head, and sends its next
- * request when the chunked body's last bytes ("0\r\n\r\n") arrive. What it costs per token is the
- * kernel's read, its ACK and the wake-ups, plus almost nothing: the floor under every client that
- * reads each token when it arrives.
+ * request when the chunked body's last bytes ("0\r\n\r\n") arrive. After each body's first bytes it
+ * turns TCP_QUICKACK off, so the kernel ACKs every second token, not each one (what our client does
+ * once its warm-up showed the server does not wait for ACKs; the scheduled server sets TCP_NODELAY).
+ * What it costs per token is the kernel's read, half an ACK and the wake-ups, plus almost nothing:
+ * the floor under every client that reads each token when it arrives.
  *
  *     cc -O2 -o floor_client floor_client.c
  *     floor_client HOST PORT CONC REQUESTS WARMUP MAX_TOKENS INPUT_WORDS OUT.json
@@ -34,6 +36,7 @@ struct conn {
     int req;         /* index of the request in flight, -1 when idle */
     int warm;        /* the request in flight is a warm-up */
     int in_body;     /* the head was read */
+    int halved;      /* TCP_QUICKACK was turned off for this body */
     char tail[5];    /* the last 5 bytes read: the end of a chunked body is "0\r\n\r\n" */
 };
 
@@ -65,6 +68,7 @@ static int send_request(struct conn *c, const char *prefix, int index, double *s
         off += (int)w;
     }
     c->in_body = 0;
+    c->halved = 0;
     memset(c->tail, 0, sizeof c->tail);
     return 0;
 }
@@ -144,6 +148,11 @@ int main(int argc, char **argv)
                     c->in_body = 1;
                     data = end + 4;
                     size = r - (data - buf);
+                }
+                if (size > 0 && !c->halved) {
+                    int off = 0;
+                    setsockopt(c->fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof off);
+                    c->halved = 1;
                 }
                 if (size > 0 && !c->warm && ttft[c->req] == 0)
                     ttft[c->req] = t - start[c->req];

@@ -36,7 +36,10 @@ What it records, in `time.perf_counter()` (CLOCK_MONOTONIC on Linux: one clock f
 `GET /stats` returns both as JSON; `POST /reset` forgets them. `GET /health` and `GET /v1/models`
 answer; any other path gets 404 (e.g. a client's `/metrics` scrape).
 
-    python benchmarks/scheduled_server.py [--port 0 --ttft-ms 80 --itl-ms 10 --tokens 64]
+    python benchmarks/scheduled_server.py [--port 0 --ttft-ms 80 --itl-ms 10 --tokens 64] [--nagle]
+
+Its sockets set TCP_NODELAY, as asyncio's and uvloop's servers (vLLM, SGLang) do; `--nagle` leaves
+Nagle's algorithm on, for a server whose next small write waits for the client's ACK of the last.
 
 prints `PORT <n>` once it listens.
 """
@@ -189,8 +192,10 @@ class _Conn:
 
 
 class ScheduledServer:
-    def __init__(self, ttft_s: float, itl_s: float, tokens: int | None = None, port: int = 0) -> None:
+    def __init__(self, ttft_s: float, itl_s: float, tokens: int | None = None, port: int = 0,
+                 nagle: bool = False) -> None:
         self.ttft_s, self.itl_s, self.tokens = ttft_s, itl_s, tokens
+        self.nagle = nagle
         self.listener = socket.create_server(("127.0.0.1", port), backlog=4096)
         self.listener.setblocking(False)
         self.port = self.listener.getsockname()[1]
@@ -249,7 +254,8 @@ class ScheduledServer:
             except BlockingIOError:
                 return
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not self.nagle:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.stamps:
                 try:
                     sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
@@ -478,8 +484,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ttft-ms", type=float, default=80.0)
     ap.add_argument("--itl-ms", type=float, default=10.0)
     ap.add_argument("--tokens", type=int, default=None, help="tokens per completion (default: its max_tokens)")
+    ap.add_argument("--nagle", action="store_true",
+                    help="leave Nagle's algorithm on (no TCP_NODELAY): a server whose next small write waits "
+                         "for the client's ACK of the last")
     args = ap.parse_args(argv)
-    server = ScheduledServer(args.ttft_ms / 1000, args.itl_ms / 1000, args.tokens, args.port)
+    server = ScheduledServer(args.ttft_ms / 1000, args.itl_ms / 1000, args.tokens, args.port, nagle=args.nagle)
     print(f"PORT {server.port}", flush=True)
     try:
         server.serve_forever()

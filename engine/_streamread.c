@@ -7,6 +7,16 @@
  * kept reads it waits again, so a token costs the kernel's read and a copy, no Python object.
  * `Kept.take_framed` then gives the messages of a whole body of SSE event chunks in one pass.
  *
+ * `Kept.acks`: the kernel ACKs a streamed token when the client reads it (a small pushed segment
+ * in a connection that is not "interactive"), and on loopback that ACK's trip through the server's
+ * TCP is charged to the client too: about half of what a token's read costs. With TCP_QUICKACK off
+ * the kernel ACKs every second such segment instead. That is harmless where the server sends each
+ * token at once (TCP_NODELAY: vLLM's, SGLang's and every asyncio/uvloop server) but would hold a
+ * Nagle server's next token until a delayed ACK (40 ms), so it is only turned on for a server seen
+ * to send a segment while the one before it was still unacknowledged (`ACKS_TRY`: the kernel's own
+ * counters, `tcpi_segs_out` and `tcpi_data_segs_in`, read before each read), and only by a caller
+ * that tries it on requests it does not measure.
+ *
  * Why C: at 128 streams a token is one read of ~100 bytes; in Python the loop turn (asyncio's
  * `_run_once`, a dict lookup, os.read, two appends) and the framing passes cost together about as
  * much CPU per token as the kernel's read. The behaviour is the Python code's
@@ -19,10 +29,24 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <netinet/in.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+/* struct tcp_info with tcpi_segs_out and tcpi_data_segs_in (glibc's has neither); without the kernel's
+ * headers a try never proves anything and every token is ACKed as by default. */
+#if defined(__has_include)
+#if __has_include(<linux/tcp.h>)
+#include <linux/tcp.h>
+#define HAVE_TCP_COUNTERS 1
+#endif
+#endif
+#ifndef HAVE_TCP_COUNTERS
+#include <netinet/tcp.h>
+#endif
 
 /* Below glibc's mmap threshold; one buffer, written only while the GIL is held and copied out at once. */
 #define READ_SIZE (64 * 1024)
@@ -36,9 +60,21 @@ static PyObject *s_keeping, *s_add, *s_received, *s_stream_eof, *s_stream_failed
 
 /* ---- Kept ---------------------------------------------------------------------------------- */
 
+/* Kept.acks: what the next kept reads do to the socket's ACKs (see the top of this file). */
+enum {
+    ACKS_EACH = 0,    /* nothing: the kernel's default */
+    ACKS_HALVE = 1,   /* after the next kept read, TCP_QUICKACK off (then ACKS_EACH: done for this body) */
+    ACKS_TRY = 2,     /* the same, and watch whether the server waits for our ACKs (ACKS_WATCH) */
+    ACKS_WATCH = 3,   /* before each kept read: two data segments in, no ACK out -> PROVEN; an ACK out first -> REFUTED */
+    ACKS_PROVEN = 4,  /* the server sent a segment while the one before it was unacknowledged */
+    ACKS_REFUTED = 5, /* an ACK went out before that was seen (a Nagle server, or tokens slower than the delayed ACK) */
+};
+
 typedef struct {
     PyObject_HEAD
     char keeping;        /* a chunked body is being read: reads that cannot end it are kept */
+    int acks;            /* ACKS_* */
+    unsigned int watch_segs_out, watch_data_in; /* the socket's counters when ACKS_WATCH began */
     char *buf;           /* the kept reads, one after another */
     Py_ssize_t len, cap;
     Py_ssize_t *ends;    /* where each read ends in buf */
@@ -279,6 +315,10 @@ static PyMethodDef kept_methods[] = {
 static PyMemberDef kept_members[] = {
     {"keeping", T_BOOL, offsetof(Kept, keeping), 0,
      "a chunked body is being read: a read that cannot end it is kept"},
+    {"acks", T_INT, offsetof(Kept, acks), 0,
+     "what the next kept reads do to the socket's ACKs: 0 nothing, 1 every second one (TCP_QUICKACK\n"
+     "off after the next kept read), 2 the same and watch whether the server waits for them, 3\n"
+     "watching, 4 it does not (proven), 5 an ACK went out before that was seen (refuted)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -328,12 +368,69 @@ deliver(PyObject *reader, PyObject *data, PyObject *now)
     return 0;
 }
 
+/* The socket's count of segments sent (ACKs included) and of data segments received; 0 when the
+ * kernel has no such counters (before Linux 4.6). */
+static int
+tcp_counters(int fd, unsigned int *segs_out, unsigned int *data_in)
+{
+#ifdef HAVE_TCP_COUNTERS
+    struct tcp_info info;
+    socklen_t size = sizeof info;
+    memset(&info, 0, sizeof info);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &size) < 0
+            || size < offsetof(struct tcp_info, tcpi_data_segs_in) + sizeof info.tcpi_data_segs_in)
+        return 0;
+    *segs_out = info.tcpi_segs_out;
+    *data_in = info.tcpi_data_segs_in;
+    return 1;
+#else
+    (void)fd;
+    (void)segs_out;
+    (void)data_in;
+    return 0;
+#endif
+}
+
+/* Before a kept read of a socket in ACKS_WATCH: proven once two data segments came in since the
+ * watch began with no segment of ours going out (the second was sent while the first was
+ * unacknowledged: no Nagle wait), refuted once anything went out first. */
+static void
+acks_watch(Kept *k, int fd)
+{
+    unsigned int segs_out, data_in;
+    if (!tcp_counters(fd, &segs_out, &data_in))
+        k->acks = ACKS_REFUTED;
+    else if (segs_out != k->watch_segs_out)
+        k->acks = ACKS_REFUTED;
+    else if (data_in - k->watch_data_in >= 2)
+        k->acks = ACKS_PROVEN;
+}
+
+/* After a kept read in ACKS_HALVE or ACKS_TRY: TCP_QUICKACK off (the kernel turns it back on by
+ * itself when a delayed ACK's timer fires, so it is set once per body, after its first token). */
+static void
+acks_halve(Kept *k, int fd)
+{
+    int off = 0;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof off) < 0) {
+        k->acks = k->acks == ACKS_TRY ? ACKS_REFUTED : ACKS_EACH;
+        return;
+    }
+    if (k->acks == ACKS_TRY && tcp_counters(fd, &k->watch_segs_out, &k->watch_data_in))
+        k->acks = ACKS_WATCH;
+    else
+        k->acks = k->acks == ACKS_TRY ? ACKS_REFUTED : ACKS_EACH;
+}
+
 /* One ready joined socket, `entry` its (reader, kept): 0 when its read was kept (or there was nothing
  * to read), 1 when it went to Python code (received, stream_eof, stream_failed), -1 on an error. */
 static int
 read_member(PyObject *entry, int fd, double stamp, PyObject **now)
 {
     PyObject *reader = PyTuple_GET_ITEM(entry, 0), *kept = PyTuple_GET_ITEM(entry, 1);
+    int is_kept = Py_IS_TYPE(kept, &KeptType);
+    if (is_kept && ((Kept *)kept)->acks == ACKS_WATCH && ((Kept *)kept)->keeping)
+        acks_watch((Kept *)kept, fd);
     ssize_t got = read(fd, read_buffer, READ_SIZE);
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         return 0;
@@ -349,9 +446,13 @@ read_member(PyObject *entry, int fd, double stamp, PyObject **now)
         return 1;
     }
     int may_end = got < 4 || read_buffer[got - 4] == '\r'; /* a chunked body ends with a blank line */
-    if (Py_IS_TYPE(kept, &KeptType)) {
-        if (((Kept *)kept)->keeping && !may_end)
-            return kept_push((Kept *)kept, read_buffer, got, stamp);
+    if (is_kept) {
+        Kept *k = (Kept *)kept;
+        if (k->keeping && !may_end) {
+            if (k->acks == ACKS_HALVE || k->acks == ACKS_TRY)
+                acks_halve(k, fd);
+            return kept_push(k, read_buffer, got, stamp);
+        }
     }
     if (*now == NULL && (*now = PyFloat_FromDouble(stamp)) == NULL)
         return -1;
@@ -359,7 +460,7 @@ read_member(PyObject *entry, int fd, double stamp, PyObject **now)
     if (data == NULL)
         return -1;
     int rc = 0;
-    if (!Py_IS_TYPE(kept, &KeptType) && !may_end) { /* a Kept of another type (PyKept): its own way */
+    if (!is_kept && !may_end) { /* a Kept of another type (PyKept): its own way */
         PyObject *keeping = PyObject_GetAttr(kept, s_keeping);
         int keep = keeping == NULL ? -1 : PyObject_IsTrue(keeping);
         Py_XDECREF(keeping);

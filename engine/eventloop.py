@@ -138,12 +138,16 @@ class PyKept:
     engine._streamread was not built). While `keeping`, a read that cannot end the body is `add`ed;
     `take()` gives them back, in order, with their stamps. `take_framed` is the C type's short cut
     (the messages of a body of framed chunks in one pass): here always None, and the caller takes
-    the reads (`ResponseParser.feed_reads` has its own short cuts in Python)."""
+    the reads (`ResponseParser.feed_reads` has its own short cuts in Python). `acks` is the C
+    type's ACK setting (every second token's ACK, where a server is seen not to wait for them):
+    here nothing reads it, so a server is never seen so and every token is ACKed as the kernel
+    does by default."""
 
-    __slots__ = ("keeping", "reads", "stamps")
+    __slots__ = ("keeping", "acks", "reads", "stamps")
 
     def __init__(self) -> None:
         self.keeping = False
+        self.acks = 0
         self.reads: list[bytes] = []
         self.stamps: list[float] = []
 

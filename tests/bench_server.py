@@ -51,12 +51,15 @@ ScriptFor = Callable[[str, dict], Script]
 
 class BenchServer:
     def __init__(self, script: Script | ScriptFor = Script(), *, record_stamps: bool = True,
-                 metrics_slots: int | None = None) -> None:
+                 metrics_slots: int | None = None, nagle: bool = False) -> None:
         self.script_for: ScriptFor = script if callable(script) else (lambda _rid, _body: script)
         self.record_stamps = record_stamps
         # With a number: GET /metrics answers as vLLM does (requests running, waiting, KV-cache use as
         # the requests in flight over this many slots); None: no /metrics (404).
         self.metrics_slots = metrics_slots
+        # Nagle's algorithm left on (asyncio turns it off): a small write waits while the one before
+        # it is unacknowledged, as on a server that never set TCP_NODELAY.
+        self.nagle = nagle
         self.stamps: dict[str, list[float]] = {}
         self.arrivals: list[tuple[str, float]] = []
         self.in_flight = 0
@@ -169,6 +172,8 @@ class BenchServer:
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        if self.nagle and request.transport is not None:
+            request.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
         await resp.prepare(request)
         stamps: list[float] = []
         if self.record_stamps:

@@ -293,17 +293,20 @@ class ClientPool:
         """One result, as one client would have returned it: outputs in release order."""
         warm = [o for r in results for o in r.warmup_outputs]
         cancelled = any(r.cancelled for r in results)
+        # Every second token ACKed only if every process did; any that saw the server wait says so.
+        seen = {r.halved_acks for r in results}
+        halved = False if False in seen else True if seen == {True} else None
         if self.config.duration_s is not None:
             outputs = sorted((o for r in results for o in r.outputs), key=lambda o: o.start_time)
             first = results[0]
             return LoadResult(outputs=outputs, warmup_outputs=warm, duration_s=first.duration_s, cancelled=cancelled,
-                              window=first.window, excluded=sum(r.excluded for r in results))
+                              window=first.window, excluded=sum(r.excluded for r in results), halved_acks=halved)
         by_index: list[tuple[int, RequestOutput]] = []
         for idx, r in zip(self._assigned, results):
             by_index.extend(zip(idx, r.outputs))  # a cancelled child returns only what it released
         by_index.sort(key=lambda t: t[0])
         return LoadResult(outputs=[o for _, o in by_index], warmup_outputs=warm,
-                          duration_s=max(r.duration_s for r in results), cancelled=cancelled)
+                          duration_s=max(r.duration_s for r in results), cancelled=cancelled, halved_acks=halved)
 
     def _stop_children(self) -> None:
         """Every child ends: asked through stdin (closed), then its group terminated, then killed."""

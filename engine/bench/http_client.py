@@ -28,6 +28,15 @@ changes per request); at end of file or an error it leaves, and the transport's 
 closes the connection. On another loop (uvloop's, or one made elsewhere) and over TLS the transport
 reads. benchmarks/loadgen_overhead.py and benchmarks/client_cost.py measure the difference.
 
+ACKs: the kernel ACKs each token as it is read, and on loopback that ACK's trip through the
+server's TCP is charged to the client too (about half of a token's read). With the C loop turn the
+client asks the kernel for an ACK every second token instead (TCP_QUICKACK off once per response,
+after its first token; `engine/_streamread.c` says why that is safe only where the server sends
+each token at once), and only for a server seen not to wait for ACKs: a caller sets `try_acks`
+around requests it does not measure (the load generator's warm-up), their first tokens show it
+(the socket's own counters), and `halved_acks` says the outcome (None: not seen either way, so
+every token is ACKed).
+
 What it speaks: HTTP/1.1 (and 1.0 responses), keep-alive with a pool of idle connections per
 client, responses framed by `Transfer-Encoding: chunked`, `Content-Length`, or the connection's
 close; interim 1xx responses are skipped; `https://` through asyncio's TLS. No proxies, no
@@ -49,6 +58,10 @@ from urllib.parse import urlsplit
 
 from engine.errors import MagpieError
 from engine.eventloop import Kept, StreamSelector, stream_selector
+
+# Kept.acks (engine/_streamread.c): leave the ACKs alone, halve them, try halving and watch,
+# and the two outcomes of a try.
+_ACKS_EACH, _ACKS_HALVE, _ACKS_TRY, _ACKS_PROVEN, _ACKS_REFUTED = 0, 1, 2, 4, 5
 
 # on_body(data, stamp) gets the body bytes of one read and the perf_counter() of that read;
 # returning True stops the response there (the connection is closed, not reused).
@@ -595,6 +608,11 @@ class StreamingHTTPClient:
         self.ssl = (ssl_context or ssl.create_default_context()) if parts.scheme == "https" else None
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
+        # Every second token ACKed (see the module's doc): True once a request showed that the
+        # server sends a token while the one before it is unacknowledged, False once one showed an
+        # ACK had to go first, None before either; `try_acks` lets the next requests show it.
+        self.halved_acks: bool | None = None
+        self.try_acks = False
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -679,8 +697,11 @@ class StreamingHTTPClient:
 
     async def _exchange(self, conn: _Connection, request: bytes, parser: ResponseParser) -> Response:
         conn.parser = parser
-        conn.kept.clear()
-        conn.kept.keeping = False
+        kept = conn.kept
+        kept.clear()
+        kept.keeping = False
+        halved = self.halved_acks
+        kept.acks = _ACKS_HALVE if halved else _ACKS_TRY if halved is None and self.try_acks else _ACKS_EACH
         # The loop the connection was opened on (before Python 3.12 each get_running_loop() is a getpid() call).
         conn.waiter = waiter = (conn.loop or asyncio.get_running_loop()).create_future()
         keep = False
@@ -695,7 +716,12 @@ class StreamingHTTPClient:
         finally:
             conn.parser = None
             conn.waiter = None
-            conn.kept.keeping = False
+            kept.keeping = False
+            outcome, kept.acks = kept.acks, _ACKS_EACH
+            if outcome == _ACKS_REFUTED:  # one try that saw an ACK go first outweighs any that did not
+                self.halved_acks = False
+            elif outcome == _ACKS_PROVEN and self.halved_acks is None:
+                self.halved_acks = True
             if keep:
                 self._idle.append(conn)
             else:

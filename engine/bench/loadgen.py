@@ -133,6 +133,10 @@ class LoadResult:
     # A duration-bounded run: the measured window (s from the start) and the requests left out of it.
     window: tuple[float, float] | None = None
     excluded: int = 0
+    # The lean client ACKed every second token (True), every token because the server was seen to
+    # wait for ACKs (False), or every token as the kernel does unless told (None: not tried, or not seen
+    # either way); see engine/bench/http_client.py.
+    halved_acks: bool | None = None
 
     def __repr__(self) -> str:
         # Short: Python 3.11's asyncio.Runner formats the finished main task (and so its result)
@@ -236,6 +240,7 @@ class LoadGenerator:
         # Requests sent to the server and not yet ended (a request waiting for a concurrency slot
         # is not in flight); read by the progress timer.
         self.in_flight = 0
+        self.halved_acks: bool | None = None  # what the warm-up showed (LoadResult.halved_acks)
         self._headers = {"Content-Type": "application/json", **(config.headers or {})}
         self._path = "/" + config.endpoint.lstrip("/")  # the lean client adds the base URL's own path
 
@@ -262,7 +267,9 @@ class LoadGenerator:
 
     async def run(self) -> LoadResult:
         with _fewer_collections():
-            return await self._run()
+            result = await self._run()
+        result.halved_acks = self.halved_acks
+        return result
 
     async def _warm_up(self, client: Any, sem: "asyncio.Semaphore | None") -> list[RequestOutput]:
         """The warm-up: ``num_warmups`` requests shaped as the first, not measured."""
@@ -270,9 +277,19 @@ class LoadGenerator:
         if cfg.num_warmups <= 0:
             return []
         first = self.requests[0]
-        return await self._gather([
-            self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i + self.warmup_id_start}",
-                          time.perf_counter(), "warmup", cfg.num_warmups) for i in range(cfg.num_warmups)])
+        # The lean client may learn here, on requests nobody measures, whether the server lets it
+        # ACK every second token (engine/bench/http_client.py: halved_acks).
+        lean = isinstance(client, StreamingHTTPClient)
+        if lean:
+            client.try_acks = True
+        try:
+            return await self._gather([
+                self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i + self.warmup_id_start}",
+                              time.perf_counter(), "warmup", cfg.num_warmups) for i in range(cfg.num_warmups)])
+        finally:
+            if lean:
+                client.try_acks = False
+                self.halved_acks = client.halved_acks
 
     async def _run(self) -> LoadResult:
         cfg = self.config

@@ -102,6 +102,7 @@ class SessionReplayResult:
     metrics_before: dict[str, float] | None = None
     metrics_after: dict[str, float] | None = None
     cancelled: bool = False
+    halved_acks: bool | None = None  # as the load generator's (engine/bench/loadgen.py: LoadResult)
 
 
 def answer_key(session_id: str, turn: int) -> tuple[int, ...]:
@@ -229,11 +230,24 @@ class SessionReplay:
         finally:
             if self._lean is not None:
                 await self._lean.close()
-        return SessionReplayResult(self.turns, max(duration, 1e-9), self.sessions, before, after, self._cancelled)
+        return SessionReplayResult(self.turns, max(duration, 1e-9), self.sessions, before, after, self._cancelled,
+                                   self._lean.halved_acks if self._lean is not None else None)
 
     async def _warm_up(self, http: aiohttp.ClientSession) -> None:
         """``num_warmups`` short requests, one at a time, not measured; their prompts share no
-        block with any session's."""
+        block with any session's. The lean client may learn on them whether the server lets it ACK
+        every second token (engine/bench/http_client.py: halved_acks): 8 tokens each, enough for it
+        to see the server send one while the one before it was unacknowledged."""
+        lean = self._lean
+        if lean is not None:
+            lean.try_acks = True
+        try:
+            await self._warm_up_requests(http)
+        finally:
+            if lean is not None:
+                lean.try_acks = False
+
+    async def _warm_up_requests(self, http: aiohttp.ClientSession) -> None:
         cfg = self.config
         for i in range(cfg.num_warmups):
             if self._cancelled:
@@ -245,7 +259,7 @@ class SessionReplay:
                 prompt = self.filler.unique((9, i), 16)
             else:
                 prompt = f"warm-up request {i}"
-            rec = await self._send(http, "warmup", i, prompt, 4, 0)
+            rec = await self._send(http, "warmup", i, prompt, 8, 0)
             self.warmup_errors += 0 if rec.out.success else 1
             self._warm_done += 1
 

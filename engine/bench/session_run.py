@@ -154,6 +154,7 @@ def _one_repeat(run: "BenchRun", target: "LoadTarget", point: dict, index: int, 
     result["failed_by_cause"] = failures_by_cause(outputs)
     result["cut_short"] = bool(cancel.cancelled or run.server_gone)
     result["session_mode"] = mode
+    result["halved_acks"] = result_obj.halved_acks  # how the client ACKed the tokens (docs/benchmark.md)
     _save(run, f"requests/point{index}_repeat{rep}.json", detailed_turns(result_obj))
     s = result["sessions"]
     note = None if cfg.framework == "builtin" and not cfg.server.prefix_caching else no_cached_tokens_note(s)
