@@ -52,8 +52,9 @@ its turn in Python (as where engine/_streamread.c was not built).
 `floor` (`benchmarks/floor_client.c`, built with `cc` on first use) is the least a client can cost:
 C, one thread, one epoll set, the same requests and connections, every read stamped and nothing
 parsed, the kernel asked for an ACK every second token (as our client is once its warm-up showed
-the server does not wait for ACKs: the report's `halved_acks`). What any client that reads each token when it arrives pays on top of it is its own work;
-the ratio of the floor to a peer is the lowest ratio any such client could show against that peer.
+the server does not wait for ACKs: the report's `halved_acks`). What any client that reads each
+token when it arrives pays on top of it is its own work; the ratio of the floor to a peer is the
+lowest ratio any such client could show against that peer.
 
 AIPerf needs its own environment (`--aiperf`, default `/tmp/aiperf-venv/bin/aiperf`: made by
 `python -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0`) and a local

@@ -293,9 +293,9 @@ class ClientPool:
         """One result, as one client would have returned it: outputs in release order."""
         warm = [o for r in results for o in r.warmup_outputs]
         cancelled = any(r.cancelled for r in results)
-        # Every second token ACKed only if every process did; any that saw the server wait says so.
+        # Every second token ACKed where every process did; else what the others saw.
         seen = {r.halved_acks for r in results}
-        halved = False if False in seen else True if seen == {True} else None
+        halved = True if seen == {True} else False if False in seen else None
         if self.config.duration_s is not None:
             outputs = sorted((o for r in results for o in r.outputs), key=lambda o: o.start_time)
             first = results[0]

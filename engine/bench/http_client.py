@@ -609,8 +609,8 @@ class StreamingHTTPClient:
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
         # Every second token ACKed (see the module's doc): True once a request showed that the
-        # server sends a token while the one before it is unacknowledged, False once one showed an
-        # ACK had to go first, None before either; `try_acks` lets the next requests show it.
+        # server sends a token while the one before it is unacknowledged, False while the requests
+        # tried only saw an ACK go first, None before either; `try_acks` lets the next requests show it.
         self.halved_acks: bool | None = None
         self.try_acks = False
 
@@ -718,10 +718,13 @@ class StreamingHTTPClient:
             conn.waiter = None
             kept.keeping = False
             outcome, kept.acks = kept.acks, _ACKS_EACH
-            if outcome == _ACKS_REFUTED:  # one try that saw an ACK go first outweighs any that did not
-                self.halved_acks = False
-            elif outcome == _ACKS_PROVEN and self.halved_acks is None:
+            # A proof is certain (a server that waits for ACKs never sends a second small segment
+            # before one); an ACK going first is not (tokens slower than the delayed-ACK timer, as
+            # a cold server's first ones, look the same), so it counts only while nothing proved.
+            if outcome == _ACKS_PROVEN:
                 self.halved_acks = True
+            elif outcome == _ACKS_REFUTED and self.halved_acks is None:
+                self.halved_acks = False
             if keep:
                 self._idle.append(conn)
             else:
