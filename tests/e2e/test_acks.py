@@ -11,6 +11,8 @@ from bench_server import BenchServer, Script
 from engine.bench.dataset import SampleRequest
 from engine.bench.http_client import StreamingHTTPClient
 from engine.bench.loadgen import LoadGenConfig, LoadGenerator
+from engine.bench.session_replay import SessionReplay, SessionReplayConfig
+from engine.bench.sessions import BlockTokens, synthetic_sessions
 from engine.eventloop import c_loop_turn, run_coroutine
 
 pytestmark = pytest.mark.skipif(not c_loop_turn(), reason="the ACK setting is the C loop turn's (engine/_streamread.c)")
@@ -101,3 +103,18 @@ def test_the_load_generator_tries_on_its_warm_up_only():
         assert _load(fast.url, warmups=0) is None  # no request it does not measure: never tried
         assert any(_load(fast.url, warmups=2) for _ in range(3))
         assert _load(nagle.url, warmups=2) is False
+
+
+def _replay(url: str) -> bool | None:
+    blocks = BlockTokens(1000)
+    sessions = synthetic_sessions(2, 2, blocks=blocks, input_len=16, output_len=TOKENS)
+    config = SessionReplayConfig(url, "m", mode="closed", max_concurrency=2, num_warmups=2)
+    result = run_coroutine(SessionReplay(config, sessions, filler=blocks).run(), "asyncio", reads_streams=True)
+    assert len(result.turns) == 4 and all(t.out.success for t in result.turns)
+    return result.halved_acks
+
+
+def test_a_session_replay_tries_on_its_warm_up():
+    with BenchServer(SCRIPT) as fast, BenchServer(SCRIPT, nagle=True) as nagle:
+        assert any(_replay(fast.url) for _ in range(3))
+        assert _replay(nagle.url) is False
