@@ -34,8 +34,8 @@ client asks the kernel for an ACK every second token instead (TCP_QUICKACK off o
 after its first token; `engine/_streamread.c` says why that is safe only where the server sends
 each token at once), and only for a server seen not to wait for ACKs: a caller sets `try_acks`
 around requests it does not measure (the load generator's warm-up), their first tokens show it
-(the socket's own counters), and `halved_acks` says the outcome (None: not seen either way, so
-every token is ACKed).
+(the socket's own counters), and `halved_acks` says the outcome (True: a try proved it; False:
+tried, never proved; None: not tried; but for True every token is ACKed).
 
 What it speaks: HTTP/1.1 (and 1.0 responses), keep-alive with a pool of idle connections per
 client, responses framed by `Transfer-Encoding: chunked`, `Content-Length`, or the connection's
@@ -701,7 +701,8 @@ class StreamingHTTPClient:
         kept.clear()
         kept.keeping = False
         halved = self.halved_acks
-        kept.acks = _ACKS_HALVE if halved else _ACKS_TRY if halved is None and self.try_acks else _ACKS_EACH
+        # Until a try proves it, every request the caller lets try does (a refuted try may have met slow tokens).
+        kept.acks = _ACKS_HALVE if halved else _ACKS_TRY if self.try_acks else _ACKS_EACH
         # The loop the connection was opened on (before Python 3.12 each get_running_loop() is a getpid() call).
         conn.waiter = waiter = (conn.loop or asyncio.get_running_loop()).create_future()
         keep = False

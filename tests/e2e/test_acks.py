@@ -118,3 +118,32 @@ def test_a_session_replay_tries_on_its_warm_up():
     with BenchServer(SCRIPT) as fast, BenchServer(SCRIPT, nagle=True) as nagle:
         assert any(_replay(fast.url) for _ in range(3))
         assert _replay(nagle.url) is False
+
+
+def test_a_try_that_meets_slow_tokens_does_not_keep_the_next_from_proving():
+    """Tokens slower than the delayed-ACK timer look like a server that waits for ACKs (an ACK goes
+    out before the next token): such a try leaves `halved_acks` False, and the next request the
+    caller lets try still can prove the server does not wait."""
+    slow = Script(ttft_s=0.25, itl_s=0.12, tokens=5)
+
+    async def two(url: str) -> list[bool | None]:
+        client = StreamingHTTPClient(url)
+        seen = []
+        try:
+            client.try_acks = True
+            for rid in ("slow", "fast"):
+                request = client.build_post("/v1/completions", BODY, {"Content-Type": "application/json",
+                                                                      "x-request-id": rid})
+                assert (await client.send(request, lambda _data, _stamp: None)).status == 200
+                seen.append(client.halved_acks)
+        finally:
+            await client.close()
+        return seen
+
+    with BenchServer(lambda rid, _body: slow if rid == "slow" else SCRIPT) as srv:
+        for _ in range(3):
+            seen = run_coroutine(two(srv.url), "asyncio", reads_streams=True)
+            assert seen[0] is False
+            if seen[1]:
+                break
+        assert seen[1] is True
