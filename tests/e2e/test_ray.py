@@ -320,12 +320,14 @@ def test_timing_placement_gpu_kernels_never_land_on_cpu_nodes():
         timing_placement(mixed, RaySettings(device="cpu", gpu_type="H100"))
 
 
-def _cpu_cluster_config(folder: Path, kernels: list[dict], ray_settings: dict) -> Path:
+def _cpu_cluster_config(folder: Path, kernels: list[dict], ray_settings: dict, rounds: int | None = None) -> Path:
     """A kernel YAML whose Ray block names no stand-in resource: the module's cluster has no GPU."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "kern.c").write_text(KERNEL_C)
-    (folder / "k.yaml").write_text(yaml.safe_dump({"kernels": kernels, "scheduler": {"ray": ray_settings}},
-                                                  sort_keys=False))
+    cfg: dict = {"kernels": kernels, "scheduler": {"ray": ray_settings}}
+    if rounds is not None:
+        cfg["performance"] = {"rounds": rounds}
+    (folder / "k.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return folder / "k.yaml"
 
 
@@ -339,7 +341,8 @@ def test_cpu_kernels_on_a_cluster_without_gpus_are_judged_as_locally(cluster, tm
     # a 2-core machine (Ray starting its workers beside the first timing task) can hide.
     kernels = [_c_kernel("k0", 0, baseline=True), _c_kernel("k1", 2), _c_kernel("k2", 3),
                _c_kernel("wrong", 99), {**_c_kernel("broken", 0), "compile_command": "cc -o build/broken nope.c"}]
-    cfg = _cpu_cluster_config(tmp_path / "src", kernels, {})
+    # Three processes a kernel instead of ten: 3x and 4x the work stay far apart in 24 samples.
+    cfg = _cpu_cluster_config(tmp_path / "src", kernels, {}, rounds=3)
     local = run_magpie("compare", "-k", cfg, "-o", tmp_path / "local", timeout=300)
     on_ray = run_magpie("-e", "ray", "--ray-address", cluster, "compare", "-k", cfg, "-o", tmp_path / "ray", timeout=300)
     assert (local.returncode, on_ray.returncode) == (0, 0), on_ray.stdout[-3000:] + on_ray.stderr[-3000:]
