@@ -398,9 +398,7 @@ static void
 acks_watch(Kept *k, int fd)
 {
     unsigned int segs_out, data_in;
-    if (!tcp_counters(fd, &segs_out, &data_in))
-        k->acks = ACKS_REFUTED;
-    else if (segs_out != k->watch_segs_out)
+    if (!tcp_counters(fd, &segs_out, &data_in) || segs_out != k->watch_segs_out)
         k->acks = ACKS_REFUTED;
     else if (data_in - k->watch_data_in >= 2)
         k->acks = ACKS_PROVEN;
@@ -411,15 +409,12 @@ acks_watch(Kept *k, int fd)
 static void
 acks_halve(Kept *k, int fd)
 {
-    int off = 0;
-    if (setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof off) < 0) {
-        k->acks = k->acks == ACKS_TRY ? ACKS_REFUTED : ACKS_EACH;
-        return;
-    }
-    if (k->acks == ACKS_TRY && tcp_counters(fd, &k->watch_segs_out, &k->watch_data_in))
+    int off = 0, trying = k->acks == ACKS_TRY;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &off, sizeof off) == 0 && trying
+            && tcp_counters(fd, &k->watch_segs_out, &k->watch_data_in))
         k->acks = ACKS_WATCH;
-    else
-        k->acks = k->acks == ACKS_TRY ? ACKS_REFUTED : ACKS_EACH;
+    else /* done for this body; a try that cannot watch proves nothing */
+        k->acks = trying ? ACKS_REFUTED : ACKS_EACH;
 }
 
 /* One ready joined socket, `entry` its (reader, kept): 0 when its read was kept (or there was nothing

@@ -32,8 +32,8 @@ ACKs: the kernel ACKs each token as it is read, and on loopback that ACK's trip 
 server's TCP is charged to the client too (about half of a token's read). With the C loop turn the
 client asks the kernel for an ACK every second token instead (TCP_QUICKACK off once per response,
 after its first token; `engine/_streamread.c` says why that is safe only where the server sends
-each token at once), and only for a server seen not to wait for ACKs: a caller sets `try_acks`
-around requests it does not measure (the load generator's warm-up), their first tokens show it
+each token at once), and only for a server seen not to wait for ACKs: a caller lets the requests
+it does not measure try (`with client.trying_acks():`, the load generator's warm-up), their first tokens show it
 (the socket's own counters), and `halved_acks` says the outcome (True: a try proved it; False:
 tried, never proved; None: not tried; but for True every token is ACKed).
 
@@ -50,7 +50,8 @@ import asyncio
 import re
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from itertools import repeat
 from operator import getitem, itemgetter
 from dataclasses import dataclass
@@ -613,6 +614,16 @@ class StreamingHTTPClient:
         # tried only saw an ACK go first, None before either; `try_acks` lets the next requests show it.
         self.halved_acks: bool | None = None
         self.try_acks = False
+
+    @contextmanager
+    def trying_acks(self) -> Iterator[None]:
+        """The requests sent inside try halving the ACKs (only requests nobody measures: on a
+        server that waits for ACKs a try holds a token until the delayed-ACK timer)."""
+        self.try_acks = True
+        try:
+            yield
+        finally:
+            self.try_acks = False
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()

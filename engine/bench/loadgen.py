@@ -133,9 +133,9 @@ class LoadResult:
     # A duration-bounded run: the measured window (s from the start) and the requests left out of it.
     window: tuple[float, float] | None = None
     excluded: int = 0
-    # The lean client ACKed every second token (True), every token because the server was seen to
-    # wait for ACKs (False), or every token as the kernel does unless told (None: not tried, or not seen
-    # either way); see engine/bench/http_client.py.
+    # The lean client ACKed every second token (True: its warm-up proved the server does not wait
+    # for ACKs), or every token as the kernel does (False: tried, never proved; None: not tried);
+    # see engine/bench/http_client.py.
     halved_acks: bool | None = None
 
     def __repr__(self) -> str:
@@ -277,19 +277,17 @@ class LoadGenerator:
         if cfg.num_warmups <= 0:
             return []
         first = self.requests[0]
+        requests = [self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i + self.warmup_id_start}",
+                                  time.perf_counter(), "warmup", cfg.num_warmups) for i in range(cfg.num_warmups)]
+        if not isinstance(client, StreamingHTTPClient):
+            return await self._gather(requests)
         # The lean client may learn here, on requests nobody measures, whether the server lets it
         # ACK every second token (engine/bench/http_client.py: halved_acks).
-        lean = isinstance(client, StreamingHTTPClient)
-        if lean:
-            client.try_acks = True
         try:
-            return await self._gather([
-                self._limited(client, sem, first, f"{cfg.request_id_prefix}warmup-{i + self.warmup_id_start}",
-                              time.perf_counter(), "warmup", cfg.num_warmups) for i in range(cfg.num_warmups)])
+            with client.trying_acks():
+                return await self._gather(requests)
         finally:
-            if lean:
-                client.try_acks = False
-                self.halved_acks = client.halved_acks
+            self.halved_acks = client.halved_acks
 
     async def _run(self) -> LoadResult:
         cfg = self.config

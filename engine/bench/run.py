@@ -615,8 +615,8 @@ def _run_repeats(run: BenchRun, target: LoadTarget, point: dict, index: int, sha
         result = result_obj.metrics(goodput_slos=cfg.client.find_capacity or cfg.client.goodput or None,
                                     slo_quantile=cfg.client.goodput_target if cfg.client.find_capacity else None
                                     ).to_result()
-        # How the client ACKed the measured tokens: every second one where its warm-up showed the server
-        # does not wait for ACKs (True), every one (False: the server was seen to wait; None: not tried)
+        # How the client ACKed the measured tokens: every second one where its warm-up proved the server
+        # does not wait for ACKs (True), every one (False: tried, never proved; None: not tried)
         result["halved_acks"] = result_obj.halved_acks
         if result_obj.window is not None:
             result["measured_window_s"] = list(result_obj.window)

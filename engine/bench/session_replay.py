@@ -35,6 +35,7 @@ after the replay.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -238,30 +239,21 @@ class SessionReplay:
         block with any session's. The lean client may learn on them whether the server lets it ACK
         every second token (engine/bench/http_client.py: halved_acks): 8 tokens each, enough for it
         to see the server send one while the one before it was unacknowledged."""
-        lean = self._lean
-        if lean is not None:
-            lean.try_acks = True
-        try:
-            await self._warm_up_requests(http)
-        finally:
-            if lean is not None:
-                lean.try_acks = False
-
-    async def _warm_up_requests(self, http: aiohttp.ClientSession) -> None:
         cfg = self.config
-        for i in range(cfg.num_warmups):
-            if self._cancelled:
-                return
-            prompt: Any
-            if cfg.is_chat:
-                prompt = [{"role": "user", "content": f"warm-up request {i}"}]
-            elif self.filler is not None:
-                prompt = self.filler.unique((9, i), 16)
-            else:
-                prompt = f"warm-up request {i}"
-            rec = await self._send(http, "warmup", i, prompt, 8, 0)
-            self.warmup_errors += 0 if rec.out.success else 1
-            self._warm_done += 1
+        with self._lean.trying_acks() if self._lean is not None else contextlib.nullcontext():
+            for i in range(cfg.num_warmups):
+                if self._cancelled:
+                    return
+                prompt: Any
+                if cfg.is_chat:
+                    prompt = [{"role": "user", "content": f"warm-up request {i}"}]
+                elif self.filler is not None:
+                    prompt = self.filler.unique((9, i), 16)
+                else:
+                    prompt = f"warm-up request {i}"
+                rec = await self._send(http, "warmup", i, prompt, 8, 0)
+                self.warmup_errors += 0 if rec.out.success else 1
+                self._warm_done += 1
 
     def _spawn(self, http: aiohttp.ClientSession, session: Session, history: _History | None) -> None:
         task = asyncio.ensure_future(self._session(http, session, history))
